@@ -1,0 +1,69 @@
+#include "comm/communicator.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace treecp {
+
+size_t comm_type_size(CommType t) {
+  switch (t) {
+    case CommType::F32: return 4;
+    case CommType::F64: return 8;
+    case CommType::I64: return 8;
+    case CommType::U8: return 1;
+    case CommType::BF16: return 2;
+  }
+  return 0;
+}
+
+bool Communicator::all_ok(bool ok) {
+  int64_t failures = ok ? 0 : 1;
+  all_reduce_sum(&failures, 1, CommType::I64);
+  return failures == 0;
+}
+
+namespace {
+
+class SelfCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
+                    void* recv, const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
+                    CommType type) override {
+    require(send_counts.size() == 1 && recv_counts.size() == 1 && send_displs.size() == 1 && recv_displs.size() == 1,
+            "all_to_all_v: one count and displacement per rank expected");
+    require(send_counts[0] == recv_counts[0], "all_to_all_v: send count ", send_counts[0],
+            " != receive count ", recv_counts[0]);
+    const size_t es = comm_type_size(type);
+    if (send_counts[0] > 0) {
+      std::memmove(static_cast<char*>(recv) + recv_displs[0] * es, static_cast<const char*>(send) + send_displs[0] * es,
+                   static_cast<size_t>(send_counts[0]) * es);
+    }
+  }
+  void group_send_recv(const std::vector<P2POp>& ops, CommType type) override {
+    // Only self-sends are possible: pair them in order.
+    std::vector<const P2POp*> sends, recvs;
+    for (const auto& op : ops) {
+      require(op.peer == 0, "group_send_recv: peer ", op.peer, " out of range for 1 rank");
+      (op.kind == P2POp::Kind::Send ? sends : recvs).push_back(&op);
+    }
+    require(sends.size() == recvs.size(), "group_send_recv: unmatched self send/receive");
+    for (size_t i = 0; i < sends.size(); ++i) {
+      require(sends[i]->count == recvs[i]->count, "group_send_recv: self send/receive counts differ");
+      std::memmove(recvs[i]->buffer, sends[i]->buffer, static_cast<size_t>(sends[i]->count) * comm_type_size(type));
+    }
+  }
+  void all_reduce_sum(void*, int64_t, CommType) override {}
+  void all_gather(const void* send, void* recv, int64_t count, CommType type) override {
+    if (count > 0 && send != recv) std::memmove(recv, send, static_cast<size_t>(count) * comm_type_size(type));
+  }
+  void barrier() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_self_communicator() { return std::make_unique<SelfCommunicator>(); }
+
+}  // namespace treecp

@@ -1,0 +1,51 @@
+// The narrow communicator the runtime needs. Implementations: MPI (CPU ranks, comm/mpi_*.cpp) and
+// NCCL (GPU ranks, later). Contract: every rank calls every collective in the same order, with
+// zero-sized parts where it has nothing; a rank with no work still participates. Buffers live where
+// the backend's tensors live (host memory for MPI, device memory for NCCL). Failures throw
+// treecp::Error naming the call; no implementation exits the process.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace treecp {
+
+enum class CommType { F32, F64, I64, U8, BF16 };
+size_t comm_type_size(CommType t);
+
+struct P2POp {
+  enum class Kind { Send, Recv } kind;
+  int peer;
+  void* buffer;   // const for sends
+  int64_t count;  // elements
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // All-to-all with per-peer counts and displacements, in elements of `type`.
+  virtual void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                            const std::vector<int64_t>& send_displs, void* recv,
+                            const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
+                            CommType type) = 0;
+  // A group of point-to-point sends and receives, all posted then all completed.
+  virtual void group_send_recv(const std::vector<P2POp>& ops, CommType type) = 0;
+  // In-place sum over ranks.
+  virtual void all_reduce_sum(void* data, int64_t count, CommType type) = 0;
+  // Every rank contributes `count` elements; recv holds size() * count, in rank order.
+  virtual void all_gather(const void* send, void* recv, int64_t count, CommType type) = 0;
+  virtual void barrier() = 0;
+
+  // Agreement before any collective that could hang: true on every rank iff `ok` is true on every rank.
+  bool all_ok(bool ok);
+};
+
+// A communicator of one rank (no MPI needed): collectives are copies.
+std::unique_ptr<Communicator> make_self_communicator();
+
+}  // namespace treecp
