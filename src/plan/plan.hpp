@@ -1,0 +1,61 @@
+// A Plan: which rank owns which token chunks, and which stages each rank runs with which remote KV.
+// Pure data (no tensor values), JSON round trip, computed once per row and reused by every layer with
+// the same geometry. The runtime only executes it.
+//
+// Waves: a plan has `num_waves` remote waves. Every rank runs stage 0 (local: owned queries against
+// owned keys) and then one stage per wave, in order, even when its part of a wave is empty (zero-sized
+// exchange) so that every rank enters every collective in the same order. Wave w's KV exchange
+// delivers, to each rank, the ranges listed in stages[w + 1].recv[peer]; the sender lists the same
+// ranges in its stages[w + 1].send[receiver]. In backward, the dK/dV of exactly those received ranges
+// go back to their owner (the mirror of the forward exchange).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tree/slice.hpp"
+
+namespace treecp {
+
+struct TokenRange {
+  int64_t begin = 0, end = 0;  // physical [begin, end)
+  int64_t size() const { return end - begin; }
+  bool operator==(const TokenRange&) const = default;
+};
+
+struct Stage {
+  // Visible pairs this stage computes, in canonical token ids: every q row is owned by this rank;
+  // k rows are owned (stage 0) or received in this stage's wave (stages >= 1).
+  std::vector<Slice> slices;
+  // Per peer rank (size cp): KV ranges received from / sent to that peer in this stage's wave.
+  // Empty for stage 0. A range is fetched at most once per rank per wave (sorted, disjoint).
+  std::vector<std::vector<TokenRange>> recv;
+  std::vector<std::vector<TokenRange>> send;
+  int64_t pairs = 0;  // sum of slice areas
+};
+
+struct RankPlan {
+  std::vector<TokenRange> owned;  // sorted, disjoint, unions of whole chunks
+  std::vector<Stage> stages;      // size num_waves + 1; stages[0] is local
+  // Predictions by the cost model (filled by the planner, reported by the CLI and `treecp run`).
+  double predicted_forward_ms = 0.0;
+  double predicted_backward_ms = 0.0;
+  int64_t owned_tokens() const;
+  int64_t pairs() const;
+};
+
+struct Plan {
+  std::string layout;                 // contiguous | zigzag | perdoc | family | searched
+  int cp = 1;
+  int64_t tokens = 0;
+  int64_t window = 0;                 // 0 = none; visibility the slices encode
+  std::vector<int64_t> chunk_bounds;  // chunk c = [chunk_bounds[c], chunk_bounds[c + 1])
+  std::vector<int32_t> chunk_owner;   // rank of each chunk
+  int num_waves = 0;
+  std::vector<RankPlan> ranks;        // size cp
+  int64_t visible_pairs = 0;
+  double predicted_makespan_ms = 0.0;
+};
+
+}  // namespace treecp
