@@ -41,6 +41,22 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, int64_t count, CommType type) = 0;
   virtual void barrier() = 0;
 
+  // A started all-to-all that completes in wait(): lets a wave's KV travel while the previous stage
+  // computes. The buffers must stay alive and untouched until wait() returns. The default runs the
+  // exchange at start (correct, without overlap); backends with real asynchrony override it.
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void wait() {}
+  };
+  virtual std::unique_ptr<Pending> start_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                                                      const std::vector<int64_t>& send_displs, void* recv,
+                                                      const std::vector<int64_t>& recv_counts,
+                                                      const std::vector<int64_t>& recv_displs, CommType type) {
+    all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, type);
+    return std::make_unique<Pending>();
+  }
+
   // Agreement before any collective that could hang: true on every rank iff `ok` is true on every rank.
   bool all_ok(bool ok);
 };

@@ -1,0 +1,176 @@
+// treecp gdn: Gated DeltaNet / KDA forward (and backward with --dout) over a packed tree, on one
+// process or on N ranks (--ranks N re-launches under mpirun). Every rank reads the inputs, plans the
+// same way, runs its part; rank 0 gathers and writes the outputs.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "command.hpp"
+#include "comm/communicator.hpp"
+#include "core/error.hpp"
+#include "core/npy.hpp"
+#include "launcher.hpp"
+#include "runtime/conv_cp.hpp"
+#include "runtime/gdn_cp.hpp"
+#include "runtime/gdn_plan.hpp"
+#include "tree/row.hpp"
+#ifdef TREECP_HAVE_MPI
+#include "comm/mpi_communicator.hpp"
+#endif
+
+namespace treecp::cli {
+namespace {
+
+struct GdnInputs {
+  Row row;
+  NpyArray q, k, v, g, beta, dout;
+  bool has_dout = false;
+  int64_t S = 0;
+  int H = 0, dk = 0, dv = 0;
+  GdnGate gate = GdnGate::Scalar;
+  bool f64 = false;
+};
+
+// Loads and checks every input; the messages name the array and the expected shape.
+GdnInputs load_inputs(const Args& args) {
+  GdnInputs in;
+  in.row = load_row(args.get("--tree"));
+  in.S = in.row.tokens();
+  in.q = load_npy(args.get("--q"));
+  require(in.q.shape.size() == 3 && in.q.shape[0] == in.S, "q: expected [S, H, Dk] with S = ", in.S,
+          " tokens of the tree, got ", in.q.shape_string());
+  in.H = static_cast<int>(in.q.shape[1]);
+  in.dk = static_cast<int>(in.q.shape[2]);
+  require(in.H >= 1 && in.dk >= 1, "q: H and Dk must be >= 1, got ", in.q.shape_string());
+  in.k = load_npy(args.get("--k"));
+  require_shape(in.k, "k", {in.S, in.H, in.dk});
+  in.v = load_npy(args.get("--v"));
+  require(in.v.shape.size() == 3 && in.v.shape[0] == in.S && in.v.shape[1] == in.H && in.v.shape[2] >= 1,
+          "v: expected [", in.S, ", ", in.H, ", Dv], got ", in.v.shape_string());
+  in.dv = static_cast<int>(in.v.shape[2]);
+  in.g = load_npy(args.get("--g"));
+  if (in.g.shape == std::vector<int64_t>{in.S, in.H}) {
+    in.gate = GdnGate::Scalar;
+  } else if (in.g.shape == std::vector<int64_t>{in.S, in.H, in.dk}) {
+    in.gate = GdnGate::PerChannel;
+  } else {
+    fail("g: expected [", in.S, ", ", in.H, "] (GDN) or [", in.S, ", ", in.H, ", ", in.dk, "] (KDA), got ",
+         in.g.shape_string());
+  }
+  in.beta = load_npy(args.get("--beta"));
+  require_shape(in.beta, "beta", {in.S, in.H});
+  in.has_dout = args.has("--dout");
+  if (in.has_dout) {
+    in.dout = load_npy(args.get("--dout"));
+    require_shape(in.dout, "dout", {in.S, in.H, in.dv});
+  }
+  in.f64 = in.q.dtype == DType::F64;
+  return in;
+}
+
+template <class T>
+int run_typed(Communicator& comm, const GdnInputs& in, double scale, int chunk, const std::string& out_dir) {
+  const int N = comm.size(), me = comm.rank();
+  const GdnShape shape{in.H, in.dk, in.dv, static_cast<int>(sizeof(T)), chunk};
+  const GdnPlan plan = plan_gdn(in.row, N, shape);  // fills the prediction
+  RankLayout layout(static_cast<size_t>(N));
+  for (int r = 0; r < N; ++r) layout[r] = gdn_rank_ranges(in.row, plan, r);
+  const auto& mine = layout[me];
+  const int64_t gw = in.gate == GdnGate::Scalar ? 1 : in.dk;
+  const std::vector<T> q = rows_of<T>(in.q.data, in.H * in.dk, mine), k = rows_of<T>(in.k.data, in.H * in.dk, mine),
+                       v = rows_of<T>(in.v.data, in.H * in.dv, mine), g = rows_of<T>(in.g.data, in.H * gw, mine),
+                       beta = rows_of<T>(in.beta.data, in.H, mine);
+  GdnParams<T> p;
+  p.q = q.data(); p.k = k.data(); p.v = v.data(); p.g = g.data(); p.beta = beta.data();
+  p.tokens = static_cast<int64_t>(beta.size()) / in.H;
+  p.heads = in.H; p.dk = in.dk; p.dv = in.dv; p.gate = in.gate; p.scale = static_cast<T>(scale); p.chunk = chunk;
+
+  comm.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<T> y(static_cast<size_t>(p.tokens * in.H * in.dv));
+  const GdnSaved<T> saved = gdn_cp_forward(comm, in.row, plan, p, y.data());
+  comm.barrier();
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<T> dq, dk, dv, dg, dbeta;
+  if (in.has_dout) {
+    const std::vector<T> dy = rows_of<T>(in.dout.data, in.H * in.dv, mine);
+    dq.assign(q.size(), T(0)); dk.assign(k.size(), T(0)); dv.assign(v.size(), T(0));
+    dg.assign(g.size(), T(0)); dbeta.assign(beta.size(), T(0));
+    gdn_cp_backward(comm, in.row, plan, p, saved, dy.data(),
+                    GdnGrads<T>{dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data()});
+    comm.barrier();
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+
+  // Gather everything first, write only when all of it is there.
+  struct Out { std::string name; std::vector<int64_t> shape; std::vector<double> data; };
+  std::vector<Out> outs;
+  outs.push_back({"o.npy", {in.S, in.H, in.dv}, gather_to_root(comm, layout, y, in.H * in.dv, in.S)});
+  if (in.has_dout) {
+    outs.push_back({"dq.npy", in.q.shape, gather_to_root(comm, layout, dq, in.H * in.dk, in.S)});
+    outs.push_back({"dk.npy", in.k.shape, gather_to_root(comm, layout, dk, in.H * in.dk, in.S)});
+    outs.push_back({"dv.npy", in.v.shape, gather_to_root(comm, layout, dv, in.H * in.dv, in.S)});
+    outs.push_back({"dg.npy", in.g.shape, gather_to_root(comm, layout, dg, in.H * gw, in.S)});
+    outs.push_back({"dbeta.npy", in.beta.shape, gather_to_root(comm, layout, dbeta, in.H, in.S)});
+  }
+  if (me != 0) return 0;
+  std::filesystem::create_directories(out_dir);
+  const DType dtype = sizeof(T) == 8 ? DType::F64 : DType::F32;
+  for (const Out& o : outs) write_output((std::filesystem::path(out_dir) / o.name).string(), npy_bytes(o.shape, o.data.data(), dtype));
+  const double fwd_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  const double bwd_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+  std::printf("gdn %s %s: %lld tokens, %d segments, H %d, dk %d, dv %d, %d rank%s, %d chained segment%s, "
+              "%d DAG steps, predicted %.3f ms forward+backward; forward %.3f ms%s",
+              in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", sizeof(T) == 8 ? "double" : "float",
+              static_cast<long long>(in.S), in.row.num_segments(), in.H, in.dk, in.dv, N, N == 1 ? "" : "s",
+              plan.chained_segments(), plan.chained_segments() == 1 ? "" : "s", 2 * plan.num_phases - 1, plan.predicted_ms, fwd_ms,
+              in.has_dout ? "" : "\n");
+  if (in.has_dout) std::printf(", backward %.3f ms\n", bwd_ms);
+  return 0;
+}
+
+int gdn_main(const std::vector<std::string>& argv) {
+  Args args("gdn", argv);
+  args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
+      .value("--dout").value("--ranks").value("--out").value("--chunk");
+  args.parse();
+  const int64_t ranks = args.get_int_or("--ranks", 1);
+  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
+  const int64_t chunk = args.get_int_or("--chunk", 64);
+  require(chunk >= 1 && chunk <= 4096, "--chunk must be in [1, 4096], got ", chunk);
+  const double scale = args.get_double_or("--scale", 1.0);
+  const std::string out_dir = args.get("--out");
+  // Refuse bad inputs here, in one line, rather than from every rank under mpirun.
+  if (ranks > 1 && !started_under_mpi()) load_inputs(args);
+  if (int rc = 0; relaunch_under_mpi("gdn", static_cast<int>(ranks), argv, &rc)) return rc;
+
+#ifdef TREECP_HAVE_MPI
+  std::unique_ptr<MpiSession> session;
+  if (started_under_mpi()) session = std::make_unique<MpiSession>();
+  std::unique_ptr<Communicator> comm = make_world_communicator();
+#else
+  std::unique_ptr<Communicator> comm = make_self_communicator();
+#endif
+  require(comm->size() == ranks, "--ranks ", ranks, " but ", comm->size(), " processes were started");
+  GdnInputs in;
+  std::string error;
+  try {
+    in = load_inputs(args);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Every rank reads the same files; agree before any collective so that a failure cannot hang.
+  if (!comm->all_ok(error.empty())) fail(error.empty() ? "another rank could not read the inputs" : error);
+  return in.f64 ? run_typed<double>(*comm, in, scale, static_cast<int>(chunk), out_dir)
+                : run_typed<float>(*comm, in, scale, static_cast<int>(chunk), out_dir);
+}
+
+const Register kGdn("gdn",
+                    "--tree T.json --q Q.npy --k K.npy --v V.npy --g G.npy --beta B.npy [--scale X] [--dout DO.npy] "
+                    "[--ranks N] [--chunk C] --out DIR: GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy "
+                    "and with --dout dq, dk, dv, dg, dbeta",
+                    gdn_main);
+
+}  // namespace
+}  // namespace treecp::cli

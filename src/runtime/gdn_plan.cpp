@@ -1,0 +1,296 @@
+#include "runtime/gdn_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.hpp"
+
+namespace treecp {
+namespace {
+
+// Phase of every segment from the chained flags (parents precede children in DFS preorder).
+std::vector<int32_t> compute_phases(const Row& row, const std::vector<uint8_t>& chained) {
+  std::vector<int32_t> phase(static_cast<size_t>(row.num_segments()), 0);
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    const int32_t p = row.parent(s);
+    const int32_t base = p < 0 ? 0 : phase[static_cast<size_t>(p)];
+    phase[static_cast<size_t>(s)] = chained[static_cast<size_t>(s)] ? base + 1 : base;
+  }
+  return phase;
+}
+
+int ceil_log2(int n) {
+  int r = 0;
+  while ((1 << r) < n) ++r;
+  return r;
+}
+
+}  // namespace
+
+json::Value GdnCostModel::to_json() const {
+  json::Value v = json::Value::object();
+  v.set("ns_per_madd", ns_per_madd);
+  v.set("message_latency_us", message_latency_us);
+  v.set("link_bandwidth_bytes_per_s", link_bandwidth_bytes_per_s);
+  v.set("step_overhead_us", step_overhead_us);
+  return v;
+}
+
+GdnCostModel GdnCostModel::from_json(const json::Value& v) {
+  GdnCostModel m;
+  m.ns_per_madd = v.at("ns_per_madd", "gdn cost model").as_double("ns_per_madd");
+  m.message_latency_us = v.at("message_latency_us", "gdn cost model").as_double("message_latency_us");
+  m.link_bandwidth_bytes_per_s =
+      v.at("link_bandwidth_bytes_per_s", "gdn cost model").as_double("link_bandwidth_bytes_per_s");
+  m.step_overhead_us = v.at("step_overhead_us", "gdn cost model").as_double("step_overhead_us");
+  require(m.ns_per_madd > 0 && m.link_bandwidth_bytes_per_s > 0 && m.message_latency_us >= 0 &&
+              m.step_overhead_us >= 0,
+          "gdn cost model: coefficients must be positive (latency and overhead may be 0)");
+  return m;
+}
+
+// Per chunk of c tokens and one head, forward: cumulative gates and scaled keys ~3 c dk; P and C
+// ~c² dk; the triangular solve ~c²(dk + dv)/2; D, output and state advance ~3 c dk dv.
+double gdn_forward_madds(const GdnShape& s) {
+  const double dk = s.dk, dv = s.dv, c = s.chunk;
+  return 3.0 * dk * dv + c * (1.5 * dk + dv) + 3.0 * dk;
+}
+
+// Costs of the other passes relative to the chunked forward, measured by bench_gdn (float, GDN gates,
+// dk = dv = 64, chunk 64, on the development container): the backward recomputes the chunk-start
+// states and the chunk preparation; the state-only backward skips the parameter gradients; the
+// summary advances a dk x (dk + dv) map instead of a dk x dv state.
+constexpr double kBackwardPerForward = 4.4;
+constexpr double kStateOnlyBackwardPerForward = 2.4;
+constexpr double kSummaryPerForward = 2.3;
+
+double gdn_token_madds(const GdnShape& s) { return (1.0 + kBackwardPerForward) * gdn_forward_madds(s); }
+
+double gdn_chain_token_extra_madds(const GdnShape& s) {
+  return (kSummaryPerForward + kStateOnlyBackwardPerForward) * gdn_forward_madds(s);
+}
+
+std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int rank) {
+  std::vector<TokenRange> pieces;
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    if (plan.chained[s]) {
+      const int64_t b = plan.cuts[s][rank], e = plan.cuts[s][rank + 1];
+      if (b < e) pieces.push_back({b, e});
+    } else if (plan.owner[s] == rank) {
+      pieces.push_back({row.start(s), row.end(s)});
+    }
+  }
+  // Segments are in physical order, so pieces are sorted; merge neighbours.
+  std::vector<TokenRange> out;
+  for (const TokenRange& r : pieces) {
+    if (!out.empty() && out.back().end == r.begin) out.back().end = r.end;
+    else out.push_back(r);
+  }
+  return out;
+}
+
+int GdnPlan::chained_segments() const {
+  return static_cast<int>(std::count(chained.begin(), chained.end(), uint8_t{1}));
+}
+
+json::Value GdnPlan::to_json() const {
+  json::Value v = json::Value::object();
+  v.set("ranks", ranks);
+  v.set("num_phases", num_phases);
+  json::Value segs = json::Value::array();
+  for (size_t s = 0; s < chained.size(); ++s) {
+    json::Value e = json::Value::object();
+    e.set("chained", chained[s] != 0);
+    e.set("phase", phase[s]);
+    if (chained[s]) {
+      json::Value c = json::Value::array();
+      for (int64_t x : cuts[s]) c.push_back(x);
+      e.set("cuts", std::move(c));
+    } else {
+      e.set("owner", owner[s]);
+    }
+    segs.push_back(std::move(e));
+  }
+  v.set("segments", std::move(segs));
+  v.set("predicted_ms", predicted_ms);
+  json::Value busy = json::Value::array();
+  for (double b : predicted_rank_busy_ms) busy.push_back(b);
+  v.set("predicted_rank_busy_ms", std::move(busy));
+  return v;
+}
+
+GdnPlan GdnPlan::from_json(const json::Value& v) {
+  GdnPlan plan;
+  plan.ranks = static_cast<int>(v.at("ranks", "gdn plan").as_int("ranks"));
+  require(plan.ranks >= 1, "gdn plan: ranks must be >= 1, got ", plan.ranks);
+  plan.num_phases = static_cast<int32_t>(v.at("num_phases", "gdn plan").as_int("num_phases"));
+  for (const json::Value& e : v.at("segments", "gdn plan").as_array("segments")) {
+    const bool chained = e.at("chained", "gdn plan segment").as_bool("chained");
+    plan.chained.push_back(chained ? 1 : 0);
+    plan.phase.push_back(static_cast<int32_t>(e.at("phase", "gdn plan segment").as_int("phase")));
+    std::vector<int64_t> cuts;
+    if (chained) {
+      for (const json::Value& c : e.at("cuts", "gdn plan segment").as_array("cuts")) cuts.push_back(c.as_int("cut"));
+      plan.owner.push_back(-1);
+    } else {
+      plan.owner.push_back(static_cast<int32_t>(e.at("owner", "gdn plan segment").as_int("owner")));
+    }
+    plan.cuts.push_back(std::move(cuts));
+  }
+  if (const json::Value* p = v.find("predicted_ms")) plan.predicted_ms = p->as_double("predicted_ms");
+  if (const json::Value* b = v.find("predicted_rank_busy_ms"))
+    for (const json::Value& x : b->as_array("predicted_rank_busy_ms"))
+      plan.predicted_rank_busy_ms.push_back(x.as_double("busy"));
+  return plan;
+}
+
+GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& chained) {
+  require(ranks >= 1, "gdn plan: ranks must be >= 1, got ", ranks);
+  const int32_t n = row.num_segments();
+  require(static_cast<int32_t>(chained.size()) == n, "gdn plan: one chained flag per segment expected (", n,
+          "), got ", chained.size());
+  GdnPlan plan;
+  plan.ranks = ranks;
+  plan.chained = chained;
+  for (auto& c : plan.chained) c = c ? 1 : 0;
+  plan.phase = compute_phases(row, plan.chained);
+  plan.num_phases = n == 0 ? 1 : *std::max_element(plan.phase.begin(), plan.phase.end()) + 1;
+  plan.owner.assign(static_cast<size_t>(n), -1);
+  plan.cuts.assign(static_cast<size_t>(n), {});
+  // Units: a local segment whose parent is a root slot or chained starts one.
+  std::vector<int32_t> unit_of(static_cast<size_t>(n), -1);
+  std::vector<int64_t> unit_tokens(static_cast<size_t>(n), 0);
+  for (int32_t s = 0; s < n; ++s) {
+    if (plan.chained[s]) {
+      auto& cuts = plan.cuts[static_cast<size_t>(s)];
+      const int64_t b = row.start(s), len = row.length(s);
+      for (int r = 0; r <= ranks; ++r) cuts.push_back(b + len * r / ranks);
+      continue;
+    }
+    const int32_t p = row.parent(s);
+    unit_of[s] = (p < 0 || plan.chained[p]) ? s : unit_of[p];
+    unit_tokens[unit_of[s]] += row.length(s);
+  }
+  // Longest unit first onto the least loaded rank of its phase.
+  std::vector<int32_t> units;
+  for (int32_t s = 0; s < n; ++s)
+    if (unit_of[s] == s) units.push_back(s);
+  std::stable_sort(units.begin(), units.end(), [&](int32_t a, int32_t b) { return unit_tokens[a] > unit_tokens[b]; });
+  std::vector<std::vector<int64_t>> load(static_cast<size_t>(plan.num_phases),
+                                         std::vector<int64_t>(static_cast<size_t>(ranks), 0));
+  std::vector<int32_t> unit_owner(static_cast<size_t>(n), -1);
+  for (int32_t u : units) {
+    auto& l = load[static_cast<size_t>(plan.phase[u])];
+    const int r = static_cast<int>(std::min_element(l.begin(), l.end()) - l.begin());
+    l[static_cast<size_t>(r)] += unit_tokens[u];
+    unit_owner[u] = r;
+  }
+  for (int32_t s = 0; s < n; ++s)
+    if (!plan.chained[s]) plan.owner[s] = unit_owner[unit_of[s]];
+  return plan;
+}
+
+void validate_gdn_plan(const Row& row, const GdnPlan& plan) {
+  const size_t n = static_cast<size_t>(row.num_segments());
+  require(plan.ranks >= 1, "gdn plan: ranks must be >= 1");
+  require(plan.chained.size() == n && plan.owner.size() == n && plan.cuts.size() == n && plan.phase.size() == n,
+          "gdn plan: per-segment arrays must have ", n, " entries");
+  require(compute_phases(row, plan.chained) == plan.phase, "gdn plan: phases do not follow from the chained set");
+  for (size_t s = 0; s < n; ++s) {
+    const int32_t si = static_cast<int32_t>(s);
+    if (plan.chained[s]) {
+      const auto& c = plan.cuts[s];
+      require(c.size() == static_cast<size_t>(plan.ranks) + 1 && c.front() == row.start(si) && c.back() == row.end(si),
+              "gdn plan: segment ", s, ": cuts must be ranks + 1 points from its start to its end");
+      for (size_t r = 0; r + 1 < c.size(); ++r)
+        require(c[r] <= c[r + 1], "gdn plan: segment ", s, ": cuts must not decrease");
+    } else {
+      require(plan.owner[s] >= 0 && plan.owner[s] < plan.ranks, "gdn plan: segment ", s, ": owner ", plan.owner[s],
+              " out of range");
+      const int32_t p = row.parent(si);
+      require(p < 0 || plan.chained[static_cast<size_t>(p)] || plan.owner[static_cast<size_t>(p)] == plan.owner[s],
+              "gdn plan: segment ", s, " must run on its local parent's rank");
+    }
+  }
+}
+
+double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const GdnCostModel& m) {
+  const int N = plan.ranks;
+  const int32_t n = row.num_segments();
+  const double local_ns_per_token = gdn_token_madds(shape) * shape.heads * m.ns_per_madd;
+  const double chain_ns_per_token =
+      (gdn_token_madds(shape) + gdn_chain_token_extra_madds(shape)) * shape.heads * m.ns_per_madd;
+  const double state_bytes = static_cast<double>(shape.heads) * shape.dk * shape.dv * shape.element_bytes;
+  const double summary_elems = static_cast<double>(shape.heads) * shape.dk * (shape.dk + shape.dv);
+  const int rounds = ceil_log2(N);
+  const int steps = 2 * plan.num_phases - 1;  // local 0, chain 1, local 1, ...
+  std::vector<std::vector<double>> busy(static_cast<size_t>(steps), std::vector<double>(static_cast<size_t>(N), 0.0));
+  // Parent-state traffic per step: bytes each rank sends / receives (both directions: forward state,
+  // backward gradient, so the same volume twice).
+  std::vector<std::vector<double>> sent(busy), recvd(busy);
+  std::vector<int> chains_in_step(static_cast<size_t>(steps), 0);
+  auto holder = [&](int32_t s) { return plan.chained[s] ? N - 1 : plan.owner[s]; };
+  for (int32_t s = 0; s < n; ++s) {
+    const int step = plan.chained[s] ? 2 * plan.phase[s] - 1 : 2 * plan.phase[s];
+    auto& b = busy[static_cast<size_t>(step)];
+    if (plan.chained[s]) {
+      ++chains_in_step[static_cast<size_t>(step)];
+      for (int r = 0; r < N; ++r)
+        b[r] += static_cast<double>(plan.cuts[s][r + 1] - plan.cuts[s][r]) * chain_ns_per_token * 1e-6;
+    } else {
+      b[plan.owner[s]] += static_cast<double>(row.length(s)) * local_ns_per_token * 1e-6;
+    }
+    const int32_t p = row.parent(s);
+    if (p < 0) continue;
+    const int dst = plan.chained[s] ? 0 : plan.owner[s];
+    const int src = holder(p);
+    if (src == dst) continue;
+    sent[static_cast<size_t>(step)][src] += 2 * state_bytes;
+    recvd[static_cast<size_t>(step)][dst] += 2 * state_bytes;
+  }
+  double total = 0;
+  plan.predicted_rank_busy_ms.assign(static_cast<size_t>(N), 0.0);
+  for (int st = 0; st < steps; ++st) {
+    double work = 0, traffic = 0;
+    bool any = false;
+    for (int r = 0; r < N; ++r) {
+      work = std::max(work, busy[st][r]);
+      traffic = std::max({traffic, sent[st][r], recvd[st][r]});
+      plan.predicted_rank_busy_ms[r] += busy[st][r];
+      any = any || busy[st][r] > 0;
+    }
+    double comm = traffic > 0 ? 2 * m.message_latency_us * 1e-3 + traffic / m.link_bandwidth_bytes_per_s * 1e3 : 0;
+    const int chains = chains_in_step[st];
+    if (chains > 0 && rounds > 0) {
+      // Forward prefix scan and backward suffix scan: each round moves every chain's summary and
+      // composes it once.
+      const double bytes = chains * summary_elems * shape.element_bytes;
+      const double compose_ms = chains * summary_elems * shape.dk * m.ns_per_madd * 1e-6;
+      comm += 2 * rounds * (m.message_latency_us * 1e-3 + bytes / m.link_bandwidth_bytes_per_s * 1e3 + compose_ms);
+    }
+    if (any) total += work + comm + m.step_overhead_us * 1e-3;
+  }
+  plan.predicted_ms = total;
+  return total;
+}
+
+GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model) {
+  const int32_t n = row.num_segments();
+  std::vector<int32_t> by_length(static_cast<size_t>(n));
+  std::iota(by_length.begin(), by_length.end(), 0);
+  std::stable_sort(by_length.begin(), by_length.end(),
+                   [&](int32_t a, int32_t b) { return row.length(a) > row.length(b); });
+  std::vector<uint8_t> chained(static_cast<size_t>(n), 0);
+  GdnPlan best = make_gdn_plan(row, ranks, chained);
+  gdn_predict(row, best, shape, model);
+  const int kmax = std::min<int32_t>(n, 32);
+  for (int k = 1; k <= kmax && ranks > 1; ++k) {
+    chained[by_length[k - 1]] = 1;
+    GdnPlan cand = make_gdn_plan(row, ranks, chained);
+    if (gdn_predict(row, cand, shape, model) < best.predicted_ms) best = std::move(cand);
+  }
+  return best;
+}
+
+}  // namespace treecp

@@ -1,0 +1,87 @@
+// Where each segment of a packed row runs in a GDN/KDA layer under context parallelism, and what that
+// is predicted to cost. Pure data: no tensor values.
+//
+// A segment is either LOCAL (all its tokens on one rank, its state passed on inside that rank) or
+// CHAINED (split over all ranks in rank order; ranks exchange shard summaries in a prefix scan).
+// A local UNIT is a maximal connected set of local segments: it runs on one rank, parents before
+// children. Dependencies form a DAG processed by depth in alternating steps
+//     local phase 0, chain phase 1, local phase 1, chain phase 2, ...
+// A local segment's phase is its parent's (0 for a root); a chained segment's phase is one more than
+// its parent's (1 for a root). The final state of a chained segment is held by the last rank.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/json.hpp"
+#include "plan/plan.hpp"
+#include "tree/row.hpp"
+
+namespace treecp {
+
+struct GdnShape {
+  int heads = 32;
+  int dk = 128;
+  int dv = 128;
+  int element_bytes = 4;  // float state and summaries
+  int chunk = 64;
+};
+
+// The one cost model of the GDN planner, simulator and benchmark report. Coefficients are
+// calibrated by bench_gdn on the machine that runs the layer; the defaults were measured by it on the
+// 2-core development container (CPU backend, float, OpenMPI over shared memory, 2 ranks).
+struct GdnCostModel {
+  double ns_per_madd = 0.58;                   // chunked work, forward + backward, per multiply-add
+  double message_latency_us = 1.1;             // one all-to-all round (scan round or state exchange)
+  double link_bandwidth_bytes_per_s = 0.67e9;  // per rank pair
+  double step_overhead_us = 5.0;               // per DAG step that has work (not measured separately)
+
+  static GdnCostModel defaults() { return {}; }
+  json::Value to_json() const;
+  static GdnCostModel from_json(const json::Value& v);
+};
+
+// Multiply-adds of the chunked forward per token and head.
+double gdn_forward_madds(const GdnShape& s);
+// Multiply-adds of the chunked form per token and head, forward + backward (a local token).
+double gdn_token_madds(const GdnShape& s);
+// Extra multiply-adds per token and head on a chained shard: its summary and the state-only backward.
+double gdn_chain_token_extra_madds(const GdnShape& s);
+
+struct GdnPlan {
+  int ranks = 1;
+  std::vector<uint8_t> chained;            // per segment
+  std::vector<int32_t> owner;              // per segment: the rank of a local segment, -1 if chained
+  std::vector<std::vector<int64_t>> cuts;  // per chained segment: ranks + 1 physical cut points; rank r
+                                           // holds [cuts[r], cuts[r+1]) (possibly empty)
+  std::vector<int32_t> phase;              // per segment (see the header comment)
+  int32_t num_phases = 1;                  // local phases 0 .. num_phases-1; chain phases 1 .. num_phases-1
+  // Filled by gdn_predict / plan_gdn.
+  double predicted_ms = 0.0;
+  std::vector<double> predicted_rank_busy_ms;
+
+  int chained_segments() const;
+  json::Value to_json() const;
+  // Reads what to_json wrote; validate against the row with validate_gdn_plan.
+  static GdnPlan from_json(const json::Value& v);
+};
+
+// Physical ranges rank r holds, sorted and merged: its buffers lay them out in this order.
+std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int rank);
+
+// A plan with the given chained set: chained segments split evenly over the ranks, local units placed
+// longest first on the least loaded rank of their phase. Throws on size mismatch.
+GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& chained);
+// Validates a plan against its row (cuts cover each chained segment, owners in range, phases).
+void validate_gdn_plan(const Row& row, const GdnPlan& plan);
+
+// Predicted forward + backward time of a plan: per DAG step, the slowest rank's work plus that
+// step's communication (parent-state exchange; for chain steps the scan rounds of both directions).
+// Fills plan.predicted_ms and plan.predicted_rank_busy_ms.
+double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const GdnCostModel& model);
+
+// Bounded search: candidate chained sets are the k longest segments, k = 0 .. min(segments, 32);
+// the cheapest prediction wins (ties keep fewer chains).
+GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model = GdnCostModel::defaults());
+
+}  // namespace treecp

@@ -1,0 +1,218 @@
+// GDN/KDA context parallelism under mpirun with 1-4 ranks: every rank's outputs and gradients equal
+// the one-process tree reference on random trees (deep ones, short shards, ranks owning nothing,
+// chained and local segments in every combination, GDN and KDA gates), in double and float; the
+// summary scan gives the same states whatever the rank count.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <random>
+
+#include "comm/mpi_communicator.hpp"
+#include "runtime/conv_cp.hpp"
+#include "runtime/gdn_cp.hpp"
+#include "runtime/gdn_plan.hpp"
+#include "../test_gdn_util.hpp"
+
+namespace treecp {
+namespace {
+
+using testing::GdnData;
+
+struct Case {
+  uint64_t seed;
+  int max_segments;
+  int64_t min_len, max_len;
+  int depth;
+  int chain_mode;  // 0 none, 1 all, 2 random, 3 planner
+};
+
+std::vector<uint8_t> chained_set(const Row& row, int mode, uint64_t seed, int ranks) {
+  const size_t n = static_cast<size_t>(row.num_segments());
+  std::vector<uint8_t> c(n, 0);
+  std::mt19937_64 rng(seed * 7 + 1);
+  if (mode == 3) {
+    // A shape whose summaries are cheap next to the tokens: the planner chains the long segments.
+    GdnShape shape{32, 128, 128, 4, 64};
+    GdnCostModel m = GdnCostModel::defaults();
+    m.message_latency_us = 0.0;
+    return plan_gdn(row, ranks, shape, m).chained;
+  }
+  for (size_t s = 0; s < n; ++s) c[s] = mode == 1 ? 1 : mode == 2 ? static_cast<uint8_t>(rng() % 2) : 0;
+  return c;
+}
+
+template <class T>
+void check_case(MpiCommunicator& comm, const Case& cs, GdnGate gate) {
+  const Row row = testing::random_tree(cs.seed, cs.max_segments, cs.min_len, cs.max_len, cs.depth);
+  const GdnData d = testing::random_gdn_data(row.tokens(), 2, 4, 3, gate, cs.seed + 17);
+  const double scale = 0.75;
+  const auto ref = testing::gdn_tree_reference(row, d, scale);
+  const GdnPlan plan = make_gdn_plan(row, comm.size(), chained_set(row, cs.chain_mode, cs.seed, comm.size()));
+  validate_gdn_plan(row, plan);
+  const auto ranges = gdn_rank_ranges(row, plan, comm.rank());
+  auto buf = testing::gdn_buffers<T>(d, ranges);
+  int64_t tokens = 0;
+  for (const auto& r : ranges) tokens += r.size();
+  // Chunks of 5 cross every boundary; the default 64 runs on the longer rows.
+  const int chunk = cs.max_len >= 80 ? 64 : 5;
+  const auto p = buf.params(d, tokens, chunk, static_cast<T>(scale));
+  std::vector<T> y(static_cast<size_t>(tokens * d.H * d.dv)), dq(buf.q.size()), dk(buf.k.size()), dv(buf.v.size()),
+      dg(buf.g.size()), dbeta(buf.beta.size());
+  const auto saved = gdn_cp_forward(comm, row, plan, p, y.data());
+  gdn_cp_backward(comm, row, plan, p, saved, buf.dy.data(),
+                  GdnGrads<T>{dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data()});
+  // double: rounding only. float: within a small multiple of the error that the same kernels make in
+  // float in one process (all segments local), measured per array against the double reference.
+  const bool is_double = sizeof(T) == 8;
+  testing::GdnReference fref;
+  if (!is_double) {
+    auto self = make_self_communicator();
+    const GdnPlan one = make_gdn_plan(row, 1, std::vector<uint8_t>(static_cast<size_t>(row.num_segments()), 0));
+    auto fb = testing::gdn_buffers<float>(d, {{0, row.tokens()}});
+    const auto fp = fb.params(d, row.tokens(), chunk, static_cast<float>(scale));
+    std::vector<float> fy(d.v.size()), fdq(d.q.size()), fdk(d.k.size()), fdv(d.v.size()), fdg(d.g.size()),
+        fdb(d.beta.size());
+    const auto fs = gdn_cp_forward(*self, row, one, fp, fy.data());
+    gdn_cp_backward(*self, row, one, fp, fs, fb.dy.data(),
+                    GdnGrads<float>{fdq.data(), fdk.data(), fdv.data(), fdg.data(), fdb.data()});
+    auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+    fref = {widen(fy), widen(fdq), widen(fdk), widen(fdv), widen(fdg), widen(fdb)};
+  }
+  auto expect_close = [&](const std::vector<T>& got, const std::vector<double>& want, int64_t width, const char* name) {
+    const double err = testing::max_rows_diff(got, want, width, ranges);
+    double bound = 1e-10 * (1 + testing::max_abs(want));
+    if (!is_double) {
+      const std::vector<double>* same = name == std::string("y") ? &fref.y : name == std::string("dq") ? &fref.dq
+                                      : name == std::string("dk") ? &fref.dk : name == std::string("dv") ? &fref.dv
+                                      : name == std::string("dg") ? &fref.dg : &fref.dbeta;
+      double ref_err = 0;
+      for (size_t i = 0; i < want.size(); ++i) ref_err = std::max(ref_err, std::abs((*same)[i] - want[i]));
+      bound = 4 * ref_err + 1e-6 * (1 + testing::max_abs(want));
+    }
+    EXPECT_LE(err, bound)
+        << name << " rank " << comm.rank() << "/" << comm.size() << " seed " << cs.seed << " mode " << cs.chain_mode
+        << " chained " << plan.chained_segments() << " tokens " << tokens;
+  };
+  expect_close(y, ref.y, d.H * d.dv, "y");
+  expect_close(dq, ref.dq, d.H * d.dk, "dq");
+  expect_close(dk, ref.dk, d.H * d.dk, "dk");
+  expect_close(dv, ref.dv, d.H * d.dv, "dv");
+  expect_close(dg, ref.dg, d.H * d.g_width(), "dg");
+  expect_close(dbeta, ref.dbeta, d.H, "dbeta");
+}
+
+const Case kCases[] = {
+    {1, 6, 1, 30, 3, 0},   {2, 6, 1, 30, 3, 1},   {3, 10, 1, 25, 4, 2},  {4, 10, 1, 25, 4, 2},
+    {5, 12, 1, 6, 6, 1},   {6, 12, 1, 6, 6, 2},   // deep trees of very short segments (shards of 0-2 tokens)
+    {7, 2, 1, 3, 2, 0},    {8, 1, 2, 2, 1, 1},    // tiny rows: most ranks own nothing
+    {9, 8, 20, 120, 3, 3}, {10, 14, 1, 80, 5, 3},
+};
+
+TEST(MpiGdn, DoubleEqualsReferenceGdn) {
+  MpiCommunicator comm;
+  for (const Case& c : kCases) check_case<double>(comm, c, GdnGate::Scalar);
+}
+
+TEST(MpiGdn, DoubleEqualsReferenceKda) {
+  MpiCommunicator comm;
+  for (const Case& c : kCases) check_case<double>(comm, c, GdnGate::PerChannel);
+}
+
+TEST(MpiGdn, FloatWithinTolerance) {
+  MpiCommunicator comm;
+  for (int i : {2, 3, 9}) {
+    check_case<float>(comm, kCases[i], GdnGate::Scalar);
+    check_case<float>(comm, kCases[i], GdnGate::PerChannel);
+  }
+}
+
+// The exclusive scan of one chain's shard summaries gives every rank the summary of exactly the
+// tokens before its cut, as computed in one process, whatever the number of ranks.
+TEST(MpiGdn, ScanIndependentOfRankCount) {
+  MpiCommunicator comm;
+  const int N = comm.size(), me = comm.rank();
+  const int64_t S = 97;
+  const GdnData d = testing::random_gdn_data(S, 2, 4, 3, GdnGate::PerChannel, 5);
+  auto buf = testing::gdn_buffers<double>(d, {{0, S}});
+  const auto p = buf.params(d, S, 8, 1.0);
+  const int dk = d.dk, dv = d.dv, H = d.H;
+  const int64_t blk = dk * (dk + dv);
+  for (int dir : {+1, -1}) {
+    // Rank r's shard is [cut(r), cut(r+1)) in scan order; rank 0 of the scan order may hold nothing.
+    auto cut = [&](int pos) { return pos == 0 ? 0 : S * pos / N; };
+    const int pos = dir > 0 ? me : N - 1 - me;
+    std::vector<double> own(static_cast<size_t>(H * blk)), excl;
+    for (int h = 0; h < H; ++h)
+      gdn_chunked_summary(p, h, cut(pos), cut(pos + 1), own.data() + h * blk, own.data() + h * blk + dk * dk);
+    const bool have = gdn_exclusive_scan<double>(comm, dir, 1, H, dk, dv, own, excl);
+    EXPECT_EQ(have, pos > 0);
+    if (!have) continue;
+    std::vector<double> want(static_cast<size_t>(H * blk));
+    for (int h = 0; h < H; ++h)
+      gdn_chunked_summary(p, h, 0, cut(pos), want.data() + h * blk, want.data() + h * blk + dk * dk);
+    double err = 0;
+    for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::abs(want[i] - excl[i]));
+    EXPECT_LT(err, 1e-12) << "rank " << me << " of " << N << " direction " << dir;
+  }
+}
+
+// Conv1d halos across ranks: shards shorter than K (the halo spans several ranks), forks whose
+// parent lives elsewhere, ranks that own nothing, and the GDN plan's non-contiguous layouts.
+TEST(MpiConv1d, EqualsExplicitPaths) {
+  MpiCommunicator comm;
+  const int N = comm.size(), me = comm.rank();
+  for (uint64_t seed : {1, 2, 3, 4, 5}) {
+    const Row row = testing::random_tree(seed, 3 + static_cast<int>(seed) * 2, 1, seed % 2 ? 3 : 12, 4);
+    for (int K : {2, 4, 7}) {
+      for (int lay = 0; lay < 2; ++lay) {
+        RankLayout layout = contiguous_layout(row, N);
+        if (lay == 1) {
+          std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
+          for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>((s + seed) % 2);
+          const GdnPlan plan = make_gdn_plan(row, N, chained);
+          for (int r = 0; r < N; ++r) layout[static_cast<size_t>(r)] = gdn_rank_ranges(row, plan, r);
+        }
+        const int C = 3;
+        const bool silu = (seed + K) % 2 == 0;
+        std::mt19937_64 rng(seed * 100 + static_cast<uint64_t>(K));
+        std::normal_distribution<double> n01(0.0, 1.0);
+        std::vector<double> x(static_cast<size_t>(row.tokens() * C)), w(static_cast<size_t>(C * K)), b(C),
+            dy(x.size());
+        for (auto* v : {&x, &w, &b, &dy})
+          for (auto& e : *v) e = n01(rng);
+        const auto ref = testing::conv_tree_reference(row, x, w, b, C, K, silu, dy);
+        const auto& mine = layout[static_cast<size_t>(me)];
+        const auto xl = testing::gather_rows<double>(x, C, mine), dyl = testing::gather_rows<double>(dy, C, mine);
+        std::vector<double> y(xl.size()), dx(xl.size(), 0.0), dw(w.size(), 0.0), db(b.size(), 0.0);
+        const Conv1dArgs args{C, K, silu};
+        conv1d_cp_forward(comm, row, layout, args, xl.data(), w.data(), b.data(), y.data());
+        conv1d_cp_backward(comm, row, layout, args, xl.data(), w.data(), b.data(), dyl.data(), dx.data(), dw.data(),
+                           db.data());
+        EXPECT_LT(testing::max_rows_diff(y, ref.y, C, mine), 1e-12) << "seed " << seed << " K " << K << " layout " << lay;
+        EXPECT_LT(testing::max_rows_diff(dx, ref.dx, C, mine), 1e-12) << "seed " << seed << " K " << K;
+        EXPECT_LT(testing::max_rows_diff(dw, ref.dw, C * K, {{0, 1}}), 1e-11);
+        EXPECT_LT(testing::max_rows_diff(db, ref.db, C, {{0, 1}}), 1e-11);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace treecp
+
+// Runs the suite on every rank; the exit status is failure on every rank if any rank failed.
+int main(int argc, char** argv) {
+  treecp::MpiSession session(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0, any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any && !failed) std::fprintf(stderr, "rank %d: passed, but another rank failed\n", rank);
+  return any;
+}

@@ -1,0 +1,125 @@
+// Causal depthwise conv1d on a packed tree in one process: against explicit root-to-token paths,
+// finite differences for every gradient, and the halo geometry (a child's halo is its parent's tail).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "comm/communicator.hpp"
+#include "core/error.hpp"
+#include "runtime/conv_cp.hpp"
+#include "test_gdn_util.hpp"
+
+namespace treecp {
+namespace {
+
+std::vector<double> rnd(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d(0.0, 1.0);
+  std::vector<double> x(n);
+  for (auto& e : x) e = d(rng);
+  return x;
+}
+
+double diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+struct ConvRun {
+  std::vector<double> y, dx, dw, db;
+};
+
+ConvRun run_one_rank(const Row& row, int C, int K, bool silu, const std::vector<double>& x, const std::vector<double>& w,
+                 const std::vector<double>& b, const std::vector<double>& dy) {
+  auto comm = make_self_communicator();
+  const RankLayout layout = contiguous_layout(row, 1);
+  const Conv1dArgs args{C, K, silu};
+  ConvRun r{std::vector<double>(x.size()), std::vector<double>(x.size(), 0.0), std::vector<double>(w.size(), 0.0),
+        std::vector<double>(static_cast<size_t>(C), 0.0)};
+  conv1d_cp_forward(*comm, row, layout, args, x.data(), w.data(), b.empty() ? nullptr : b.data(), r.y.data());
+  conv1d_cp_backward(*comm, row, layout, args, x.data(), w.data(), b.empty() ? nullptr : b.data(), dy.data(),
+                     r.dx.data(), r.dw.data(), b.empty() ? nullptr : r.db.data());
+  return r;
+}
+
+TEST(Conv1d, EqualsExplicitPathsOnTrees) {
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    const Row row = testing::random_tree(seed, 12, 1, 7, 5);
+    for (int K : {1, 2, 4, 6}) {
+      for (bool silu : {false, true}) {
+        const int C = 3;
+        const auto x = rnd(static_cast<size_t>(row.tokens() * C), seed), w = rnd(static_cast<size_t>(C * K), seed + 1),
+                   b = rnd(C, seed + 2), dy = rnd(x.size(), seed + 3);
+        const auto ref = testing::conv_tree_reference(row, x, w, b, C, K, silu, dy);
+        const ConvRun r = run_one_rank(row, C, K, silu, x, w, b, dy);
+        EXPECT_LT(diff(r.y, ref.y), 1e-12) << "seed " << seed << " K " << K;
+        EXPECT_LT(diff(r.dx, ref.dx), 1e-12);
+        EXPECT_LT(diff(r.dw, ref.dw), 1e-11);
+        EXPECT_LT(diff(r.db, ref.db), 1e-11);
+      }
+    }
+  }
+}
+
+TEST(Conv1d, GradientsMatchFiniteDifferences) {
+  const Row row(std::vector<Segment>{{-1, 2}, {0, 3}, {1, 1}, {0, 2}});
+  const int C = 2, K = 4;
+  for (bool silu : {false, true}) {
+    const auto x = rnd(static_cast<size_t>(row.tokens() * C), 7), w = rnd(C * K, 8), b = rnd(C, 9),
+               dy = rnd(x.size(), 10);
+    const ConvRun r = run_one_rank(row, C, K, silu, x, w, b, dy);
+    auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww, const std::vector<double>& bb) {
+      const ConvRun f = run_one_rank(row, C, K, silu, xx, ww, bb, dy);
+      double j = 0;
+      for (size_t i = 0; i < f.y.size(); ++i) j += f.y[i] * dy[i];
+      return j;
+    };
+    const double eps = 1e-6;
+    auto check = [&](int which, const std::vector<double>& analytic) {
+      for (size_t i = 0; i < analytic.size(); ++i) {
+        std::vector<double> xp = x, xm = x, wp = w, wm = w, bp = b, bm = b;
+        auto& vp = which == 0 ? xp : which == 1 ? wp : bp;
+        auto& vm = which == 0 ? xm : which == 1 ? wm : bm;
+        vp[i] += eps;
+        vm[i] -= eps;
+        const double fd = (loss(xp, wp, bp) - loss(xm, wm, bm)) / (2 * eps);
+        ASSERT_NEAR(analytic[i], fd, 1e-7 * (1 + std::abs(fd))) << "input " << which << " [" << i << "] silu " << silu;
+      }
+    };
+    check(0, r.dx);
+    check(1, r.dw);
+    check(2, r.db);
+  }
+}
+
+TEST(Conv1d, ChildHaloIsParentTailAcrossShortShards) {
+  // root 0-3 | A 4-6 (child of root) | B 7-8 (child of root); four ranks of 2-3 tokens.
+  const Row row(std::vector<Segment>{{-1, 4}, {0, 3}, {0, 2}});
+  const RankLayout layout = {{{0, 2}}, {{2, 4}}, {{4, 7}}, {{7, 9}}};
+  validate_layout(row, layout);
+  // B's first token (7) reads 3, 2, 1 with K = 4; never A's tail 4-6.
+  const ConvHalo h = make_conv_halo(row, layout, 3, 4);
+  EXPECT_EQ(h.halo_tokens, (std::vector<int64_t>{1, 2, 3}));
+  // The halo spans ranks 0 and 1.
+  EXPECT_EQ(h.recv_rows[0].size(), 1u);
+  EXPECT_EQ(h.recv_rows[1].size(), 2u);
+  EXPECT_TRUE(h.recv_rows[2].empty());
+  const ConvHalo h0 = make_conv_halo(row, layout, 0, 4);
+  EXPECT_EQ(h0.send_rows[3], (std::vector<int64_t>{1}));  // token 1 is rank 0's row 1
+}
+
+TEST(Conv1d, RefusesBadLayouts) {
+  const Row row(std::vector<Segment>{{-1, 4}, {0, 3}});
+  EXPECT_THROW(validate_layout(row, {{{0, 3}}, {{4, 7}}}), Error);          // token 3 missing
+  EXPECT_THROW(validate_layout(row, {{{0, 4}}, {{3, 7}}}), Error);          // token 3 twice
+  EXPECT_THROW(validate_layout(row, {{{4, 7}, {0, 4}}}), Error);            // unsorted
+  auto comm = make_self_communicator();
+  std::vector<double> x(7), w(4), y(7);
+  EXPECT_THROW(conv1d_cp_forward<double>(*comm, row, {{{0, 7}}}, Conv1dArgs{1, 0, false}, x.data(), w.data(), nullptr,
+                                         y.data()),
+               Error);
+}
+
+}  // namespace
+}  // namespace treecp

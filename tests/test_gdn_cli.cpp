@@ -1,0 +1,180 @@
+// `treecp gdn` and `treecp conv1d` end to end: files in, files out, on one process and (re-launched
+// under mpirun) on several; outputs equal the tree references; shape errors refused with nothing
+// written.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "core/npy.hpp"
+#include "test_gdn_util.hpp"
+
+namespace treecp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Several ranks need mpirun; without MPI the command refuses --ranks > 1 (checked below).
+#ifdef TREECP_HAVE_MPI
+const std::vector<int> kGdnRanks = {1, 3}, kConvRanks = {1, 4};
+#else
+const std::vector<int> kGdnRanks = {1}, kConvRanks = {1};
+#endif
+
+struct Cli {
+  int rc = 0;
+  std::string output;
+};
+
+Cli run_cli(const std::string& args) {
+  const fs::path log = fs::temp_directory_path() / ("treecp_gdn_cli_" + std::to_string(::getpid()) + ".log");
+  const int status = std::system((std::string(TREECP_CLI_PATH) + " " + args + " > " + log.string() + " 2>&1").c_str());
+  Cli c;
+  c.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(log);
+  c.output.assign(std::istreambuf_iterator<char>(in), {});
+  fs::remove(log);
+  return c;
+}
+
+void save(const fs::path& p, const std::vector<int64_t>& shape, const std::vector<double>& data, DType dt = DType::F64) {
+  std::ofstream(p, std::ios::binary) << npy_bytes(shape, data.data(), dt);
+}
+
+class GdnCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fs::temp_directory_path() / ("treecp_gdn_cli_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::ofstream(dir / "t.json") << R"({"segments":[{"parent":-1,"length":30},{"parent":0,"length":7},)"
+                                  << R"({"parent":1,"length":2},{"parent":0,"length":12},{"parent":-1,"length":4}]})";
+    row = load_row((dir / "t.json").string());
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  std::string p(const std::string& name) const { return (dir / name).string(); }
+  fs::path dir;
+  Row row;
+};
+
+TEST_F(GdnCli, GdnAndKdaMatchTheReferenceOnOneAndThreeRanks) {
+  for (GdnGate gate : {GdnGate::Scalar, GdnGate::PerChannel}) {
+    const testing::GdnData d = testing::random_gdn_data(row.tokens(), 2, 6, 3, gate, 5);
+    const int64_t S = d.S;
+    save(dir / "q.npy", {S, 2, 6}, d.q);
+    save(dir / "k.npy", {S, 2, 6}, d.k);
+    save(dir / "v.npy", {S, 2, 3}, d.v);
+    save(dir / "g.npy", gate == GdnGate::Scalar ? std::vector<int64_t>{S, 2} : std::vector<int64_t>{S, 2, 6}, d.g);
+    save(dir / "b.npy", {S, 2}, d.beta);
+    save(dir / "do.npy", {S, 2, 3}, d.dy);
+    const auto ref = testing::gdn_tree_reference(row, d, 0.5);
+    for (int ranks : kGdnRanks) {
+      const std::string out = p("out" + std::to_string(ranks));
+      const Cli c = run_cli("gdn --tree " + p("t.json") + " --q " + p("q.npy") + " --k " + p("k.npy") + " --v " +
+                            p("v.npy") + " --g " + p("g.npy") + " --beta " + p("b.npy") + " --dout " + p("do.npy") +
+                            " --scale 0.5 --chunk 8 --ranks " + std::to_string(ranks) + " --out " + out);
+      ASSERT_EQ(c.rc, 0) << c.output;
+      EXPECT_NE(c.output.find(gate == GdnGate::Scalar ? "GDN" : "KDA"), std::string::npos) << c.output;
+      const std::pair<const char*, const std::vector<double>*> files[] = {
+          {"o.npy", &ref.y}, {"dq.npy", &ref.dq}, {"dk.npy", &ref.dk}, {"dv.npy", &ref.dv}, {"dg.npy", &ref.dg},
+          {"dbeta.npy", &ref.dbeta}};
+      for (const auto& [name, want] : files) {
+        const NpyArray a = load_npy(out + "/" + name);
+        EXPECT_EQ(a.dtype, DType::F64);
+        ASSERT_EQ(a.data.size(), want->size()) << name;
+        double err = 0;
+        for (size_t i = 0; i < a.data.size(); ++i) err = std::max(err, std::abs(a.data[i] - (*want)[i]));
+        EXPECT_LT(err, 1e-10 * (1 + testing::max_abs(*want))) << name << " ranks " << ranks;
+      }
+    }
+  }
+}
+
+TEST_F(GdnCli, FloatInputsGiveFloatOutputs) {
+  const testing::GdnData d = testing::random_gdn_data(row.tokens(), 1, 4, 2, GdnGate::Scalar, 6);
+  const int64_t S = d.S;
+  save(dir / "q.npy", {S, 1, 4}, d.q, DType::F32);
+  save(dir / "k.npy", {S, 1, 4}, d.k, DType::F32);
+  save(dir / "v.npy", {S, 1, 2}, d.v, DType::F32);
+  save(dir / "g.npy", {S, 1}, d.g, DType::F32);
+  save(dir / "b.npy", {S, 1}, d.beta, DType::F32);
+  const Cli c = run_cli("gdn --tree " + p("t.json") + " --q " + p("q.npy") + " --k " + p("k.npy") + " --v " +
+                        p("v.npy") + " --g " + p("g.npy") + " --beta " + p("b.npy") + " --out " + p("o"));
+  ASSERT_EQ(c.rc, 0) << c.output;
+  const NpyArray o = load_npy(p("o/o.npy"));
+  EXPECT_EQ(o.dtype, DType::F32);
+  EXPECT_EQ(o.shape, (std::vector<int64_t>{S, 1, 2}));
+  EXPECT_FALSE(fs::exists(p("o/dq.npy")));
+}
+
+TEST_F(GdnCli, ShapeErrorsAreRefusedAndNothingIsWritten) {
+  const int64_t S = row.tokens();
+  const testing::GdnData d = testing::random_gdn_data(S, 2, 4, 3, GdnGate::Scalar, 7);
+  save(dir / "q.npy", {S, 2, 4}, d.q);
+  save(dir / "k.npy", {S, 2, 4}, d.k);
+  save(dir / "v.npy", {S, 2, 3}, d.v);
+  save(dir / "b.npy", {S, 2}, d.beta);
+  save(dir / "gbad.npy", {S, 3}, std::vector<double>(static_cast<size_t>(S * 3), -0.1));
+  save(dir / "short.npy", {S - 1, 2, 4}, std::vector<double>(static_cast<size_t>((S - 1) * 8), 0.1));
+  const std::string base = "gdn --tree " + p("t.json") + " --v " + p("v.npy") + " --beta " + p("b.npy");
+  Cli c = run_cli(base + " --q " + p("q.npy") + " --k " + p("k.npy") + " --g " + p("gbad.npy") + " --out " + p("x"));
+  EXPECT_NE(c.rc, 0);
+  EXPECT_NE(c.output.find("g: expected"), std::string::npos) << c.output;
+  c = run_cli(base + " --q " + p("short.npy") + " --k " + p("k.npy") + " --g " + p("b.npy") + " --out " + p("x") +
+              " --ranks 2");
+  EXPECT_NE(c.rc, 0);
+  EXPECT_NE(c.output.find("q: expected [S, H, Dk]"), std::string::npos) << c.output;
+  c = run_cli(base + " --q " + p("q.npy") + " --k " + p("k.npy") + " --g " + p("b.npy") + " --dout " + p("q.npy") +
+              " --out " + p("x"));
+  EXPECT_NE(c.rc, 0);
+  EXPECT_NE(c.output.find("dout"), std::string::npos) << c.output;
+  EXPECT_FALSE(fs::exists(p("x")));
+}
+
+TEST_F(GdnCli, Conv1dMatchesTheReference) {
+  const int64_t S = row.tokens();
+  const int C = 3, K = 4;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::vector<double> x(static_cast<size_t>(S * C)), w(C * K), b(C), dy(x.size());
+  for (auto* v : {&x, &w, &b, &dy})
+    for (auto& e : *v) e = n01(rng);
+  save(dir / "x.npy", {S, C}, x);
+  save(dir / "w.npy", {C, K}, w);
+  save(dir / "b.npy", {C}, b);
+  save(dir / "dy.npy", {S, C}, dy);
+  const auto ref = testing::conv_tree_reference(row, x, w, b, C, K, true, dy);
+  for (int ranks : kConvRanks) {
+    const std::string out = p("c" + std::to_string(ranks));
+    const Cli c = run_cli("conv1d --tree " + p("t.json") + " --x " + p("x.npy") + " --weight " + p("w.npy") +
+                          " --bias " + p("b.npy") + " --silu --dout " + p("dy.npy") + " --ranks " +
+                          std::to_string(ranks) + " --out " + out);
+    ASSERT_EQ(c.rc, 0) << c.output;
+    const std::pair<const char*, const std::vector<double>*> files[] = {
+        {"y.npy", &ref.y}, {"dx.npy", &ref.dx}, {"dweight.npy", &ref.dw}, {"dbias.npy", &ref.db}};
+    for (const auto& [name, want] : files) {
+      const NpyArray a = load_npy(out + "/" + name);
+      ASSERT_EQ(a.data.size(), want->size()) << name;
+      double err = 0;
+      for (size_t i = 0; i < a.data.size(); ++i) err = std::max(err, std::abs(a.data[i] - (*want)[i]));
+      EXPECT_LT(err, 1e-11) << name << " ranks " << ranks;
+    }
+  }
+  const Cli bad = run_cli("conv1d --tree " + p("t.json") + " --x " + p("x.npy") + " --weight " + p("b.npy") + " --out " +
+                          p("cbad"));
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.output.find("weight: expected"), std::string::npos) << bad.output;
+  EXPECT_FALSE(fs::exists(p("cbad")));
+#ifndef TREECP_HAVE_MPI
+  const Cli multi = run_cli("conv1d --tree " + p("t.json") + " --x " + p("x.npy") + " --weight " + p("w.npy") +
+                            " --ranks 2 --out " + p("cm"));
+  EXPECT_NE(multi.rc, 0);
+  EXPECT_NE(multi.output.find("needs MPI"), std::string::npos) << multi.output;
+#endif
+}
+
+}  // namespace
+}  // namespace treecp

@@ -1,0 +1,178 @@
+// GDN/KDA over a tree in one process (self communicator): the CP runtime against the tree reference
+// for local, chained and mixed plans; finite differences of the whole pipeline; the planner.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "comm/communicator.hpp"
+#include "core/error.hpp"
+#include "runtime/gdn_cp.hpp"
+#include "runtime/gdn_plan.hpp"
+#include "test_gdn_util.hpp"
+
+namespace treecp {
+namespace {
+
+using testing::GdnData;
+
+struct Result {
+  std::vector<double> y, dq, dk, dv, dg, dbeta;
+};
+
+// Runs the CP runtime on one rank over the whole row with the given chained set.
+Result run_cp(const Row& row, const GdnData& d, const std::vector<uint8_t>& chained, double scale, int chunk) {
+  auto comm = make_self_communicator();
+  const GdnPlan plan = make_gdn_plan(row, 1, chained);
+  validate_gdn_plan(row, plan);
+  const auto ranges = gdn_rank_ranges(row, plan, 0);
+  auto buf = testing::gdn_buffers<double>(d, ranges);
+  const auto p = buf.params(d, row.tokens(), chunk, scale);
+  Result r;
+  r.y.assign(d.v.size(), 0.0);
+  const auto saved = gdn_cp_forward(*comm, row, plan, p, r.y.data());
+  r.dq.assign(d.q.size(), 0.0); r.dk.assign(d.k.size(), 0.0); r.dv.assign(d.v.size(), 0.0);
+  r.dg.assign(d.g.size(), 0.0); r.dbeta.assign(d.beta.size(), 0.0);
+  gdn_cp_backward(*comm, row, plan, p, saved, buf.dy.data(),
+                  GdnGrads<double>{r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.dbeta.data()});
+  return r;
+}
+
+double diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+class GdnTree : public ::testing::TestWithParam<GdnGate> {};
+
+TEST_P(GdnTree, OneRankEqualsReferenceForAnyChainedSet) {
+  for (uint64_t seed : {1, 2, 3}) {
+    const Row row = testing::random_tree(seed, 9, 1, 40, 4);
+    const GdnData d = testing::random_gdn_data(row.tokens(), 2, 5, 4, GetParam(), seed * 31);
+    const auto ref = testing::gdn_tree_reference(row, d, 0.8);
+    const int32_t n = row.num_segments();
+    std::mt19937_64 rng(seed);
+    for (int mode = 0; mode < 3; ++mode) {
+      std::vector<uint8_t> chained(static_cast<size_t>(n), 0);
+      for (int32_t s = 0; s < n; ++s) chained[s] = mode == 1 ? 1 : mode == 2 ? static_cast<uint8_t>(rng() % 2) : 0;
+      const Result r = run_cp(row, d, chained, 0.8, 8);
+      const double tol = 1e-11;
+      EXPECT_LT(diff(r.y, ref.y), tol * (1 + testing::max_abs(ref.y))) << "seed " << seed << " mode " << mode;
+      EXPECT_LT(diff(r.dq, ref.dq), tol * (1 + testing::max_abs(ref.dq)));
+      EXPECT_LT(diff(r.dk, ref.dk), tol * (1 + testing::max_abs(ref.dk)));
+      EXPECT_LT(diff(r.dv, ref.dv), tol * (1 + testing::max_abs(ref.dv)));
+      EXPECT_LT(diff(r.dg, ref.dg), tol * (1 + testing::max_abs(ref.dg)));
+      EXPECT_LT(diff(r.dbeta, ref.dbeta), tol * (1 + testing::max_abs(ref.dbeta)));
+    }
+  }
+}
+
+// J = Σ y·dy through the whole tree (parents' states feed several children).
+TEST_P(GdnTree, TreeGradientsMatchFiniteDifferences) {
+  const Row row(std::vector<Segment>{{-1, 6}, {0, 4}, {1, 3}, {0, 5}, {-1, 3}});
+  const GdnData d = testing::random_gdn_data(row.tokens(), 1, 3, 2, GetParam(), 99);
+  std::vector<uint8_t> chained = {1, 0, 1, 0, 0};
+  const Result r = run_cp(row, d, chained, 0.9, 4);
+  auto loss = [&](const GdnData& x) {
+    const Result f = run_cp(row, x, chained, 0.9, 4);
+    double j = 0;
+    for (size_t i = 0; i < f.y.size(); ++i) j += f.y[i] * x.dy[i];
+    return j;
+  };
+  const double eps = 1e-6;
+  auto check = [&](std::vector<double> GdnData::*field, const std::vector<double>& analytic, const char* name) {
+    for (size_t i = 0; i < analytic.size(); ++i) {
+      GdnData p = d, m = d;
+      (p.*field)[i] += eps;
+      (m.*field)[i] -= eps;
+      const double fd = (loss(p) - loss(m)) / (2 * eps);
+      ASSERT_NEAR(analytic[i], fd, 1e-7 * (1 + std::abs(fd))) << name << "[" << i << "]";
+    }
+  };
+  check(&GdnData::q, r.dq, "dq");
+  check(&GdnData::k, r.dk, "dk");
+  check(&GdnData::v, r.dv, "dv");
+  check(&GdnData::g, r.dg, "dg");
+  check(&GdnData::beta, r.dbeta, "dbeta");
+}
+
+INSTANTIATE_TEST_SUITE_P(Gates, GdnTree, ::testing::Values(GdnGate::Scalar, GdnGate::PerChannel),
+                         [](const auto& info) { return info.param == GdnGate::Scalar ? "GDN" : "KDA"; });
+
+TEST(GdnPlan, RangesCoverTheRowOnce) {
+  const Row row = testing::random_tree(5, 30, 1, 100, 5);
+  for (int ranks : {1, 2, 3, 4, 7}) {
+    std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
+    for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>(s % 3 == 0);
+    const GdnPlan plan = make_gdn_plan(row, ranks, chained);
+    validate_gdn_plan(row, plan);
+    std::vector<int> seen(static_cast<size_t>(row.tokens()), 0);
+    for (int r = 0; r < ranks; ++r)
+      for (const TokenRange& t : gdn_rank_ranges(row, plan, r))
+        for (int64_t i = t.begin; i < t.end; ++i) seen[i]++;
+    for (int64_t i = 0; i < row.tokens(); ++i) ASSERT_EQ(seen[i], 1) << "token " << i << " ranks " << ranks;
+  }
+}
+
+TEST(GdnPlan, PhasesFollowTheDag) {
+  // root(chained) -> a(local) -> b(chained) -> c(local); root -> d(chained)
+  const Row row(std::vector<Segment>{{-1, 10}, {0, 5}, {1, 5}, {2, 5}, {0, 5}});
+  const GdnPlan plan = make_gdn_plan(row, 3, {1, 0, 1, 0, 1});
+  EXPECT_EQ(plan.phase, (std::vector<int32_t>{1, 1, 2, 2, 2}));
+  EXPECT_EQ(plan.num_phases, 3);
+  GdnPlan bad = plan;
+  bad.phase[3] = 1;
+  EXPECT_THROW(validate_gdn_plan(row, bad), Error);
+  bad = plan;
+  bad.cuts[0][1] = 100;
+  EXPECT_THROW(validate_gdn_plan(row, bad), Error);
+}
+
+TEST(GdnPlan, CostModelDecidesWhatChains) {
+  const GdnShape shape{32, 128, 128, 4, 64};
+  const GdnCostModel model = GdnCostModel::defaults();
+  // One dominant root: splitting it over 4 ranks beats running it on one.
+  const Row dominant(std::vector<Segment>{{-1, 200000}, {0, 2000}, {0, 2000}, {-1, 3000}});
+  GdnPlan p = plan_gdn(dominant, 4, shape, model);
+  EXPECT_TRUE(p.chained[0]);
+  GdnPlan none = make_gdn_plan(dominant, 4, std::vector<uint8_t>(4, 0));
+  EXPECT_LT(p.predicted_ms, gdn_predict(dominant, none, shape, model));
+  // Many equal small families balance without any summary.
+  std::vector<Segment> many;
+  for (int f = 0; f < 16; ++f) {
+    const int32_t root = static_cast<int32_t>(many.size());
+    many.push_back({-1, 512});
+    for (int c = 0; c < 4; ++c) many.push_back({root, 128});
+  }
+  EXPECT_EQ(plan_gdn(Row(many), 4, shape, model).chained_segments(), 0);
+  // One rank never chains.
+  EXPECT_EQ(plan_gdn(dominant, 1, shape, model).chained_segments(), 0);
+  // The choice depends on the state size, not on a length rule: with a very slow link the same
+  // dominant row stays local, with a fast one it chains.
+  GdnCostModel slow = model;
+  slow.link_bandwidth_bytes_per_s = 1e3;
+  EXPECT_EQ(plan_gdn(dominant, 4, shape, slow).chained_segments(), 0);
+}
+
+TEST(GdnPlan, JsonRoundTrip) {
+  const Row row = testing::random_tree(8, 12, 1, 50, 4);
+  std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
+  for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>(s % 2);
+  GdnPlan p = make_gdn_plan(row, 3, chained);
+  gdn_predict(row, p, GdnShape{}, GdnCostModel::defaults());
+  const json::Value v = json::parse(json::dump(p.to_json()));
+  EXPECT_EQ(v.at("segments").size(), static_cast<size_t>(row.num_segments()));
+  const GdnPlan q = GdnPlan::from_json(v);
+  validate_gdn_plan(row, q);
+  EXPECT_EQ(q.chained, p.chained);
+  EXPECT_EQ(q.owner, p.owner);
+  EXPECT_EQ(q.cuts, p.cuts);
+  EXPECT_EQ(q.phase, p.phase);
+  EXPECT_EQ(q.num_phases, p.num_phases);
+  EXPECT_DOUBLE_EQ(q.predicted_ms, p.predicted_ms);
+  const GdnCostModel m = GdnCostModel::from_json(GdnCostModel::defaults().to_json());
+  EXPECT_EQ(m.ns_per_madd, GdnCostModel::defaults().ns_per_madd);
+}
+
+}  // namespace
+}  // namespace treecp

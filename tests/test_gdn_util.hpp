@@ -1,0 +1,193 @@
+// Shared by the GDN/KDA and conv1d tests (single process and MPI): random trees, random inputs, the
+// one-process tree reference built on the token recurrence, and slicing a row into a rank's buffers.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/gdn.hpp"
+#include "plan/plan.hpp"
+#include "tree/row.hpp"
+
+namespace treecp::testing {
+
+// A random row in DFS preorder: roots with up to `fanout` children per node down to `max_depth`.
+inline Row random_tree(uint64_t seed, int max_segments, int64_t min_len, int64_t max_len, int max_depth,
+                       int fanout = 3) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> len(min_len, max_len);
+  std::uniform_int_distribution<int> kids(0, fanout);
+  std::vector<Segment> segs;
+  std::function<void(int32_t, int)> add = [&](int32_t parent, int depth) {
+    const int32_t me = static_cast<int32_t>(segs.size());
+    segs.push_back({parent, len(rng)});
+    if (depth >= max_depth) return;
+    const int k = kids(rng);
+    for (int i = 0; i < k && static_cast<int>(segs.size()) < max_segments; ++i) add(me, depth + 1);
+  };
+  while (static_cast<int>(segs.size()) < max_segments) add(-1, 1);
+  return Row(std::move(segs));
+}
+
+// GDN/KDA inputs for a whole row (double), shaped like a real layer.
+struct GdnData {
+  int64_t S = 0;
+  int H = 0, dk = 0, dv = 0;
+  GdnGate gate = GdnGate::Scalar;
+  std::vector<double> q, k, v, g, beta, dy;
+  int64_t g_width() const { return gate == GdnGate::Scalar ? 1 : dk; }
+};
+
+inline GdnData random_gdn_data(int64_t S, int H, int dk, int dv, GdnGate gate, uint64_t seed) {
+  GdnData d;
+  d.S = S; d.H = H; d.dk = dk; d.dv = dv; d.gate = gate;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n01(0.0, 1.0);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  auto unit_rows = [&](std::vector<double>& x, int w) {
+    x.resize(static_cast<size_t>(S * H * w));
+    for (auto& e : x) e = n01(rng);
+    for (int64_t r = 0; r < S * H; ++r) {
+      double nrm = 0;
+      for (int i = 0; i < w; ++i) nrm += x[r * w + i] * x[r * w + i];
+      for (int i = 0; i < w; ++i) x[r * w + i] /= std::sqrt(nrm);
+    }
+  };
+  unit_rows(d.q, dk);
+  unit_rows(d.k, dk);
+  d.v.resize(static_cast<size_t>(S * H * dv));
+  for (auto& e : d.v) e = n01(rng);
+  d.g.resize(static_cast<size_t>(S * H * d.g_width()));
+  for (auto& e : d.g) e = -0.5 * u01(rng);
+  d.beta.resize(static_cast<size_t>(S * H));
+  for (auto& e : d.beta) e = 0.05 + 0.9 * u01(rng);
+  d.dy.resize(static_cast<size_t>(S * H * dv));
+  for (auto& e : d.dy) e = n01(rng);
+  return d;
+}
+
+// Rows [ranges] of a [S, width] array, concatenated (a rank's buffer).
+template <class T>
+std::vector<T> gather_rows(const std::vector<double>& full, int64_t width, const std::vector<TokenRange>& ranges) {
+  std::vector<T> out;
+  for (const TokenRange& r : ranges)
+    out.insert(out.end(), full.begin() + r.begin * width, full.begin() + r.end * width);
+  return out;
+}
+
+// Largest |a - b| between a rank's buffer and the same rows of a full array.
+template <class T>
+double max_rows_diff(const std::vector<T>& local, const std::vector<double>& full, int64_t width,
+                     const std::vector<TokenRange>& ranges) {
+  double m = 0;
+  int64_t at = 0;
+  for (const TokenRange& r : ranges)
+    for (int64_t i = r.begin * width; i < r.end * width; ++i, ++at)
+      m = std::max(m, std::abs(static_cast<double>(local[at]) - full[i]));
+  return m;
+}
+
+inline double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double e : x) m = std::max(m, std::abs(e));
+  return m;
+}
+
+template <class T>
+struct GdnBuffers {
+  std::vector<T> q, k, v, g, beta, dy;
+  GdnParams<T> params(const GdnData& d, int64_t tokens, int chunk, T scale) const {
+    GdnParams<T> p;
+    p.q = q.data(); p.k = k.data(); p.v = v.data(); p.g = g.data(); p.beta = beta.data();
+    p.tokens = tokens; p.heads = d.H; p.dk = d.dk; p.dv = d.dv; p.gate = d.gate; p.scale = scale; p.chunk = chunk;
+    return p;
+  }
+};
+
+template <class T>
+GdnBuffers<T> gdn_buffers(const GdnData& d, const std::vector<TokenRange>& ranges) {
+  return {gather_rows<T>(d.q, d.H * d.dk, ranges), gather_rows<T>(d.k, d.H * d.dk, ranges),
+          gather_rows<T>(d.v, d.H * d.dv, ranges), gather_rows<T>(d.g, d.H * d.g_width(), ranges),
+          gather_rows<T>(d.beta, d.H, ranges), gather_rows<T>(d.dy, d.H * d.dv, ranges)};
+}
+
+struct GdnReference {
+  std::vector<double> y, dq, dk, dv, dg, dbeta;
+};
+
+// The tree by the token recurrence in one process: each segment starts from its parent's final
+// state (zero for a root); the backward sums the children's incoming-state gradients into the parent.
+inline GdnReference gdn_tree_reference(const Row& row, const GdnData& d, double scale, bool backward = true) {
+  GdnParams<double> p;
+  p.q = d.q.data(); p.k = d.k.data(); p.v = d.v.data(); p.g = d.g.data(); p.beta = d.beta.data();
+  p.tokens = d.S; p.heads = d.H; p.dk = d.dk; p.dv = d.dv; p.gate = d.gate; p.scale = scale;
+  const int64_t ssz = static_cast<int64_t>(d.dk) * d.dv, state = d.H * ssz;
+  const int32_t n = row.num_segments();
+  std::vector<std::vector<double>> s_in(static_cast<size_t>(n)), s_out(static_cast<size_t>(n));
+  GdnReference ref;
+  ref.y.assign(d.v.size(), 0.0);
+  for (int32_t s = 0; s < n; ++s) {
+    const int32_t par = row.parent(s);
+    s_in[s] = par < 0 ? std::vector<double>(static_cast<size_t>(state), 0.0) : s_out[par];
+    s_out[s] = s_in[s];
+    for (int h = 0; h < d.H; ++h) gdn_recurrent_forward(p, h, row.start(s), row.end(s), s_out[s].data() + h * ssz, ref.y.data());
+  }
+  if (!backward) return ref;
+  ref.dq.assign(d.q.size(), 0.0); ref.dk.assign(d.k.size(), 0.0); ref.dv.assign(d.v.size(), 0.0);
+  ref.dg.assign(d.g.size(), 0.0); ref.dbeta.assign(d.beta.size(), 0.0);
+  GdnGrads<double> gr{ref.dq.data(), ref.dk.data(), ref.dv.data(), ref.dg.data(), ref.dbeta.data()};
+  std::vector<std::vector<double>> ds(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(state), 0.0));
+  for (int32_t s = n - 1; s >= 0; --s) {
+    for (int h = 0; h < d.H; ++h)
+      gdn_recurrent_backward(p, h, row.start(s), row.end(s), s_in[s].data() + h * ssz, d.dy.data(), ds[s].data() + h * ssz, gr);
+    const int32_t par = row.parent(s);
+    if (par >= 0)
+      for (int64_t i = 0; i < state; ++i) ds[par][i] += ds[s][i];
+  }
+  return ref;
+}
+
+// Conv1d over the tree by explicit root-to-token paths: z_t = bias + Σ_i w[K-1-i] x(path[-1-i]).
+struct ConvReference {
+  std::vector<double> y, dx, dw, db;
+};
+
+inline ConvReference conv_tree_reference(const Row& row, const std::vector<double>& x, const std::vector<double>& w,
+                                         const std::vector<double>& b, int C, int K, bool silu,
+                                         const std::vector<double>& dy) {
+  ConvReference ref;
+  const int64_t S = row.tokens();
+  ref.y.assign(static_cast<size_t>(S * C), 0.0);
+  ref.dx.assign(x.size(), 0.0);
+  ref.dw.assign(w.size(), 0.0);
+  ref.db.assign(static_cast<size_t>(C), 0.0);
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    std::vector<int64_t> path;  // tokens of the root-to-s path before s
+    for (int32_t a : row.ancestor_chain(s)) {
+      if (a == s) break;
+      for (int64_t t = row.start(a); t < row.end(a); ++t) path.push_back(t);
+    }
+    for (int64_t t = row.start(s); t < row.end(s); ++t) {
+      path.push_back(t);
+      for (int c = 0; c < C; ++c) {
+        double z = b.empty() ? 0.0 : b[c];
+        for (int i = 0; i < K && i < static_cast<int>(path.size()); ++i)
+          z += w[c * K + K - 1 - i] * x[path[path.size() - 1 - i] * C + c];
+        const double sg = 1.0 / (1.0 + std::exp(-z));
+        ref.y[t * C + c] = silu ? z * sg : z;
+        const double dz = silu ? dy[t * C + c] * sg * (1 + z * (1 - sg)) : dy[t * C + c];
+        ref.db[c] += dz;
+        for (int i = 0; i < K && i < static_cast<int>(path.size()); ++i) {
+          const int64_t u = path[path.size() - 1 - i];
+          ref.dx[u * C + c] += w[c * K + K - 1 - i] * dz;
+          ref.dw[c * K + K - 1 - i] += x[u * C + c] * dz;
+        }
+      }
+    }
+  }
+  return ref;
+}
+
+}  // namespace treecp::testing
