@@ -12,8 +12,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/json.hpp"
 #include "tree/slice.hpp"
 
 namespace treecp {
@@ -57,5 +59,26 @@ struct Plan {
   int64_t visible_pairs = 0;
   double predicted_makespan_ms = 0.0;
 };
+
+class Row;
+
+// Checks that a plan fits the row and window and is executable: rank count (expected_cp > 0 also
+// checks it against the communicator size), token count, chunk bounds and owners, owned ranges,
+// recv/send mirror, one fetch per range per rank per wave, slices inside owned or received ranges,
+// stage pair counts, and that every visible pair is computed exactly once (per chunk-pair areas
+// against the work matrix, overlaps checked exactly; never O(S^2)). Throws treecp::Error whose
+// message starts with "plan:" and names the rank, stage and chunk pair at fault.
+void validate_plan(const Plan& plan, const Row& row, int64_t window, int expected_cp = 0);
+
+// JSON form (docs: plan_to_json). Keys: layout, cp, tokens, window, num_waves, visible_pairs,
+// predicted_makespan_ms, chunk_bounds, chunk_owner, ranks[] {rank, owned_ranges [[b, e]...],
+// owned_tokens, pairs, predicted_forward_ms, predicted_backward_ms, stages[] {wave, pairs,
+// remote_ranges [[b, e]...] (derived: all received ranges, sorted), recv/send [per peer [[b, e]...]],
+// slices [[q_begin, q_end, k_begin, k_end, diag_min, diag_max]...]}}.
+json::Value plan_to_json(const Plan& plan);
+// Reads what plan_to_json writes (extra keys are ignored); throws treecp::Error on a malformed plan.
+// Structure only: call validate_plan against the row before executing it.
+Plan plan_from_json(const json::Value& v);
+Plan plan_from_json_text(std::string_view text);
 
 }  // namespace treecp

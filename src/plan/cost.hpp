@@ -1,0 +1,122 @@
+// The cost model of DESIGN.md "Schedule model": coefficients (a JSON file), the one stage-cost and
+// transfer-cost function, and the forward/backward schedule simulator. The planner, the plan
+// simulator and every report call these; no other file prices a stage.
+//
+//   stage ms    = launch + pairs / pair throughput + merge x query tokens (remote stages)
+//                 + ranges x range cost + underfill x max(0, 1 - pairs / underfill pairs)
+//   transfer ms = latency(src, dst) + max(bytes / link bandwidth,
+//                                         bytes out of src / rank bandwidth, bytes into dst / rank bandwidth)
+// docs/costs.md says where the default numbers come from.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/json.hpp"
+
+namespace treecp {
+
+// The execution shape the byte and memory terms use (DESIGN.md benchmark shape by default).
+struct AttentionShape {
+  int64_t hq = 32, hkv = 4, d = 128, dv = 128;
+  int64_t kv_bytes_per_element = 2;   // bf16 K and V on the wire
+  int64_t dkv_bytes_per_element = 4;  // fp32 dK and dV returned to their owner
+  int64_t kv_bytes_per_token() const { return hkv * (d + dv) * kv_bytes_per_element; }
+  int64_t dkv_bytes_per_token() const { return hkv * (d + dv) * dkv_bytes_per_element; }
+};
+
+struct Link {
+  double latency_ms = 0.0;
+  double bandwidth_bytes_per_ms = 1.0;
+};
+
+struct LinkOverride {
+  int src = 0, dst = 0;
+  Link link;
+};
+
+struct CostModel {
+  AttentionShape shape;
+  // Attention pair throughput: local (owned KV) and remote (received KV) stages, forward and backward.
+  double local_forward_pairs_per_ms = 2.16e7;
+  double remote_forward_pairs_per_ms = 2.03e7;
+  double local_backward_pairs_per_ms = 8.33e6;
+  double remote_backward_pairs_per_ms = 7.69e6;
+  double stage_launch_ms = 0.02;             // per non-empty stage
+  double merge_ms_per_query_token = 1.0e-5;  // per query token a remote stage merges (fwd O/LSE, bwd dQ)
+  double range_ms = 0.002;                   // per gathered/scattered range of a stage
+  int64_t underfill_pairs = 2162688;         // pairs that fill the GPU once (132 SMs x 128 x 128 tiles)
+  double underfill_ms = 0.1;                 // cost of a stage far below underfill_pairs
+  // Token-local work per owned token: the attention operation's own passes over Q, O, LSE by default;
+  // projections and MLP when the modelled layer includes them (docs/costs.md).
+  double token_local_forward_ms_per_token = 8.0e-6;
+  double token_local_backward_ms_per_token = 1.6e-5;
+  // Links: ranks [k * ranks_per_node, (k + 1) * ranks_per_node) share a node; overrides win.
+  int ranks_per_node = 8;
+  Link intra_node{0.015, 2.727e8};
+  Link inter_node{0.025, 5.0e7};
+  double rank_bandwidth_bytes_per_ms = 1.997e8;  // what one rank sends (or receives) at once, all peers
+  std::vector<LinkOverride> links;
+  // Memory bound per rank: owned activations plus the largest wave's receive buffer.
+  int64_t activation_bytes_per_token = 34944;
+  int64_t memory_limit_bytes_per_rank = 34359738368;  // 32 GiB; <= 0 = unbounded
+
+  Link link(int src, int dst) const;
+};
+
+// Reads a coefficient file; keys not present keep their defaults, unknown keys are refused.
+CostModel costs_from_json(const json::Value& v);
+CostModel load_costs(const std::string& path);
+json::Value to_json(const CostModel& c);
+
+enum class Pass { Forward, Backward };
+
+// What one stage of one rank does.
+struct StageLoad {
+  int64_t pairs = 0;
+  int64_t query_tokens = 0;  // tokens of the owned query chunks the stage touches
+  int64_t ranges = 0;        // received ranges (remote stages) or owned ranges (local stage)
+};
+
+// THE stage cost. An empty stage (no pairs) costs nothing.
+double stage_ms(const CostModel& c, const StageLoad& s, bool remote, Pass pass);
+
+// Per rank: the local stage and one StageLoad per wave, with the tokens it owns.
+struct RankLoad {
+  StageLoad local;
+  std::vector<StageLoad> waves;
+  int64_t owned_tokens = 0;
+};
+
+// KV tokens moved in one wave: tokens[src * cp + dst].
+using WaveTraffic = std::vector<int64_t>;
+
+struct Prediction {
+  std::vector<double> forward_ms, backward_ms;  // per rank, token-local work included
+  double makespan_ms = 0.0;                     // slowest rank's forward + backward
+  int slowest_rank = 0;
+};
+
+// Link table for one rank count, so that the simulator does not rebuild it per call.
+class Links {
+ public:
+  Links(const CostModel& c, int cp);
+  const Link& at(int src, int dst) const { return table_[static_cast<size_t>(src) * cp_ + dst]; }
+  int cp() const { return cp_; }
+
+ private:
+  int cp_;
+  std::vector<Link> table_;
+};
+
+// Time until `rank`'s part of one wave has landed: inbound, the KV it fetches (traffic[src * cp + rank]);
+// otherwise the mirror, the dK/dV it returns to those owners.
+double exchange_ms(const CostModel& c, const Links& links, const WaveTraffic& traffic, int rank,
+                   int64_t bytes_per_token, bool inbound);
+
+// DESIGN.md's simulator over every rank. loads.size() == cp; waves[w] holds wave w's traffic.
+Prediction simulate(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
+                    const std::vector<WaveTraffic>& waves);
+
+}  // namespace treecp

@@ -1,0 +1,119 @@
+// The planner: layouts as ownership generators, the schedule (which remote key chunks each rank
+// fetches in which wave), evaluation through the cost model, a bounded ownership search, and the
+// construction of the Plan the runtime executes.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "plan/cost.hpp"
+#include "plan/plan.hpp"
+#include "plan/work.hpp"
+
+namespace treecp {
+
+class Row;
+
+// "contiguous", "zigzag", "perdoc", "family", "searched".
+const std::vector<std::string>& layout_names();
+
+struct PlanOptions {
+  std::string layout = "searched";
+  int64_t window = 0;            // 0 = none
+  int64_t chunk_tokens = 0;      // 0 = default_chunk_tokens(row, cp)
+  int max_waves = 4;             // wave counts tried: 1..max_waves (0 when no rank needs remote KV)
+  int search_evaluations = 160;  // budget of plan evaluations for the ownership moves
+  int search_steps = 24;         // accepted moves at most
+  double min_gain = 0.0005;      // a move must cut the search objective (makespan + imbalance) by this fraction
+  int64_t perdoc_min_piece = 128;
+};
+
+// One layout's best schedule, as the report shows it.
+struct LayoutResult {
+  std::string layout;
+  int num_waves = 0;
+  int64_t chunks = 0;
+  double makespan_ms = 0.0;
+  int64_t peak_memory_bytes = 0;  // the largest rank's owned activations + largest wave receive buffer
+  bool fits_memory = true;
+};
+
+struct PlanReport {
+  std::vector<LayoutResult> layouts;  // every layout of layout_names(), in that order
+  int64_t chunk_tokens = 0;           // chosen chunk size (the common grid)
+  int evaluations = 0;                // plan evaluations, all layouts and the search together
+  int search_moves = 0;               // accepted ownership moves
+  double planning_ms = 0.0;           // wall time of make_plan
+};
+
+// Plans a row for `cp` ranks with the requested layout; the report (optional) has every layout.
+Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions& options,
+               PlanReport* report = nullptr);
+
+// ---- the parts, exposed for tests and benchmarks
+
+// Ownership generators: chunk -> rank.
+std::vector<int32_t> contiguous_owner(const WorkMatrix& w, int cp);  // equal tokens, in order
+std::vector<int32_t> zigzag_owner(const WorkMatrix& w, int cp);      // 2 cp groups folded
+std::vector<int32_t> perdoc_owner(const Row& row, const WorkMatrix& w, int cp, int64_t min_piece);
+// Whole families by longest-processing-time packing; with `split`, a family costlier than a rank's
+// share is first cut into equal-cost contiguous pieces (the "family" layout); without, never (a
+// search start that needs no communication).
+std::vector<int32_t> family_owner(const Row& row, const WorkMatrix& w, const CostModel& c, int cp, bool split = true);
+std::vector<int32_t> balanced_owner(const WorkMatrix& w, const CostModel& c, int cp);  // equal cost, in order
+
+// Prices ownerships on one work matrix; reuses its buffers between calls (not thread-safe).
+class Evaluator {
+ public:
+  Evaluator(const WorkMatrix& w, const CostModel& c, int cp);
+
+  struct Result {
+    Prediction prediction;
+    int64_t peak_memory_bytes = 0;
+    bool fits_memory = true;
+    bool valid = true;  // false when remote KV is needed but waves == 0
+  };
+  // waves >= 1, or 0 when no rank needs remote KV.
+  Result evaluate(const std::vector<int32_t>& owner, int waves);
+  // Wave (0-based) in which `rank` fetches key chunk k in the last evaluation; -1 if it does not.
+  int32_t wave_of(int rank, int32_t k) const;
+  struct Fetch {
+    int32_t chunk, wave;
+  };
+  // What `rank` fetches in the last evaluation, in chunk order.
+  std::span<const Fetch> fetches(int rank) const {
+    return {fetch_.data() + fetch_start_[rank], static_cast<size_t>(fetch_start_[rank + 1] - fetch_start_[rank])};
+  }
+  // Loads of the last evaluation.
+  const std::vector<RankLoad>& loads() const { return loads_; }
+  const std::vector<WaveTraffic>& traffic() const { return traffic_; }
+  const WorkMatrix& work() const { return w_; }
+  int cp() const { return cp_; }
+
+ private:
+  const WorkMatrix& w_;
+  const CostModel& c_;
+  int cp_;
+  int32_t n_;
+  Links links_;
+  // Scratch of one entry per chunk (never cp x chunks): memory stays O(chunks) at any rank count.
+  std::vector<int64_t> need_;
+  std::vector<int32_t> wave_, touched_, by_rank_;
+  std::vector<int64_t> by_rank_start_;
+  std::vector<Fetch> fetch_;  // per rank, sorted by chunk: [fetch_start_[r], fetch_start_[r + 1])
+  std::vector<int64_t> fetch_start_;
+  std::vector<RankLoad> loads_;
+  std::vector<WaveTraffic> traffic_;
+  std::vector<int64_t> recv_tokens_;
+};
+
+// The Plan of an ownership and wave count on a work matrix, predictions included.
+Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator& evaluator,
+                const std::vector<int32_t>& owner, int waves, const std::string& layout);
+
+// The loads a Plan implies (from its slices and ranges) priced with the same cost function.
+Prediction simulate_plan(const Plan& plan, const CostModel& costs);
+
+}  // namespace treecp

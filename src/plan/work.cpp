@@ -1,0 +1,155 @@
+#include "plan/work.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+#include "tree/row.hpp"
+
+namespace treecp {
+
+namespace {
+constexpr int64_t kTile = 128;  // kernel tile: chunk sizes are multiples of it when grown by the budget
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The element of sorted `v` nearest to `target` inside [lo, hi], or -1.
+int64_t nearest_in(const std::vector<int64_t>& v, int64_t target, int64_t lo, int64_t hi) {
+  auto it = std::lower_bound(v.begin(), v.end(), target);
+  int64_t best = -1;
+  auto consider = [&](int64_t x) {
+    if (x < lo || x > hi) return;
+    if (best < 0 || std::abs(x - target) < std::abs(best - target)) best = x;
+  };
+  if (it != v.end()) consider(*it);
+  if (it != v.begin()) consider(*std::prev(it));
+  return best;
+}
+}  // namespace
+
+int64_t default_chunk_tokens(int64_t tokens, int cp) {
+  require(cp >= 1, "cp must be >= 1, got ", cp);
+  if (tokens <= 0) return 1;
+  int64_t chunk = 512;
+  const int64_t budget = chunk_budget(cp);
+  if (ceil_div(tokens, chunk) > budget) chunk = ceil_div(ceil_div(tokens, budget), kTile) * kTile;
+  if (ceil_div(tokens, chunk) < cp) chunk = std::max<int64_t>(1, tokens / cp);
+  return chunk;
+}
+
+std::vector<int64_t> make_chunk_bounds(const Row& row, int64_t chunk_tokens) {
+  require(chunk_tokens >= 1, "chunk size must be >= 1 token, got ", chunk_tokens);
+  const int64_t S = row.tokens();
+  std::vector<int64_t> family_starts, segment_starts;
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    segment_starts.push_back(row.start(s));
+    if (row.parent(s) == -1) family_starts.push_back(row.start(s));
+  }
+  std::vector<int64_t> bounds{0};
+  const int64_t c = chunk_tokens;
+  int64_t pos = 0;
+  while (pos < S) {
+    if (S - pos <= c + c / 4) break;
+    const int64_t target = pos + c;
+    int64_t cut = c >= 8 ? nearest_in(family_starts, target, pos + c / 2, pos + c + c / 2) : -1;
+    if (cut < 0 && c >= 8) cut = nearest_in(segment_starts, target, pos + c - c / 4, pos + c + c / 4);
+    if (cut <= pos || cut >= S) cut = target;
+    bounds.push_back(cut);
+    pos = cut;
+  }
+  if (S > 0) bounds.push_back(S);
+  return bounds;
+}
+
+std::vector<int64_t> perdoc_chunk_bounds(const Row& row, int cp, int64_t min_piece) {
+  require(cp >= 1 && min_piece >= 1, "perdoc_chunk_bounds: cp and min_piece must be >= 1");
+  std::vector<int64_t> bounds{0};
+  const int64_t pieces = 2 * static_cast<int64_t>(cp);
+  for (int32_t r : row.roots()) {
+    const int64_t begin = row.start(r), end = row.subtree_token_end(r), len = end - begin;
+    if (len >= pieces * min_piece) {
+      if (bounds.back() != begin) bounds.push_back(begin);  // close a group of small families
+      // piece p = [begin + p * len / pieces, begin + (p + 1) * len / pieces)
+      for (int64_t p = 1; p <= pieces; ++p) bounds.push_back(begin + p * len / pieces);
+    } else if (end - bounds.back() >= min_piece) {
+      bounds.push_back(end);
+    }
+  }
+  if (bounds.back() != row.tokens()) bounds.push_back(row.tokens());
+  if (row.tokens() == 0) bounds = {0};
+  return bounds;
+}
+
+int32_t chunk_of(const std::vector<int64_t>& bounds, int64_t pos) {
+  return static_cast<int32_t>(std::upper_bound(bounds.begin(), bounds.end(), pos) - bounds.begin()) - 1;
+}
+
+WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64_t> bounds) {
+  require(bounds.size() >= 1 && bounds.front() == 0, "work matrix: chunk bounds must start at 0");
+  for (size_t i = 1; i < bounds.size(); ++i) {
+    require(bounds[i] > bounds[i - 1], "work matrix: chunk bounds must increase strictly (at ", i, ")");
+  }
+  WorkMatrix w;
+  w.bounds = std::move(bounds);
+  const int32_t n = w.num_chunks();
+  struct Entry {
+    int32_t q, k;
+    int64_t pairs;
+  };
+  std::vector<Entry> entries;
+  entries.reserve(slices.size() * 4);
+  // Consecutive slices mostly start in the chunk the previous one did: test it before searching.
+  int32_t q_hint = 0, k_hint = 0;
+  auto near = [&w](int64_t pos, int32_t& hint) {
+    if (pos < w.bounds[hint] || pos >= w.bounds[hint + 1]) hint = chunk_of(w.bounds, pos);
+    return hint;
+  };
+  for (const Slice& s : slices) {
+    if (s.empty()) continue;
+    if (!(s.q_begin >= 0 && s.k_begin >= 0 && s.q_end <= w.tokens() && s.k_end <= w.tokens())) {
+      fail("work matrix: slice ", to_string(s), " outside the row [0, ", w.tokens(), ")");
+    }
+    const int32_t q0 = near(s.q_begin, q_hint);
+    const int32_t q1 = s.q_end <= w.bounds[q0 + 1] ? q0 : chunk_of(w.bounds, s.q_end - 1);
+    for (int32_t i = q0; i <= q1; ++i) {
+      // Keys the chunk's queries can see: q - diag_max < k <= q - diag_min, inside the slice.
+      const int64_t qa = std::max(s.q_begin, w.bounds[i]), qb = std::min(s.q_end, w.bounds[i + 1]);
+      const int64_t ka = std::max(s.k_begin, qa - s.diag_max + 1), kb = std::min(s.k_end, qb - s.diag_min);
+      if (kb <= ka) continue;
+      const int32_t j0 = near(ka, k_hint), j1 = kb <= w.bounds[j0 + 1] ? j0 : chunk_of(w.bounds, kb - 1);
+      for (int32_t j = j0; j <= j1; ++j) {
+        const int64_t a = cut_slice(s, qa, qb, w.bounds[j], w.bounds[j + 1]).area();
+        if (a > 0) entries.push_back({i, j, a});
+      }
+    }
+  }
+  // Bucket by query chunk (counting sort), then sort each short row by key chunk and add duplicates.
+  std::vector<int64_t> start(static_cast<size_t>(n) + 1, 0);
+  for (const Entry& e : entries) start[e.q + 1]++;
+  for (int32_t i = 0; i < n; ++i) start[i + 1] += start[i];
+  std::vector<Entry> sorted(entries.size());
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (const Entry& e : entries) sorted[fill[e.q]++] = e;
+  }
+  w.row_start.assign(static_cast<size_t>(n) + 1, 0);
+  w.q_weight.assign(n, 0);
+  w.col.reserve(sorted.size());
+  w.pairs.reserve(sorted.size());
+  for (int32_t i = 0; i < n; ++i) {
+    auto first = sorted.begin() + start[i], last = sorted.begin() + start[i + 1];
+    std::sort(first, last, [](const Entry& a, const Entry& b) { return a.k < b.k; });
+    for (auto e = first; e != last;) {
+      const int32_t k = e->k;
+      int64_t sum = 0;
+      for (; e != last && e->k == k; ++e) sum += e->pairs;
+      w.col.push_back(k);
+      w.pairs.push_back(sum);
+      w.row_start[i + 1]++;
+      w.q_weight[i] += sum;
+      w.total_pairs += sum;
+    }
+  }
+  for (int32_t i = 0; i < n; ++i) w.row_start[i + 1] += w.row_start[i];
+  return w;
+}
+
+}  // namespace treecp

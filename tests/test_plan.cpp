@@ -1,0 +1,578 @@
+// The planner: work matrix, layouts, exact-once coverage against brute force, one fetch per range per
+// wave, JSON round trips, the cost model's one function, the search against fixed layouts and an
+// exhaustive search, and validate_plan's refusals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/json.hpp"
+#include "plan/cost.hpp"
+#include "plan/plan.hpp"
+#include "plan/planner.hpp"
+#include "plan/work.hpp"
+#include "tree/presets.hpp"
+#include "tree/row.hpp"
+#include "tree/slice.hpp"
+
+namespace treecp {
+namespace {
+
+const std::vector<std::string> kFixed{"contiguous", "zigzag", "perdoc", "family"};
+
+// A random forest in DFS preorder: 1-4 families, up to depth 4, 0-3 children per node.
+Row random_row(std::mt19937_64& rng, int64_t max_len = 40) {
+  std::vector<Segment> segs;
+  std::uniform_int_distribution<int64_t> len(1, max_len);
+  std::function<void(int32_t, int)> grow = [&](int32_t parent, int depth) {
+    const auto self = static_cast<int32_t>(segs.size());
+    segs.push_back({parent, len(rng)});
+    if (depth >= 4) return;
+    const int children = std::uniform_int_distribution<int>(0, 3)(rng);
+    for (int c = 0; c < children; ++c) grow(self, depth + 1);
+  };
+  const int families = std::uniform_int_distribution<int>(1, 4)(rng);
+  for (int f = 0; f < families; ++f) grow(-1, 1);
+  return Row(segs);
+}
+
+// Every (q, k) of every slice of every stage, counted densely: only for small rows.
+void expect_exact_once(const Plan& plan, const Row& row, int64_t window, const std::string& what) {
+  const int64_t S = row.tokens();
+  std::vector<int> count(static_cast<size_t>(S * S), 0);
+  for (const RankPlan& rp : plan.ranks) {
+    for (const Stage& st : rp.stages) {
+      for (const Slice& s : st.slices) {
+        for (int64_t q = s.q_begin; q < s.q_end; ++q) {
+          for (int64_t k = s.k_begin; k < s.k_end; ++k) {
+            if (s.contains(q, k)) count[q * S + k]++;
+          }
+        }
+      }
+    }
+  }
+  int64_t bad = 0;
+  for (int64_t q = 0; q < S; ++q) {
+    for (int64_t k = 0; k < S; ++k) bad += count[q * S + k] != (row.visible(q, k, window) ? 1 : 0);
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+// A KV chunk is fetched by a rank at most once over all waves, never from itself, and every
+// received token range is read by some slice of that stage.
+void expect_one_fetch(const Plan& plan, const std::string& what) {
+  for (int r = 0; r < plan.cp; ++r) {
+    std::vector<TokenRange> all;
+    for (int w = 1; w <= plan.num_waves; ++w) {
+      const Stage& st = plan.ranks[r].stages[w];
+      ASSERT_EQ(static_cast<int>(st.recv.size()), plan.cp) << what;
+      EXPECT_TRUE(st.recv[r].empty()) << what;
+      for (const auto& peer : st.recv) {
+        for (const TokenRange& t : peer) {
+          all.push_back(t);
+          const bool used = std::any_of(st.slices.begin(), st.slices.end(),
+                                        [&](const Slice& s) { return s.k_begin < t.end && s.k_end > t.begin; });
+          EXPECT_TRUE(used) << what << ": rank " << r << " wave " << w << " fetches [" << t.begin << ", " << t.end
+                            << ") and never reads it";
+        }
+      }
+    }
+    std::sort(all.begin(), all.end(), [](const TokenRange& a, const TokenRange& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < all.size(); ++i) {
+      EXPECT_LE(all[i - 1].end, all[i].begin) << what << ": rank " << r << " fetches a range twice";
+    }
+  }
+}
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Plan, WorkMatrixMatchesBruteForce) {
+  std::mt19937_64 rng(7);
+  for (int iter = 0; iter < 30; ++iter) {
+    const Row row = random_row(rng);
+    const int64_t window = iter % 3 == 0 ? std::uniform_int_distribution<int64_t>(1, 30)(rng) : 0;
+    const int64_t chunk = std::uniform_int_distribution<int64_t>(1, 25)(rng);
+    const WorkMatrix w = build_work_matrix(row_slices(row, window), make_chunk_bounds(row, chunk));
+    const int32_t n = w.num_chunks();
+    std::vector<int64_t> dense(static_cast<size_t>(n) * n, 0);
+    for (int64_t q = 0; q < row.tokens(); ++q) {
+      for (int64_t k = 0; k < row.tokens(); ++k) {
+        if (row.visible(q, k, window)) dense[chunk_of(w.bounds, q) * n + chunk_of(w.bounds, k)]++;
+      }
+    }
+    std::vector<int64_t> sparse(dense.size(), 0);
+    for (int32_t i = 0; i < n; ++i) {
+      for (int64_t e = w.row_start[i]; e < w.row_start[i + 1]; ++e) {
+        EXPECT_GT(w.pairs[e], 0);
+        sparse[i * n + w.col[e]] += w.pairs[e];
+      }
+    }
+    EXPECT_EQ(sparse, dense) << "iteration " << iter;
+  }
+}
+
+TEST(Plan, ChunkSizeFollowsTheBudget) {
+  EXPECT_EQ(default_chunk_tokens(327680, 8), 1280);  // 256 chunks = 128 + 16 x 8
+  EXPECT_EQ(default_chunk_tokens(40960, 1), 512);
+  EXPECT_EQ(default_chunk_tokens(1000, 4), 250);  // fewer 512-token chunks than ranks
+  const Row row = make_preset("varied5k", 8, 0);
+  const std::vector<int64_t> b = make_chunk_bounds(row, default_chunk_tokens(row.tokens(), 8));
+  EXPECT_LE(static_cast<int64_t>(b.size()) - 1, chunk_budget(8) + 8);
+}
+
+// ART §05: eight causal tokens, two ranks, four chunks of two tokens.
+TEST(Plan, SectionFiveExample) {
+  const Row row({{-1, 8}});
+  PlanOptions o;
+  o.chunk_tokens = 2;
+  o.layout = "contiguous";
+  const Plan contiguous = make_plan(row, 2, CostModel{}, o);
+  EXPECT_EQ(contiguous.ranks[0].pairs(), 10);
+  EXPECT_EQ(contiguous.ranks[1].pairs(), 26);
+  o.layout = "zigzag";
+  const Plan folded = make_plan(row, 2, CostModel{}, o);
+  EXPECT_EQ(folded.ranks[0].pairs(), 18);
+  EXPECT_EQ(folded.ranks[1].pairs(), 18);
+  EXPECT_EQ(folded.chunk_owner, (std::vector<int32_t>{0, 1, 1, 0}));
+  validate_plan(contiguous, row, 0, 2);
+  validate_plan(folded, row, 0, 2);
+}
+
+TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
+  std::mt19937_64 rng(11);
+  int plans = 0;
+  for (int iter = 0; iter < 24; ++iter) {
+    const Row row = random_row(rng);
+    const int64_t window = iter % 2 == 0 ? std::uniform_int_distribution<int64_t>(1, 40)(rng) : 0;
+    for (int cp = 1; cp <= 8; ++cp) {
+      PlanOptions o;
+      o.window = window;
+      o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 16)(rng);
+      o.perdoc_min_piece = std::uniform_int_distribution<int64_t>(1, 4)(rng);
+      o.max_waves = std::uniform_int_distribution<int>(1, 4)(rng);
+      for (const std::string& layout : layout_names()) {
+        o.layout = layout;
+        const std::string what = layout + " cp " + std::to_string(cp) + " iteration " + std::to_string(iter) +
+                                 " window " + std::to_string(window);
+        const Plan plan = make_plan(row, cp, CostModel{}, o);
+        ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << what;
+        expect_exact_once(plan, row, window, what);
+        expect_one_fetch(plan, what);
+        EXPECT_EQ(plan.layout, layout);
+        ++plans;
+      }
+    }
+  }
+  EXPECT_EQ(plans, 24 * 8 * 5);
+}
+
+TEST(Plan, PresetPlansValidateAtOddRankCounts) {
+  for (int cp : {3, 5, 6}) {
+    for (const char* preset : {"varied5k", "deep", "art-varied5k"}) {
+      const Row row = make_preset(preset, cp, 1);
+      for (int64_t window : {int64_t{0}, int64_t{4096}}) {
+        PlanOptions o;
+        o.window = window;
+        PlanReport report;
+        const Plan plan = make_plan(row, cp, CostModel{}, o, &report);
+        ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << preset << " cp " << cp;
+        expect_one_fetch(plan, preset);
+        int64_t pairs = 0;
+        for (const RankPlan& rp : plan.ranks) pairs += rp.pairs();
+        EXPECT_EQ(pairs, plan.visible_pairs);
+      }
+    }
+  }
+}
+
+TEST(Plan, SearchedIsNeverPredictedSlowerThanAFixedLayout) {
+  std::mt19937_64 rng(5);
+  auto check = [](const Row& row, int cp, const PlanOptions& o, const std::string& what) {
+    PlanReport report;
+    const Plan plan = make_plan(row, cp, CostModel{}, o, &report);
+    ASSERT_EQ(report.layouts.size(), 5u);
+    ASSERT_EQ(report.layouts[4].layout, "searched");
+    for (int l = 0; l < 4; ++l) {
+      EXPECT_LE(report.layouts[4].makespan_ms, report.layouts[l].makespan_ms + 1e-12)
+          << what << " vs " << report.layouts[l].layout;
+    }
+    EXPECT_DOUBLE_EQ(plan.predicted_makespan_ms, report.layouts[4].makespan_ms) << what;
+  };
+  for (int cp : {2, 3, 4, 5, 6, 7, 8}) {
+    for (const char* preset : {"fixed5k", "varied5k", "dominant", "deep", "art-manysmall"}) {
+      check(make_preset(preset, cp, 3), cp, PlanOptions{}, std::string(preset) + " cp " + std::to_string(cp));
+    }
+  }
+  for (int iter = 0; iter < 40; ++iter) {
+    const Row row = random_row(rng, 400);
+    PlanOptions o;
+    o.chunk_tokens = std::uniform_int_distribution<int64_t>(16, 200)(rng);
+    check(row, 2 + iter % 7, o, "random " + std::to_string(iter));
+  }
+}
+
+// One long causal sequence: equal tokens are not equal work, folding balances it (ART §05).
+TEST(Plan, CausalSequencePrefersFoldingOverContiguous) {
+  const Row row({{-1, 262144}});
+  PlanReport report;
+  (void)make_plan(row, 4, CostModel{}, PlanOptions{}, &report);
+  EXPECT_LT(report.layouts[1].makespan_ms, report.layouts[0].makespan_ms);  // zigzag beats contiguous
+  EXPECT_LT(report.layouts[4].makespan_ms, report.layouts[0].makespan_ms);
+}
+
+// Small inputs: the bounded search against every ownership and wave count.
+TEST(Plan, SearchIsCloseToExhaustiveOnSmallInputs) {
+  std::mt19937_64 rng(23);
+  double worst = 1.0;
+  for (int iter = 0; iter < 24; ++iter) {
+    const Row row = random_row(rng, 600);
+    const int cp = 2 + iter % 2;
+    const int32_t chunks = cp == 2 ? 9 : 7;
+    PlanOptions o;
+    o.max_waves = 2;
+    o.chunk_tokens = (row.tokens() + chunks - 1) / chunks;
+    // The planner's own grid, so that both searches price the same chunks.
+    const CostModel costs;
+    PlanReport report;
+    const Plan plan = make_plan(row, cp, costs, o, &report);
+    if (report.layouts[3].chunks != report.layouts[4].chunks) continue;  // searched on the perdoc grid
+    const WorkMatrix w = build_work_matrix(row_slices(row), plan.chunk_bounds);
+    Evaluator ev(w, costs, cp);
+    const int32_t n = w.num_chunks();
+    std::vector<int32_t> owner(n, 0);
+    double best = 1e300;
+    for (int64_t code = 0;; ++code) {
+      int64_t x = code;
+      for (int32_t i = 0; i < n; ++i, x /= cp) owner[i] = static_cast<int32_t>(x % cp);
+      if (x > 0) break;
+      for (int waves = 0; waves <= o.max_waves; ++waves) {
+        const Evaluator::Result r = ev.evaluate(owner, waves);
+        if (r.valid && r.fits_memory) best = std::min(best, r.prediction.makespan_ms);
+      }
+    }
+    const double got = report.layouts[4].makespan_ms;
+    EXPECT_GE(got, best - 1e-9) << "the search beat the exhaustive optimum: an evaluation differs";
+    worst = std::max(worst, got / best);
+    EXPECT_LE(got, best * 1.10) << "iteration " << iter << ": searched " << got << " ms, optimum " << best << " ms";
+  }
+  std::printf("worst searched / optimum on small inputs: %.4f\n", worst);
+}
+
+TEST(Plan, SimulatingThePlanGivesItsPredictions) {
+  for (int cp : {1, 2, 3, 8}) {
+    const Row row = make_preset("varied5k", cp, 2);
+    for (const std::string& layout : layout_names()) {
+      PlanOptions o;
+      o.layout = layout;
+      const Plan plan = make_plan(row, cp, CostModel{}, o);
+      const Prediction p = simulate_plan(plan, CostModel{});
+      double makespan = 0.0;
+      for (int r = 0; r < cp; ++r) {
+        EXPECT_NEAR(p.forward_ms[r], plan.ranks[r].predicted_forward_ms, 1e-9) << layout << " rank " << r;
+        EXPECT_NEAR(p.backward_ms[r], plan.ranks[r].predicted_backward_ms, 1e-9) << layout << " rank " << r;
+        makespan = std::max(makespan, p.forward_ms[r] + p.backward_ms[r]);
+      }
+      EXPECT_NEAR(p.makespan_ms, plan.predicted_makespan_ms, 1e-9);
+      EXPECT_NEAR(makespan, plan.predicted_makespan_ms, 1e-9);
+    }
+  }
+}
+
+TEST(Plan, JsonRoundTrip) {
+  std::mt19937_64 rng(3);
+  for (int iter = 0; iter < 10; ++iter) {
+    const Row row = iter == 0 ? make_preset("deep", 4, 0) : random_row(rng, 100);
+    const int cp = 1 + iter % 6;
+    PlanOptions o;
+    o.window = iter % 3 == 0 ? 50 : 0;
+    const Plan plan = make_plan(row, cp, CostModel{}, o);
+    const json::Value v = plan_to_json(plan);
+    for (const char* key : {"predicted_makespan_ms", "visible_pairs", "ranks"}) EXPECT_TRUE(v.contains(key)) << key;
+    ASSERT_EQ(v.at("ranks").size(), static_cast<size_t>(cp));
+    for (size_t r = 0; r < v.at("ranks").size(); ++r) {
+      const json::Value& jr = v.at("ranks")[r];
+      EXPECT_TRUE(jr.contains("owned_ranges"));
+      for (const json::Value& st : jr.at("stages").as_array()) {
+        EXPECT_TRUE(st.contains("pairs"));
+        EXPECT_TRUE(st.contains("remote_ranges"));
+      }
+    }
+    const Plan back = plan_from_json_text(json::dump(v));
+    EXPECT_EQ(back.layout, plan.layout);
+    EXPECT_EQ(back.cp, plan.cp);
+    EXPECT_EQ(back.tokens, plan.tokens);
+    EXPECT_EQ(back.window, plan.window);
+    EXPECT_EQ(back.chunk_bounds, plan.chunk_bounds);
+    EXPECT_EQ(back.chunk_owner, plan.chunk_owner);
+    EXPECT_EQ(back.num_waves, plan.num_waves);
+    EXPECT_EQ(back.visible_pairs, plan.visible_pairs);
+    EXPECT_EQ(back.predicted_makespan_ms, plan.predicted_makespan_ms);
+    ASSERT_EQ(back.ranks.size(), plan.ranks.size());
+    for (size_t r = 0; r < plan.ranks.size(); ++r) {
+      const RankPlan &a = plan.ranks[r], &b = back.ranks[r];
+      EXPECT_EQ(a.owned, b.owned);
+      EXPECT_EQ(a.predicted_forward_ms, b.predicted_forward_ms);
+      EXPECT_EQ(a.predicted_backward_ms, b.predicted_backward_ms);
+      ASSERT_EQ(a.stages.size(), b.stages.size());
+      for (size_t w = 0; w < a.stages.size(); ++w) {
+        EXPECT_EQ(a.stages[w].slices, b.stages[w].slices);
+        EXPECT_EQ(a.stages[w].recv, b.stages[w].recv);
+        EXPECT_EQ(a.stages[w].send, b.stages[w].send);
+        EXPECT_EQ(a.stages[w].pairs, b.stages[w].pairs);
+      }
+    }
+    validate_plan(back, row, o.window, cp);
+    EXPECT_EQ(json::dump(plan_to_json(back)), json::dump(v));
+  }
+}
+
+TEST(Plan, ValidateRejectsCorruptedPlans) {
+  const Row row = make_preset("deep", 3, 0);
+  PlanOptions o;
+  o.layout = "zigzag";
+  const Plan good = make_plan(row, 3, CostModel{}, o);
+  validate_plan(good, row, 0, 3);
+  // A stage with at least two slices.
+  int r0 = -1;
+  size_t w0 = 0;
+  for (int r = 0; r < 3 && r0 < 0; ++r) {
+    for (size_t w = 0; w < good.ranks[r].stages.size() && r0 < 0; ++w) {
+      if (good.ranks[r].stages[w].slices.size() >= 2) r0 = r, w0 = w;
+    }
+  }
+  ASSERT_GE(r0, 0);
+
+  Plan missing = good;
+  {
+    Stage& st = missing.ranks[r0].stages[w0];
+    st.pairs -= st.slices.back().area();
+    st.slices.pop_back();
+  }
+  Plan duplicated = good;
+  {
+    Stage& st = duplicated.ranks[r0].stages[w0];
+    st.slices.push_back(st.slices.front());
+    st.pairs += st.slices.front().area();
+  }
+  Plan fewer_ranks = good;
+  fewer_ranks.ranks.pop_back();
+  const Row longer({{-1, row.tokens() + 5}});
+  Plan bad_recv = good;
+  bool corrupted_recv = false;
+  for (int r = 0; r < 3 && !corrupted_recv; ++r) {
+    for (size_t w = 1; w < bad_recv.ranks[r].stages.size() && !corrupted_recv; ++w) {
+      for (auto& peer : bad_recv.ranks[r].stages[w].recv) {
+        if (!peer.empty()) {
+          peer.back().end -= 1;
+          corrupted_recv = true;
+          break;
+        }
+      }
+    }
+  }
+
+  const std::string m_missing = message_of([&] { validate_plan(missing, row, 0); });
+  const std::string m_dup = message_of([&] { validate_plan(duplicated, row, 0); });
+  const std::string m_ranks = message_of([&] { validate_plan(fewer_ranks, row, 0); });
+  const std::string m_cp = message_of([&] { validate_plan(good, row, 0, 4); });
+  const std::string m_len = message_of([&] { validate_plan(good, longer, 0); });
+  const std::string m_window = message_of([&] { validate_plan(good, row, 64); });
+  EXPECT_NE(m_missing.find("missing"), std::string::npos) << m_missing;
+  EXPECT_NE(m_dup.find("more than once"), std::string::npos) << m_dup;
+  EXPECT_NE(m_ranks.find("rank count"), std::string::npos) << m_ranks;
+  EXPECT_NE(m_cp.find("rank count"), std::string::npos) << m_cp;
+  EXPECT_NE(m_len.find("row length"), std::string::npos) << m_len;
+  EXPECT_NE(m_window.find("window"), std::string::npos) << m_window;
+  const std::set<std::string> distinct{m_missing, m_dup, m_ranks, m_len, m_window};
+  EXPECT_EQ(distinct.size(), 5u);
+  // A remote slice moved into the local stage reads keys the rank does not own.
+  Plan wrong_stage = good;
+  bool moved = false;
+  for (int r = 0; r < 3 && !moved; ++r) {
+    for (size_t w = 1; w < wrong_stage.ranks[r].stages.size() && !moved; ++w) {
+      Stage& st = wrong_stage.ranks[r].stages[w];
+      if (st.slices.empty()) continue;
+      const Slice s = st.slices.back();
+      st.slices.pop_back();
+      st.pairs -= s.area();
+      wrong_stage.ranks[r].stages[0].slices.push_back(s);
+      wrong_stage.ranks[r].stages[0].pairs += s.area();
+      moved = true;
+    }
+  }
+  ASSERT_TRUE(moved);
+  const std::string m_stage = message_of([&] { validate_plan(wrong_stage, row, 0); });
+  EXPECT_NE(m_stage.find("keys the rank does not own"), std::string::npos) << m_stage;
+  if (corrupted_recv) {
+    const std::string m = message_of([&] { validate_plan(bad_recv, row, 0); });
+    EXPECT_NE(m.find("recv"), std::string::npos) << m;
+  }
+}
+
+TEST(Plan, MemoryBoundTradesWavesForBuffers) {
+  const Row row = make_preset("longchain", 4, 0);
+  CostModel costs;
+  PlanOptions o;
+  o.layout = "zigzag";
+  PlanReport free_report;
+  (void)make_plan(row, 4, costs, o, &free_report);
+  const LayoutResult unbounded = free_report.layouts[1];
+  ASSERT_GE(unbounded.num_waves, 1);
+  // A bound just below the unbounded choice's peak forces smaller receive buffers (more waves).
+  costs.memory_limit_bytes_per_rank = unbounded.peak_memory_bytes - 1;
+  PlanReport report;
+  const Plan plan = make_plan(row, 4, costs, o, &report);
+  validate_plan(plan, row, 0, 4);
+  for (const LayoutResult& l : report.layouts) {
+    if (l.fits_memory) {
+      EXPECT_LE(l.peak_memory_bytes, costs.memory_limit_bytes_per_rank) << l.layout;
+    }
+  }
+  EXPECT_TRUE(report.layouts[1].fits_memory);
+  EXPECT_GT(report.layouts[1].num_waves, unbounded.num_waves);
+  EXPECT_TRUE(report.layouts[4].fits_memory);
+}
+
+TEST(Costs, SlowerCrossNodeLinksRaiseThePrediction) {
+  const Row row = make_preset("varied5k", 4, 0);
+  PlanOptions o;
+  o.layout = "zigzag";
+  CostModel one_node;
+  CostModel two_nodes;
+  two_nodes.ranks_per_node = 2;
+  two_nodes.inter_node = {0.5, 1.0e6};  // 1 GB/s
+  const Plan a = make_plan(row, 4, one_node, o);
+  const Plan b = make_plan(row, 4, two_nodes, o);
+  EXPECT_EQ(a.chunk_owner, b.chunk_owner);
+  EXPECT_GT(b.predicted_makespan_ms, a.predicted_makespan_ms + 0.5);
+  // A per-pair override wins over the node rule.
+  two_nodes.links.push_back({0, 3, {0.0, 5.0e9}});
+  EXPECT_EQ(two_nodes.link(0, 3).bandwidth_bytes_per_ms, 5.0e9);
+  EXPECT_EQ(two_nodes.link(3, 0).bandwidth_bytes_per_ms, 1.0e6);
+  EXPECT_EQ(two_nodes.link(0, 1).bandwidth_bytes_per_ms, one_node.intra_node.bandwidth_bytes_per_ms);
+}
+
+TEST(Costs, DefaultFileMatchesBuiltInDefaults) {
+  const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "config" / "costs_default.json";
+  const CostModel file = load_costs(path.string());
+  EXPECT_EQ(json::dump(to_json(file)), json::dump(to_json(CostModel{})));
+  // And the JSON form round-trips.
+  EXPECT_EQ(json::dump(to_json(costs_from_json(to_json(file)))), json::dump(to_json(file)));
+}
+
+TEST(Costs, RejectsUnknownKeysAndBadValues) {
+  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"local_forward_pairs_per_m": 1})")); }).find("unknown key"),
+            std::string::npos);
+  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"local_forward_pairs_per_ms": 0})")); }).find("> 0"),
+            std::string::npos);
+  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"shape": {"hkv": 0}})")); }).find("shape.hkv"),
+            std::string::npos);
+}
+
+TEST(Costs, StageAndTransferTerms) {
+  CostModel c;
+  c.underfill_pairs = 1000;
+  c.underfill_ms = 1.0;
+  c.stage_launch_ms = 0.5;
+  c.local_forward_pairs_per_ms = 100.0;
+  c.range_ms = 0.25;
+  c.merge_ms_per_query_token = 0.125;
+  EXPECT_EQ(stage_ms(c, StageLoad{0, 10, 3}, false, Pass::Forward), 0.0);
+  // launch + pairs / throughput + ranges + underfill x (1 - pairs / underfill_pairs)
+  EXPECT_DOUBLE_EQ(stage_ms(c, StageLoad{500, 10, 2}, false, Pass::Forward), 0.5 + 5.0 + 0.5 + 0.5);
+  c.remote_forward_pairs_per_ms = 50.0;
+  EXPECT_DOUBLE_EQ(stage_ms(c, StageLoad{2000, 8, 1}, true, Pass::Forward), 0.5 + 40.0 + 0.25 + 1.0);
+  // Transfer: latency + max(link, sender total, receiver total).
+  c.ranks_per_node = 2;
+  c.intra_node = {0.1, 1000.0};
+  c.inter_node = {1.0, 100.0};
+  c.rank_bandwidth_bytes_per_ms = 500.0;
+  c.shape = AttentionShape{1, 1, 1, 1, 1, 1};  // 2 bytes per token
+  const Links links(c, 4);
+  WaveTraffic t(16, 0);
+  t[1 * 4 + 0] = 100;  // rank 1 -> rank 0, same node: 200 B
+  t[2 * 4 + 0] = 50;   // rank 2 -> rank 0, across nodes: 100 B
+  // intra: 0.1 + max(0.2, 0.4, 0.6) = 0.7; inter: 1.0 + max(1.0, 0.2, 0.6) = 2.0
+  EXPECT_DOUBLE_EQ(exchange_ms(c, links, t, 0, 2, true), 2.0);
+  // Rank 2 returns dK/dV to rank 0 over the reverse link: 1.0 + max(1.0, 0.2, 0.6).
+  EXPECT_DOUBLE_EQ(exchange_ms(c, links, t, 2, 2, false), 0.0);  // rank 2 received nothing
+  EXPECT_DOUBLE_EQ(exchange_ms(c, links, t, 0, 2, false), 2.0);
+}
+
+TEST(Costs, SimulatorFollowsTheScheduleModel) {
+  CostModel c;
+  c.stage_launch_ms = 0.0;
+  c.range_ms = 0.0;
+  c.merge_ms_per_query_token = 0.0;
+  c.underfill_pairs = 0;
+  c.token_local_forward_ms_per_token = 0.0;
+  c.token_local_backward_ms_per_token = 0.0;
+  c.local_forward_pairs_per_ms = c.remote_forward_pairs_per_ms = 1.0;
+  c.local_backward_pairs_per_ms = c.remote_backward_pairs_per_ms = 0.5;
+  c.intra_node = {0.0, 1.0};
+  c.rank_bandwidth_bytes_per_ms = 1e9;
+  c.shape = AttentionShape{1, 1, 1, 1, 1, 1};  // 2 bytes per token both ways
+  const Links links(c, 2);
+  // Rank 0: local 3 ms; wave 0 fetch 4 ms (2 tokens), stage 1 ms; wave 1 fetch 1 ms, stage 2 ms.
+  std::vector<RankLoad> loads(2);
+  loads[0].local = {3, 0, 0};
+  loads[0].waves = {{1, 0, 1}, {2, 0, 1}};
+  loads[1].waves = {{0, 0, 0}, {0, 0, 0}};
+  std::vector<WaveTraffic> waves(2, WaveTraffic(4, 0));
+  waves[0][1 * 2 + 0] = 2;
+  waves[1][1 * 2 + 0] = 1;  // 1 token = 2 B at 1 B/ms: 2 ms
+  const Prediction p = simulate(c, links, loads, waves);
+  // forward: compute 3, fetch0 ready 4 -> start 4, fetch1 ready 4 + 2 = 6, done 5; start 6, done 8.
+  EXPECT_DOUBLE_EQ(p.forward_ms[0], 8.0);
+  // backward: wave 1 2 x 2 = 4 ms, return 2 ms -> 6; wave 0 +2 ms = 6, return 4 ms -> 10; local +6 = 12.
+  EXPECT_DOUBLE_EQ(p.backward_ms[0], 12.0);
+  EXPECT_DOUBLE_EQ(p.makespan_ms, 20.0);
+  EXPECT_EQ(p.slowest_rank, 0);
+}
+
+TEST(PlanCli, PrintsEveryLayoutAndJson) {
+  const std::string cmd = std::string(TREECP_CLI_PATH) + " plan --preset varied5k --cp 3 --json 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  ASSERT_TRUE(pipe);
+  std::string out;
+  char buf[65536];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, pipe.get())) > 0) out.append(buf, got);
+  const json::Value v = json::parse(out);
+  EXPECT_EQ(v.at("ranks").size(), 3u);
+  EXPECT_EQ(v.at("layouts").size(), 5u);
+  EXPECT_TRUE(v.at("planning_ms").is_number());
+  const Plan plan = plan_from_json(v);
+  validate_plan(plan, make_preset("varied5k", 3, 0), 0, 3);
+
+  const std::string text_cmd = std::string(TREECP_CLI_PATH) + " plan --preset fixed5k --cp 2 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> text(popen(text_cmd.c_str(), "r"), pclose);
+  out.clear();
+  while ((got = fread(buf, 1, sizeof buf, text.get())) > 0) out.append(buf, got);
+  for (const char* word : {"contiguous", "zigzag", "perdoc", "family", "searched", "planned in", "kv_bytes_in"}) {
+    EXPECT_NE(out.find(word), std::string::npos) << word << "\n" << out;
+  }
+  const std::string bad_cmd = std::string(TREECP_CLI_PATH) + " plan --preset fixed5k --cp 2 --layout spiral 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> bad(popen(bad_cmd.c_str(), "r"), pclose);
+  out.clear();
+  while ((got = fread(buf, 1, sizeof buf, bad.get())) > 0) out.append(buf, got);
+  EXPECT_NE(out.find("unknown layout"), std::string::npos) << out;
+  EXPECT_NE(pclose(bad.release()), 0);
+}
+
+}  // namespace
+}  // namespace treecp
