@@ -1,0 +1,334 @@
+// Benchmark of the CUDA slice attention on the DESIGN.md presets (not a test).
+// For each preset at CP1 (S = 40,960), Hq = 32, Hkv = 4, D = 128, bf16: per-new-tree setup (tile
+// lists built on the host and uploaded), a check of sampled rows against a double CPU reference,
+// then forward and forward+backward timed with CUDA events (median of the repetitions).
+// FLOPs count visible pairs only: forward 4 A D Hq, backward 2.5x, forward+backward 3.5x that.
+// Backward and forward+backward include zeroing the fp32 gradients (the contract accumulates).
+// Usage: bench_attention [--out DIR] [--reps N] [--presets a,b,c]
+//   DIR receives <preset>.json (the row, for scripts/bench_flex.py) and treecp_results.json.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/attention_bwd.cuh"  // the timing-only backward without dQ adds
+#include "tree/presets.hpp"
+#include "tree/row.hpp"
+#include "tree/slice.hpp"
+
+using namespace treecp;
+using namespace treecp::cuda;
+
+namespace {
+
+constexpr int kHq = 32, kHkv = 4, kD = 128;
+
+// Deterministic pseudo-normal bf16 fill (sum of 4 uniforms from a hash, scaled to unit variance).
+__global__ void fill_random(__nv_bfloat16* x, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t h = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    float s = 0.f;
+    for (int r = 0; r < 4; ++r) {
+      h ^= h >> 31;
+      h *= 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 29;
+      s += static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+    }
+    x[i] = __float2bfloat16((s - 2.f) * 1.7320508f);  // var of a sum of 4 U(0,1) = 1/3
+  }
+}
+
+void fill(void* p, int64_t n, uint64_t seed) {
+  fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+  check_cuda(cudaGetLastError(), "fill_random");
+}
+
+float bf(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class Fn>
+double time_ms(int reps, Fn&& fn) {
+  cudaEvent_t a, b;
+  check_cuda(cudaEventCreate(&a), "event");
+  check_cuda(cudaEventCreate(&b), "event");
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    check_cuda(cudaEventRecord(a), "record");
+    fn();
+    check_cuda(cudaEventRecord(b), "record");
+    check_cuda(cudaEventSynchronize(b), "sync");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, a, b), "elapsed");
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(t);
+}
+
+struct Result {
+  std::string preset;
+  int64_t tokens, pairs;
+  double setup_ms, build_ms, fwd_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_kernel_ms, bwd_nodq_ms, fwdbwd_ms, err_o, err_lse;
+  int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_dir = ".", presets_arg = "fixed5k,varied5k,dominant,art-fixed5k";
+  int reps = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--out") out_dir = argv[i + 1];
+    else if (a == "--reps") reps = std::stoi(argv[i + 1]);
+    else if (a == "--presets") presets_arg = argv[i + 1];
+    else {
+      std::fprintf(stderr, "bench_attention: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  std::vector<std::string> names;
+  for (std::stringstream ss(presets_arg); ss.good();) {
+    std::string n;
+    std::getline(ss, n, ',');
+    if (!n.empty()) names.push_back(n);
+  }
+  try {
+    cudaDeviceProp prop{};
+    check_cuda(cudaGetDeviceProperties(&prop, 0), "device properties");
+    std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    std::vector<Result> results;
+    for (const std::string& name : names) {
+      const Row row = make_preset(name, 1, 0);
+      const int64_t S = row.tokens();
+      {
+        std::ofstream f(out_dir + "/" + name + ".json");
+        f << row_to_json(row);
+      }
+      Result r{};
+      r.preset = name;
+      r.tokens = S;
+      // per-new-tree setup: slices -> tile lists -> device copy into the plan's reused allocation
+      // (median of 7 fresh builds; the first one also allocates)
+      std::vector<double> setup, build;
+      TilePlan plan;
+      DeviceTilePlan dplan;
+      for (int i = 0; i < 7; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        plan = build_tile_plan(row_slices(row), S, S, kHq / kHkv);
+        const auto t1 = std::chrono::steady_clock::now();
+        dplan.upload(plan);
+        const auto t2 = std::chrono::steady_clock::now();
+        build.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        setup.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+      }
+      r.setup_ms = median(setup);
+      r.build_ms = median(build);
+      r.pairs = plan.visible_pairs;
+      r.fwd_full = plan.fwd.full_tiles;
+      r.fwd_partial = plan.fwd.partial_tiles;
+      r.bwd_full = plan.bwd.full_tiles;
+      r.bwd_partial = plan.bwd.partial_tiles;
+
+      const int64_t nq = S * kHq * kD, nkv = S * kHkv * kD;
+      void *q, *k, *v, *o, *d_o;
+      float *lse, *dsum, *dq, *dk, *dv;
+      check_cuda(cudaMalloc(&q, nq * 2), "alloc");
+      check_cuda(cudaMalloc(&k, nkv * 2), "alloc");
+      check_cuda(cudaMalloc(&v, nkv * 2), "alloc");
+      check_cuda(cudaMalloc(&o, nq * 2), "alloc");
+      check_cuda(cudaMalloc(&d_o, nq * 2), "alloc");
+      check_cuda(cudaMalloc(&lse, S * kHq * 4), "alloc");
+      check_cuda(cudaMalloc(&dsum, S * kHq * 4), "alloc");
+      check_cuda(cudaMalloc(&dq, nq * 4), "alloc");
+      check_cuda(cudaMalloc(&dk, nkv * 4), "alloc");
+      check_cuda(cudaMalloc(&dv, nkv * 4), "alloc");
+      fill(q, nq, 1);
+      fill(k, nkv, 2);
+      fill(v, nkv, 3);
+      fill(d_o, nq, 4);
+      const float scale = 1.f / std::sqrt(static_cast<float>(kD));
+      AttentionForwardParams fp;
+      fp.q = q;
+      fp.k = k;
+      fp.v = v;
+      fp.o = o;
+      fp.lse = lse;
+      fp.q_row_stride = fp.o_row_stride = kHq * kD;
+      fp.k_row_stride = fp.v_row_stride = kHkv * kD;
+      fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = fp.o_head_stride = kD;
+      fp.lse_row_stride = kHq;
+      fp.lse_head_stride = 1;
+      fp.hq = kHq;
+      fp.hkv = kHkv;
+      fp.head_dim = kD;
+      fp.scale = scale;
+      AttentionBackwardParams bp;
+      bp.q = q;
+      bp.k = k;
+      bp.v = v;
+      bp.o = o;
+      bp.d_o = d_o;
+      bp.lse = lse;
+      bp.dsum = dsum;
+      bp.dq = dq;
+      bp.dk = dk;
+      bp.dv = dv;
+      bp.q_row_stride = bp.o_row_stride = bp.dq_row_stride = kHq * kD;
+      bp.k_row_stride = bp.v_row_stride = bp.dk_row_stride = kHkv * kD;
+      bp.q_head_stride = bp.k_head_stride = bp.v_head_stride = bp.o_head_stride = bp.dq_head_stride =
+          bp.dk_head_stride = kD;
+      bp.lse_row_stride = kHq;
+      bp.lse_head_stride = 1;
+      bp.hq = kHq;
+      bp.hkv = kHkv;
+      bp.head_dim = kD;
+      bp.scale = scale;
+
+      // check: sampled query rows against a double reference over Row::visible
+      attention_forward(fp, dplan);
+      check_cuda(cudaDeviceSynchronize(), "forward");
+      {
+        std::vector<uint16_t> kh(nkv), vh(nkv);
+        check_cuda(cudaMemcpy(kh.data(), k, nkv * 2, cudaMemcpyDeviceToHost), "copy");
+        check_cuda(cudaMemcpy(vh.data(), v, nkv * 2, cudaMemcpyDeviceToHost), "copy");
+        std::mt19937_64 rng(7);
+        double num = 0, den = 0, lnum = 0, lden = 0;
+        for (int sample = 0; sample < 24; ++sample) {
+          const int64_t i = static_cast<int64_t>(rng() % S);
+          const int h = static_cast<int>(rng() % kHq), kvh = h / (kHq / kHkv);
+          std::vector<uint16_t> qh(kD), oh(kD);
+          float lg;
+          check_cuda(cudaMemcpy(qh.data(), static_cast<uint16_t*>(q) + (i * kHq + h) * kD, kD * 2, cudaMemcpyDeviceToHost), "copy");
+          check_cuda(cudaMemcpy(oh.data(), static_cast<uint16_t*>(o) + (i * kHq + h) * kD, kD * 2, cudaMemcpyDeviceToHost), "copy");
+          check_cuda(cudaMemcpy(&lg, lse + i * kHq + h, 4, cudaMemcpyDeviceToHost), "copy");
+          std::vector<double> s;
+          std::vector<int64_t> js;
+          double mx = -INFINITY;
+          for (int64_t j = 0; j <= i; ++j) {
+            if (!row.visible(i, j)) continue;
+            double dot = 0;
+            for (int d = 0; d < kD; ++d) dot += static_cast<double>(bf(qh[d])) * bf(kh[(j * kHkv + kvh) * kD + d]);
+            s.push_back(dot * scale);
+            js.push_back(j);
+            mx = std::max(mx, s.back());
+          }
+          double sum = 0;
+          for (double x : s) sum += std::exp(x - mx);
+          const double l = mx + std::log(sum);
+          std::vector<double> ref(kD, 0.0);
+          for (size_t t = 0; t < s.size(); ++t)
+            for (int d = 0; d < kD; ++d) ref[d] += std::exp(s[t] - l) * bf(vh[(js[t] * kHkv + kvh) * kD + d]);
+          for (int d = 0; d < kD; ++d) {
+            num += (bf(oh[d]) - ref[d]) * (bf(oh[d]) - ref[d]);
+            den += ref[d] * ref[d];
+          }
+          lnum += (lg - l) * (lg - l);
+          lden += l * l;
+        }
+        r.err_o = std::sqrt(num / den);
+        r.err_lse = std::sqrt(lnum / lden);
+      }
+
+      fp.rows_per_warp = 16;
+      r.fwd16_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
+      fp.rows_per_warp = 32;
+      r.fwd32_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
+      fp.rows_per_warp = 0;  // the default, used below
+      r.fwd_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
+      r.fwdbwd_ms = time_ms(reps, [&] {
+        // the contract accumulates into zeroed fp32 gradients: the zeroing is part of the cost
+        check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset");
+        check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+        check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+        attention_forward(fp, dplan);
+        attention_backward(bp, dplan);
+      });
+      r.bwd_ms = time_ms(reps, [&] {
+        check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset");
+        check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+        check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+        attention_backward(bp, dplan);
+      });
+      {
+        // attribution: the same backward without its dQ reduction (dsum is ready from the runs above)
+        AttentionBackwardParams nodq = bp;
+        nodq.dsum_ready = true;
+        const treecp::cuda::detail::BwdArgs args{nodq, dplan.bwd, dplan.slices, static_cast<int32_t>(S), static_cast<int32_t>(S),
+                                   kHq / kHkv};
+        r.bwd_kernel_ms = time_ms(reps, [&] {
+          check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+          check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+          treecp::cuda::detail::launch_bwd<kD, true>(args, nullptr);
+        });
+        r.bwd_nodq_ms = time_ms(reps, [&] {
+          check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+          check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+          treecp::cuda::detail::launch_bwd<kD, false>(args, nullptr);
+        });
+      }
+      check_cuda(cudaDeviceSynchronize(), "timing");
+      for (void* p : {q, k, v, o, d_o}) cudaFree(p);
+      for (float* p : {lse, dsum, dq, dk, dv}) cudaFree(p);
+      results.push_back(r);
+      std::fprintf(stderr, "%s done\n", name.c_str());
+    }
+
+    std::ofstream js(out_dir + "/treecp_results.json");
+    js << "[\n";
+    std::printf("\ntreecp CUDA slice attention, Hq=%d Hkv=%d D=%d bf16, %s\n", kHq, kHkv, kD, prop.name);
+    std::printf("| preset | tokens | visible pairs | setup ms (build) | fwd ms | fwd TFLOP/s | fwd ms 16 / 32 rows per warp | "
+                "bwd ms (TFLOP/s) | fwd+bwd ms | fwd+bwd TFLOP/s | check O / LSE rel err | fwd tile pairs full/partial | "
+                "bwd tile pairs full/partial |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      const double flop = 4.0 * static_cast<double>(r.pairs) * kD * kHq;
+      std::printf("| %s | %lld | %lld | %.3f (%.3f) | %.3f | %.1f | %.3f / %.3f | %.3f (%.1f) | %.3f | %.1f | %.1e / %.1e | %lld/%lld | %lld/%lld |\n",
+                  r.preset.c_str(), static_cast<long long>(r.tokens), static_cast<long long>(r.pairs), r.setup_ms,
+                  r.build_ms, r.fwd_ms, flop / r.fwd_ms / 1e9, r.fwd16_ms, r.fwd32_ms, r.bwd_ms,
+                  2.5 * flop / r.bwd_ms / 1e9, r.fwdbwd_ms, 3.5 * flop / r.fwdbwd_ms / 1e9, r.err_o,
+                  r.err_lse, static_cast<long long>(r.fwd_full), static_cast<long long>(r.fwd_partial),
+                  static_cast<long long>(r.bwd_full), static_cast<long long>(r.bwd_partial));
+      js << "  {\"preset\": \"" << r.preset << "\", \"tokens\": " << r.tokens << ", \"pairs\": " << r.pairs
+         << ", \"setup_ms\": " << r.setup_ms << ", \"fwd_ms\": " << r.fwd_ms << ", \"fwdbwd_ms\": " << r.fwdbwd_ms
+         << ", \"err_o\": " << r.err_o << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+    }
+    js << "]\n";
+    std::printf("\nbackward attribution (timing only): bwd kernel without its dQ reduction, ms\n");
+    for (const Result& r : results)
+      std::printf("  %-12s bwd %.3f ms (incl. dsum + zeroing); bwd kernel (+ dK/dV zeroing) %.3f ms, the same without dQ adds %.3f ms\n",
+                  r.preset.c_str(), r.bwd_ms, r.bwd_kernel_ms, r.bwd_nodq_ms);
+    for (const Result& r : results)
+      if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3)) {
+        std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e)\n", r.preset.c_str(), r.err_o, r.err_lse);
+        return 1;
+      }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,65 @@
+// The one dispatch place: argument checks, then head dim -> kernel instantiation.
+#include "core/error.hpp"
+#include "kernels/cuda/launch.hpp"
+
+namespace treecp::cuda {
+namespace {
+
+void check_common(const char* who, int32_t hq, int32_t hkv, int32_t head_dim, float scale, const DeviceTilePlan& plan) {
+  require(hq >= 1 && hkv >= 1 && hq % hkv == 0, who, ": hq must be a positive multiple of hkv, got hq ", hq,
+          " hkv ", hkv);
+  require(hq / hkv == plan.group, who, ": the plan was built for group ", plan.group, " but hq/hkv is ", hq / hkv);
+  require(head_dim == 64 || head_dim == 128, who, ": head_dim must be 64 or 128, got ", head_dim);
+  require(scale > 0.f, who, ": scale must be > 0, got ", scale);
+}
+
+// Strides of bf16 rows must keep 16-byte alignment for the vector copies.
+void check_aligned(const char* who, const char* name, const void* ptr, int64_t row_stride, int64_t head_stride) {
+  require(ptr != nullptr, who, ": ", name, " is null");
+  require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row_stride % 8 == 0 && head_stride % 8 == 0, who, ": ", name,
+          " must be 16-byte aligned with strides that are multiples of 8 elements");
+}
+
+}  // namespace
+
+void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& plan, cudaStream_t stream) {
+  const char* who = "attention_forward";
+  check_common(who, p.hq, p.hkv, p.head_dim, p.scale, plan);
+  if (plan.q_rows == 0) return;
+  check_aligned(who, "q", p.q, p.q_row_stride, p.q_head_stride);
+  if (plan.kv_rows > 0) {
+    check_aligned(who, "k", p.k, p.k_row_stride, p.k_head_stride);
+    check_aligned(who, "v", p.v, p.v_row_stride, p.v_head_stride);
+  }
+  require(p.o && p.lse, who, ": o and lse are required");
+  detail::FwdArgs a{p, plan.fwd, plan.slices, static_cast<int32_t>(plan.q_rows), static_cast<int32_t>(plan.kv_rows),
+                    plan.group};
+  const int rows_per_warp = p.rows_per_warp == 0 ? kFwdRowsPerWarp : p.rows_per_warp;
+  require(rows_per_warp == 16 || rows_per_warp == 32, who, ": rows_per_warp must be 0, 16 or 32, got ", p.rows_per_warp);
+  if (p.head_dim == 64) detail::launch_fwd_d64(a, rows_per_warp, stream);
+  else detail::launch_fwd_d128(a, rows_per_warp, stream);
+}
+
+void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& plan, cudaStream_t stream) {
+  const char* who = "attention_backward";
+  check_common(who, p.hq, p.hkv, p.head_dim, p.scale, plan);
+  if (plan.q_rows == 0 || plan.kv_rows == 0) return;
+  check_aligned(who, "q", p.q, p.q_row_stride, p.q_head_stride);
+  check_aligned(who, "k", p.k, p.k_row_stride, p.k_head_stride);
+  check_aligned(who, "v", p.v, p.v_row_stride, p.v_head_stride);
+  check_aligned(who, "d_o", p.d_o, p.o_row_stride, p.o_head_stride);
+  require(p.lse && p.dsum && p.dq && p.dk && p.dv, who, ": lse, dsum, dq, dk and dv are required");
+  require(p.dq_row_stride % 2 == 0 && p.dq_head_stride % 2 == 0 && p.dk_row_stride % 2 == 0 &&
+              p.dk_head_stride % 2 == 0,
+          who, ": fp32 gradient strides must be even (float2 accesses)");
+  detail::BwdArgs a{p, plan.bwd, plan.slices, static_cast<int32_t>(plan.q_rows), static_cast<int32_t>(plan.kv_rows),
+                    plan.group};
+  if (!p.dsum_ready) {
+    require(p.o != nullptr, who, ": o is required unless dsum_ready");
+    detail::launch_bwd_dsum(a, stream);
+  }
+  if (p.head_dim == 64) detail::launch_bwd_d64(a, stream);
+  else detail::launch_bwd_d128(a, stream);
+}
+
+}  // namespace treecp::cuda

@@ -1,0 +1,199 @@
+// Slice attention on NVIDIA GPUs (sm_90a first): the CUDA side of the attention contract.
+//
+// Contract (mirrors kernels/cpu): slices are in BUFFER coordinates: q rows index the Q buffer, k rows
+// the K/V buffer, so a stage (owned queries against a separate buffer of fetched KV rows) is the same
+// call. Layouts (element strides are int64 and free, the last dimension is contiguous):
+//   Q [q_rows, Hq, D]  K [kv_rows, Hkv, D]  V [kv_rows, Hkv, D]  O [q_rows, Hq, D]   bf16
+//   LSE [q_rows, Hq] fp32, natural log of the softmax denominator over this call's keys.
+// A query row with no visible key gets LSE = -inf and O = 0. GQA: q head h reads kv head h / (Hq/Hkv).
+// Backward reads the COMPLETE O (or a ready Dsum) and LSE and ADDS into fp32 dQ, dK, dV, so stages of
+// one layer accumulate into the same buffers; zero them before the first stage.
+//
+// Work is described by a TilePlan, built on the host from the slices in time proportional to the
+// tiles touched (never from a dense mask), uploaded once, and reused by every layer and head with the
+// same geometry. Sizes are runtime values: a new tree never recompiles anything.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "tree/slice.hpp"
+
+namespace treecp::cuda {
+
+// A run of visited tiles in a tile list: tiles [tile_begin, tile_end) on the other side (KV tiles in
+// a query-major list and vice versa), all with the same visibility test. `mask_count == 0`: every
+// pair of these tiles is visible (no element check). Otherwise the visible pairs are those inside
+// any of the `mask_count` slices TilePlan::slices[mask_index[mask_begin + i]] (slices are disjoint,
+// so "any" is exact). Runs keep the lists proportional to the slices, not to the tiles: an
+// ancestor's 8,192 keys are one entry, not 128.
+struct TileEntry {
+  int32_t tile_begin;
+  int32_t tile_end;
+  int32_t mask_begin;  // first position in TileLists::mask_index
+  int32_t mask_count;  // 0 = full tiles
+};
+
+// A slice as the kernels read it: q in [q0,q1), k in [k0,k1), dmin <= q-k < dmax (int32, buffer rows).
+struct DeviceSlice {
+  int32_t q0, q1, k0, k1, dmin, dmax, pad0, pad1;
+};
+
+// Run-length tile lists of one geometry (major side q or k).
+struct TileLists {
+  int32_t major_tile_rows = 0;  // tokens per major tile
+  int32_t minor_tile_rows = 0;  // tokens per minor tile
+  int32_t num_major = 0;
+  std::vector<int32_t> offsets;  // num_major + 1: runs of major tile t are [offsets[t], offsets[t+1])
+  std::vector<TileEntry> entries;
+  std::vector<int32_t> order;       // major tiles, most visited tiles first (longest processing time first)
+  std::vector<int32_t> mask_index;  // slice ids of the partial runs
+  int64_t full_tiles = 0, partial_tiles = 0;  // visited tile pairs by kind
+};
+
+// Tile sizes of the kernels, in packed rows (a packed row is one (token, q head of a GQA group)).
+inline constexpr int kFwdBlockRows = 128;  // 16 tokens x 8 q heads at GQA 32/4; O of 128 x 128 fits the
+                                           // registers of 4 warps x 32 rows or 8 warps x 16 rows
+inline constexpr int kFwdBlockKeys = 64;   // one K and one V tile of 64 x 128 bf16 each, two stages
+inline constexpr int kFwdRowsPerWarp = 32; // see docs/kernels.md: half the shared-memory reads of 16
+inline constexpr int kBwdBlockRows = 64;   // 64 packed query rows per step of the key-major walk
+inline constexpr int kBwdBlockKeys = 128;  // 8 warps x 16 keys (dK, dV of 16 x D per warp in registers);
+                                           // 128 rather than 64 halves the dQ atomics per FLOP
+
+// Everything the kernels need about one geometry (slices, q_rows, kv_rows, GQA group size).
+struct TilePlan {
+  int64_t q_rows = 0, kv_rows = 0;
+  int32_t group = 1;                      // Hq / Hkv; q tiles hold kBlockRows / group tokens
+  int64_t visible_pairs = 0;              // sum of slice areas (per head)
+  TileLists fwd;                          // query-major: per q tile, the KV tiles it visits
+  TileLists bwd;                          // key-major: per KV tile, the q tiles that see it
+  std::vector<DeviceSlice> slices;        // the non-empty input slices, shared by both lists
+};
+
+// Builds the plan; throws treecp::Error naming the argument if slices leave the buffers or the group
+// does not fit a tile. Time is linear in the number of visited tiles plus the slices.
+TilePlan build_tile_plan(const std::vector<Slice>& slices, int64_t q_rows, int64_t kv_rows, int32_t group);
+
+// The plan in device memory (owning, one allocation). upload() copies a new plan in, reusing the
+// allocation when it is large enough (a new tree per step costs one copy, no cudaMalloc).
+class DeviceTilePlan {
+ public:
+  DeviceTilePlan() = default;
+  explicit DeviceTilePlan(const TilePlan& plan, cudaStream_t stream = nullptr) { upload(plan, stream); }
+  void upload(const TilePlan& plan, cudaStream_t stream = nullptr);
+  ~DeviceTilePlan();
+  DeviceTilePlan(const DeviceTilePlan&) = delete;
+  DeviceTilePlan& operator=(const DeviceTilePlan&) = delete;
+  DeviceTilePlan(DeviceTilePlan&& other) noexcept;
+  DeviceTilePlan& operator=(DeviceTilePlan&& other) noexcept;
+
+  struct Lists {
+    const int32_t* offsets = nullptr;
+    const TileEntry* entries = nullptr;
+    const int32_t* order = nullptr;
+    const int32_t* mask_index = nullptr;
+    int32_t num_major = 0, major_tile_rows = 0, minor_tile_rows = 0;
+  };
+  Lists fwd, bwd;
+  const DeviceSlice* slices = nullptr;
+  int64_t q_rows = 0, kv_rows = 0;
+  int32_t group = 1;
+
+ private:
+  void release();
+  void* block_ = nullptr;  // one allocation holds every array
+  size_t capacity_ = 0;
+  std::vector<unsigned char> staging_;
+};
+
+using bf16_t = uint16_t;  // storage type on the host side of the interface (bit pattern of bf16)
+
+struct AttentionForwardParams {
+  const void* q = nullptr;  // bf16
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;     // bf16 out
+  float* lse = nullptr;  // fp32 out
+  int64_t q_row_stride = 0, q_head_stride = 0;  // elements
+  int64_t k_row_stride = 0, k_head_stride = 0;
+  int64_t v_row_stride = 0, v_head_stride = 0;
+  int64_t o_row_stride = 0, o_head_stride = 0;
+  int64_t lse_row_stride = 0, lse_head_stride = 0;
+  int32_t hq = 0, hkv = 0, head_dim = 0;
+  float scale = 0.f;  // softmax scale, typically 1/sqrt(D)
+  // Query rows per warp of the forward kernel: 0 = the default (kFwdRowsPerWarp), 16 or 32
+  // (kept selectable so the benchmark can measure both; docs/kernels.md says which wins and why).
+  int32_t rows_per_warp = 0;
+};
+
+struct AttentionBackwardParams {
+  const void* q = nullptr;  // bf16
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* o = nullptr;   // bf16, the COMPLETE output; unused when dsum_ready
+  const void* d_o = nullptr;  // bf16, gradient of the complete output
+  const float* lse = nullptr;  // complete LSE
+  float* dsum = nullptr;  // [q_rows, Hq] contiguous fp32 workspace: rowsum(dO * O) (filled unless ready)
+  bool dsum_ready = false;  // true: dsum already holds the value (e.g. from merge_sink_backward)
+  float* dq = nullptr;    // fp32 [q_rows, Hq, D], added into (atomics: many KV tiles per q row)
+  float* dk = nullptr;    // fp32 [kv_rows, Hkv, D], added into (each KV tile owned by one block)
+  float* dv = nullptr;
+  int64_t q_row_stride = 0, q_head_stride = 0;
+  int64_t k_row_stride = 0, k_head_stride = 0;
+  int64_t v_row_stride = 0, v_head_stride = 0;
+  int64_t o_row_stride = 0, o_head_stride = 0;    // for o and d_o
+  int64_t lse_row_stride = 0, lse_head_stride = 0;
+  int64_t dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_row_stride = 0, dk_head_stride = 0;  // for dk and dv
+  int32_t hq = 0, hkv = 0, head_dim = 0;
+  float scale = 0.f;
+};
+
+// Launch on `stream`; throw treecp::Error on bad arguments or a failed launch.
+void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& plan, cudaStream_t stream = nullptr);
+void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& plan,
+                        cudaStream_t stream = nullptr);
+
+// Fused merge of stage partials plus the learned sink, on [rows, H, D] tensors (contiguous).
+//   L = logaddexp_r L_r;  o = sum_r exp(L_r - L) o_r;  w = exp(L - logaddexp(L, sink[h]));  y = w o.
+// Without a sink (sink == nullptr) w = 1. Rows whose parts are all -inf give y = 0, L = -inf.
+inline constexpr int kMaxMergeParts = 8;
+struct MergeSinkForwardParams {
+  int32_t num_parts = 0;
+  const void* o_parts[kMaxMergeParts] = {};     // bf16 [rows, H, D]
+  const float* lse_parts[kMaxMergeParts] = {};  // fp32 [rows, H]
+  const float* sink = nullptr;                  // fp32 [H] or nullptr
+  void* y = nullptr;                            // bf16 out, after the sink
+  void* o_merged = nullptr;                     // optional bf16 out, before the sink
+  float* lse = nullptr;                         // fp32 out, merged (before the sink)
+  int64_t rows = 0;
+  int32_t heads = 0, head_dim = 0;
+};
+// Backward from g = dJ/dy. Writes, per row: d_o = w g (bf16: the gradient of the complete pre-sink
+// output, which is what attention_backward takes as d_o), dsum = dot(d_o, o) - dJ/dL (ready for
+// attention_backward with dsum_ready = true: it folds the sink's LSE gradient into the softmax
+// backward), optional per-part gradients dJ/do_r = exp(L_r - L) d_o and
+// dJ/dL_r = exp(L_r - L) (dot(d_o, o_r - o) + dJ/dL), and ADDS dJ/da into d_sink[h].
+struct MergeSinkBackwardParams {
+  int32_t num_parts = 0;
+  const void* o_parts[kMaxMergeParts] = {};
+  const float* lse_parts[kMaxMergeParts] = {};
+  const float* sink = nullptr;
+  const void* g = nullptr;                     // bf16 dJ/dy
+  void* d_o = nullptr;                         // bf16 out
+  float* dsum = nullptr;                       // fp32 out [rows, H]
+  void* d_o_parts[kMaxMergeParts] = {};        // optional bf16 outs
+  float* d_lse_parts[kMaxMergeParts] = {};     // optional fp32 outs
+  float* d_sink = nullptr;                     // fp32 [H], added into (needed when sink != nullptr)
+  int64_t rows = 0;
+  int32_t heads = 0, head_dim = 0;
+};
+void merge_sink_forward(const MergeSinkForwardParams& p, cudaStream_t stream = nullptr);
+void merge_sink_backward(const MergeSinkBackwardParams& p, cudaStream_t stream = nullptr);
+
+// Throws treecp::Error("<what>: <cuda error>") when `status` is not cudaSuccess.
+void check_cuda(cudaError_t status, const char* what);
+
+}  // namespace treecp::cuda

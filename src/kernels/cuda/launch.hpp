@@ -1,0 +1,28 @@
+// Internal: the kernels' argument blocks and the per-head-dim launchers (one translation unit each).
+#pragma once
+
+#include "kernels/cuda/attention.hpp"
+
+namespace treecp::cuda::detail {
+
+struct FwdArgs {
+  AttentionForwardParams p;
+  DeviceTilePlan::Lists lists;  // query-major
+  const DeviceSlice* slices;
+  int32_t q_rows, kv_rows, group;
+};
+
+struct BwdArgs {
+  AttentionBackwardParams p;
+  DeviceTilePlan::Lists lists;  // key-major
+  const DeviceSlice* slices;
+  int32_t q_rows, kv_rows, group;
+};
+
+void launch_fwd_d64(const FwdArgs& a, int rows_per_warp, cudaStream_t stream);
+void launch_fwd_d128(const FwdArgs& a, int rows_per_warp, cudaStream_t stream);
+void launch_bwd_d64(const BwdArgs& a, cudaStream_t stream);
+void launch_bwd_d128(const BwdArgs& a, cudaStream_t stream);
+void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);
+
+}  // namespace treecp::cuda::detail

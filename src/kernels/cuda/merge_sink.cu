@@ -1,0 +1,185 @@
+// Row-wise kernels: the fused merge + sink (forward, backward) and the backward preprocess
+// Dsum = rowsum(dO * O). Memory-bound; one warp per (row, head), lanes stride over the head dim.
+#include <cuda_bf16.h>
+
+#include "core/error.hpp"
+#include "kernels/cuda/launch.hpp"
+
+namespace treecp::cuda {
+namespace {
+
+constexpr int kWarps = 8;        // rows of one head per block step
+constexpr int kRowsPerBlock = 64;  // one d_sink atomic per block and head
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Merge statistics of one (row, head): L = logaddexp over parts (max subtracted, all -inf guarded).
+struct MergeStats {
+  float lse;                  // -inf when no part has a key
+  float w[kMaxMergeParts];    // exp(L_r - L)
+};
+
+template <class P>
+__device__ MergeStats merge_stats(const P& p, int64_t idx) {
+  MergeStats s;
+  float mx = -INFINITY;
+  for (int r = 0; r < p.num_parts; ++r) mx = fmaxf(mx, p.lse_parts[r][idx]);
+  if (mx == -INFINITY) {
+    s.lse = -INFINITY;
+    for (int r = 0; r < kMaxMergeParts; ++r) s.w[r] = 0.f;
+    return s;
+  }
+  float sum = 0.f;
+  for (int r = 0; r < p.num_parts; ++r) sum += expf(p.lse_parts[r][idx] - mx);
+  s.lse = mx + logf(sum);
+  for (int r = 0; r < kMaxMergeParts; ++r) s.w[r] = r < p.num_parts ? expf(p.lse_parts[r][idx] - s.lse) : 0.f;
+  return s;
+}
+
+// Sink weight w = exp(L - logaddexp(L, a)); 0 when L = -inf, 1 without a sink.
+__device__ __forceinline__ float sink_weight(float lse, const float* sink, int h) {
+  if (!sink) return lse == -INFINITY ? 0.f : 1.f;
+  if (lse == -INFINITY) return 0.f;
+  const float a = sink[h];
+  const float mx = fmaxf(lse, a);
+  return expf(lse - (mx + logf(expf(lse - mx) + expf(a - mx))));
+}
+
+__global__ void merge_sink_fwd_kernel(const MergeSinkForwardParams p) {
+  const int h = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
+       row < p.rows && row < static_cast<int64_t>(blockIdx.x + 1) * kRowsPerBlock; row += kWarps) {
+    const int64_t idx = row * p.heads + h;
+    const MergeStats st = merge_stats(p, idx);
+    const float w = sink_weight(st.lse, p.sink, h);
+    if (lane == 0) p.lse[idx] = st.lse;
+    for (int d = lane; d < p.head_dim; d += 32) {
+      const int64_t at = idx * p.head_dim + d;
+      float o = 0.f;
+      for (int r = 0; r < p.num_parts; ++r)
+        o += st.w[r] * __bfloat162float(static_cast<const __nv_bfloat16*>(p.o_parts[r])[at]);
+      static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(w * o);
+      if (p.o_merged) static_cast<__nv_bfloat16*>(p.o_merged)[at] = __float2bfloat16(o);
+    }
+  }
+}
+
+__global__ void merge_sink_bwd_kernel(const MergeSinkBackwardParams p) {
+  const int h = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float block_dsink[kWarps];
+  float my_dsink = 0.f;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
+       row < p.rows && row < static_cast<int64_t>(blockIdx.x + 1) * kRowsPerBlock; row += kWarps) {
+    const int64_t idx = row * p.heads + h;
+    const MergeStats st = merge_stats(p, idx);
+    const float w = sink_weight(st.lse, p.sink, h);
+    // pass 1: dot(g, o) with o recomputed from the parts
+    float gdot = 0.f;
+    for (int d = lane; d < p.head_dim; d += 32) {
+      const int64_t at = idx * p.head_dim + d;
+      float o = 0.f;
+      for (int r = 0; r < p.num_parts; ++r)
+        o += st.w[r] * __bfloat162float(static_cast<const __nv_bfloat16*>(p.o_parts[r])[at]);
+      gdot += __bfloat162float(static_cast<const __nv_bfloat16*>(p.g)[at]) * o;
+    }
+    gdot = warp_sum(gdot);
+    const float dl_sink = p.sink ? w * (1.f - w) * gdot : 0.f;  // dJ/dL through the sink
+    my_dsink -= dl_sink;                                         // dJ/da = -w (1 - w) dot(g, o)
+    // pass 2: d_o = w g, per-part gradients; dot(d_o, o_r - o) for dJ/dL_r
+    float part_dot[kMaxMergeParts] = {};
+    for (int d = lane; d < p.head_dim; d += 32) {
+      const int64_t at = idx * p.head_dim + d;
+      float orv[kMaxMergeParts];
+      float o = 0.f;
+#pragma unroll
+      for (int r = 0; r < kMaxMergeParts; ++r) {
+        orv[r] = r < p.num_parts ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.o_parts[r])[at]) : 0.f;
+        o += st.w[r] * orv[r];
+      }
+      const float g_o = w * __bfloat162float(static_cast<const __nv_bfloat16*>(p.g)[at]);
+      static_cast<__nv_bfloat16*>(p.d_o)[at] = __float2bfloat16(g_o);
+#pragma unroll
+      for (int r = 0; r < kMaxMergeParts; ++r) {
+        if (r >= p.num_parts) break;
+        part_dot[r] += g_o * (orv[r] - o);
+        if (p.d_o_parts[r]) static_cast<__nv_bfloat16*>(p.d_o_parts[r])[at] = __float2bfloat16(st.w[r] * g_o);
+      }
+    }
+    // dsum = dot(d_o, o) - dJ/dL = w dot(g, o) - dJ/dL
+    if (lane == 0) p.dsum[idx] = w * gdot - dl_sink;
+#pragma unroll
+    for (int r = 0; r < kMaxMergeParts; ++r) {
+      if (r >= p.num_parts) break;
+      const float s = warp_sum(part_dot[r]);
+      if (lane == 0 && p.d_lse_parts[r]) p.d_lse_parts[r][idx] = st.w[r] * (s + dl_sink);
+    }
+  }
+  if (lane == 0) block_dsink[warp] = my_dsink;
+  __syncthreads();
+  if (threadIdx.x == 0 && p.sink) {
+    float s = 0.f;
+    for (int w = 0; w < kWarps; ++w) s += block_dsink[w];
+    atomicAdd(p.d_sink + h, s);
+  }
+}
+
+__global__ void dsum_kernel(const detail::BwdArgs a) {
+  const AttentionBackwardParams& p = a.p;
+  const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp_id >= static_cast<int64_t>(a.q_rows) * p.hq) return;
+  const int64_t t = warp_id / p.hq;
+  const int h = static_cast<int>(warp_id % p.hq);
+  const auto* o = static_cast<const __nv_bfloat16*>(p.o) + t * p.o_row_stride + h * p.o_head_stride;
+  const auto* g = static_cast<const __nv_bfloat16*>(p.d_o) + t * p.o_row_stride + h * p.o_head_stride;
+  float s = 0.f;
+  for (int d = lane; d < p.head_dim; d += 32) s += __bfloat162float(o[d]) * __bfloat162float(g[d]);
+  s = warp_sum(s);
+  if (lane == 0) p.dsum[warp_id] = s;
+}
+
+template <class P>
+void check_merge_params(const P& p, const char* who) {
+  require(p.num_parts >= 1 && p.num_parts <= kMaxMergeParts, who, ": num_parts must be in [1, ", kMaxMergeParts,
+          "], got ", p.num_parts);
+  require(p.rows >= 0 && p.heads >= 1 && p.head_dim >= 1, who, ": rows, heads, head_dim must be positive");
+  for (int r = 0; r < p.num_parts; ++r)
+    require(p.o_parts[r] && p.lse_parts[r], who, ": part ", r, " needs o_parts and lse_parts");
+}
+
+}  // namespace
+
+void merge_sink_forward(const MergeSinkForwardParams& p, cudaStream_t stream) {
+  check_merge_params(p, "merge_sink_forward");
+  require(p.y && p.lse, "merge_sink_forward: y and lse are required");
+  if (p.rows == 0) return;
+  const dim3 grid(static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock), p.heads);
+  merge_sink_fwd_kernel<<<grid, kWarps * 32, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "merge_sink_forward: launch");
+}
+
+void merge_sink_backward(const MergeSinkBackwardParams& p, cudaStream_t stream) {
+  check_merge_params(p, "merge_sink_backward");
+  require(p.g && p.d_o && p.dsum, "merge_sink_backward: g, d_o and dsum are required");
+  require(!p.sink || p.d_sink, "merge_sink_backward: d_sink is required with a sink");
+  if (p.rows == 0) return;
+  const dim3 grid(static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock), p.heads);
+  merge_sink_bwd_kernel<<<grid, kWarps * 32, 0, stream>>>(p);
+  check_cuda(cudaGetLastError(), "merge_sink_backward: launch");
+}
+
+namespace detail {
+void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream) {
+  const int64_t warps = static_cast<int64_t>(a.q_rows) * a.p.hq;
+  if (warps == 0) return;
+  dsum_kernel<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, stream>>>(a);
+  check_cuda(cudaGetLastError(), "attention_backward: dsum launch");
+}
+}  // namespace detail
+
+}  // namespace treecp::cuda

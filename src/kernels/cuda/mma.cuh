@@ -1,0 +1,122 @@
+// Warp-level building blocks shared by the attention kernels: cp.async tile loads into a swizzled
+// shared-memory layout, ldmatrix fragment loads, the bf16 m16n8k16 tensor-core MMA, and the slice
+// visibility test. Fragment layouts follow the PTX ISA "mma.m16n8k16" figures:
+//   C/D (16x8 fp32): c0,c1 at (row lane/4, col 2*(lane%4)+{0,1}); c2,c3 at row + 8.
+//   A (16x16 bf16): a0a1 (r, k), a2a3 (r+8, k), a4a5 (r, k+8), a6a7 (r+8, k+8), r = lane/4, k = 2*(lane%4).
+//   B (16x8 bf16):  b0b1 (k, n), b2b3 (k+8, n), k = 2*(lane%4), n = lane/4.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include "kernels/cuda/attention.hpp"
+
+namespace treecp::cuda::detail {
+
+// Shared-memory tiles are rows of `kCols` bf16 cut into 16-byte chunks; chunk c of row r is stored at
+// chunk c ^ (r % 8), so the 8 rows an ldmatrix phase reads fall in 8 different bank groups.
+template <int kCols>
+__device__ __forceinline__ uint32_t swz(int row, int col) {
+  static_assert(kCols % 64 == 0, "rows must hold a multiple of 8 chunks");
+  return static_cast<uint32_t>(row * kCols + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy; src_bytes = 0 writes zeros (rows past the buffer).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D = A * B + D, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Fire-and-forget fp32 add of two adjacent floats (sm_90 vector reduction; 8-byte aligned).
+__device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
+}
+
+// Copies `rows` rows of kCols bf16 from global (row r at src_row(r), nullptr = zeros) into a swizzled
+// tile, 16 bytes per thread per step. `base` is any valid global address (unread, for zero rows).
+template <int kCols, int kThreads, class RowPtr>
+__device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, int rows, const __nv_bfloat16* base,
+                                                RowPtr src_row) {
+  constexpr int kChunks = kCols / 8;
+  for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const __nv_bfloat16* src = src_row(r);
+    cp_async_16(tile + swz<kCols>(r, c * 8), src ? src + c * 8 : base, src != nullptr);
+  }
+}
+
+// lo <= x < hi in one unsigned compare (wrap-around arithmetic, so no signed overflow). The
+// visibility test of a slice is in_range(q, q0, q1) && in_range(k, k0, k1) && in_range(q - k, dmin, dmax);
+// the kernels hoist the row and column parts out of their element loops.
+__device__ __forceinline__ bool in_range(int x, int lo, int hi) {
+  return static_cast<unsigned>(x) - static_cast<unsigned>(lo) < static_cast<unsigned>(hi) - static_cast<unsigned>(lo);
+}
+
+// 2^x on the special-function unit (ex2.approx.ftz: about 2 ulp, 2^-inf = 0); exp2f adds range fix-ups
+// the softmax does not need.
+__device__ __forceinline__ float exp2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ DeviceSlice load_slice(const DeviceSlice* p) {
+  const int4* v = reinterpret_cast<const int4*>(p);
+  const int4 a = __ldg(v), b = __ldg(v + 1);
+  return DeviceSlice{a.x, a.y, a.z, a.w, b.x, b.y, 0, 0};
+}
+
+// Walks the tiles of a run-length tile list: entry index and the tile inside that entry's run.
+struct RunCursor {
+  int entry, tile;
+  static __device__ __forceinline__ RunCursor first(const TileEntry* e, int begin, int end) {
+    return RunCursor{begin, begin < end ? e[begin].tile_begin : 0};
+  }
+  __device__ __forceinline__ RunCursor next(const TileEntry* e, int end) const {
+    if (tile + 1 < e[entry].tile_end) return RunCursor{entry, tile + 1};
+    return RunCursor{entry + 1, entry + 1 < end ? e[entry + 1].tile_begin : 0};
+  }
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+}  // namespace treecp::cuda::detail

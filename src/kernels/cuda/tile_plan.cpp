@@ -1,0 +1,269 @@
+// Tile lists from slices: one pass over each slice's tiles (counting sort into per-major-tile
+// buckets), then a small sort inside each bucket to merge the slices that share a tile.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "core/error.hpp"
+#include "kernels/cuda/attention.hpp"
+
+namespace treecp::cuda {
+namespace {
+
+// Minor tiles [begin, end) of one slice inside one major tile, all full or all partial.
+struct RawRun {
+  int32_t begin, end;
+  int32_t slice;
+  int32_t full;
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+int64_t ceil_div_signed(int64_t a, int64_t b) { return -floor_div(-a, b); }
+
+// Calls fn(major, begin, end, full) for the minor-tile runs of slice `s` in each major tile it
+// touches: a partial head, a full middle and a partial tail (each possibly empty). O(major tiles).
+// q_major: major = query tiles of `major_rows` tokens, minor = key tiles; else the reverse.
+template <class Fn>
+void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, int64_t minor_rows, int64_t q_rows,
+                  int64_t kv_rows, Fn&& fn) {
+  auto emit = [&](int64_t major, int64_t a, int64_t fa, int64_t fb, int64_t b) {
+    if (a < fa) fn(major, a, fa, false);
+    if (fa < fb) fn(major, fa, fb, true);
+    if (fb < b) fn(major, fb, b, false);
+  };
+  if (q_major) {
+    const int64_t tq = major_rows, tk = minor_rows;
+    for (int64_t qt = s.q0 / tq; qt * tq < s.q1; ++qt) {
+      const int64_t qa = qt * tq, qe = qa + tq;
+      const int64_t q0 = std::max<int64_t>(s.q0, qa), q1 = std::min<int64_t>(s.q1, qe);
+      // keys seen by some row of [q0, q1): a contiguous range, and every key tile in it has work
+      const int64_t klo = std::max<int64_t>(s.k0, q0 - s.dmax + 1), khi = std::min<int64_t>(s.k1 - 1, q1 - 1 - s.dmin);
+      if (klo > khi) continue;
+      const int64_t a = klo / tk, b = khi / tk + 1;
+      int64_t fa = b, fb = b;
+      if (qa >= s.q0 && qe <= s.q1 && qe <= q_rows) {
+        // key tile kt is full iff inside [k0, min(k1, kv_rows)) and both band edges clear it:
+        // qa - ((kt+1) tk - 1) >= dmin and (qe - 1) - kt tk < dmax
+        const int64_t lo = std::max({a, ceil_div(s.k0, tk), floor_div(qe - 1 - s.dmax, tk) + 1});
+        const int64_t hi = std::min({b, std::min<int64_t>(s.k1, kv_rows) / tk, floor_div(qa - s.dmin + 1, tk)});
+        if (lo < hi) fa = lo, fb = hi;
+      }
+      emit(qt, a, fa, fb, b);
+    }
+  } else {
+    const int64_t tk = major_rows, tq = minor_rows;
+    for (int64_t kt = s.k0 / tk; kt * tk < s.k1; ++kt) {
+      const int64_t ka = kt * tk, ke = ka + tk;
+      const int64_t k0 = std::max<int64_t>(s.k0, ka), k1 = std::min<int64_t>(s.k1, ke);
+      const int64_t qlo = std::max<int64_t>(s.q0, k0 + s.dmin), qhi = std::min<int64_t>(s.q1 - 1, k1 - 1 + s.dmax - 1);
+      if (qlo > qhi) continue;
+      const int64_t a = qlo / tq, b = qhi / tq + 1;
+      int64_t fa = b, fb = b;
+      if (ka >= s.k0 && ke <= s.k1 && ke <= kv_rows) {
+        // query tile qt is full iff inside [q0, min(q1, q_rows)) and qt tq - (ke - 1) >= dmin and
+        // (qt+1) tq - 1 - ka < dmax
+        const int64_t lo = std::max({a, ceil_div(s.q0, tq), ceil_div_signed(s.dmin + ke - 1, tq)});
+        const int64_t hi = std::min({b, std::min<int64_t>(s.q1, q_rows) / tq, floor_div(s.dmax + ka, tq)});
+        if (lo < hi) fa = lo, fb = hi;
+      }
+      emit(kt, a, fa, fb, b);
+    }
+  }
+}
+
+TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int64_t major_rows, int64_t minor_rows,
+                      int64_t q_rows, int64_t kv_rows) {
+  TileLists out;
+  out.major_tile_rows = static_cast<int32_t>(major_rows);
+  out.minor_tile_rows = static_cast<int32_t>(minor_rows);
+  const int64_t num_major = ceil_div(q_major ? q_rows : kv_rows, major_rows);
+  out.num_major = static_cast<int32_t>(num_major);
+  // counting sort of the raw runs into per-major-tile buckets
+  std::vector<int32_t> count(num_major + 1, 0);
+  for (const DeviceSlice& s : slices)
+    for_each_run(s, q_major, major_rows, minor_rows, q_rows, kv_rows,
+                 [&](int64_t mt, int64_t, int64_t, bool) { ++count[mt + 1]; });
+  for (int64_t t = 0; t < num_major; ++t) count[t + 1] += count[t];
+  std::vector<RawRun> raw(count[num_major]);
+  std::vector<int32_t> fill(count.begin(), count.end() - 1);
+  for (size_t i = 0; i < slices.size(); ++i)
+    for_each_run(slices[i], q_major, major_rows, minor_rows, q_rows, kv_rows,
+                 [&](int64_t mt, int64_t b, int64_t e, bool f) {
+                   raw[fill[mt]++] = RawRun{static_cast<int32_t>(b), static_cast<int32_t>(e), static_cast<int32_t>(i), f};
+                 });
+
+  // Per major tile, sweep the run boundaries: each elementary interval becomes one run whose test is
+  // the set of slices covering it (full when that set is one slice that fills its tiles).
+  out.offsets.assign(num_major + 1, 0);
+  out.entries.reserve(raw.size());
+  std::vector<int64_t> work(num_major, 0);
+  std::vector<int32_t> pts, active;
+  for (int64_t t = 0; t < num_major; ++t) {
+    const RawRun* first = raw.data() + count[t];
+    const RawRun* last = raw.data() + count[t + 1];
+    pts.clear();
+    for (const RawRun* r = first; r != last; ++r) pts.push_back(r->begin), pts.push_back(r->end);
+    std::sort(pts.begin(), pts.end());
+    pts.erase(std::unique(pts.begin(), pts.end()), pts.end());
+    const size_t entries_before = out.entries.size();
+    for (size_t p = 0; p + 1 < pts.size(); ++p) {
+      const int32_t x = pts[p], y = pts[p + 1];
+      active.clear();
+      bool full = false;
+      for (const RawRun* r = first; r != last; ++r)
+        if (r->begin <= x && r->end >= y) active.push_back(r->slice), full = r->full;
+      if (active.empty()) continue;
+      full = full && active.size() == 1;  // slices are disjoint: a full run has no other contributor
+      TileEntry* prev = out.entries.size() > entries_before ? &out.entries.back() : nullptr;
+      // adjacent runs with the same test merge (full runs of any slices: "every pair visible")
+      const bool same_as_prev =
+          prev && prev->tile_end == x && (prev->mask_count == 0) == full &&
+          (full || (static_cast<size_t>(prev->mask_count) == active.size() &&
+                    std::equal(active.begin(), active.end(), out.mask_index.begin() + prev->mask_begin)));
+      if (same_as_prev) {
+        prev->tile_end = y;
+      } else if (full) {
+        out.entries.push_back(TileEntry{x, y, 0, 0});
+      } else {
+        out.entries.push_back(TileEntry{x, y, static_cast<int32_t>(out.mask_index.size()), static_cast<int32_t>(active.size())});
+        out.mask_index.insert(out.mask_index.end(), active.begin(), active.end());
+      }
+      work[t] += y - x;
+      (full ? out.full_tiles : out.partial_tiles) += y - x;
+    }
+    out.offsets[t + 1] = static_cast<int32_t>(out.entries.size());
+  }
+
+  // Longest first: counting sort of the major tiles by visited tiles, descending.
+  int64_t max_work = 0;
+  for (int64_t t = 0; t < num_major; ++t) max_work = std::max(max_work, work[t]);
+  std::vector<int32_t> bucket(static_cast<size_t>(max_work) + 2, 0);
+  for (int64_t t = 0; t < num_major; ++t) ++bucket[max_work - work[t] + 1];
+  for (int64_t b = 0; b <= max_work; ++b) bucket[b + 1] += bucket[b];
+  out.order.resize(num_major);
+  for (int64_t t = 0; t < num_major; ++t) out.order[bucket[max_work - work[t]]++] = static_cast<int32_t>(t);
+  return out;
+}
+
+}  // namespace
+
+TilePlan build_tile_plan(const std::vector<Slice>& slices, int64_t q_rows, int64_t kv_rows, int32_t group) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max() / 2;
+  require(q_rows >= 0 && q_rows <= kMax, "build_tile_plan: q_rows must be in [0, 2^30], got ", q_rows);
+  require(kv_rows >= 0 && kv_rows <= kMax, "build_tile_plan: kv_rows must be in [0, 2^30], got ", kv_rows);
+  require(group >= 1 && group <= kBwdBlockRows,
+          "build_tile_plan: group (Hq/Hkv) must be in [1, ", kBwdBlockRows, "], got ", group);
+  TilePlan plan;
+  plan.q_rows = q_rows;
+  plan.kv_rows = kv_rows;
+  plan.group = group;
+  plan.slices.reserve(slices.size());
+  for (const Slice& s : slices) {
+    if (s.empty()) continue;
+    require(s.q_begin >= 0 && s.q_end <= q_rows && s.k_begin >= 0 && s.k_end <= kv_rows,
+            "build_tile_plan: slice ", to_string(s), " leaves the buffers (q_rows ", q_rows, ", kv_rows ", kv_rows, ")");
+    // The band is clipped to the rectangle, so it fits int32 like the rows.
+    const Slice t = make_slice(s.q_begin, s.q_end, s.k_begin, s.k_end, s.diag_min, s.diag_max);
+    if (t.empty()) continue;
+    plan.slices.push_back(DeviceSlice{static_cast<int32_t>(t.q_begin), static_cast<int32_t>(t.q_end),
+                                      static_cast<int32_t>(t.k_begin), static_cast<int32_t>(t.k_end),
+                                      static_cast<int32_t>(t.diag_min), static_cast<int32_t>(t.diag_max), 0, 0});
+    plan.visible_pairs += t.area();
+  }
+  const int64_t fwd_q_tokens = std::max<int64_t>(1, kFwdBlockRows / group);
+  const int64_t bwd_q_tokens = std::max<int64_t>(1, kBwdBlockRows / group);
+  plan.fwd = build_lists(plan.slices, true, fwd_q_tokens, kFwdBlockKeys, q_rows, kv_rows);
+  plan.bwd = build_lists(plan.slices, false, kBwdBlockKeys, bwd_q_tokens, q_rows, kv_rows);
+  return plan;
+}
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) fail(what, ": ", cudaGetErrorString(status));
+}
+
+namespace {
+size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
+}  // namespace
+
+void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
+  q_rows = plan.q_rows;
+  kv_rows = plan.kv_rows;
+  group = plan.group;
+  // One staging buffer and one copy: per-array copies would each pay a launch of their own.
+  struct Part {
+    const void* src;
+    size_t bytes;
+    size_t at;
+  };
+  std::vector<Part> parts;
+  size_t total = 0;
+  auto add = [&](const void* src, size_t bytes) {
+    parts.push_back(Part{src, bytes, total});
+    total += align_up(std::max<size_t>(bytes, 1));
+    return parts.size() - 1;
+  };
+  auto add_lists = [&](const TileLists& l, size_t idx[4]) {
+    idx[0] = add(l.offsets.data(), l.offsets.size() * sizeof(int32_t));
+    idx[1] = add(l.entries.data(), l.entries.size() * sizeof(TileEntry));
+    idx[2] = add(l.order.data(), l.order.size() * sizeof(int32_t));
+    idx[3] = add(l.mask_index.data(), l.mask_index.size() * sizeof(int32_t));
+  };
+  size_t fi[4], bi[4];
+  add_lists(plan.fwd, fi);
+  add_lists(plan.bwd, bi);
+  const size_t si = add(plan.slices.data(), plan.slices.size() * sizeof(DeviceSlice));
+  staging_.resize(total);
+  for (const Part& p : parts)
+    if (p.bytes) std::memcpy(staging_.data() + p.at, p.src, p.bytes);
+  if (total > capacity_) {
+    release();
+    check_cuda(cudaMalloc(&block_, total), "DeviceTilePlan: cudaMalloc");
+    capacity_ = total;
+  }
+  check_cuda(cudaMemcpyAsync(block_, staging_.data(), total, cudaMemcpyHostToDevice, stream), "DeviceTilePlan: copy");
+  check_cuda(cudaStreamSynchronize(stream), "DeviceTilePlan: synchronize");
+  auto* base = static_cast<unsigned char*>(block_);
+  auto fill = [&](Lists& d, const TileLists& l, const size_t idx[4]) {
+    d.offsets = reinterpret_cast<const int32_t*>(base + parts[idx[0]].at);
+    d.entries = reinterpret_cast<const TileEntry*>(base + parts[idx[1]].at);
+    d.order = reinterpret_cast<const int32_t*>(base + parts[idx[2]].at);
+    d.mask_index = reinterpret_cast<const int32_t*>(base + parts[idx[3]].at);
+    d.num_major = l.num_major;
+    d.major_tile_rows = l.major_tile_rows;
+    d.minor_tile_rows = l.minor_tile_rows;
+  };
+  fill(fwd, plan.fwd, fi);
+  fill(bwd, plan.bwd, bi);
+  slices = reinterpret_cast<const DeviceSlice*>(base + parts[si].at);
+}
+
+void DeviceTilePlan::release() {
+  if (block_) cudaFree(block_);
+  block_ = nullptr;
+  capacity_ = 0;
+}
+
+DeviceTilePlan::~DeviceTilePlan() { release(); }
+
+DeviceTilePlan::DeviceTilePlan(DeviceTilePlan&& other) noexcept { *this = std::move(other); }
+
+DeviceTilePlan& DeviceTilePlan::operator=(DeviceTilePlan&& other) noexcept {
+  if (this != &other) {
+    release();
+    fwd = other.fwd;
+    bwd = other.bwd;
+    slices = other.slices;
+    q_rows = other.q_rows;
+    kv_rows = other.kv_rows;
+    group = other.group;
+    block_ = other.block_;
+    capacity_ = other.capacity_;
+    staging_ = std::move(other.staging_);
+    other.block_ = nullptr;
+    other.capacity_ = 0;
+  }
+  return *this;
+}
+
+}  // namespace treecp::cuda

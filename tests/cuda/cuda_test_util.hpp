@@ -1,0 +1,206 @@
+// Helpers for the GPU tests: bf16 on the host, device buffers, random trees, a double-precision
+// oracle of slice attention (brute force over Row::visible), and relative errors.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/attention.hpp"
+#include "tree/row.hpp"
+
+namespace treecp::cuda::test {
+
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceBuffer(size_t count) : n(count) { check_cuda(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "test cudaMalloc"); }
+  DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void upload(const std::vector<T>& host) {
+    check_cuda(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "test upload");
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n);
+    check_cuda(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), "test download");
+    return host;
+  }
+  // Poison: every byte 0xff (bf16 and fp32 NaN), so unwritten outputs show.
+  void poison() { check_cuda(cudaMemset(ptr, 0xff, n * sizeof(T)), "test memset"); }
+  void zero() { check_cuda(cudaMemset(ptr, 0, n * sizeof(T)), "test memset"); }
+};
+
+// A random bf16 tensor: bits for the device and the same values as doubles for the oracle.
+struct Tensor {
+  std::vector<uint16_t> bits;
+  std::vector<double> val;
+};
+inline Tensor random_tensor(size_t n, std::mt19937_64& rng, double stddev = 1.0) {
+  std::normal_distribution<float> dist(0.f, static_cast<float>(stddev));
+  Tensor t;
+  t.bits.resize(n);
+  t.val.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    t.bits[i] = to_bf16(dist(rng));
+    t.val[i] = from_bf16(t.bits[i]);
+  }
+  return t;
+}
+
+// Random DFS-preorder tree: each new segment hangs under a segment of the current root path, or
+// starts a new root; lengths in [1, max_len] with single-token segments common.
+inline Row random_row(std::mt19937_64& rng, int segments, int max_len) {
+  std::vector<Segment> segs;
+  std::vector<int32_t> path;
+  for (int s = 0; s < segments; ++s) {
+    int32_t parent = -1;
+    if (!path.empty() && rng() % 5 != 0) {
+      const size_t keep = 1 + rng() % path.size();
+      path.resize(keep);
+      parent = path.back();
+    } else {
+      path.clear();
+    }
+    const int64_t len = rng() % 4 == 0 ? 1 : 1 + static_cast<int64_t>(rng() % max_len);
+    segs.push_back(Segment{parent, len});
+    path.push_back(s);
+  }
+  return Row(segs);
+}
+
+struct Dims {
+  int64_t q_rows, kv_rows;
+  int hq, hkv, d;
+};
+
+// Double oracle over explicit visibility vis(q, k) in buffer coordinates.
+struct OracleForward {
+  std::vector<double> o, lse;  // [q_rows, hq, d], [q_rows, hq]
+};
+template <class Vis>
+OracleForward oracle_forward(const Dims& m, const std::vector<double>& q, const std::vector<double>& k,
+                             const std::vector<double>& v, double scale, Vis&& vis) {
+  OracleForward r;
+  r.o.assign(m.q_rows * m.hq * m.d, 0.0);
+  r.lse.assign(m.q_rows * m.hq, -INFINITY);
+  const int g = m.hq / m.hkv;
+  std::vector<double> s(m.kv_rows);
+  for (int64_t i = 0; i < m.q_rows; ++i)
+    for (int h = 0; h < m.hq; ++h) {
+      const int kh = h / g;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < m.kv_rows; ++j) {
+        s[j] = -INFINITY;
+        if (!vis(i, j)) continue;
+        double dot = 0;
+        for (int d = 0; d < m.d; ++d) dot += q[(i * m.hq + h) * m.d + d] * k[(j * m.hkv + kh) * m.d + d];
+        s[j] = dot * scale;
+        mx = std::max(mx, s[j]);
+      }
+      if (mx == -INFINITY) continue;
+      double sum = 0;
+      for (int64_t j = 0; j < m.kv_rows; ++j)
+        if (s[j] != -INFINITY) sum += std::exp(s[j] - mx);
+      const double lse = mx + std::log(sum);
+      r.lse[i * m.hq + h] = lse;
+      for (int64_t j = 0; j < m.kv_rows; ++j) {
+        if (s[j] == -INFINITY) continue;
+        const double p = std::exp(s[j] - lse);
+        for (int d = 0; d < m.d; ++d) r.o[(i * m.hq + h) * m.d + d] += p * v[(j * m.hkv + kh) * m.d + d];
+      }
+    }
+  return r;
+}
+
+// Backward of J = sum(g * y), y = w o (w = sink weight, 1 without a sink), o the attention output.
+struct OracleBackward {
+  std::vector<double> dq, dk, dv, dsink;
+};
+template <class Vis>
+OracleBackward oracle_backward(const Dims& m, const std::vector<double>& q, const std::vector<double>& k,
+                               const std::vector<double>& v, const std::vector<double>& g, double scale,
+                               const OracleForward& f, const std::vector<double>* sink, Vis&& vis) {
+  OracleBackward r;
+  r.dq.assign(q.size(), 0.0);
+  r.dk.assign(k.size(), 0.0);
+  r.dv.assign(v.size(), 0.0);
+  r.dsink.assign(m.hq, 0.0);
+  const int gs = m.hq / m.hkv;
+  for (int64_t i = 0; i < m.q_rows; ++i)
+    for (int h = 0; h < m.hq; ++h) {
+      const double lse = f.lse[i * m.hq + h];
+      if (lse == -INFINITY) continue;
+      const int kh = h / gs;
+      const double* oi = &f.o[(i * m.hq + h) * m.d];
+      const double* gi = &g[(i * m.hq + h) * m.d];
+      double w = 1.0;
+      if (sink) w = 1.0 / (1.0 + std::exp((*sink)[h] - lse));
+      double gdot = 0;
+      for (int d = 0; d < m.d; ++d) gdot += gi[d] * oi[d];
+      const double dl = sink ? w * (1 - w) * gdot : 0.0;
+      r.dsink[h] -= dl;
+      const double dsum = w * gdot - dl;  // dot(dO, o) - dJ/dL with dO = w g
+      for (int64_t j = 0; j < m.kv_rows; ++j) {
+        if (!vis(i, j)) continue;
+        const double* qi = &q[(i * m.hq + h) * m.d];
+        const double* kj = &k[(j * m.hkv + kh) * m.d];
+        const double* vj = &v[(j * m.hkv + kh) * m.d];
+        double s = 0, dp = 0;
+        for (int d = 0; d < m.d; ++d) {
+          s += qi[d] * kj[d];
+          dp += w * gi[d] * vj[d];
+        }
+        const double p = std::exp(s * scale - lse);
+        const double ds = p * (dp - dsum);
+        for (int d = 0; d < m.d; ++d) {
+          r.dq[(i * m.hq + h) * m.d + d] += scale * ds * kj[d];
+          r.dk[(j * m.hkv + kh) * m.d + d] += scale * ds * qi[d];
+          r.dv[(j * m.hkv + kh) * m.d + d] += p * w * gi[d];
+        }
+      }
+    }
+  return r;
+}
+
+// ||a - b|| / ||b||, with NaN reported as infinity.
+template <class A>
+double rel_error(const std::vector<A>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const double x = static_cast<double>(a[i]);
+    if (std::isnan(x)) return INFINITY;
+    if (x == b[i]) continue;  // equal values, including -inf LSE of rows with no key
+    num += (x - b[i]) * (x - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+inline std::vector<double> bf16_to_double(const std::vector<uint16_t>& bits) {
+  std::vector<double> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = from_bf16(bits[i]);
+  return out;
+}
+
+}  // namespace treecp::cuda::test

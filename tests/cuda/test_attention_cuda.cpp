@@ -1,0 +1,342 @@
+// GPU slice attention against a double-precision brute-force oracle on random trees: tile lists,
+// forward (O, LSE), backward (dQ, dK, dV), the stage form merged with the fused merge + sink kernel,
+// GQA, head dims 64 and 128, sliding windows, single-token segments and rows with no visible key.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <set>
+
+#include "core/error.hpp"
+#include "cuda_test_util.hpp"
+#include "tree/slice.hpp"
+
+namespace treecp::cuda::test {
+namespace {
+
+constexpr double kTol = 1e-2;  // bf16 storage: relative error (norm-wise) of every output
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+// Every visible pair lies in exactly one listed tile; a full tile holds only visible pairs and a
+// partial tile's slices reproduce visibility exactly. Checked for both lists (host only).
+void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const Row& row, int64_t window) {
+  const int64_t tq = q_major ? l.major_tile_rows : l.minor_tile_rows;
+  const int64_t tk = q_major ? l.minor_tile_rows : l.major_tile_rows;
+  std::set<std::pair<int64_t, int64_t>> seen;
+  int64_t covered = 0, full_tiles = 0;
+  for (int32_t mt = 0; mt < l.num_major; ++mt)
+    for (int32_t e = l.offsets[mt]; e < l.offsets[mt + 1]; ++e) {
+      const TileEntry& en = l.entries[e];
+      ASSERT_LT(en.tile_begin, en.tile_end);
+      for (int32_t tile = en.tile_begin; tile < en.tile_end; ++tile) {
+        const int64_t qt = q_major ? mt : tile, kt = q_major ? tile : mt;
+        ASSERT_TRUE(seen.insert({qt, kt}).second) << "tile listed twice";
+        int64_t pairs = 0;
+        for (int64_t i = qt * tq; i < (qt + 1) * tq && i < plan.q_rows; ++i)
+          for (int64_t j = kt * tk; j < (kt + 1) * tk && j < plan.kv_rows; ++j) {
+            const bool v = row.visible(i, j, window);
+            pairs += v;
+            if (en.mask_count == 0) {
+              ASSERT_TRUE(v) << "full tile holds an invisible pair " << i << "," << j;
+            } else {
+              bool any = false;
+              for (int c = 0; c < en.mask_count; ++c) {
+                const DeviceSlice& s = plan.slices[l.mask_index[en.mask_begin + c]];
+                any |= i >= s.q0 && i < s.q1 && j >= s.k0 && j < s.k1 && i - j >= s.dmin && i - j < s.dmax;
+              }
+              ASSERT_EQ(any, v) << "pair " << i << "," << j;
+            }
+          }
+        if (en.mask_count == 0) {
+          ASSERT_EQ(pairs, tq * tk);
+          ++full_tiles;
+        }
+        ASSERT_GT(pairs, 0) << "listed tile without work";
+        covered += pairs;
+      }
+    }
+  EXPECT_EQ(covered, plan.visible_pairs);
+  EXPECT_EQ(full_tiles, l.full_tiles);
+  std::vector<int32_t> order = l.order;
+  std::sort(order.begin(), order.end());
+  for (int32_t t = 0; t < l.num_major; ++t) ASSERT_EQ(order[t], t);
+}
+
+TEST(CudaTilePlan, ListsMatchVisibility) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int trial = 0; trial < 6; ++trial) {
+    const Row row = random_row(rng, 10 + trial * 3, 70);
+    const int64_t window = trial % 2 ? 1 + static_cast<int64_t>(rng() % 90) : 0;
+    for (int group : {1, 3, 8}) {
+      const TilePlan plan = build_tile_plan(row_slices(row, window), row.tokens(), row.tokens(), group);
+      int64_t pairs = 0;
+      for (int64_t i = 0; i < row.tokens(); ++i)
+        for (int64_t j = 0; j < row.tokens(); ++j) pairs += row.visible(i, j, window);
+      ASSERT_EQ(plan.visible_pairs, pairs);
+      check_lists(plan, plan.fwd, true, row, window);
+      check_lists(plan, plan.bwd, false, row, window);
+    }
+  }
+}
+
+TEST(CudaTilePlan, RejectsSlicesOutsideBuffers) {
+  const std::vector<Slice> s{make_slice(0, 10, 0, 10, 0, 10)};
+  EXPECT_THROW(build_tile_plan(s, 5, 10, 1), Error);
+  EXPECT_THROW(build_tile_plan(s, 10, 10, 0), Error);
+}
+
+struct Config {
+  int hq, hkv, d;
+  int64_t window;
+};
+
+class CudaAttention : public ::testing::TestWithParam<Config> {};
+
+// Full self-attention of a random tree: forward against the oracle, then backward.
+TEST_P(CudaAttention, ForwardBackwardRandomTree) {
+  REQUIRE_GPU();
+  const Config c = GetParam();
+  std::mt19937_64 rng(std::random_device{}());
+  const Row row = random_row(rng, 14, 60);
+  const int64_t S = row.tokens();
+  const Dims m{S, S, c.hq, c.hkv, c.d};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  const auto vis = [&](int64_t i, int64_t j) { return row.visible(i, j, c.window); };
+  Tensor q = random_tensor(S * c.hq * c.d, rng), k = random_tensor(S * c.hkv * c.d, rng),
+         v = random_tensor(S * c.hkv * c.d, rng), g = random_tensor(S * c.hq * c.d, rng);
+  const OracleForward ref = oracle_forward(m, q.val, k.val, v.val, scale, vis);
+
+  const TilePlan plan = build_tile_plan(row_slices(row, c.window), S, S, c.hq / c.hkv);
+  const DeviceTilePlan dplan(plan);
+  DeviceBuffer<uint16_t> dq_in(q.bits), dk_in(k.bits), dv_in(v.bits), dg(g.bits), o(S * c.hq * c.d);
+  DeviceBuffer<float> lse(S * c.hq), dsum(S * c.hq), dq(S * c.hq * c.d), dk(S * c.hkv * c.d), dv(S * c.hkv * c.d);
+  AttentionForwardParams fp;
+  fp.q = dq_in.ptr;
+  fp.k = dk_in.ptr;
+  fp.v = dv_in.ptr;
+  fp.o = o.ptr;
+  fp.lse = lse.ptr;
+  fp.q_row_stride = fp.o_row_stride = int64_t{c.hq} * c.d;
+  fp.k_row_stride = fp.v_row_stride = int64_t{c.hkv} * c.d;
+  fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = fp.o_head_stride = c.d;
+  fp.lse_row_stride = c.hq;
+  fp.lse_head_stride = 1;
+  fp.hq = c.hq;
+  fp.hkv = c.hkv;
+  fp.head_dim = c.d;
+  fp.scale = static_cast<float>(scale);
+  for (int rows_per_warp : {16, 32}) {  // both forward variants; the last one feeds the backward
+    o.poison();
+    lse.poison();
+    fp.rows_per_warp = rows_per_warp;
+    attention_forward(fp, dplan);
+    check_cuda(cudaDeviceSynchronize(), "forward");
+    EXPECT_LT(rel_error(bf16_to_double(o.download()), ref.o), kTol) << "rows_per_warp " << rows_per_warp;
+    EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3) << "rows_per_warp " << rows_per_warp;
+  }
+
+  dq.zero();
+  dk.zero();
+  dv.zero();
+  AttentionBackwardParams bp;
+  bp.q = dq_in.ptr;
+  bp.k = dk_in.ptr;
+  bp.v = dv_in.ptr;
+  bp.o = o.ptr;
+  bp.d_o = dg.ptr;
+  bp.lse = lse.ptr;
+  bp.dsum = dsum.ptr;
+  bp.dq = dq.ptr;
+  bp.dk = dk.ptr;
+  bp.dv = dv.ptr;
+  bp.q_row_stride = bp.o_row_stride = bp.dq_row_stride = int64_t{c.hq} * c.d;
+  bp.k_row_stride = bp.v_row_stride = bp.dk_row_stride = int64_t{c.hkv} * c.d;
+  bp.q_head_stride = bp.k_head_stride = bp.v_head_stride = bp.o_head_stride = bp.dq_head_stride = bp.dk_head_stride = c.d;
+  bp.lse_row_stride = c.hq;
+  bp.lse_head_stride = 1;
+  bp.hq = c.hq;
+  bp.hkv = c.hkv;
+  bp.head_dim = c.d;
+  bp.scale = static_cast<float>(scale);
+  attention_backward(bp, dplan);
+  check_cuda(cudaDeviceSynchronize(), "backward");
+  const OracleBackward rb = oracle_backward(m, q.val, k.val, v.val, g.val, scale, ref, nullptr, vis);
+  EXPECT_LT(rel_error(dq.download(), rb.dq), kTol);
+  EXPECT_LT(rel_error(dk.download(), rb.dk), kTol);
+  EXPECT_LT(rel_error(dv.download(), rb.dv), kTol);
+}
+
+// Stage form: the KV rows are cut into chunks held in separate buffers; each stage attends the whole
+// query buffer to one chunk (rows that see nothing there get LSE = -inf, O = 0), the fused merge +
+// sink combines them, and the backward runs per stage from the merged LSE and the sink-aware Dsum.
+TEST_P(CudaAttention, StagesMergeSink) {
+  REQUIRE_GPU();
+  const Config c = GetParam();
+  std::mt19937_64 rng(std::random_device{}());
+  const Row row = random_row(rng, 12, 50);
+  const int64_t S = row.tokens();
+  const Dims m{S, S, c.hq, c.hkv, c.d};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  const auto vis = [&](int64_t i, int64_t j) { return row.visible(i, j, c.window); };
+  Tensor q = random_tensor(S * c.hq * c.d, rng), k = random_tensor(S * c.hkv * c.d, rng),
+         v = random_tensor(S * c.hkv * c.d, rng), g = random_tensor(S * c.hq * c.d, rng);
+  std::vector<double> sink(c.hq);
+  std::normal_distribution<double> nd(1.0, 1.0);
+  for (auto& a : sink) a = static_cast<float>(nd(rng));
+  const OracleForward ref = oracle_forward(m, q.val, k.val, v.val, scale, vis);
+
+  const std::vector<int64_t> bounds{0, S / 3, (2 * S) / 3 + 1, S};
+  const int stages = 3;
+  const std::vector<Slice> cut = split_slices(row_slices(row, c.window), bounds);
+  const int64_t qsize = S * c.hq * c.d;
+  DeviceBuffer<uint16_t> dq_in(q.bits), dg(g.bits), y(qsize), d_o(qsize);
+  DeviceBuffer<float> lse(S * c.hq), dsum(S * c.hq), dq(qsize), sink_d(c.hq), dsink(c.hq);
+  sink_d.upload(std::vector<float>(sink.begin(), sink.end()));
+  std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> kc, vc, oc;
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> lc, dkc, dvc;
+  std::vector<DeviceTilePlan> plans;
+  for (int s = 0; s < stages; ++s) {
+    const int64_t c0 = bounds[s], c1 = bounds[s + 1], n = c1 - c0;
+    std::vector<Slice> mine;
+    for (const Slice& sl : cut)
+      if (sl.k_begin >= c0 && sl.k_end <= c1)
+        mine.push_back(Slice{sl.q_begin, sl.q_end, sl.k_begin - c0, sl.k_end - c0, sl.diag_min + c0, sl.diag_max + c0});
+    plans.emplace_back(build_tile_plan(mine, S, n, c.hq / c.hkv));
+    const auto part = [&](const std::vector<uint16_t>& t) {
+      return std::vector<uint16_t>(t.begin() + c0 * c.hkv * c.d, t.begin() + c1 * c.hkv * c.d);
+    };
+    kc.push_back(std::make_unique<DeviceBuffer<uint16_t>>(part(k.bits)));
+    vc.push_back(std::make_unique<DeviceBuffer<uint16_t>>(part(v.bits)));
+    oc.push_back(std::make_unique<DeviceBuffer<uint16_t>>(qsize));
+    lc.push_back(std::make_unique<DeviceBuffer<float>>(S * c.hq));
+    dkc.push_back(std::make_unique<DeviceBuffer<float>>(n * c.hkv * c.d));
+    dvc.push_back(std::make_unique<DeviceBuffer<float>>(n * c.hkv * c.d));
+    oc.back()->poison();
+    lc.back()->poison();
+    dkc.back()->zero();
+    dvc.back()->zero();
+    AttentionForwardParams fp;
+    fp.q = dq_in.ptr;
+    fp.k = kc.back()->ptr;
+    fp.v = vc.back()->ptr;
+    fp.o = oc.back()->ptr;
+    fp.lse = lc.back()->ptr;
+    fp.q_row_stride = fp.o_row_stride = int64_t{c.hq} * c.d;
+    fp.k_row_stride = fp.v_row_stride = int64_t{c.hkv} * c.d;
+    fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = fp.o_head_stride = c.d;
+    fp.lse_row_stride = c.hq;
+    fp.lse_head_stride = 1;
+    fp.hq = c.hq;
+    fp.hkv = c.hkv;
+    fp.head_dim = c.d;
+    fp.scale = static_cast<float>(scale);
+    attention_forward(fp, plans.back());
+  }
+  MergeSinkForwardParams mp;
+  mp.num_parts = stages;
+  for (int s = 0; s < stages; ++s) {
+    mp.o_parts[s] = oc[s]->ptr;
+    mp.lse_parts[s] = lc[s]->ptr;
+  }
+  mp.sink = sink_d.ptr;
+  mp.y = y.ptr;
+  mp.lse = lse.ptr;
+  mp.rows = S;
+  mp.heads = c.hq;
+  mp.head_dim = c.d;
+  y.poison();
+  merge_sink_forward(mp);
+  check_cuda(cudaDeviceSynchronize(), "stages forward");
+  std::vector<double> y_ref(qsize);
+  for (int64_t i = 0; i < S; ++i)
+    for (int h = 0; h < c.hq; ++h) {
+      const double l = ref.lse[i * c.hq + h];
+      const double w = l == -INFINITY ? 0.0 : 1.0 / (1.0 + std::exp(sink[h] - l));
+      for (int d = 0; d < c.d; ++d) y_ref[(i * c.hq + h) * c.d + d] = w * ref.o[(i * c.hq + h) * c.d + d];
+    }
+  EXPECT_LT(rel_error(bf16_to_double(y.download()), y_ref), kTol);
+  EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3);
+  // some stage must have had rows with no visible key (its LSE = -inf, O = 0 exactly)
+  int64_t empty_rows = 0;
+  for (int s = 0; s < stages; ++s) {
+    const auto l = lc[s]->download();
+    const auto o = oc[s]->download();
+    for (int64_t i = 0; i < S * c.hq; ++i)
+      if (l[i] == -INFINITY) {
+        ++empty_rows;
+        for (int d = 0; d < c.d; ++d) ASSERT_EQ(o[i * c.d + d], 0) << "stage " << s << " row " << i;
+      }
+  }
+  EXPECT_GT(empty_rows, 0);
+
+  MergeSinkBackwardParams mb;
+  mb.num_parts = stages;
+  for (int s = 0; s < stages; ++s) {
+    mb.o_parts[s] = oc[s]->ptr;
+    mb.lse_parts[s] = lc[s]->ptr;
+  }
+  mb.sink = sink_d.ptr;
+  mb.g = dg.ptr;
+  mb.d_o = d_o.ptr;
+  mb.dsum = dsum.ptr;
+  mb.d_sink = dsink.ptr;
+  mb.rows = S;
+  mb.heads = c.hq;
+  mb.head_dim = c.d;
+  dsink.zero();
+  dq.zero();
+  merge_sink_backward(mb);
+  for (int s = 0; s < stages; ++s) {
+    AttentionBackwardParams bp;
+    bp.q = dq_in.ptr;
+    bp.k = kc[s]->ptr;
+    bp.v = vc[s]->ptr;
+    bp.d_o = d_o.ptr;
+    bp.lse = lse.ptr;
+    bp.dsum = dsum.ptr;
+    bp.dsum_ready = true;
+    bp.dq = dq.ptr;
+    bp.dk = dkc[s]->ptr;
+    bp.dv = dvc[s]->ptr;
+    bp.q_row_stride = bp.o_row_stride = bp.dq_row_stride = int64_t{c.hq} * c.d;
+    bp.k_row_stride = bp.v_row_stride = bp.dk_row_stride = int64_t{c.hkv} * c.d;
+    bp.q_head_stride = bp.k_head_stride = bp.v_head_stride = bp.o_head_stride = bp.dq_head_stride =
+        bp.dk_head_stride = c.d;
+    bp.lse_row_stride = c.hq;
+    bp.lse_head_stride = 1;
+    bp.hq = c.hq;
+    bp.hkv = c.hkv;
+    bp.head_dim = c.d;
+    bp.scale = static_cast<float>(scale);
+    attention_backward(bp, plans[s]);
+  }
+  check_cuda(cudaDeviceSynchronize(), "stages backward");
+  const OracleBackward rb = oracle_backward(m, q.val, k.val, v.val, g.val, scale, ref, &sink, vis);
+  std::vector<float> dk_all, dv_all;
+  for (int s = 0; s < stages; ++s) {
+    const auto a = dkc[s]->download(), b = dvc[s]->download();
+    dk_all.insert(dk_all.end(), a.begin(), a.end());
+    dv_all.insert(dv_all.end(), b.begin(), b.end());
+  }
+  EXPECT_LT(rel_error(dq.download(), rb.dq), kTol);
+  EXPECT_LT(rel_error(dk_all, rb.dk), kTol);
+  EXPECT_LT(rel_error(dv_all, rb.dv), kTol);
+  EXPECT_LT(rel_error(dsink.download(), rb.dsink), kTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
+                         ::testing::Values(Config{4, 4, 64, 0}, Config{8, 2, 128, 0}, Config{8, 1, 64, 37},
+                                           Config{32, 4, 128, 0}, Config{6, 2, 128, 100}, Config{3, 3, 128, 5}),
+                         [](const ::testing::TestParamInfo<Config>& i) {
+                           return "hq" + std::to_string(i.param.hq) + "_hkv" + std::to_string(i.param.hkv) + "_d" +
+                                  std::to_string(i.param.d) + "_w" + std::to_string(i.param.window);
+                         });
+
+}  // namespace
+}  // namespace treecp::cuda::test
