@@ -1,0 +1,171 @@
+// treecp attention: whole-row tree attention (forward, and backward with --dout) in one process.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "command.hpp"
+#include "core/error.hpp"
+#include "core/npy.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "tree/row.hpp"
+
+namespace treecp::cli {
+namespace {
+
+const char* dtype_name(DType t) { return t == DType::F32 ? "float32" : "float64"; }
+
+// Requires a 3-d array [rows, *, *]; `expected` names the dimensions for the message.
+void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, const std::string& expected) {
+  require(a.shape.size() == 3 && a.shape[0] == rows, name, ": expected shape ", expected, " with S = ", rows,
+          ", got ", a.shape_string());
+}
+
+// NaN or infinity in an input would propagate silently into every output that reads it.
+void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf = false) {
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    const double x = a.data[i];
+    const bool ok = std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity());
+    require(ok, name, ": element ", i, " is ", x, " (expected finite values", allow_neg_inf ? " or -inf" : "", ")");
+  }
+}
+
+template <class T>
+std::vector<T> values(const NpyArray& a) {
+  return std::vector<T>(a.data.begin(), a.data.end());
+}
+
+template <class T>
+std::string npy_of(const std::vector<int64_t>& shape, const std::vector<T>& data) {
+  if constexpr (std::is_same_v<T, float>) {
+    return npy_bytes(shape, data.data());
+  } else {
+    return npy_bytes(shape, data.data(), DType::F64);
+  }
+}
+
+struct Inputs {
+  Row row;
+  NpyArray q, k, v, sink, dout;
+  bool has_sink = false, has_dout = false;
+  int64_t window = 0;
+  double scale = 0;  // 0: 1/sqrt(D)
+  int hq = 0, hkv = 0, d = 0, dv = 0;
+};
+
+// Computes everything and returns (file name, bytes) pairs; writes nothing.
+template <class T>
+std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
+  const std::vector<T> q = values<T>(in.q), k = values<T>(in.k), v = values<T>(in.v);
+  std::vector<T> sink, dout;
+  cpu::AttentionProblem<T> p;
+  p.hq = in.hq;
+  p.hkv = in.hkv;
+  p.d = in.d;
+  p.dv = in.dv;
+  p.window = in.window;
+  p.scale = static_cast<T>(in.scale);
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  if (in.has_sink) {
+    sink = values<T>(in.sink);
+    p.sink = sink.data();
+  }
+  if (in.has_dout) {
+    dout = values<T>(in.dout);
+    p.dout = dout.data();
+  }
+  const cpu::AttentionResult<T> r = cpu::attention_reference(in.row, p);
+  const int64_t S = in.row.tokens();
+  std::vector<std::pair<std::string, std::string>> files;
+  files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, r.o));
+  files.emplace_back("lse.npy", npy_of<T>({S, in.hq}, r.lse));
+  if (in.has_dout) {
+    files.emplace_back("dq.npy", npy_of<T>({S, in.hq, in.d}, r.dq));
+    files.emplace_back("dk.npy", npy_of<T>({S, in.hkv, in.d}, r.dk));
+    files.emplace_back("dv.npy", npy_of<T>({S, in.hkv, in.dv}, r.dv));
+    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.hq}, r.dsink));
+  }
+  return files;
+}
+
+int attention_cmd(const std::vector<std::string>& argv) {
+  Args args("attention", argv);
+  args.value("--tree").value("--q").value("--k").value("--v").value("--window").value("--sink").value("--scale");
+  args.value("--dout").value("--out");
+  args.parse();
+  const std::string out_dir = args.get("--out");
+
+  Inputs in;
+  in.row = load_row(args.get("--tree"));
+  in.window = args.get_int_or("--window", 0);
+  require(in.window >= 0, "--window must be >= 0 (0 = none), got ", in.window);
+  in.q = load_npy(args.get("--q"));
+  in.k = load_npy(args.get("--k"));
+  in.v = load_npy(args.get("--v"));
+  in.has_sink = args.has("--sink");
+  in.has_dout = args.has("--dout");
+  if (in.has_sink) in.sink = load_npy(args.get("--sink"));
+  if (in.has_dout) in.dout = load_npy(args.get("--dout"));
+
+  // One precision for every array: float64 computes in double, float32 in float.
+  const DType dtype = in.q.dtype;
+  auto same_dtype = [&](const NpyArray& a, const char* name) {
+    require(a.dtype == dtype, name, " is ", dtype_name(a.dtype), " but q is ", dtype_name(dtype),
+            ": mixing dtypes is refused (give every array the same dtype)");
+  };
+  same_dtype(in.k, "k");
+  same_dtype(in.v, "v");
+  if (in.has_sink) same_dtype(in.sink, "sink");
+  if (in.has_dout) same_dtype(in.dout, "dout");
+
+  const int64_t S = in.row.tokens();
+  require_rank3(in.q, "q", S, "[S, Hq, D]");
+  require_rank3(in.k, "k", S, "[S, Hkv, D]");
+  require_rank3(in.v, "v", S, "[S, Hkv, Dv]");
+  const int64_t hq = in.q.shape[1], d = in.q.shape[2], hkv = in.k.shape[1], dv = in.v.shape[2];
+  require(hq > 0 && d > 0 && hkv > 0 && dv > 0, "q, k, v: head counts and head dims must be > 0");
+  require(hq <= 65536 && d <= 65536 && dv <= 65536, "q, v: head counts and head dims must be <= 65536");
+  require_shape(in.k, "k", {S, hkv, d});
+  require_shape(in.v, "v", {S, hkv, dv});
+  require(hq % hkv == 0, "q: Hq = ", hq, " must be a multiple of k's Hkv = ", hkv);
+  if (in.has_sink) require_shape(in.sink, "sink", {hq});
+  if (in.has_dout) require_shape(in.dout, "dout", {S, hq, dv});
+  in.hq = static_cast<int>(hq);
+  in.hkv = static_cast<int>(hkv);
+  in.d = static_cast<int>(d);
+  in.dv = static_cast<int>(dv);
+
+  require_finite(in.q, "q");
+  require_finite(in.k, "k");
+  require_finite(in.v, "v");
+  if (in.has_sink) require_finite(in.sink, "sink", true);
+  if (in.has_dout) require_finite(in.dout, "dout");
+  in.scale = args.get_double_or("--scale", 1.0 / std::sqrt(static_cast<double>(d)));
+  require(std::isfinite(in.scale) && in.scale > 0, "--scale must be a finite number > 0, got ", in.scale);
+
+  const auto files = dtype == DType::F64 ? compute<double>(in) : compute<float>(in);
+
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  require(!ec && std::filesystem::is_directory(out_dir), "--out: cannot create directory '", out_dir, "'",
+          ec ? ": " + ec.message() : std::string());
+  for (const auto& [name, bytes] : files) write_output((std::filesystem::path(out_dir) / name).string(), bytes);
+  std::printf("attention: %lld tokens, Hq %lld, Hkv %lld, D %lld, Dv %lld, %s%s: wrote %zu files to %s\n",
+              static_cast<long long>(S), static_cast<long long>(hq), static_cast<long long>(hkv),
+              static_cast<long long>(d), static_cast<long long>(dv), dtype_name(dtype),
+              in.has_dout ? ", with backward" : "", files.size(), out_dir.c_str());
+  return 0;
+}
+
+const Register kAttention("attention",
+                          "--tree T.json --q Q.npy --k K.npy --v V.npy [--window W] [--sink SINK.npy] [--scale X] "
+                          "[--dout DO.npy] --out DIR: tree attention in one process (o, lse; dq, dk, dv, dsink)",
+                          attention_cmd);
+
+}  // namespace
+}  // namespace treecp::cli
