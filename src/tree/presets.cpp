@@ -179,4 +179,11 @@ Row make_preset(const std::string& name, int cp, uint64_t seed) {
   return b.build();
 }
 
+Row scale_row(const Row& row, int64_t divisor) {
+  require(divisor >= 1, "scale divisor must be >= 1, got ", divisor);
+  std::vector<Segment> segs = row.segments();
+  for (Segment& s : segs) s.length = std::max<int64_t>(1, s.length / divisor);
+  return Row(std::move(segs));
+}
+
 }  // namespace treecp

@@ -23,6 +23,10 @@ const PresetInfo& preset_info(const std::string& name);  // throws naming the kn
 // Builds the preset's row for `cp` ranks; throws treecp::Error on an unknown name or cp < 1.
 Row make_preset(const std::string& name, int cp, uint64_t seed = 0);
 
+// The same tree with every segment length divided by `divisor` (at least 1 token each): a preset's
+// shape at a CPU-sized scale.
+Row scale_row(const Row& row, int64_t divisor);
+
 // A round(N(mean, stddev)) draw clipped to [lo, hi]; exposed for tests.
 class PresetRng {
  public:

@@ -1,0 +1,278 @@
+// treecp run: the main job. Builds a row (a preset at a CPU-sized scale by default), plans it, runs
+// dense attention forward and backward on N ranks, checks the result against the single-process
+// reference, and prints a report: plan summary, predicted and measured per-rank time, bytes moved,
+// peak memory, max error. Exits non-zero when the result does not match.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "comm/communicator.hpp"
+#include "core/error.hpp"
+#include "core/json.hpp"
+#include "core/random.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "launcher.hpp"
+#include "plan/cost.hpp"
+#include "plan/planner.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "runtime/dense_attention.hpp"
+#include "runtime/redistribute.hpp"
+#include "tree/accounting.hpp"
+#include "tree/presets.hpp"
+#include "tree/row.hpp"
+
+#ifdef TREECP_HAVE_MPI
+#include "comm/mpi_communicator.hpp"
+#endif
+
+namespace treecp::cli {
+namespace {
+
+struct RunConfig {
+  int hq = 8, hkv = 2, d = 64;
+  int64_t window = 0;
+  bool sink = false;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+// Per-rank figures gathered on rank 0, one fixed-size record each.
+enum Field { kTokens, kPairs, kPredFwd, kPredBwd, kFwd, kBwd, kSent, kRecv, kPeakMiB, kFields };
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+template <class T>
+std::vector<T> shard_values(uint64_t seed, const TokenRange& rows, int64_t width) {
+  std::vector<T> out(static_cast<size_t>(rows.size() * width));
+  for (int64_t i = 0; i < rows.size() * width; ++i) {
+    out[static_cast<size_t>(i)] = static_cast<T>(uniform_at(seed, static_cast<uint64_t>(rows.begin * width + i)));
+  }
+  return out;
+}
+
+double rel_error(const std::vector<double>& got, const std::vector<double>& ref) {
+  double scale = 1e-30, err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const bool both_inf = std::isinf(ref[i]) && std::isinf(got[i]) && (ref[i] < 0) == (got[i] < 0);
+    if (std::isfinite(ref[i])) scale = std::max(scale, std::abs(ref[i]));
+    if (!both_inf) err = std::max(err, std::isfinite(got[i] - ref[i]) ? std::abs(got[i] - ref[i]) : 1e300);
+  }
+  return err / scale;
+}
+
+template <class T>
+int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanReport& report, const RunConfig& cfg,
+              const std::string& source) {
+  const int me = comm.rank(), n = comm.size();
+  const int64_t S = row.tokens();
+  const int64_t qw = int64_t{cfg.hq} * cfg.d, kw = int64_t{cfg.hkv} * cfg.d, ow = qw;
+  CpuBackend<T> be;
+  DenseAttentionCP<CpuBackend<T>> cp(plan, row, AttentionDims{cfg.hq, cfg.hkv, cfg.d, cfg.d, 0.0}, comm, be);
+
+  // Inputs arrive in the data loader's contiguous shards; move them to the plan's ownership.
+  const auto loader = contiguous_layout(S, n);
+  std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) owners[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
+  const TokenRange mine = loader[static_cast<size_t>(me)].empty() ? TokenRange{} : loader[static_cast<size_t>(me)][0];
+  const uint64_t s = cfg.seed * 16;
+  const auto q = redistribute(comm, be, shard_values<T>(s + 1, mine, qw), loader, owners, qw);
+  const auto k = redistribute(comm, be, shard_values<T>(s + 2, mine, kw), loader, owners, kw);
+  const auto v = redistribute(comm, be, shard_values<T>(s + 3, mine, kw), loader, owners, kw);
+  const auto dy = redistribute(comm, be, shard_values<T>(s + 4, mine, ow), loader, owners, ow);
+  std::vector<T> sink(static_cast<size_t>(cfg.hq));
+  for (int h = 0; h < cfg.hq; ++h) sink[static_cast<size_t>(h)] = static_cast<T>(2 * uniform_at(s + 5, static_cast<uint64_t>(h)));
+
+  const int64_t rows = cp.owned_rows();
+  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * cfg.hq)), dq(static_cast<size_t>(rows * qw)),
+      dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * kw)), dsink(static_cast<size_t>(cfg.hq), T(0));
+  comm.barrier();
+  cp.forward(q, k, v, cfg.sink ? &sink : nullptr, y, lse);
+  comm.barrier();
+  cp.backward(dy, dq, dk, dv, cfg.sink ? &dsink : nullptr);
+  comm.all_reduce_sum(dsink.data(), cfg.hq, CpuBackend<T>::comm_type);  // the sink is a replicated weight
+
+  std::vector<double> mine_stats(kFields, 0.0), all_stats(static_cast<size_t>(kFields * n));
+  const RankPlan& rp = plan.ranks[static_cast<size_t>(me)];
+  mine_stats[kTokens] = static_cast<double>(rp.owned_tokens());
+  mine_stats[kPairs] = static_cast<double>(rp.pairs());
+  mine_stats[kPredFwd] = rp.predicted_forward_ms;
+  mine_stats[kPredBwd] = rp.predicted_backward_ms;
+  mine_stats[kFwd] = cp.traffic().forward_ms;
+  mine_stats[kBwd] = cp.traffic().backward_ms;
+  mine_stats[kSent] = static_cast<double>(cp.traffic().bytes_sent);
+  mine_stats[kRecv] = static_cast<double>(cp.traffic().bytes_received);
+  mine_stats[kPeakMiB] = peak_rss_mib();
+  comm.all_gather(mine_stats.data(), all_stats.data(), kFields, CommType::F64);
+
+  // Everything back on rank 0 in packed order, then the single-process reference there.
+  const auto gathered = gathered_layout(S, n, 0);
+  const auto y0 = redistribute(comm, be, y, owners, gathered, ow);
+  const auto lse0 = redistribute(comm, be, lse, owners, gathered, cfg.hq);
+  const auto dq0 = redistribute(comm, be, dq, owners, gathered, qw);
+  const auto dk0 = redistribute(comm, be, dk, owners, gathered, kw);
+  const auto dv0 = redistribute(comm, be, dv, owners, gathered, kw);
+  int status = 0;
+  if (me == 0) {
+    const TokenRange all{0, S};
+    const auto fq = shard_values<T>(s + 1, all, qw), fk = shard_values<T>(s + 2, all, kw),
+               fv = shard_values<T>(s + 3, all, kw), fdy = shard_values<T>(s + 4, all, ow);
+    cpu::AttentionProblem<T> prob;
+    prob.hq = cfg.hq, prob.hkv = cfg.hkv, prob.d = cfg.d, prob.dv = cfg.d, prob.window = cfg.window;
+    prob.q = fq.data(), prob.k = fk.data(), prob.v = fv.data(), prob.dout = fdy.data();
+    prob.sink = cfg.sink ? sink.data() : nullptr;
+    const auto t0 = std::chrono::steady_clock::now();
+    const cpu::AttentionResult<T> ref = cpu::attention_reference(row, prob);
+    const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    auto widen = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
+    double max_err = 0;
+    std::vector<std::pair<std::string, double>> errors = {
+        {"o", rel_error(widen(y0), widen(ref.o))},     {"lse", rel_error(widen(lse0), widen(ref.lse))},
+        {"dq", rel_error(widen(dq0), widen(ref.dq))},  {"dk", rel_error(widen(dk0), widen(ref.dk))},
+        {"dv", rel_error(widen(dv0), widen(ref.dv))}};
+    if (cfg.sink) errors.push_back({"dsink", rel_error(widen(dsink), widen(ref.dsink))});
+    for (const auto& e : errors) max_err = std::max(max_err, e.second);
+    const double tol = sizeof(T) == 8 ? 1e-10 : 1e-5;
+    status = max_err <= tol ? 0 : 3;
+
+    const RowStats st = row_stats(row, cfg.window);
+    if (cfg.json) {
+      json::Value out = json::Value::object();
+      out.set("source", source);
+      out.set("ranks", n);
+      out.set("tokens", S);
+      out.set("visible_pairs", st.visible_pairs);
+      out.set("layout", plan.layout);
+      out.set("waves", plan.num_waves);
+      out.set("predicted_makespan_ms", plan.predicted_makespan_ms);
+      out.set("planning_ms", report.planning_ms);
+      json::Value ranks = json::Value::array();
+      for (int r = 0; r < n; ++r) {
+        const double* f = &all_stats[static_cast<size_t>(r * kFields)];
+        json::Value rv = json::Value::object();
+        rv.set("tokens", static_cast<int64_t>(f[kTokens]));
+        rv.set("pairs", static_cast<int64_t>(f[kPairs]));
+        rv.set("predicted_forward_ms", f[kPredFwd]);
+        rv.set("predicted_backward_ms", f[kPredBwd]);
+        rv.set("forward_ms", f[kFwd]);
+        rv.set("backward_ms", f[kBwd]);
+        rv.set("bytes_sent", static_cast<int64_t>(f[kSent]));
+        rv.set("bytes_received", static_cast<int64_t>(f[kRecv]));
+        rv.set("peak_rss_mib", f[kPeakMiB]);
+        ranks.push_back(rv);
+      }
+      out.set("per_rank", ranks);
+      json::Value errs = json::Value::object();
+      for (const auto& e : errors) errs.set(e.first, e.second);
+      out.set("max_rel_error", errs);
+      out.set("tolerance", tol);
+      out.set("ok", status == 0);
+      std::cout << json::dump(out, 2) << "\n";
+    } else {
+      std::printf("treecp run: %s, %d ranks, %s\n", source.c_str(), n, sizeof(T) == 8 ? "double" : "float");
+      std::printf("row: %lld tokens, %lld segments, %lld families, depth %d, %lld visible pairs%s\n",
+                  static_cast<long long>(S), static_cast<long long>(st.segments), static_cast<long long>(st.families),
+                  st.depth, static_cast<long long>(st.visible_pairs),
+                  cfg.window > 0 ? (" (window " + std::to_string(cfg.window) + ")").c_str() : "");
+      std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.hq, cfg.hkv, cfg.d, cfg.sink ? ", learned sink" : "");
+      std::printf("plan: %s, %zu chunks of %lld tokens, %d waves, predicted makespan %.3f ms, planned in %.2f ms\n",
+                  plan.layout.c_str(), plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
+                  plan.num_waves, plan.predicted_makespan_ms, report.planning_ms);
+      std::printf("  layouts (predicted makespan ms):");
+      for (const auto& l : report.layouts) std::printf("  %s %.3f", l.layout.c_str(), l.makespan_ms);
+      std::printf("\n\n%4s %9s %12s %10s %10s %10s %10s %12s %12s %9s\n", "rank", "tokens", "pairs", "pred_fwd", "fwd_ms",
+                  "pred_bwd", "bwd_ms", "bytes_out", "bytes_in", "peak_MiB");
+      for (int r = 0; r < n; ++r) {
+        const double* f = &all_stats[static_cast<size_t>(r * kFields)];
+        std::printf("%4d %9.0f %12.0f %10.3f %10.3f %10.3f %10.3f %12.0f %12.0f %9.1f\n", r, f[kTokens], f[kPairs],
+                    f[kPredFwd], f[kFwd], f[kPredBwd], f[kBwd], f[kSent], f[kRecv], f[kPeakMiB]);
+      }
+      std::printf("\nreference (one process, same kernels): %.1f ms forward+backward\n", ref_ms);
+      std::printf("max relative error vs reference:");
+      for (const auto& e : errors) std::printf("  %s %.2e", e.first.c_str(), e.second);
+      std::printf("  (tolerance %.0e): %s\n", tol, status == 0 ? "OK" : "MISMATCH");
+    }
+  }
+  int64_t verdict = status;
+  comm.all_reduce_sum(&verdict, 1, CommType::I64);
+  return verdict == 0 ? 0 : 3;
+}
+
+int run_main(const std::vector<std::string>& argv) {
+  Args args("run", argv);
+  args.value("--preset").value("--tree").value("--ranks").value("--window").value("--layout").value("--scale")
+      .value("--seed").value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype")
+      .flag("--sink").flag("--json");
+  args.parse();
+  const int64_t ranks = args.get_int_or("--ranks", 4);
+  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
+  if (int rc = 0; relaunch_under_mpi("run", static_cast<int>(ranks), argv, &rc)) return rc;
+
+  RunConfig cfg;
+  cfg.hq = static_cast<int>(args.get_int_or("--hq", 8));
+  cfg.hkv = static_cast<int>(args.get_int_or("--hkv", 2));
+  cfg.d = static_cast<int>(args.get_int_or("--d", 64));
+  require(cfg.hq >= 1 && cfg.hkv >= 1 && cfg.hq % cfg.hkv == 0, "--hq must be a positive multiple of --hkv");
+  require(cfg.d >= 1 && cfg.d <= 512, "--d must be in [1, 512]");
+  cfg.window = args.get_int_or("--window", 0);
+  require(cfg.window >= 0, "--window must be >= 0 (0 = none)");
+  cfg.sink = args.get_flag("--sink");
+  cfg.seed = static_cast<uint64_t>(args.get_int_or("--seed", 0));
+  cfg.json = args.get_flag("--json");
+  const std::string dtype = args.get_or("--dtype", "float");
+  require(dtype == "float" || dtype == "double", "--dtype must be float or double, got '", dtype, "'");
+  require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");
+
+  // Every rank builds the same row and the same plan (planning is deterministic).
+  std::string source;
+  Row row;
+  if (args.has("--tree")) {
+    row = load_row(args.get("--tree"));
+    source = args.get("--tree");
+  } else {
+    const std::string preset = args.get_or("--preset", "longchain");
+    const int64_t scale = args.get_int_or("--scale", 64);
+    row = scale_row(make_preset(preset, static_cast<int>(ranks), cfg.seed), scale);
+    source = preset + " (cp " + std::to_string(ranks) + ", lengths / " + std::to_string(scale) + ")";
+  }
+  CostModel costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
+  costs.shape.hq = cfg.hq;
+  costs.shape.hkv = cfg.hkv;
+  costs.shape.d = costs.shape.dv = cfg.d;
+  PlanOptions opt;
+  opt.layout = args.get_or("--layout", "searched");
+  opt.window = cfg.window;
+  opt.chunk_tokens = args.get_int_or("--chunk", 0);
+  PlanReport report;
+
+  std::unique_ptr<Communicator> comm;
+#ifdef TREECP_HAVE_MPI
+  MpiSession session;
+  comm = make_world_communicator();
+#else
+  comm = make_self_communicator();
+#endif
+  require(comm->size() == ranks, "--ranks ", ranks, " but ", comm->size(), " processes were started");
+  const Plan plan = make_plan(row, comm->size(), costs, opt, &report);
+  return dtype == "double" ? run_typed<double>(*comm, row, plan, report, cfg, source)
+                           : run_typed<float>(*comm, row, plan, report, cfg, source);
+}
+
+const Register kRun("run",
+                    "[--preset NAME | --tree FILE] [--ranks N] [--window W] [--sink] [--layout L] [--dtype float|double]: "
+                    "plan, run dense attention CP forward+backward on N ranks, check against one process, report",
+                    run_main);
+
+}  // namespace
+}  // namespace treecp::cli
