@@ -1,6 +1,9 @@
-// treecp attention: whole-row tree attention (forward, and backward with --dout) in one process.
+// treecp attention: whole-row tree attention (forward, and backward with --dout), in one process or,
+// with --ranks N, as dense attention CP over N MPI ranks planned like `treecp plan` (same files).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -11,7 +14,17 @@
 #include "core/error.hpp"
 #include "core/npy.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "launcher.hpp"
+#include "plan/cost.hpp"
+#include "plan/planner.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "runtime/dense_attention.hpp"
+#include "runtime/redistribute.hpp"
 #include "tree/row.hpp"
+
+#ifdef TREECP_HAVE_MPI
+#include "comm/mpi_communicator.hpp"
+#endif
 
 namespace treecp::cli {
 namespace {
@@ -93,11 +106,67 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
   return files;
 }
 
+template <class T>
+std::vector<T> take_rows(const std::vector<T>& full, const std::vector<TokenRange>& ranges, int64_t width) {
+  std::vector<T> out;
+  for (const TokenRange& r : ranges) out.insert(out.end(), full.begin() + r.begin * width, full.begin() + r.end * width);
+  return out;
+}
+
+// The same files through dense attention CP on comm's ranks; every rank holds the whole inputs (read
+// from the files), runs its owned rows, and the results are gathered on rank 0, which alone returns files.
+template <class T>
+std::vector<std::pair<std::string, std::string>> compute_cp(const Inputs& in, Communicator& comm, const Plan& plan) {
+  const int64_t S = in.row.tokens();
+  const int64_t qw = int64_t{in.hq} * in.d, kw = int64_t{in.hkv} * in.d, vw = int64_t{in.hkv} * in.dv,
+                ow = int64_t{in.hq} * in.dv;
+  CpuBackend<T> be;
+  DenseAttentionCP<CpuBackend<T>> cp(plan, in.row, AttentionDims{in.hq, in.hkv, in.d, in.dv, in.scale}, comm, be);
+  const auto& owned = plan.ranks[static_cast<size_t>(comm.rank())].owned;
+  const std::vector<T> q = take_rows(values<T>(in.q), owned, qw), k = take_rows(values<T>(in.k), owned, kw),
+                       v = take_rows(values<T>(in.v), owned, vw);
+  const std::vector<T> sink = in.has_sink ? values<T>(in.sink) : std::vector<T>();
+  const int64_t rows = cp.owned_rows();
+  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * in.hq));
+  cp.forward(q, k, v, in.has_sink ? &sink : nullptr, y, lse);
+  std::vector<T> dq(static_cast<size_t>(rows * qw)), dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * vw)),
+      dsink(static_cast<size_t>(in.hq), T(0));
+  if (in.has_dout) {
+    cp.backward(take_rows(values<T>(in.dout), owned, ow), dq, dk, dv, in.has_sink ? &dsink : nullptr);
+    comm.all_reduce_sum(dsink.data(), in.hq, CpuBackend<T>::comm_type);  // the sink is replicated: reduce it
+  }
+  std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) owners[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
+  const auto root = gathered_layout(S, comm.size(), 0);
+  auto gather = [&](const std::vector<T>& a, int64_t width) { return redistribute(comm, be, a, owners, root, width); };
+  std::vector<std::pair<std::string, std::string>> files;
+  const auto o0 = gather(y, ow), lse0 = gather(lse, in.hq);
+  files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, o0));
+  files.emplace_back("lse.npy", npy_of<T>({S, in.hq}, lse0));
+  if (in.has_dout) {
+    const auto dq0 = gather(dq, qw), dk0 = gather(dk, kw), dv0 = gather(dv, vw);
+    files.emplace_back("dq.npy", npy_of<T>({S, in.hq, in.d}, dq0));
+    files.emplace_back("dk.npy", npy_of<T>({S, in.hkv, in.d}, dk0));
+    files.emplace_back("dv.npy", npy_of<T>({S, in.hkv, in.dv}, dv0));
+    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.hq}, dsink));
+  }
+  if (comm.rank() != 0) files.clear();
+  return files;
+}
+
 int attention_cmd(const std::vector<std::string>& argv) {
   Args args("attention", argv);
   args.value("--tree").value("--q").value("--k").value("--v").value("--window").value("--sink").value("--scale");
-  args.value("--dout").value("--out");
+  args.value("--dout").value("--out").value("--ranks").value("--layout").value("--costs").value("--chunk");
   args.parse();
+  const int64_t ranks = args.get_int_or("--ranks", 1);
+  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
+  PlanOptions plan_options;
+  plan_options.layout = args.get_or("--layout", "searched");
+  require(std::find(layout_names().begin(), layout_names().end(), plan_options.layout) != layout_names().end(),
+          "--layout must be one of searched, contiguous, zigzag, perdoc, family; got '", plan_options.layout, "'");
+  plan_options.chunk_tokens = args.get_int_or("--chunk", 0);
+  require(plan_options.chunk_tokens >= 0, "--chunk must be >= 0 (0 = chosen by the planner)");
   const std::string out_dir = args.get("--out");
 
   Inputs in;
@@ -148,23 +217,48 @@ int attention_cmd(const std::vector<std::string>& argv) {
   in.scale = args.get_double_or("--scale", 1.0 / std::sqrt(static_cast<double>(d)));
   require(std::isfinite(in.scale) && in.scale > 0, "--scale must be a finite number > 0, got ", in.scale);
 
-  const auto files = dtype == DType::F64 ? compute<double>(in) : compute<float>(in);
+  // Every input (the cost file too) is checked above, in this process, before any rank starts.
+  CostModel costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
+  if (int rc = 0; relaunch_under_mpi("attention", static_cast<int>(ranks), argv, &rc)) return rc;
+  std::vector<std::pair<std::string, std::string>> files;
+  std::string how = "one process";
+  if (ranks == 1) {
+    files = dtype == DType::F64 ? compute<double>(in) : compute<float>(in);
+  } else {
+#ifdef TREECP_HAVE_MPI
+    MpiSession session;
+    const std::unique_ptr<Communicator> comm = make_world_communicator();
+    require(comm->size() == ranks, "--ranks ", ranks, " but ", comm->size(), " processes were started");
+    costs.shape.hq = in.hq;
+    costs.shape.hkv = in.hkv;
+    costs.shape.d = in.d;
+    costs.shape.dv = in.dv;
+    plan_options.window = in.window;
+    const Plan plan = make_plan(in.row, comm->size(), costs, plan_options);
+    files = dtype == DType::F64 ? compute_cp<double>(in, *comm, plan) : compute_cp<float>(in, *comm, plan);
+    how = std::to_string(ranks) + " ranks, " + plan.layout + " plan with " + std::to_string(plan.num_waves) + " waves";
+    if (comm->rank() != 0) return 0;
+#else
+    fail("--ranks needs MPI, but this treecp was built without it");
+#endif
+  }
 
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   require(!ec && std::filesystem::is_directory(out_dir), "--out: cannot create directory '", out_dir, "'",
           ec ? ": " + ec.message() : std::string());
   for (const auto& [name, bytes] : files) write_output((std::filesystem::path(out_dir) / name).string(), bytes);
-  std::printf("attention: %lld tokens, Hq %lld, Hkv %lld, D %lld, Dv %lld, %s%s: wrote %zu files to %s\n",
+  std::printf("attention: %lld tokens, Hq %lld, Hkv %lld, D %lld, Dv %lld, %s%s, %s: wrote %zu files to %s\n",
               static_cast<long long>(S), static_cast<long long>(hq), static_cast<long long>(hkv),
               static_cast<long long>(d), static_cast<long long>(dv), dtype_name(dtype),
-              in.has_dout ? ", with backward" : "", files.size(), out_dir.c_str());
+              in.has_dout ? ", with backward" : "", how.c_str(), files.size(), out_dir.c_str());
   return 0;
 }
 
 const Register kAttention("attention",
                           "--tree T.json --q Q.npy --k K.npy --v V.npy [--window W] [--sink SINK.npy] [--scale X] "
-                          "[--dout DO.npy] --out DIR: tree attention in one process (o, lse; dq, dk, dv, dsink)",
+                          "[--dout DO.npy] [--ranks N] [--layout L] --out DIR: tree attention, in one process or as CP "
+                          "over N ranks (o, lse; dq, dk, dv, dsink)",
                           attention_cmd);
 
 }  // namespace

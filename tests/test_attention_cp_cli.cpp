@@ -1,0 +1,108 @@
+// `treecp attention --ranks N` starts its own MPI ranks and writes the same files as the
+// single-process run, in packed order: compared file by file on random trees, every layout.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/npy.hpp"
+#include "plan/planner.hpp"
+#include "tree/presets.hpp"
+#include "tree/row.hpp"
+
+namespace treecp {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Dir {
+  fs::path path;
+  Dir() {
+    std::random_device rd;
+    path = fs::temp_directory_path() / ("treecp_attention_cp_cli_" + std::to_string(rd()) + std::to_string(rd()));
+    fs::create_directories(path);
+  }
+  ~Dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+void write_file(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+int run_cli(const std::string& args, const std::string& log) {
+  return std::system((std::string(TREECP_CLI_PATH) + " attention " + args + " > " + log + " 2>&1").c_str());
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+double rel_diff(const NpyArray& a, const NpyArray& b) {
+  EXPECT_EQ(a.shape, b.shape);
+  double scale = 1e-300, err = 0;
+  for (size_t i = 0; i < a.data.size() && i < b.data.size(); ++i) {
+    if (std::isinf(a.data[i]) && a.data[i] == b.data[i]) continue;  // -inf LSE of rows with no key
+    scale = std::max(scale, std::abs(b.data[i]));
+    err = std::max(err, std::abs(a.data[i] - b.data[i]));
+  }
+  return err / scale;
+}
+
+TEST(AttentionCpCli, RanksWriteTheSameFilesAsOneProcess) {
+#ifndef TREECP_HAVE_MPI
+  GTEST_SKIP() << "built without MPI";
+#endif
+  Dir dir;
+  std::mt19937_64 rng(std::random_device{}());
+  // A family larger than a rank's share, so that every layout needs remote waves.
+  const Row row = scale_row(make_preset("varied5k", 3, rng() % 1000), 48);
+  write_file(dir / "row.json", row_to_json(row));
+  const int64_t S = row.tokens(), hq = 4, hkv = 2, d = 8, dv = 8;
+  std::normal_distribution<double> nd(0.0, 1.0);
+  auto array = [&](const std::string& name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t x : shape) n *= x;
+    std::vector<double> v(static_cast<size_t>(n));
+    for (double& x : v) x = nd(rng);
+    write_file(dir / name, npy_bytes(shape, v.data(), DType::F64));
+  };
+  array("q.npy", {S, hq, d});
+  array("k.npy", {S, hkv, d});
+  array("v.npy", {S, hkv, dv});
+  array("dout.npy", {S, hq, dv});
+  array("sink.npy", {hq});
+  const std::string inputs = "--tree " + (dir / "row.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") +
+                             " --v " + (dir / "v.npy") + " --dout " + (dir / "dout.npy") + " --sink " +
+                             (dir / "sink.npy") + " --window 37";
+  ASSERT_EQ(run_cli(inputs + " --out " + (dir / "one"), dir / "log1"), 0) << slurp(dir / "log1");
+  for (const std::string& layout : {std::string("searched"), std::string("zigzag"), std::string("contiguous")}) {
+    const std::string out = dir / ("cp_" + layout);
+    ASSERT_EQ(run_cli(inputs + " --ranks 3 --chunk 16 --layout " + layout + " --out " + out, dir / "log3"), 0)
+        << slurp(dir / "log3");
+    // the run was really distributed, and the plan moved KV between ranks
+    EXPECT_NE(slurp(dir / "log3").find("3 ranks, " + layout + " plan with "), std::string::npos) << slurp(dir / "log3");
+    EXPECT_EQ(slurp(dir / "log3").find("with 0 waves"), std::string::npos) << slurp(dir / "log3");
+    for (const char* f : {"o.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy", "dsink.npy"}) {
+      EXPECT_LE(rel_diff(load_npy(out + "/" + f), load_npy(dir / ("one/" + std::string(f)))), 1e-10) << layout << " " << f;
+    }
+  }
+  // A bad shape is refused before any rank starts, and nothing is written.
+  array("bad_k.npy", {S, hkv, d + 1});
+  const std::string bad_out = dir / "never";
+  const std::string bad = "--tree " + (dir / "row.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "bad_k.npy") +
+                          " --v " + (dir / "v.npy") + " --ranks 3 --out " + bad_out;
+  EXPECT_NE(run_cli(bad, dir / "logbad"), 0);
+  EXPECT_NE(slurp(dir / "logbad").find("k: expected shape"), std::string::npos) << slurp(dir / "logbad");
+  EXPECT_FALSE(fs::exists(bad_out));
+}
+
+}  // namespace
+}  // namespace treecp
