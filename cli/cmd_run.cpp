@@ -11,6 +11,7 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "command.hpp"
@@ -42,6 +43,7 @@ struct RunConfig {
   bool sink = false;
   uint64_t seed = 0;
   bool json = false;
+  std::string costs_path;
 };
 
 // Per-rank figures gathered on rank 0, one fixed-size record each.
@@ -157,6 +159,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       out.set("waves", plan.num_waves);
       out.set("predicted_makespan_ms", plan.predicted_makespan_ms);
       out.set("planning_ms", report.planning_ms);
+      out.set("costs", cfg.costs_path);
       json::Value ranks = json::Value::array();
       for (int r = 0; r < n; ++r) {
         const double* f = &all_stats[static_cast<size_t>(r * kFields)];
@@ -186,6 +189,8 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
                   st.depth, static_cast<long long>(st.visible_pairs),
                   cfg.window > 0 ? (" (window " + std::to_string(cfg.window) + ")").c_str() : "");
       std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.hq, cfg.hkv, cfg.d, cfg.sink ? ", learned sink" : "");
+      std::printf("costs: %s; %u hardware threads for %d ranks\n", cfg.costs_path.c_str(),
+                  std::thread::hardware_concurrency(), n);
       std::printf("plan: %s, %zu chunks of %lld tokens, %d waves, predicted makespan %.3f ms, planned in %.2f ms\n",
                   plan.layout.c_str(), plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
                   plan.num_waves, plan.predicted_makespan_ms, report.planning_ms);
@@ -246,7 +251,9 @@ int run_main(const std::vector<std::string>& argv) {
     row = scale_row(make_preset(preset, static_cast<int>(ranks), cfg.seed), scale);
     source = preset + " (cp " + std::to_string(ranks) + ", lengths / " + std::to_string(scale) + ")";
   }
-  CostModel costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
+  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json), unless --costs.
+  const std::string costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + "/costs_cpu.json");
+  CostModel costs = load_costs(costs_path);
   costs.shape.hq = cfg.hq;
   costs.shape.hkv = cfg.hkv;
   costs.shape.d = costs.shape.dv = cfg.d;
@@ -265,6 +272,7 @@ int run_main(const std::vector<std::string>& argv) {
 #endif
   require(comm->size() == ranks, "--ranks ", ranks, " but ", comm->size(), " processes were started");
   const Plan plan = make_plan(row, comm->size(), costs, opt, &report);
+  cfg.costs_path = costs_path;
   return dtype == "double" ? run_typed<double>(*comm, row, plan, report, cfg, source)
                            : run_typed<float>(*comm, row, plan, report, cfg, source);
 }
