@@ -106,13 +106,6 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
   return files;
 }
 
-template <class T>
-std::vector<T> take_rows(const std::vector<T>& full, const std::vector<TokenRange>& ranges, int64_t width) {
-  std::vector<T> out;
-  for (const TokenRange& r : ranges) out.insert(out.end(), full.begin() + r.begin * width, full.begin() + r.end * width);
-  return out;
-}
-
 // The same files through dense attention CP on comm's ranks; every rank holds the whole inputs (read
 // from the files), runs its owned rows, and the results are gathered on rank 0, which alone returns files.
 template <class T>
@@ -123,8 +116,8 @@ std::vector<std::pair<std::string, std::string>> compute_cp(const Inputs& in, Co
   CpuBackend<T> be;
   DenseAttentionCP<CpuBackend<T>> cp(plan, in.row, AttentionDims{in.hq, in.hkv, in.d, in.dv, in.scale}, comm, be);
   const auto& owned = plan.ranks[static_cast<size_t>(comm.rank())].owned;
-  const std::vector<T> q = take_rows(values<T>(in.q), owned, qw), k = take_rows(values<T>(in.k), owned, kw),
-                       v = take_rows(values<T>(in.v), owned, vw);
+  const auto q = rows_of<T>(in.q.data, qw, owned), k = rows_of<T>(in.k.data, kw, owned),
+             v = rows_of<T>(in.v.data, vw, owned);
   const std::vector<T> sink = in.has_sink ? values<T>(in.sink) : std::vector<T>();
   const int64_t rows = cp.owned_rows();
   std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * in.hq));
@@ -132,7 +125,7 @@ std::vector<std::pair<std::string, std::string>> compute_cp(const Inputs& in, Co
   std::vector<T> dq(static_cast<size_t>(rows * qw)), dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * vw)),
       dsink(static_cast<size_t>(in.hq), T(0));
   if (in.has_dout) {
-    cp.backward(take_rows(values<T>(in.dout), owned, ow), dq, dk, dv, in.has_sink ? &dsink : nullptr);
+    cp.backward(rows_of<T>(in.dout.data, ow, owned), dq, dk, dv, in.has_sink ? &dsink : nullptr);
     comm.all_reduce_sum(dsink.data(), in.hq, CpuBackend<T>::comm_type);  // the sink is replicated: reduce it
   }
   std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(comm.size()));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_util.hpp"
 #include "core/npy.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "tree/row.hpp"
@@ -18,36 +19,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Dir {
-  fs::path path;
-  Dir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("treecp_attention_cli_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~Dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
+using testing::CliRun;
+using testing::write_file;
+
+struct Dir : testing::TempDir {
+  Dir() : TempDir("treecp_attention_cli") {}
 };
 
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-}
-
-struct CliRun {
-  int status = 0;
-  std::string log;
-};
-
-CliRun run_cli(const Dir& dir, const std::string& args) {
-  const std::string log = dir / "log.txt";
-  const int status = std::system((std::string(TREECP_CLI_PATH) + " attention " + args + " > " + log + " 2>&1").c_str());
-  std::ifstream in(log);
-  return {status, std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>())};
-}
+CliRun run_cli(const Dir& dir, const std::string& args) { return testing::run_treecp("attention " + args, dir / "log.txt"); }
 
 std::vector<double> randn(size_t n, std::mt19937_64& rng) {
   std::normal_distribution<double> d(0.0, 1.0);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_test_util.hpp"
 #include "core/npy.hpp"
 #include "plan/planner.hpp"
 #include "tree/presets.hpp"
@@ -20,30 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Dir {
-  fs::path path;
-  Dir() {
-    std::random_device rd;
-    path = fs::temp_directory_path() / ("treecp_attention_cp_cli_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path);
-  }
-  ~Dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using testing::read_text;
+using testing::write_file;
 
-void write_file(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
-
-int run_cli(const std::string& args, const std::string& log) {
-  return std::system((std::string(TREECP_CLI_PATH) + " attention " + args + " > " + log + " 2>&1").c_str());
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
+int run_cli(const std::string& args, const std::string& log) { return testing::run_treecp("attention " + args, log).status; }
 
 double rel_diff(const NpyArray& a, const NpyArray& b) {
   EXPECT_EQ(a.shape, b.shape);
@@ -60,7 +41,7 @@ TEST(AttentionCpCli, RanksWriteTheSameFilesAsOneProcess) {
 #ifndef TREECP_HAVE_MPI
   GTEST_SKIP() << "built without MPI";
 #endif
-  Dir dir;
+  testing::TempDir dir("treecp_attention_cp_cli");
   std::mt19937_64 rng(std::random_device{}());
   // A family larger than a rank's share, so that every layout needs remote waves.
   const Row row = scale_row(make_preset("varied5k", 3, rng() % 1000), 48);
@@ -82,14 +63,14 @@ TEST(AttentionCpCli, RanksWriteTheSameFilesAsOneProcess) {
   const std::string inputs = "--tree " + (dir / "row.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "k.npy") +
                              " --v " + (dir / "v.npy") + " --dout " + (dir / "dout.npy") + " --sink " +
                              (dir / "sink.npy") + " --window 37";
-  ASSERT_EQ(run_cli(inputs + " --out " + (dir / "one"), dir / "log1"), 0) << slurp(dir / "log1");
+  ASSERT_EQ(run_cli(inputs + " --out " + (dir / "one"), dir / "log1"), 0) << read_text(dir / "log1");
   for (const std::string& layout : {std::string("searched"), std::string("zigzag"), std::string("contiguous")}) {
     const std::string out = dir / ("cp_" + layout);
     ASSERT_EQ(run_cli(inputs + " --ranks 3 --chunk 16 --layout " + layout + " --out " + out, dir / "log3"), 0)
-        << slurp(dir / "log3");
+        << read_text(dir / "log3");
     // the run was really distributed, and the plan moved KV between ranks
-    EXPECT_NE(slurp(dir / "log3").find("3 ranks, " + layout + " plan with "), std::string::npos) << slurp(dir / "log3");
-    EXPECT_EQ(slurp(dir / "log3").find("with 0 waves"), std::string::npos) << slurp(dir / "log3");
+    EXPECT_NE(read_text(dir / "log3").find("3 ranks, " + layout + " plan with "), std::string::npos) << read_text(dir / "log3");
+    EXPECT_EQ(read_text(dir / "log3").find("with 0 waves"), std::string::npos) << read_text(dir / "log3");
     for (const char* f : {"o.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy", "dsink.npy"}) {
       EXPECT_LE(rel_diff(load_npy(out + "/" + f), load_npy(dir / ("one/" + std::string(f)))), 1e-10) << layout << " " << f;
     }
@@ -100,7 +81,7 @@ TEST(AttentionCpCli, RanksWriteTheSameFilesAsOneProcess) {
   const std::string bad = "--tree " + (dir / "row.json") + " --q " + (dir / "q.npy") + " --k " + (dir / "bad_k.npy") +
                           " --v " + (dir / "v.npy") + " --ranks 3 --out " + bad_out;
   EXPECT_NE(run_cli(bad, dir / "logbad"), 0);
-  EXPECT_NE(slurp(dir / "logbad").find("k: expected shape"), std::string::npos) << slurp(dir / "logbad");
+  EXPECT_NE(read_text(dir / "logbad").find("k: expected shape"), std::string::npos) << read_text(dir / "logbad");
   EXPECT_FALSE(fs::exists(bad_out));
 }
 

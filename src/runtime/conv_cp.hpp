@@ -12,6 +12,7 @@
 #include "comm/communicator.hpp"
 #include "kernels/cpu/conv1d.hpp"
 #include "plan/plan.hpp"
+#include "runtime/row_map.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
@@ -22,15 +23,6 @@ using RankLayout = std::vector<std::vector<TokenRange>>;
 RankLayout contiguous_layout(const Row& row, int ranks);
 // Checks that the layout covers the row exactly once with sorted ranges.
 void validate_layout(const Row& row, const RankLayout& layout);
-
-// The rows of `ranges` from a full [S, width] array, concatenated (a rank's buffer), as T.
-template <class T>
-std::vector<T> rows_of(const std::vector<double>& full, int64_t width, const std::vector<TokenRange>& ranges) {
-  std::vector<T> out;
-  for (const TokenRange& r : ranges)
-    out.insert(out.end(), full.begin() + r.begin * width, full.begin() + r.end * width);
-  return out;
-}
 
 // Every rank's buffer (laid out by layout[rank]) into a full [S, width] array on rank 0 (empty
 // elsewhere). One all-to-all in which only rank 0 receives.

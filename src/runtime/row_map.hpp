@@ -40,6 +40,15 @@ std::vector<Slice> to_buffer(const std::vector<Slice>& slices, const RowMap& q_m
 // Intersection of two sorted disjoint range lists, sorted.
 std::vector<TokenRange> intersect(const std::vector<TokenRange>& a, const std::vector<TokenRange>& b);
 
+// The rows of a full [S, width] array that `ranges` select, in order (a rank's share of a row),
+// converted to Out.
+template <class Out, class In>
+std::vector<Out> rows_of(const std::vector<In>& full, int64_t width, const std::vector<TokenRange>& ranges) {
+  std::vector<Out> out;
+  for (const TokenRange& r : ranges) out.insert(out.end(), full.begin() + r.begin * width, full.begin() + r.end * width);
+  return out;
+}
+
 // Near-equal contiguous shards: rank r of n holds [r*S/n, (r+1)*S/n) (the data loader's split).
 TokenRange contiguous_shard(int64_t tokens, int rank, int ranks);
 

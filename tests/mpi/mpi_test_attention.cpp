@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
+#include "mpi_gtest_main.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
 #include "kernels/cpu/attention.hpp"
@@ -96,18 +97,10 @@ std::vector<T> random_array(uint64_t seed, int64_t n) {
   return out;
 }
 
-// Rows of a [S, width] array that this rank owns, in owned order.
-template <class T>
-std::vector<T> take_rows(const std::vector<T>& full, const std::vector<TokenRange>& ranges, int64_t width) {
-  std::vector<T> out;
-  for (const TokenRange& r : ranges) out.insert(out.end(), full.begin() + r.begin * width, full.begin() + r.end * width);
-  return out;
-}
-
 template <class T>
 double max_rel_error(const std::vector<T>& got, const std::vector<T>& ref_full, const std::vector<TokenRange>& ranges,
                      int64_t width) {
-  const std::vector<T> ref = take_rows(ref_full, ranges, width);
+  const std::vector<T> ref = rows_of<T>(ref_full, width, ranges);
   double scale = 1e-30, err = 0;
   for (T x : ref_full) scale = std::max(scale, std::abs(static_cast<double>(x)));
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -158,8 +151,8 @@ void run_case(const Case& c, uint64_t seed, double tol) {
   std::vector<std::vector<TokenRange>> to(static_cast<size_t>(comm.size()));
   for (int r = 0; r < comm.size(); ++r) to[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
   const auto from = contiguous_layout(S, comm.size());
-  const std::vector<T> q_own = redistribute(comm, be, take_rows(q, from[static_cast<size_t>(comm.rank())], qw), from, to, qw);
-  const std::vector<T> k_own = take_rows(k, owned, kw), v_own = take_rows(v, owned, vw), dy_own = take_rows(dy, owned, ow);
+  const std::vector<T> q_own = redistribute(comm, be, rows_of<T>(q, qw, from[static_cast<size_t>(comm.rank())]), from, to, qw);
+  const std::vector<T> k_own = rows_of<T>(k, kw, owned), v_own = rows_of<T>(v, vw, owned), dy_own = rows_of<T>(dy, ow, owned);
   const int64_t rows = cp.owned_rows();
   std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * c.hq));
   std::vector<T> dq(static_cast<size_t>(rows * qw)), dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * vw));
@@ -230,9 +223,9 @@ TEST(DenseAttentionCP, RankWithNoTokensTakesPart) {
   std::vector<double> y(static_cast<size_t>(cp.owned_rows() * 8)), lse(static_cast<size_t>(cp.owned_rows() * 2)),
       dq(y.size()), dk(static_cast<size_t>(cp.owned_rows() * 4)), dv(dk.size());
   // the inputs must outlive backward()
-  const auto q_own = take_rows(q, owned, 8), k_own = take_rows(k, owned, 4), v_own = take_rows(v, owned, 4);
+  const auto q_own = rows_of<double>(q, 8, owned), k_own = rows_of<double>(k, 4, owned), v_own = rows_of<double>(v, 4, owned);
   cp.forward(q_own, k_own, v_own, nullptr, y, lse);
-  cp.backward(take_rows(dy, owned, 8), dq, dk, dv, nullptr);
+  cp.backward(rows_of<double>(dy, 8, owned), dq, dk, dv, nullptr);
   EXPECT_LE(max_rel_error(y, ref.o, owned, 8), 1e-12);
   EXPECT_LE(max_rel_error(dk, ref.dk, owned, 4), 1e-12);
   EXPECT_LE(max_rel_error(dv, ref.dv, owned, 4), 1e-12);
@@ -275,13 +268,9 @@ TEST(DenseAttentionCP, MismatchedPlanRefusedOnEveryRank) {
 }  // namespace treecp
 
 int main(int argc, char** argv) {
-  treecp::MpiSession session(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  treecp::MpiCommunicator comm;
-  treecp::g_comm = &comm;
-  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (failed) std::fprintf(stderr, "rank %d: failures above\n", comm.rank());
-  return any;
+  return treecp::testing::run_on_all_ranks(argc, argv, [] {
+    treecp::MpiCommunicator comm;
+    treecp::g_comm = &comm;
+    return RUN_ALL_TESTS();
+  });
 }

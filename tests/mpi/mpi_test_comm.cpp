@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
+#include "mpi_gtest_main.hpp"
 #include "core/error.hpp"
 
 namespace treecp {
@@ -141,16 +142,5 @@ TEST(MpiComm, FailuresNameTheCall) {
 
 // Runs the suite on every rank; the exit status is failure on every rank if any rank failed.
 int main(int argc, char** argv) {
-  treecp::MpiSession session(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0, any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any && !failed) std::fprintf(stderr, "rank %d: passed, but another rank failed\n", rank);
-  return any;
+  return treecp::testing::run_on_all_ranks(argc, argv, [] { return RUN_ALL_TESTS(); });
 }
