@@ -138,15 +138,37 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
     const cpu::AttentionResult<T> ref = cpu::attention_reference(row, prob);
     const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     auto widen = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
-    double max_err = 0;
-    std::vector<std::pair<std::string, double>> errors = {
-        {"o", rel_error(widen(y0), widen(ref.o))},     {"lse", rel_error(widen(lse0), widen(ref.lse))},
-        {"dq", rel_error(widen(dq0), widen(ref.dq))},  {"dk", rel_error(widen(dk0), widen(ref.dk))},
-        {"dv", rel_error(widen(dv0), widen(ref.dv))}};
-    if (cfg.sink) errors.push_back({"dsink", rel_error(widen(dsink), widen(ref.dsink))});
-    for (const auto& e : errors) max_err = std::max(max_err, e.second);
-    const double tol = sizeof(T) == 8 ? 1e-10 : 1e-5;
-    status = max_err <= tol ? 0 : 3;
+    // The oracle is a double-precision run on the same (rounded) inputs. In double the CP result must
+    // match it to 1e-10; in float it may differ by at most 4x what the one-process float run differs,
+    // plus 1e-6 (STYLE.md): float sums in another order differ, they must not differ more.
+    cpu::AttentionResult<double> ref64;
+    if constexpr (sizeof(T) == 8) {
+      ref64 = ref;
+    } else {
+      const auto q64 = widen(fq), k64 = widen(fk), v64 = widen(fv), dy64 = widen(fdy), sink64 = widen(sink);
+      cpu::AttentionProblem<double> p64;
+      p64.hq = cfg.hq, p64.hkv = cfg.hkv, p64.d = cfg.d, p64.dv = cfg.d, p64.window = cfg.window;
+      p64.q = q64.data(), p64.k = k64.data(), p64.v = v64.data(), p64.dout = dy64.data();
+      p64.sink = cfg.sink ? sink64.data() : nullptr;
+      ref64 = cpu::attention_reference(row, p64);
+    }
+    struct Check {
+      std::string name;
+      double error, bound;
+    };
+    std::vector<Check> errors;
+    auto check = [&](const char* name, const std::vector<T>& got, const std::vector<T>& same_precision,
+                     const std::vector<double>& oracle) {
+      const double bound = sizeof(T) == 8 ? 1e-10 : 4 * rel_error(widen(same_precision), oracle) + 1e-6;
+      errors.push_back({name, rel_error(widen(got), oracle), bound});
+    };
+    check("o", y0, ref.o, ref64.o);
+    check("lse", lse0, ref.lse, ref64.lse);
+    check("dq", dq0, ref.dq, ref64.dq);
+    check("dk", dk0, ref.dk, ref64.dk);
+    check("dv", dv0, ref.dv, ref64.dv);
+    if (cfg.sink) check("dsink", dsink, ref.dsink, ref64.dsink);
+    for (const Check& e : errors) status = e.error <= e.bound ? status : 3;
 
     const RowStats st = row_stats(row, cfg.window);
     if (cfg.json) {
@@ -176,10 +198,13 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
         ranks.push_back(rv);
       }
       out.set("per_rank", ranks);
-      json::Value errs = json::Value::object();
-      for (const auto& e : errors) errs.set(e.first, e.second);
+      json::Value errs = json::Value::object(), bounds = json::Value::object();
+      for (const Check& e : errors) {
+        errs.set(e.name, e.error);
+        bounds.set(e.name, e.bound);
+      }
       out.set("max_rel_error", errs);
-      out.set("tolerance", tol);
+      out.set("error_bound", bounds);
       out.set("ok", status == 0);
       std::cout << json::dump(out, 2) << "\n";
     } else {
@@ -203,10 +228,11 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
         std::printf("%4d %9.0f %12.0f %10.3f %10.3f %10.3f %10.3f %12.0f %12.0f %9.1f\n", r, f[kTokens], f[kPairs],
                     f[kPredFwd], f[kFwd], f[kPredBwd], f[kBwd], f[kSent], f[kRecv], f[kPeakMiB]);
       }
-      std::printf("\nreference (one process, same kernels): %.1f ms forward+backward\n", ref_ms);
-      std::printf("max relative error vs reference:");
-      for (const auto& e : errors) std::printf("  %s %.2e", e.first.c_str(), e.second);
-      std::printf("  (tolerance %.0e): %s\n", tol, status == 0 ? "OK" : "MISMATCH");
+      std::printf("\nreference (one process, same kernels, %s): %.1f ms forward+backward\n",
+                  sizeof(T) == 8 ? "double" : "float", ref_ms);
+      std::printf("max relative error vs the double-precision reference (bound):\n ");
+      for (const Check& e : errors) std::printf("  %s %.2e (%.1e)", e.name.c_str(), e.error, e.bound);
+      std::printf("\n%s\n", status == 0 ? "OK: every output and gradient matches" : "MISMATCH");
     }
   }
   int64_t verdict = status;
