@@ -6,7 +6,7 @@
 #   scripts/gpu_check.sh                 build into build-cuda/ and run everything
 #   BIN_DIR=.gpu_bin scripts/gpu_check.sh  use prebuilt treecp_cuda_tests and bench_attention
 #   SKIP_FLEX=1 / SKIP_SANITIZER=1 / BENCH_REPS=N   trim the run
-#   PROFILE=1   also Nsight Compute sections of one forward and one backward launch on fixed5k
+#   PROFILE=1   also Nsight Compute sections of the first forward and backward launch on fixed5k (the defaults)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${OUT_DIR:-$root/out/gpu}"
@@ -52,7 +52,7 @@ fi
 if [ -n "${PROFILE:-}" ] && command -v ncu >/dev/null; then
   echo "== ncu (fixed5k, one launch each; clocks left alone)"
   for k in fwd bwd; do
-    timeout 180 ncu --clock-control none -k "regex:attention_${k}_kernel" -c 1 --section SpeedOfLight \
+    timeout 180 ncu --clock-control none -k "regex:attention_${k}_(wgmma_)?kernel" -c 1 --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
       --section WarpStateStats "$bench" --presets fixed5k --reps 1 --out "$rows" >"$out/ncu_$k.txt" 2>&1 || true
     grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Stall|Issue Slots Busy" "$out/ncu_$k.txt" | head -20

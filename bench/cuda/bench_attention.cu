@@ -21,7 +21,7 @@
 
 #include "core/error.hpp"
 #include "kernels/cuda/attention.hpp"
-#include "kernels/cuda/attention_bwd.cuh"  // the timing-only backward without dQ adds
+#include "kernels/cuda/attention_bwd_wgmma.cuh"  // the timing-only backward without dQ adds
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
@@ -90,7 +90,7 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_kernel_ms, bwd_nodq_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -252,11 +252,16 @@ int main(int argc, char** argv) {
         r.err_lse = std::sqrt(lnum / lden);
       }
 
+      using Mainloop = AttentionForwardParams::Mainloop;
+      fp.mainloop = Mainloop::kWgmma;
+      r.fwdwg_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
+      fp.mainloop = Mainloop::kMmaSync;
       fp.rows_per_warp = 16;
       r.fwd16_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
       fp.rows_per_warp = 32;
       r.fwd32_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
-      fp.rows_per_warp = 0;  // the default, used below
+      fp.mainloop = Mainloop::kDefault;  // the default, used below
+      fp.rows_per_warp = 0;
       r.fwd_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
       r.fwdbwd_ms = time_ms(reps, [&] {
         // the contract accumulates into zeroed fp32 gradients: the zeroing is part of the cost
@@ -272,6 +277,14 @@ int main(int argc, char** argv) {
         check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
         attention_backward(bp, dplan);
       });
+      bp.mainloop = Mainloop::kMmaSync;  // the earlier backward, for comparison in the same run
+      r.bwd_mma_ms = time_ms(reps, [&] {
+        check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset");
+        check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+        check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+        attention_backward(bp, dplan);
+      });
+      bp.mainloop = Mainloop::kDefault;
       {
         // attribution: the same backward without its dQ reduction (dsum is ready from the runs above)
         AttentionBackwardParams nodq = bp;
@@ -281,12 +294,12 @@ int main(int argc, char** argv) {
         r.bwd_kernel_ms = time_ms(reps, [&] {
           check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
           check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
-          treecp::cuda::detail::launch_bwd<kD, true>(args, nullptr);
+          treecp::cuda::detail::launch_bwd_wgmma<kD, true>(args, nullptr);
         });
         r.bwd_nodq_ms = time_ms(reps, [&] {
           check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
           check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
-          treecp::cuda::detail::launch_bwd<kD, false>(args, nullptr);
+          treecp::cuda::detail::launch_bwd_wgmma<kD, false>(args, nullptr);
         });
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
@@ -299,17 +312,17 @@ int main(int argc, char** argv) {
     std::ofstream js(out_dir + "/treecp_results.json");
     js << "[\n";
     std::printf("\ntreecp CUDA slice attention, Hq=%d Hkv=%d D=%d bf16, %s\n", kHq, kHkv, kD, prop.name);
-    std::printf("| preset | tokens | visible pairs | setup ms (build) | fwd ms | fwd TFLOP/s | fwd ms 16 / 32 rows per warp | "
-                "bwd ms (TFLOP/s) | fwd+bwd ms | fwd+bwd TFLOP/s | check O / LSE rel err | fwd tile pairs full/partial | "
+    std::printf("| preset | tokens | visible pairs | setup ms (build) | fwd ms | fwd TFLOP/s | fwd ms wgmma / mma.sync 16 / 32 rows per warp | "
+                "bwd ms (TFLOP/s) | bwd ms mma.sync | fwd+bwd ms | fwd+bwd TFLOP/s | check O / LSE rel err | fwd tile pairs full/partial | "
                 "bwd tile pairs full/partial |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       const double flop = 4.0 * static_cast<double>(r.pairs) * kD * kHq;
-      std::printf("| %s | %lld | %lld | %.3f (%.3f) | %.3f | %.1f | %.3f / %.3f | %.3f (%.1f) | %.3f | %.1f | %.1e / %.1e | %lld/%lld | %lld/%lld |\n",
+      std::printf("| %s | %lld | %lld | %.3f (%.3f) | %.3f | %.1f | %.3f / %.3f / %.3f | %.3f (%.1f) | %.3f | %.3f | %.1f | %.1e / %.1e | %lld/%lld | %lld/%lld |\n",
                   r.preset.c_str(), static_cast<long long>(r.tokens), static_cast<long long>(r.pairs), r.setup_ms,
-                  r.build_ms, r.fwd_ms, flop / r.fwd_ms / 1e9, r.fwd16_ms, r.fwd32_ms, r.bwd_ms,
-                  2.5 * flop / r.bwd_ms / 1e9, r.fwdbwd_ms, 3.5 * flop / r.fwdbwd_ms / 1e9, r.err_o,
+                  r.build_ms, r.fwd_ms, flop / r.fwd_ms / 1e9, r.fwdwg_ms, r.fwd16_ms, r.fwd32_ms, r.bwd_ms,
+                  2.5 * flop / r.bwd_ms / 1e9, r.bwd_mma_ms, r.fwdbwd_ms, 3.5 * flop / r.fwdbwd_ms / 1e9, r.err_o,
                   r.err_lse, static_cast<long long>(r.fwd_full), static_cast<long long>(r.fwd_partial),
                   static_cast<long long>(r.bwd_full), static_cast<long long>(r.bwd_partial));
       js << "  {\"preset\": \"" << r.preset << "\", \"tokens\": " << r.tokens << ", \"pairs\": " << r.pairs
@@ -317,7 +330,7 @@ int main(int argc, char** argv) {
          << ", \"err_o\": " << r.err_o << "}" << (i + 1 < results.size() ? "," : "") << "\n";
     }
     js << "]\n";
-    std::printf("\nbackward attribution (timing only): bwd kernel without its dQ reduction, ms\n");
+    std::printf("\nbackward attribution (timing only): wgmma bwd kernel without its dQ reduction, ms\n");
     for (const Result& r : results)
       std::printf("  %-12s bwd %.3f ms (incl. dsum + zeroing); bwd kernel (+ dK/dV zeroing) %.3f ms, the same without dQ adds %.3f ms\n",
                   r.preset.c_str(), r.bwd_ms, r.bwd_kernel_ms, r.bwd_nodq_ms);

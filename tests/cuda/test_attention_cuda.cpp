@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 #include <memory>
 #include <set>
 
@@ -131,19 +132,22 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
   fp.hkv = c.hkv;
   fp.head_dim = c.d;
   fp.scale = static_cast<float>(scale);
-  for (int rows_per_warp : {16, 32}) {  // both forward variants; the last one feeds the backward
+  using Mainloop = AttentionForwardParams::Mainloop;
+  // every forward path: wgmma, mma.sync with 16 and 32 rows per warp; the last one feeds the backward
+  const std::pair<Mainloop, int> variants[] = {{Mainloop::kWgmma, 0}, {Mainloop::kMmaSync, 16}, {Mainloop::kMmaSync, 32}};
+  for (const auto& [mainloop, rows_per_warp] : variants) {
     o.poison();
     lse.poison();
+    fp.mainloop = mainloop;
     fp.rows_per_warp = rows_per_warp;
     attention_forward(fp, dplan);
     check_cuda(cudaDeviceSynchronize(), "forward");
-    EXPECT_LT(rel_error(bf16_to_double(o.download()), ref.o), kTol) << "rows_per_warp " << rows_per_warp;
-    EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3) << "rows_per_warp " << rows_per_warp;
+    EXPECT_LT(rel_error(bf16_to_double(o.download()), ref.o), kTol)
+        << "mainloop " << static_cast<int>(mainloop) << " rows_per_warp " << rows_per_warp;
+    EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3)
+        << "mainloop " << static_cast<int>(mainloop) << " rows_per_warp " << rows_per_warp;
   }
 
-  dq.zero();
-  dk.zero();
-  dv.zero();
   AttentionBackwardParams bp;
   bp.q = dq_in.ptr;
   bp.k = dk_in.ptr;
@@ -164,12 +168,36 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
   bp.hkv = c.hkv;
   bp.head_dim = c.d;
   bp.scale = static_cast<float>(scale);
-  attention_backward(bp, dplan);
-  check_cuda(cudaDeviceSynchronize(), "backward");
   const OracleBackward rb = oracle_backward(m, q.val, k.val, v.val, g.val, scale, ref, nullptr, vis);
-  EXPECT_LT(rel_error(dq.download(), rb.dq), kTol);
-  EXPECT_LT(rel_error(dk.download(), rb.dk), kTol);
-  EXPECT_LT(rel_error(dv.download(), rb.dv), kTol);
+  // every backward path: mma.sync, and wgmma where it exists (head dim 128)
+  std::vector<Mainloop> bwd_variants{Mainloop::kMmaSync};
+  if (c.d == 128) bwd_variants.push_back(Mainloop::kWgmma);
+  for (const Mainloop mainloop : bwd_variants) {
+    dq.zero();
+    dk.zero();
+    dv.zero();
+    bp.mainloop = mainloop;
+    attention_backward(bp, dplan);
+    check_cuda(cudaDeviceSynchronize(), "backward");
+    EXPECT_LT(rel_error(dq.download(), rb.dq), kTol) << "mainloop " << static_cast<int>(mainloop);
+    EXPECT_LT(rel_error(dk.download(), rb.dk), kTol) << "mainloop " << static_cast<int>(mainloop);
+    EXPECT_LT(rel_error(dv.download(), rb.dv), kTol) << "mainloop " << static_cast<int>(mainloop);
+  }
+  if (c.d == 128) {
+    // wgmma with a dQ buffer that is only 8-byte aligned (the float2 reductions' minimum)
+    DeviceBuffer<float> dq_off(S * c.hq * c.d + 2);
+    dq_off.zero();
+    dk.zero();
+    dv.zero();
+    bp.mainloop = Mainloop::kWgmma;
+    bp.dq = dq_off.ptr + 2;
+    attention_backward(bp, dplan);
+    check_cuda(cudaDeviceSynchronize(), "backward");
+    const std::vector<float> all = dq_off.download();
+    EXPECT_LT(rel_error(std::vector<float>(all.begin() + 2, all.end()), rb.dq), kTol) << "dQ 8-byte aligned";
+    EXPECT_LT(rel_error(dk.download(), rb.dk), kTol) << "dQ 8-byte aligned";
+    EXPECT_LT(rel_error(dv.download(), rb.dv), kTol) << "dQ 8-byte aligned";
+  }
 }
 
 // Stage form: the KV rows are cut into chunks held in separate buffers; each stage attends the whole

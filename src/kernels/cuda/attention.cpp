@@ -5,6 +5,11 @@
 namespace treecp::cuda {
 namespace {
 
+// The main loops that kDefault selects: wgmma (docs/benchmarks-gpu.md has the measurements); the
+// backward has no wgmma kernel at head dim 64.
+constexpr Mainloop kFwdMainloop = Mainloop::kWgmma;
+constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
+
 void check_common(const char* who, int32_t hq, int32_t hkv, int32_t head_dim, float scale, const DeviceTilePlan& plan) {
   require(hq >= 1 && hkv >= 1 && hq % hkv == 0, who, ": hq must be a positive multiple of hkv, got hq ", hq,
           " hkv ", hkv);
@@ -34,6 +39,14 @@ void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& pl
   require(p.o && p.lse, who, ": o and lse are required");
   detail::FwdArgs a{p, plan.fwd, plan.slices, static_cast<int32_t>(plan.q_rows), static_cast<int32_t>(plan.kv_rows),
                     plan.group};
+  const Mainloop mainloop = p.mainloop == Mainloop::kDefault ? kFwdMainloop : p.mainloop;
+  require(mainloop == Mainloop::kMmaSync || mainloop == Mainloop::kWgmma, who, ": mainloop must be kDefault, kMmaSync or kWgmma, got ",
+          static_cast<int>(p.mainloop));
+  if (mainloop == Mainloop::kWgmma) {
+    if (p.head_dim == 64) detail::launch_fwd_wgmma_d64(a, stream);
+    else detail::launch_fwd_wgmma_d128(a, stream);
+    return;
+  }
   const int rows_per_warp = p.rows_per_warp == 0 ? kFwdRowsPerWarp : p.rows_per_warp;
   require(rows_per_warp == 16 || rows_per_warp == 32, who, ": rows_per_warp must be 0, 16 or 32, got ", p.rows_per_warp);
   if (p.head_dim == 64) detail::launch_fwd_d64(a, rows_per_warp, stream);
@@ -58,7 +71,13 @@ void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& 
     require(p.o != nullptr, who, ": o is required unless dsum_ready");
     detail::launch_bwd_dsum(a, stream);
   }
-  if (p.head_dim == 64) detail::launch_bwd_d64(a, stream);
+  const Mainloop mainloop =
+      p.mainloop != Mainloop::kDefault ? p.mainloop : p.head_dim == 128 ? kBwdMainloop : Mainloop::kMmaSync;
+  require(mainloop == Mainloop::kMmaSync || (mainloop == Mainloop::kWgmma && p.head_dim == 128), who,
+          ": mainloop must be kDefault or kMmaSync, or kWgmma at head_dim 128; got ", static_cast<int>(p.mainloop),
+          " at head_dim ", p.head_dim);
+  if (mainloop == Mainloop::kWgmma) detail::launch_bwd_wgmma_d128(a, stream);
+  else if (p.head_dim == 64) detail::launch_bwd_d64(a, stream);
   else detail::launch_bwd_d128(a, stream);
 }
 

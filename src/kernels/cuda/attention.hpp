@@ -57,7 +57,7 @@ struct TileLists {
 inline constexpr int kFwdBlockRows = 128;  // 16 tokens x 8 q heads at GQA 32/4; O of 128 x 128 fits the
                                            // registers of 4 warps x 32 rows or 8 warps x 16 rows
 inline constexpr int kFwdBlockKeys = 64;   // one K and one V tile of 64 x 128 bf16 each, two stages
-inline constexpr int kFwdRowsPerWarp = 32; // see docs/kernels.md: half the shared-memory reads of 16
+inline constexpr int kFwdRowsPerWarp = 32; // mma.sync main loop: half the shared-memory reads of 16
 inline constexpr int kBwdBlockRows = 64;   // 64 packed query rows per step of the key-major walk
 inline constexpr int kBwdBlockKeys = 128;  // 8 warps x 16 keys (dK, dV of 16 x D per warp in registers);
                                            // 128 rather than 64 halves the dQ atomics per FLOP
@@ -108,6 +108,12 @@ class DeviceTilePlan {
   std::vector<unsigned char> staging_;
 };
 
+// Main loop of a kernel: kDefault is the measured fastest (docs/benchmarks-gpu.md); the others stay
+// selectable so the tests cover every path and the benchmark measures them in the same run.
+// kMmaSync: mma.sync m16n8k16 (any sm_80+ part); kWgmma: Hopper warpgroup MMA (sm_90a; the backward
+// has it for head dim 128 only).
+enum class Mainloop : int32_t { kDefault = 0, kMmaSync = 1, kWgmma = 2 };
+
 using bf16_t = uint16_t;  // storage type on the host side of the interface (bit pattern of bf16)
 
 struct AttentionForwardParams {
@@ -123,9 +129,11 @@ struct AttentionForwardParams {
   int64_t lse_row_stride = 0, lse_head_stride = 0;
   int32_t hq = 0, hkv = 0, head_dim = 0;
   float scale = 0.f;  // softmax scale, typically 1/sqrt(D)
-  // Query rows per warp of the forward kernel: 0 = the default (kFwdRowsPerWarp), 16 or 32
+  // Query rows per warp of the mma.sync forward main loop: 0 = the default (kFwdRowsPerWarp), 16 or 32
   // (kept selectable so the benchmark can measure both; docs/kernels.md says which wins and why).
   int32_t rows_per_warp = 0;
+  using Mainloop = cuda::Mainloop;
+  Mainloop mainloop = Mainloop::kDefault;
 };
 
 struct AttentionBackwardParams {
@@ -149,6 +157,8 @@ struct AttentionBackwardParams {
   int64_t dk_row_stride = 0, dk_head_stride = 0;  // for dk and dv
   int32_t hq = 0, hkv = 0, head_dim = 0;
   float scale = 0.f;
+  using Mainloop = cuda::Mainloop;
+  Mainloop mainloop = Mainloop::kDefault;  // kDefault: wgmma at head dim 128, mma.sync at 64
 };
 
 // Launch on `stream`; throw treecp::Error on bad arguments or a failed launch.

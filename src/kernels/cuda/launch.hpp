@@ -21,8 +21,11 @@ struct BwdArgs {
 
 void launch_fwd_d64(const FwdArgs& a, int rows_per_warp, cudaStream_t stream);
 void launch_fwd_d128(const FwdArgs& a, int rows_per_warp, cudaStream_t stream);
+void launch_fwd_wgmma_d64(const FwdArgs& a, cudaStream_t stream);
+void launch_fwd_wgmma_d128(const FwdArgs& a, cudaStream_t stream);
 void launch_bwd_d64(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_d128(const BwdArgs& a, cudaStream_t stream);
+void launch_bwd_wgmma_d128(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);
 
 }  // namespace treecp::cuda::detail

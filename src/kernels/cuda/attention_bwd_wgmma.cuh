@@ -1,0 +1,284 @@
+// Backward slice attention on Hopper warpgroup MMA (sm_90a), key-major like attention_bwd.cuh: one
+// block per (KV tile of 128 keys, KV head) walks every query tile (64 packed rows) that sees its keys;
+// dK and dV stay in registers across the walk (no dK/dV atomics), dQ is added with fp32 reductions.
+// Two warpgroups, each owning 64 keys of the tile. Per query tile:
+//   S^T  = K Q^T     m64n64k16, K and Q from shared memory (K-major)
+//   dP^T = V dO^T    m64n64k16, V and dO from shared memory
+//   P^T = exp(S^T scale - LSE), dS^T = P^T (dP^T - Dsum)      (registers; dS^T also to shared memory)
+//   dV  += P^T dO    m64nDk16, P^T from registers, dO MN-major from shared memory
+//   dK  += dS^T Q    m64nDk16, dS^T from registers, Q MN-major from shared memory
+//   dQ   = dS K      m64n64k16 per warpgroup (half of D each), dS^T and K both MN-major in shared memory,
+//                    added to fp32 dQ with red.global.add.v2.f32 (staging dQ in shared memory for the copy
+//                    engine's bulk reductions, as FA3 does, measured 1-2% slower here: docs/benchmarks-gpu.md)
+// The accumulator layouts equal attention_bwd.cuh's per-warp fragments (warp w of the block holds keys
+// 16 w .. 16 w + 15), so visibility and the softmax gradient are the same code. Head dim 128 only
+// (the dQ split gives each warpgroup one 64-column panel); head dim 64 keeps the mma.sync kernel.
+#pragma once
+
+#include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace treecp::cuda::detail {
+
+template <int D>
+struct BwdWgmmaShape {
+  static constexpr int kRows = kBwdBlockRows;
+  static constexpr int kKeys = kBwdBlockKeys;
+  static constexpr int kThreads = 256;  // two warpgroups x 64 keys
+  // K, V; two stages of Q, dO (bf16) and of dS^T (bf16); two of LSE and Dsum (fp32); 1 KiB alignment
+  static constexpr int kSmemBytes = (2 * kKeys * D + 4 * kRows * D + 2 * kKeys * kRows) * 2 + 4 * kRows * 4 + 1024;
+  static_assert(D == 128 && kRows == 64 && kKeys == 128, "wgmma backward: 128 keys x 64 rows, head dim 128");
+};
+
+// kAddDq = false drops the dQ reduction (wrong dQ): timing-only, as in attention_bwd.cuh.
+template <int D, bool kAddDq = true>
+__global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_wgmma_kernel(const BwdArgs args) {
+  using S = BwdWgmmaShape<D>;
+  constexpr int BM = S::kRows, BN = S::kKeys;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr));
+  __nv_bfloat16* sV = sK + BN * D;        // panels of BN rows
+  __nv_bfloat16* sQ = sV + BN * D;        // [2][BM x D panels]
+  __nv_bfloat16* sdO = sQ + 2 * BM * D;   // [2][BM x D panels]
+  __nv_bfloat16* sdS2 = sdO + 2 * BM * D; // [2][BN keys x BM rows, one panel]: dS^T
+  float* sLse = reinterpret_cast<float*>(sdS2 + 2 * BN * BM);  // [2][BM]
+  float* sDsum = sLse + 2 * BM;                                // [2][BM]
+
+  const AttentionBackwardParams& p = args.p;
+  const auto& L = args.lists;
+  const int tile = L.order[blockIdx.x / p.hkv];  // longest tiles first, heads of one tile adjacent
+  const int kvh = blockIdx.x % p.hkv;
+  const int G = args.group;
+  const int k0 = tile * BN;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = warp / 4;
+  const int tq = L.minor_tile_rows;  // tokens per query tile
+  const int valid_rows = tq * G;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k);
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v);
+  const auto* d_o = static_cast<const __nv_bfloat16*>(p.d_o);
+
+  load_panel_async<D, S::kThreads>(sK, BN, k, [&](int r) -> const __nv_bfloat16* {
+    return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
+  });
+  load_panel_async<D, S::kThreads>(sV, BN, v, [&](int r) -> const __nv_bfloat16* {
+    return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
+  });
+  const int e_end = L.offsets[tile + 1];
+  RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
+  // packed row r of query tile qt = (token qt * tq + r / G, q head kvh * G + r % G)
+  auto load_q = [&](int qt, int stage) {
+    const int t0 = qt * tq;
+    auto ok = [&](int r) { return r < valid_rows && t0 + r / G < args.q_rows; };
+    load_panel_async<D, S::kThreads>(sQ + stage * BM * D, BM, q, [&](int r) -> const __nv_bfloat16* {
+      return ok(r) ? q + (t0 + r / G) * p.q_row_stride + (kvh * G + r % G) * p.q_head_stride : nullptr;
+    });
+    load_panel_async<D, S::kThreads>(sdO + stage * BM * D, BM, d_o, [&](int r) -> const __nv_bfloat16* {
+      return ok(r) ? d_o + (t0 + r / G) * p.o_row_stride + (kvh * G + r % G) * p.o_head_stride : nullptr;
+    });
+    for (int r = threadIdx.x; r < BM; r += S::kThreads) {
+      const int t = t0 + r / G, h = kvh * G + r % G;
+      cp_async_4(sLse + stage * BM + r, ok(r) ? p.lse + t * p.lse_row_stride + h * p.lse_head_stride : p.lse, ok(r));
+      cp_async_4(sDsum + stage * BM + r, ok(r) ? p.dsum + static_cast<int64_t>(t) * p.hq + h : p.dsum, ok(r));
+    }
+  };
+  if (cur.entry < e_end) load_q(cur.tile, 0);
+  cp_async_commit();
+
+  float dk[D / 2], dv[D / 2];  // register 4 j + c: (key h = c / 2, column 8 j + 2 (lane % 4) + c % 2)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const float sl2 = p.scale * kLog2e;
+  const int key_lo = k0 + warp * 16 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
+  const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+  float* dq = p.dq;
+
+  for (int stage = 0; cur.entry < e_end; stage ^= 1) {
+    const RunCursor next = cur.next(L.entries, e_end);
+    if (next.entry < e_end) load_q(next.tile, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async_shared();
+    __syncthreads();
+    const uint32_t q_addr = smem_addr(sQ + stage * BM * D), do_addr = smem_addr(sdO + stage * BM * D);
+    const float* lse_s = sLse + stage * BM;
+    const float* dsum_s = sDsum + stage * BM;
+    __nv_bfloat16* sdS = sdS2 + stage * BN * BM;
+    const TileEntry e = L.entries[cur.entry];
+    const int t0 = cur.tile * tq;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
+    // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2)
+    float st[BM / 2], dpt[BM / 2];
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) st[i] = dpt[i] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;
+      wgmma_ss_m64n64k16<false, false>(st, wgmma_desc(k_addr + (kk / 4) * BN * 128 + wg * 64 * 128 + off, 16, 1024),
+                                       wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024));
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;
+      wgmma_ss_m64n64k16<false, false>(dpt, wgmma_desc(v_addr + (kk / 4) * BN * 128 + wg * 64 * 128 + off, 16, 1024),
+                                       wgmma_desc(do_addr + (kk / 4) * BM * 128 + off, 16, 1024));
+    }
+    wgmma_commit();
+
+    // visibility bits (while dP^T is still running)
+    uint32_t vis = 0;
+    if (e.mask_count == 0) {
+#pragma unroll
+      for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (nb * 8 + 2 * (lane % 4) + (c & 1) < valid_rows) vis |= 1u << (nb * 4 + c);
+    } else {
+      int tokc[BM / 8][2];  // token of each of this lane's columns; -1 for padding rows (in no slice)
+#pragma unroll
+      for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int r = nb * 8 + 2 * (lane % 4) + c;
+          tokc[nb][c] = r < valid_rows ? t0 + r / G : -1;
+        }
+      for (int j = 0; j < e.mask_count; ++j) {
+        const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = key_lo + 8 * h;
+          if (!in_range(key, sl.k0, sl.k1)) continue;
+#pragma unroll
+          for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              if (in_range(tokc[nb][c], sl.q0, sl.q1) && in_range(tokc[nb][c] - key, sl.dmin, sl.dmax))
+                vis |= 1u << (nb * 4 + 2 * h + c);
+        }
+      }
+    }
+    wgmma_wait<1>();  // S^T done
+    wgmma_fence_operands(st);
+    // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere
+#pragma unroll
+    for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float lse2 = lse_s[nb * 8 + 2 * (lane % 4) + (c & 1)] * kLog2e;
+        st[4 * nb + c] = (vis >> (nb * 4 + c) & 1u) && lse2 != -INFINITY ? exp2_fast(fmaf(st[4 * nb + c], sl2, -lse2)) : 0.f;
+      }
+    uint32_t pa[BM / 16][4];  // P^T as A operands (k16 step kk: query rows 16 kk .. +16)
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pa[kk][i] = pack_bf16(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+    wgmma_wait<0>();  // dP^T done
+    wgmma_fence_operands(dpt);
+    // dS^T = P^T (dP^T - Dsum)
+#pragma unroll
+    for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) dpt[4 * nb + c] = st[4 * nb + c] * (dpt[4 * nb + c] - dsum_s[nb * 8 + 2 * (lane % 4) + (c & 1)]);
+    uint32_t da[BM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) da[kk][i] = pack_bf16(dpt[8 * kk + 2 * i], dpt[8 * kk + 2 * i + 1]);
+      // dS^T to shared memory for dQ: rows = keys of the tile, columns = packed query rows
+      const int kr = warp * 16 + lane / 4, col = kk * 16 + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(sdS + swz_panel(kr, col, BN)) = da[kk][0];
+      *reinterpret_cast<uint32_t*>(sdS + swz_panel(kr + 8, col, BN)) = da[kk][1];
+      *reinterpret_cast<uint32_t*>(sdS + swz_panel(kr, col + 8, BN)) = da[kk][2];
+      *reinterpret_cast<uint32_t*>(sdS + swz_panel(kr + 8, col + 8, BN)) = da[kk][3];
+    }
+
+    // dV += P^T dO and dK += dS^T Q: dO and Q are MN-major B operands (k16 step = 16 query rows)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      wgmma_rs_trans_b<D>(dv, pa[kk], wgmma_desc(do_addr + kk * 16 * 128, BM * 128, 1024));
+      wgmma_rs_trans_b<D>(dk, da[kk], wgmma_desc(q_addr + kk * 16 * 128, BM * 128, 1024));
+    }
+    wgmma_commit();
+    // dV / dK must be complete before the barrier: after it, a warpgroup that runs ahead prefetches the
+    // next query tile into the Q / dO stage that the other one's dV / dK reads now hold (two stages)
+    wgmma_wait<0>();
+    wgmma_fence_operands(dv);
+    wgmma_fence_operands(dk);
+    wgmma_fence_operands(pa);
+    wgmma_fence_operands(da);
+    fence_proxy_async_shared();  // dS^T stores -> the dQ wgmma
+    __syncthreads();             // dS^T complete
+
+    // dQ = scale dS K: warpgroup wg takes head-dim columns 64 wg .. +64 of all BM rows; A = dS^T
+    // (keys x rows, MN-major), B = K (keys x D, MN-major); k16 step kk = keys 16 kk .. +16
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+    wgmma_fence();
+    const uint32_t ds_addr = smem_addr(sdS);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_ss_m64n64k16<true, true>(acc, wgmma_desc(ds_addr + kk * 16 * 128, BN * 128, 1024),
+                                     wgmma_desc(k_addr + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
+      const int t = t0 + r / G;
+      if (r >= valid_rows || t >= args.q_rows) continue;
+      float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if constexpr (kAddDq) red_add_f32x2(dst + j * 8, acc[4 * j + 2 * h] * p.scale, acc[4 * j + 2 * h + 1] * p.scale);
+        else if (acc[4 * j + 2 * h] == 1234.5f) dst[j * 8] = 0.f;  // keeps the dQ GEMM alive
+    }
+    // No barrier here: the next prefetch targets the other Q/dO stage, whose reads (this step's
+    // predecessor) all completed before this step's dS^T barrier, and the next dS^T goes to the other
+    // buffer, whose dQ reads every thread finished before the next step's first barrier.
+    cur = next;
+  }
+  cp_async_wait<0>();
+
+  // This block is the only writer of its KV tile: plain read-add-write of fp32 dK, dV.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + 8 * h;
+    if (key >= args.kv_rows) continue;
+    float* dkp = p.dk + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
+    float* dvp = p.dv + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2 a = *reinterpret_cast<float2*>(dkp + j * 8);
+      a.x += dk[4 * j + 2 * h] * p.scale;
+      a.y += dk[4 * j + 2 * h + 1] * p.scale;
+      *reinterpret_cast<float2*>(dkp + j * 8) = a;
+      float2 b = *reinterpret_cast<float2*>(dvp + j * 8);
+      b.x += dv[4 * j + 2 * h];
+      b.y += dv[4 * j + 2 * h + 1];
+      *reinterpret_cast<float2*>(dvp + j * 8) = b;
+    }
+  }
+}
+
+template <int D, bool kAddDq = true>
+void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
+  using S = BwdWgmmaShape<D>;
+  const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
+  if (blocks == 0) return;
+  check_cuda(cudaFuncSetAttribute(attention_bwd_wgmma_kernel<D, kAddDq>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  S::kSmemBytes),
+             "attention_backward: shared memory limit");
+  attention_bwd_wgmma_kernel<D, kAddDq><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
+  check_cuda(cudaGetLastError(), "attention_backward: launch");
+}
+
+}  // namespace treecp::cuda::detail

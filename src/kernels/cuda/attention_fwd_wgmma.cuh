@@ -1,0 +1,228 @@
+// Forward slice attention on Hopper warpgroup MMA (sm_90a). Same work decomposition, tile lists and
+// results as attention_fwd.cuh (one block per (query tile, KV head), GQA packing, two-stage cp.async
+// K/V pipeline, online softmax in registers), but the two GEMMs run on wgmma:
+//   S = Q K^T   wgmma m64n64k16, Q and K read from shared memory through descriptors;
+//   O += P V    wgmma m64nDk16, P from registers (the accumulator layout packed to bf16), V from
+//               shared memory as an MN-major operand.
+// Two warpgroups x 64 packed rows = the 128-row query tile. Accumulators are spread over the 128
+// threads of a warpgroup (S: 32 fp32 per thread, O: D/2), against 32 rows of S and O per warp with
+// mma.sync, so the kernel fits 2 blocks (16 warps) per SM instead of 8 warps, and the tensor cores read
+// K and V from shared memory without ldmatrix. Shared memory uses the panel layout of wgmma.cuh.
+#pragma once
+
+#include <cfloat>
+
+#include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace treecp::cuda::detail {
+
+template <int D>
+struct FwdWgmmaShape {
+  static constexpr int kRows = kFwdBlockRows;
+  static constexpr int kKeys = kFwdBlockKeys;
+  static constexpr int kWarpgroups = kRows / 64;
+  static constexpr int kThreads = kWarpgroups * 128;
+  static constexpr int kBlocksPerSm = 2;  // 2 x (Q + two K/V stages) = 2 x 96 KiB at D = 128
+  // Q + two stages of K and V, plus 1 KiB to align the panels to 1024 bytes (the swizzle atom)
+  static constexpr int kSmemBytes = (kRows + 4 * kKeys) * D * 2 + 1024;
+  static_assert(kRows % 64 == 0 && kKeys == 64, "wgmma forward: 64-row warpgroups, S of 64 keys (m64n64)");
+};
+
+template <int D>
+__global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::kBlocksPerSm)
+    attention_fwd_wgmma_kernel(const FwdArgs args) {
+  using S = FwdWgmmaShape<D>;
+  constexpr int BM = S::kRows, BN = S::kKeys;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // round the dynamic shared-memory base up to the 1024-byte swizzle atom
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr));
+  __nv_bfloat16* sK = sQ + BM * D;        // [2][BN x D panels]
+  __nv_bfloat16* sV = sK + 2 * BN * D;    // [2][BN x D panels]
+
+  const AttentionForwardParams& p = args.p;
+  const auto& L = args.lists;
+  const int tile = L.order[blockIdx.x / p.hkv];  // longest tiles first, heads of one tile adjacent
+  const int kvh = blockIdx.x % p.hkv;
+  const int G = args.group;
+  const int t0 = tile * L.major_tile_rows;
+  const int valid_rows = L.major_tile_rows * G;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = warp / 4;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  const auto* k = static_cast<const __nv_bfloat16*>(p.k);
+  const auto* v = static_cast<const __nv_bfloat16*>(p.v);
+
+  // packed row r = (token t0 + r / G, q head kvh * G + r % G)
+  load_panel_async<D, S::kThreads>(sQ, BM, q, [&](int r) -> const __nv_bfloat16* {
+    const int t = t0 + r / G;
+    if (r >= valid_rows || t >= args.q_rows) return nullptr;
+    return q + t * p.q_row_stride + (kvh * G + r % G) * p.q_head_stride;
+  });
+  const int e_end = L.offsets[tile + 1];
+  RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
+  auto load_kv = [&](int kt, int stage) {
+    const int k0 = kt * BN;
+    load_panel_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const __nv_bfloat16* {
+      return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
+    });
+    load_panel_async<D, S::kThreads>(sV + stage * BN * D, BN, v, [&](int r) -> const __nv_bfloat16* {
+      return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
+    });
+  };
+  if (cur.entry < e_end) load_kv(cur.tile, 0);
+  cp_async_commit();
+
+  // this thread's rows: warp * 16 + lane / 4 + 8 h (the warpgroup's 64 rows start at wg * 64)
+  int row[2], tok[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row[h] = warp * 16 + lane / 4 + 8 * h;
+    tok[h] = t0 + row[h] / G;
+  }
+  float o[D / 2];  // register 4 j + c: (row h = c / 2, column 8 j + 2 (lane % 4) + c % 2)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const float sl2 = p.scale * kLog2e;  // softmax in base 2: exp(x * scale) = exp2(x * scale * log2 e)
+  const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows of panel 0
+
+  for (int stage = 0; cur.entry < e_end; stage ^= 1) {
+    const RunCursor next = cur.next(L.entries, e_end);
+    if (next.entry < e_end) load_kv(next.tile, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async_shared();  // this thread's cp.async data -> the tensor cores' reads
+    __syncthreads();
+    const uint32_t k_addr = smem_addr(sK + stage * BN * D), v_addr = smem_addr(sV + stage * BN * D);
+
+    // S = Q K^T for the warpgroup's 64 rows x BN keys; step kk covers head-dim columns 16 kk .. +16
+    float s[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside a 128-byte panel row
+      const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
+      const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
+      wgmma_ss_m64n64k16<false, false>(s, da, db);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(s);
+
+    const TileEntry e = L.entries[cur.entry];
+    if (e.mask_count > 0) {
+      const int kbase = cur.tile * BN + 2 * (lane % 4);
+      uint32_t vis = 0;  // bit nb * 4 + c: element s[4 nb + c] is visible
+      for (int j = 0; j < e.mask_count; ++j) {
+        const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
+        uint32_t key_ok = 0;  // bit nb * 2 + (c & 1)
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            if (in_range(kbase + nb * 8 + c, sl.k0, sl.k1)) key_ok |= 1u << (nb * 2 + c);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (!in_range(tok[h], sl.q0, sl.q1)) continue;
+#pragma unroll
+          for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              if ((key_ok >> (nb * 2 + c) & 1u) && in_range(tok[h] - (kbase + nb * 8 + c), sl.dmin, sl.dmax))
+                vis |= 1u << (nb * 4 + 2 * h + c);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i)
+        if (!(vis >> i & 1u)) s[i] = -INFINITY;
+    }
+
+    // online softmax; rows are shared by the 4 lanes of a quad
+    bool rescale = false;
+    float corrs[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int nb = 0; nb < BN / 8; ++nb) mx = fmaxf(mx, fmaxf(s[4 * nb + 2 * h], s[4 * nb + 2 * h + 1]) * sl2);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: keep exp2 finite
+      const float corr = exp2_fast(m[h] - base);
+      m[h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nb = 0; nb < BN / 8; ++nb) {
+        s[4 * nb + 2 * h] = exp2_fast(fmaf(s[4 * nb + 2 * h], sl2, -base));
+        s[4 * nb + 2 * h + 1] = exp2_fast(fmaf(s[4 * nb + 2 * h + 1], sl2, -base));
+        sum += s[4 * nb + 2 * h] + s[4 * nb + 2 * h + 1];
+      }
+      l[h] = l[h] * corr + sum;
+      corrs[h] = corr;
+      rescale |= corr != 1.f;
+    }
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[4 * j + c] *= corrs[c / 2];
+    }
+
+    // O += P V: k16 step kk takes keys 16 kk .. +16 (accumulator blocks 2 kk and 2 kk + 1 as A)
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    wgmma_fence_operands(pa);
+    __syncthreads();  // the next iteration's prefetch overwrites this stage
+    cur = next;
+  }
+  cp_async_wait<0>();
+
+  auto* out = static_cast<__nv_bfloat16*>(p.o);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (row[h] >= valid_rows || tok[h] >= args.q_rows) continue;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int head = kvh * G + row[h] % G;
+    __nv_bfloat16* dst = out + tok[h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+    // natural-log LSE = max * ln 2 + ln(sum) with max kept in base-2 units
+    if (lane % 4 == 0)
+      p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = sum > 0.f ? m[h] * kLn2 + logf(sum) : -INFINITY;
+  }
+}
+
+template <int D>
+void launch_fwd_wgmma(const FwdArgs& a, cudaStream_t stream) {
+  using S = FwdWgmmaShape<D>;
+  const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
+  if (blocks == 0) return;
+  check_cuda(cudaFuncSetAttribute(attention_fwd_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
+             "attention_forward: shared memory limit");
+  attention_fwd_wgmma_kernel<D><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
+  check_cuda(cudaGetLastError(), "attention_forward: launch");
+}
+
+}  // namespace treecp::cuda::detail

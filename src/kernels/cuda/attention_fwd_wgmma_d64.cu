@@ -1,0 +1,6 @@
+// wgmma forward kernel instantiated for head dim 64 (one translation unit per instantiation).
+#include "kernels/cuda/attention_fwd_wgmma.cuh"
+
+namespace treecp::cuda::detail {
+void launch_fwd_wgmma_d64(const FwdArgs& a, cudaStream_t stream) { launch_fwd_wgmma<64>(a, stream); }
+}  // namespace treecp::cuda::detail
