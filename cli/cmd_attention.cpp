@@ -22,9 +22,6 @@
 #include "runtime/redistribute.hpp"
 #include "tree/row.hpp"
 
-#ifdef TREECP_HAVE_MPI
-#include "comm/mpi_communicator.hpp"
-#endif
 
 namespace treecp::cli {
 namespace {
@@ -218,10 +215,8 @@ int attention_cmd(const std::vector<std::string>& argv) {
   if (ranks == 1) {
     files = dtype == DType::F64 ? compute<double>(in) : compute<float>(in);
   } else {
-#ifdef TREECP_HAVE_MPI
-    MpiSession session;
-    const std::unique_ptr<Communicator> comm = make_world_communicator();
-    require(comm->size() == ranks, "--ranks ", ranks, " but ", comm->size(), " processes were started");
+    RankGroup group(ranks);
+    Communicator* comm = &group.comm();
     costs.shape.hq = in.hq;
     costs.shape.hkv = in.hkv;
     costs.shape.d = in.d;
@@ -231,9 +226,6 @@ int attention_cmd(const std::vector<std::string>& argv) {
     files = dtype == DType::F64 ? compute_cp<double>(in, *comm, plan) : compute_cp<float>(in, *comm, plan);
     how = std::to_string(ranks) + " ranks, " + plan.layout + " plan with " + std::to_string(plan.num_waves) + " waves";
     if (comm->rank() != 0) return 0;
-#else
-    fail("--ranks needs MPI, but this treecp was built without it");
-#endif
   }
 
   std::error_code ec;

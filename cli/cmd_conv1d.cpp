@@ -12,9 +12,6 @@
 #include "launcher.hpp"
 #include "runtime/conv_cp.hpp"
 #include "tree/row.hpp"
-#ifdef TREECP_HAVE_MPI
-#include "comm/mpi_communicator.hpp"
-#endif
 
 namespace treecp::cli {
 namespace {
@@ -103,14 +100,8 @@ int conv1d_main(const std::vector<std::string>& argv) {
   if (ranks > 1 && !started_under_mpi()) load_inputs(args);
   if (int rc = 0; relaunch_under_mpi("conv1d", static_cast<int>(ranks), argv, &rc)) return rc;
 
-#ifdef TREECP_HAVE_MPI
-  std::unique_ptr<MpiSession> session;
-  if (started_under_mpi()) session = std::make_unique<MpiSession>();
-  std::unique_ptr<Communicator> comm = make_world_communicator();
-#else
-  std::unique_ptr<Communicator> comm = make_self_communicator();
-#endif
-  require(comm->size() == ranks, "--ranks ", ranks, " but ", comm->size(), " processes were started");
+  RankGroup group(ranks);
+  Communicator* comm = &group.comm();
   ConvInputs in;
   std::string error;
   try {

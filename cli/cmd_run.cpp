@@ -30,9 +30,6 @@
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 
-#ifdef TREECP_HAVE_MPI
-#include "comm/mpi_communicator.hpp"
-#endif
 
 namespace treecp::cli {
 namespace {
@@ -289,14 +286,8 @@ int run_main(const std::vector<std::string>& argv) {
   opt.chunk_tokens = args.get_int_or("--chunk", 0);
   PlanReport report;
 
-  std::unique_ptr<Communicator> comm;
-#ifdef TREECP_HAVE_MPI
-  MpiSession session;
-  comm = make_world_communicator();
-#else
-  comm = make_self_communicator();
-#endif
-  require(comm->size() == ranks, "--ranks ", ranks, " but ", comm->size(), " processes were started");
+  RankGroup group(ranks);
+  Communicator* comm = &group.comm();
   const Plan plan = make_plan(row, comm->size(), costs, opt, &report);
   cfg.costs_path = costs_path;
   return dtype == "double" ? run_typed<double>(*comm, row, plan, report, cfg, source)

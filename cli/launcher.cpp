@@ -12,6 +12,10 @@
 
 #include "core/error.hpp"
 
+#ifdef TREECP_HAVE_MPI
+#include "comm/mpi_communicator.hpp"
+#endif
+
 extern char** environ;
 
 namespace treecp::cli {
@@ -52,6 +56,17 @@ bool relaunch_under_mpi(const std::string& command, int ranks, const std::vector
   *rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + (WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0);
   return true;
 #endif
+}
+
+RankGroup::RankGroup(int64_t ranks) {
+#ifdef TREECP_HAVE_MPI
+  if (started_under_mpi()) {
+    session_ = std::make_shared<MpiSession>();
+    comm_ = make_world_communicator();
+  }
+#endif
+  if (!comm_) comm_ = make_self_communicator();
+  require(comm_->size() == ranks, "--ranks ", ranks, " but ", comm_->size(), " processes were started");
 }
 
 }  // namespace treecp::cli

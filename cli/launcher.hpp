@@ -2,8 +2,12 @@
 // this same command under mpirun and wait for them.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "comm/communicator.hpp"
 
 namespace treecp::cli {
 
@@ -14,5 +18,17 @@ bool started_under_mpi();
 // `mpirun -np ranks <this executable> <command words> <argv...>`, stores its exit code in *rc and
 // returns true; otherwise returns false and the caller runs as a rank itself.
 bool relaunch_under_mpi(const std::string& command, int ranks, const std::vector<std::string>& argv, int* rc);
+
+// The ranks this process belongs to: under mpirun, MPI is initialised (and finalised when this goes
+// away) and comm() spans MPI_COMM_WORLD; otherwise a single rank. Throws unless there are `ranks`.
+class RankGroup {
+ public:
+  explicit RankGroup(int64_t ranks);
+  Communicator& comm() { return *comm_; }
+
+ private:
+  std::shared_ptr<void> session_;       // the MPI session, when there is one
+  std::unique_ptr<Communicator> comm_;  // declared last: released before the session finalises MPI
+};
 
 }  // namespace treecp::cli
