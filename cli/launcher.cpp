@@ -30,6 +30,7 @@ bool started_under_mpi() {
 bool relaunch_under_mpi(const std::string& command, int ranks, const std::vector<std::string>& argv, int* rc) {
   if (ranks <= 1 || started_under_mpi()) return false;
 #ifndef TREECP_HAVE_MPI
+  (void)command, (void)argv, (void)rc;
   fail("--ranks ", ranks, " needs MPI, but this treecp was built without it (install libopenmpi-dev and rebuild)");
 #else
   std::error_code ec;
