@@ -216,16 +216,18 @@ int attention_cmd(const std::vector<std::string>& argv) {
     files = dtype == DType::F64 ? compute<double>(in) : compute<float>(in);
   } else {
     RankGroup group(ranks);
-    Communicator* comm = &group.comm();
-    costs.shape.hq = in.hq;
-    costs.shape.hkv = in.hkv;
-    costs.shape.d = in.d;
-    costs.shape.dv = in.dv;
-    plan_options.window = in.window;
-    const Plan plan = make_plan(in.row, comm->size(), costs, plan_options);
-    files = dtype == DType::F64 ? compute_cp<double>(in, *comm, plan) : compute_cp<float>(in, *comm, plan);
-    how = std::to_string(ranks) + " ranks, " + plan.layout + " plan with " + std::to_string(plan.num_waves) + " waves";
-    if (comm->rank() != 0) return 0;
+    const bool writer = group.run([&](Communicator& comm) {
+      costs.shape.hq = in.hq;
+      costs.shape.hkv = in.hkv;
+      costs.shape.d = in.d;
+      costs.shape.dv = in.dv;
+      plan_options.window = in.window;
+      const Plan plan = make_plan(in.row, comm.size(), costs, plan_options);
+      files = dtype == DType::F64 ? compute_cp<double>(in, comm, plan) : compute_cp<float>(in, comm, plan);
+      how = std::to_string(ranks) + " ranks, " + plan.layout + " plan with " + std::to_string(plan.num_waves) + " waves";
+      return comm.rank() == 0 ? 1 : 0;  // rank 0 holds the gathered results and writes them
+    });
+    if (!writer) return 0;
   }
 
   std::error_code ec;

@@ -101,17 +101,19 @@ int conv1d_main(const std::vector<std::string>& argv) {
   if (int rc = 0; relaunch_under_mpi("conv1d", static_cast<int>(ranks), argv, &rc)) return rc;
 
   RankGroup group(ranks);
-  Communicator* comm = &group.comm();
-  ConvInputs in;
-  std::string error;
-  try {
-    in = load_inputs(args);
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  if (!comm->all_ok(error.empty())) fail(error.empty() ? "another rank could not read the inputs" : error);
-  return in.x.dtype == DType::F64 ? run_typed<double>(*comm, in, args.get_flag("--silu"), out_dir)
-                                  : run_typed<float>(*comm, in, args.get_flag("--silu"), out_dir);
+  return group.run([&](Communicator& world) {
+    Communicator* comm = &world;
+    ConvInputs in;
+    std::string error;
+    try {
+      in = load_inputs(args);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (!comm->all_ok(error.empty())) fail(error.empty() ? "another rank could not read the inputs" : error);
+    return in.x.dtype == DType::F64 ? run_typed<double>(*comm, in, args.get_flag("--silu"), out_dir)
+                                    : run_typed<float>(*comm, in, args.get_flag("--silu"), out_dir);
+  });
 }
 
 const Register kConv1d("conv1d",

@@ -143,18 +143,20 @@ int gdn_main(const std::vector<std::string>& argv) {
   if (int rc = 0; relaunch_under_mpi("gdn", static_cast<int>(ranks), argv, &rc)) return rc;
 
   RankGroup group(ranks);
-  Communicator* comm = &group.comm();
-  GdnInputs in;
-  std::string error;
-  try {
-    in = load_inputs(args);
-  } catch (const Error& e) {
-    error = e.what();
-  }
-  // Every rank reads the same files; agree before any collective so that a failure cannot hang.
-  if (!comm->all_ok(error.empty())) fail(error.empty() ? "another rank could not read the inputs" : error);
-  return in.f64 ? run_typed<double>(*comm, in, scale, static_cast<int>(chunk), out_dir)
-                : run_typed<float>(*comm, in, scale, static_cast<int>(chunk), out_dir);
+  return group.run([&](Communicator& world) {
+    Communicator* comm = &world;
+    GdnInputs in;
+    std::string error;
+    try {
+      in = load_inputs(args);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    // Every rank reads the same files; agree before any collective so that a failure cannot hang.
+    if (!comm->all_ok(error.empty())) fail(error.empty() ? "another rank could not read the inputs" : error);
+    return in.f64 ? run_typed<double>(*comm, in, scale, static_cast<int>(chunk), out_dir)
+                  : run_typed<float>(*comm, in, scale, static_cast<int>(chunk), out_dir);
+  });
 }
 
 const Register kGdn("gdn",

@@ -287,11 +287,13 @@ int run_main(const std::vector<std::string>& argv) {
   PlanReport report;
 
   RankGroup group(ranks);
-  Communicator* comm = &group.comm();
-  const Plan plan = make_plan(row, comm->size(), costs, opt, &report);
-  cfg.costs_path = costs_path;
-  return dtype == "double" ? run_typed<double>(*comm, row, plan, report, cfg, source)
-                           : run_typed<float>(*comm, row, plan, report, cfg, source);
+  return group.run([&](Communicator& world) {
+    Communicator* comm = &world;
+    const Plan plan = make_plan(row, comm->size(), costs, opt, &report);
+    cfg.costs_path = costs_path;
+    return dtype == "double" ? run_typed<double>(*comm, row, plan, report, cfg, source)
+                             : run_typed<float>(*comm, row, plan, report, cfg, source);
+  });
 }
 
 const Register kRun("run",

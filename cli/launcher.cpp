@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -68,6 +69,20 @@ RankGroup::RankGroup(int64_t ranks) {
 #endif
   if (!comm_) comm_ = make_self_communicator();
   require(comm_->size() == ranks, "--ranks ", ranks, " but ", comm_->size(), " processes were started");
+}
+
+int RankGroup::run(const std::function<int(Communicator&)>& body) {
+  try {
+    return body(*comm_);
+  } catch (const std::exception& e) {
+    if (comm_->size() <= 1) throw;
+    std::fprintf(stderr, "treecp: rank %d of %d: %s; aborting the job\n", comm_->rank(), comm_->size(), e.what());
+    std::fflush(stderr);
+#ifdef TREECP_HAVE_MPI
+    MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+    throw;
+  }
 }
 
 }  // namespace treecp::cli

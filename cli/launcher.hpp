@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,11 @@ class RankGroup {
  public:
   explicit RankGroup(int64_t ranks);
   Communicator& comm() { return *comm_; }
+
+  // Runs body(comm()) and returns its result. In a job of several ranks an error on one rank would
+  // leave the others waiting in a collective forever: the error is printed with its rank and the
+  // whole job is aborted (MPI_Abort) instead. With one rank the error propagates as usual.
+  int run(const std::function<int(Communicator&)>& body);
 
  private:
   std::shared_ptr<void> session_;       // the MPI session, when there is one
