@@ -576,3 +576,51 @@ TEST(PlanCli, PrintsEveryLayoutAndJson) {
 
 }  // namespace
 }  // namespace treecp
+
+namespace treecp {
+namespace {
+
+// tile_padded_area against counting the touched tiles one by one.
+TEST(Cost, TilePaddedAreaCountsEveryTouchedTile) {
+  std::mt19937_64 rng(17);
+  std::uniform_int_distribution<int64_t> pos(0, 40), d(-50, 50), tile(1, 9);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int64_t a = d(rng), b = d(rng);
+    const Slice s = make_slice(pos(rng), pos(rng) + 1 + pos(rng), pos(rng), pos(rng) + 1 + pos(rng), std::min(a, b),
+                               std::max(a, b) + 1);
+    const int64_t tq = tile(rng), tk = tile(rng);
+    int64_t expected = 0;
+    for (int64_t q0 = s.q_begin; q0 < s.q_end; q0 += tq) {
+      for (int64_t k0 = s.k_begin; k0 < s.k_end; k0 += tk) {
+        bool touched = false;
+        for (int64_t q = q0; q < std::min(q0 + tq, s.q_end); ++q) {
+          for (int64_t k = k0; k < std::min(k0 + tk, s.k_end); ++k) touched |= s.contains(q, k);
+        }
+        expected += touched ? tq * tk : 0;
+      }
+    }
+    ASSERT_EQ(tile_padded_area(s, tq, tk), expected) << to_string(s) << " tiles " << tq << "x" << tk;
+    EXPECT_GE(tile_padded_area(s, tq, tk), s.area());
+    EXPECT_EQ(tile_padded_area(s, 0, 0), s.area());
+  }
+}
+
+// The planner's prediction and simulate_plan's (from the Plan's own slices) price tiles the same way,
+// and small-segment rows cost more than their pairs once a tile is set.
+TEST(Cost, TiledPredictionMatchesSimulationOfThePlan) {
+  CostModel c;
+  c.tile_query_tokens = 32;
+  c.tile_key_tokens = 64;
+  for (int cp : {1, 2, 3}) {
+    const Row row = scale_row(make_preset("varied5k", cp, 4), 16);
+    PlanOptions opt;
+    opt.layout = "contiguous";
+    const Plan tiled = make_plan(row, cp, c, opt);
+    const Plan exact = make_plan(row, cp, CostModel{}, opt);
+    EXPECT_NEAR(simulate_plan(tiled, c).makespan_ms, tiled.predicted_makespan_ms, 1e-6 * tiled.predicted_makespan_ms);
+    EXPECT_GT(tiled.predicted_makespan_ms, exact.predicted_makespan_ms);
+  }
+}
+
+}  // namespace
+}  // namespace treecp

@@ -70,6 +70,8 @@ CostModel costs_from_json(const json::Value& v) {
   };
   const Integer integers[] = {
       {"underfill_pairs", &c.underfill_pairs},
+      {"tile_query_tokens", &c.tile_query_tokens},
+      {"tile_key_tokens", &c.tile_key_tokens},
       {"activation_bytes_per_token", &c.activation_bytes_per_token},
       {"memory_limit_bytes_per_rank", &c.memory_limit_bytes_per_rank},
   };
@@ -145,6 +147,8 @@ json::Value to_json(const CostModel& c) {
   v.set("remote_forward_pairs_per_ms", c.remote_forward_pairs_per_ms);
   v.set("local_backward_pairs_per_ms", c.local_backward_pairs_per_ms);
   v.set("remote_backward_pairs_per_ms", c.remote_backward_pairs_per_ms);
+  v.set("tile_query_tokens", c.tile_query_tokens);
+  v.set("tile_key_tokens", c.tile_key_tokens);
   v.set("stage_launch_ms", c.stage_launch_ms);
   v.set("merge_ms_per_query_token", c.merge_ms_per_query_token);
   v.set("range_ms", c.range_ms);
@@ -174,8 +178,10 @@ double stage_ms(const CostModel& c, const StageLoad& s, bool remote, Pass pass) 
   const double throughput = pass == Pass::Forward
                                 ? (remote ? c.remote_forward_pairs_per_ms : c.local_forward_pairs_per_ms)
                                 : (remote ? c.remote_backward_pairs_per_ms : c.local_backward_pairs_per_ms);
+  // The kernel computes whole tiles: price the padded pairs when they are known.
+  const int64_t computed = std::max(s.pairs, s.compute_pairs);
   double ms =
-      c.stage_launch_ms + static_cast<double>(s.pairs) / throughput + c.range_ms * static_cast<double>(s.ranges);
+      c.stage_launch_ms + static_cast<double>(computed) / throughput + c.range_ms * static_cast<double>(s.ranges);
   // The local stage writes the accumulators; every remote stage merges into them.
   if (remote) ms += c.merge_ms_per_query_token * static_cast<double>(s.query_tokens);
   if (c.underfill_pairs > 0 && s.pairs < c.underfill_pairs) {

@@ -2,8 +2,9 @@
 // transfer-cost function, and the forward/backward schedule simulator. The planner, the plan
 // simulator and every report call these; no other file prices a stage.
 //
-//   stage ms    = launch + pairs / pair throughput + merge x query tokens (remote stages)
+//   stage ms    = launch + computed pairs / pair throughput + merge x query tokens (remote stages)
 //                 + ranges x range cost + underfill x max(0, 1 - pairs / underfill pairs)
+//   computed pairs = the visible pairs, or with a kernel tile set, every tile the slices touch in full
 //   transfer ms = latency(src, dst) + max(bytes / link bandwidth,
 //                                         bytes out of src / rank bandwidth, bytes into dst / rank bandwidth)
 // docs/costs.md says where the default numbers come from.
@@ -43,6 +44,10 @@ struct CostModel {
   double remote_forward_pairs_per_ms = 2.03e7;
   double local_backward_pairs_per_ms = 8.33e6;
   double remote_backward_pairs_per_ms = 7.69e6;
+  // The kernel's tile in tokens (queries x keys): a stage's pair term counts every tile a slice touches
+  // in full (tile_padded_area). 0 = count exact pairs (the default until a GPU calibration sets it).
+  int64_t tile_query_tokens = 0;
+  int64_t tile_key_tokens = 0;
   double stage_launch_ms = 0.02;             // per non-empty stage
   double merge_ms_per_query_token = 1.0e-5;  // per query token a remote stage merges (fwd O/LSE, bwd dQ)
   double range_ms = 0.002;                   // per gathered/scattered range of a stage
@@ -75,8 +80,9 @@ enum class Pass { Forward, Backward };
 // What one stage of one rank does.
 struct StageLoad {
   int64_t pairs = 0;
-  int64_t query_tokens = 0;  // tokens of the owned query chunks the stage touches
-  int64_t ranges = 0;        // received ranges (remote stages) or owned ranges (local stage)
+  int64_t query_tokens = 0;   // tokens of the owned query chunks the stage touches
+  int64_t ranges = 0;         // received ranges (remote stages) or owned ranges (local stage)
+  int64_t compute_pairs = 0;  // pairs the tiled kernel computes (tile_padded_area); 0 means = pairs
 };
 
 // THE stage cost. An empty stage (no pairs) costs nothing.

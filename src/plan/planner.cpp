@@ -142,6 +142,7 @@ Evaluator::Evaluator(const WorkMatrix& w, const CostModel& c, int cp)
     : w_(w), c_(c), cp_(cp), n_(w.num_chunks()), links_(c, cp) {
   require(cp >= 1, "cp must be >= 1, got ", cp);
   need_.assign(n_, 0);
+  need_compute_.assign(n_, 0);
   wave_.assign(n_, -1);
   loads_.resize(cp);
 }
@@ -194,15 +195,17 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
         const int32_t k = w_.col[e];
         if (owner[k] == r) {
           l.local.pairs += w_.pairs[e];
+          l.local.compute_pairs += w_.compute[e];
           continue;
         }
         if (need_[k] == 0) touched_.push_back(k);
         need_[k] += w_.pairs[e];
+        need_compute_[k] += w_.compute[e];
         remote += w_.pairs[e];
       }
     }
     if (remote > 0 && waves == 0) {
-      for (int32_t k : touched_) need_[k] = 0;
+      for (int32_t k : touched_) need_[k] = need_compute_[k] = 0;
       res.valid = false;
       res.fits_memory = false;
       res.prediction.makespan_ms = 1e300;
@@ -229,6 +232,7 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
       fetch_.push_back({k, wave});
       StageLoad& s = l.waves[wave];
       s.pairs += need_[k];
+      s.compute_pairs += need_compute_[k];
       const int32_t src = owner[k];
       // A new range unless the previous key chunk came from the same owner in the same wave.
       if (k == 0 || wave_[k - 1] != wave || owner[k - 1] != src) s.ranges++;
@@ -252,7 +256,7 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
       }
     }
     for (int32_t k : touched_) {
-      need_[k] = 0;
+      need_[k] = need_compute_[k] = 0;
       wave_[k] = -1;
     }
   }
@@ -374,12 +378,21 @@ Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
     require(rp.stages.size() == waves + 1, "simulate_plan: rank ", r, " has ", rp.stages.size(), " stages");
     RankLoad& l = loads[r];
     l.owned_tokens = rp.owned_tokens();
-    l.local = {rp.stages[0].pairs, l.owned_tokens, static_cast<int64_t>(rp.owned.size())};
+    auto computed = [&costs](const Stage& st) {
+      int64_t sum = 0;
+      for (const Slice& sl : st.slices) sum += tile_padded_area(sl, costs.tile_query_tokens, costs.tile_key_tokens);
+      return sum;
+    };
+    l.local.pairs = rp.stages[0].pairs;
+    l.local.compute_pairs = computed(rp.stages[0]);
+    l.local.query_tokens = l.owned_tokens;
+    l.local.ranges = static_cast<int64_t>(rp.owned.size());
     l.waves.resize(waves);
     for (size_t w = 0; w < waves; ++w) {
       const Stage& st = rp.stages[w + 1];
       StageLoad& s = l.waves[w];
       s.pairs = st.pairs;
+      s.compute_pairs = computed(st);
       for (size_t p = 0; p < st.recv.size(); ++p) {
         s.ranges += static_cast<int64_t>(st.recv[p].size());
         for (const TokenRange& t : st.recv[p]) traffic[w][p * cp + r] += t.size();
@@ -636,8 +649,9 @@ Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions
 
   const std::vector<Slice> slices = row_slices(row, options.window);
   const int64_t chunk = options.chunk_tokens > 0 ? options.chunk_tokens : default_chunk_tokens(row.tokens(), cp);
-  const WorkMatrix common = build_work_matrix(slices, make_chunk_bounds(row, chunk));
-  const WorkMatrix perdoc = build_work_matrix(slices, perdoc_chunk_bounds(row, cp, options.perdoc_min_piece));
+  const int64_t tq = costs.tile_query_tokens, tk = costs.tile_key_tokens;
+  const WorkMatrix common = build_work_matrix(slices, make_chunk_bounds(row, chunk), tq, tk);
+  const WorkMatrix perdoc = build_work_matrix(slices, perdoc_chunk_bounds(row, cp, options.perdoc_min_piece), tq, tk);
   Evaluator ev_common(common, costs, cp), ev_perdoc(perdoc, costs, cp);
   int evaluations = 0, moves = 0;
   Search on_common(ev_common, options, evaluations), on_perdoc(ev_perdoc, options, evaluations);

@@ -100,6 +100,7 @@ class Evaluator {
   Links links_;
   // Scratch of one entry per chunk (never cp x chunks): memory stays O(chunks) at any rank count.
   std::vector<int64_t> need_;
+  std::vector<int64_t> need_compute_;  // need_'s tile-padded pairs
   std::vector<int32_t> wave_, touched_, by_rank_;
   std::vector<int64_t> by_rank_start_;
   std::vector<Fetch> fetch_;  // per rank, sorted by chunk: [fetch_start_[r], fetch_start_[r + 1])

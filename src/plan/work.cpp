@@ -82,7 +82,22 @@ int32_t chunk_of(const std::vector<int64_t>& bounds, int64_t pos) {
   return static_cast<int32_t>(std::upper_bound(bounds.begin(), bounds.end(), pos) - bounds.begin()) - 1;
 }
 
-WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64_t> bounds) {
+int64_t tile_padded_area(const Slice& s, int64_t tile_q, int64_t tile_k) {
+  if (tile_q <= 0 || tile_k <= 0 || s.empty()) return s.area();
+  int64_t total = 0;
+  for (int64_t a = s.q_begin; a < s.q_end; a += tile_q) {
+    const int64_t b = std::min(s.q_end, a + tile_q);
+    // Keys rows [a, b) see: q - diag_max < k <= q - diag_min, inside the slice.
+    const int64_t lo = std::max(s.k_begin, a - s.diag_max + 1), hi = std::min(s.k_end, b - s.diag_min);
+    if (hi <= lo) continue;
+    const int64_t key_tiles = (hi - 1 - s.k_begin) / tile_k - (lo - s.k_begin) / tile_k + 1;
+    total += tile_q * tile_k * key_tiles;
+  }
+  return total;
+}
+
+WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64_t> bounds, int64_t tile_q,
+                             int64_t tile_k) {
   require(bounds.size() >= 1 && bounds.front() == 0, "work matrix: chunk bounds must start at 0");
   for (size_t i = 1; i < bounds.size(); ++i) {
     require(bounds[i] > bounds[i - 1], "work matrix: chunk bounds must increase strictly (at ", i, ")");
@@ -92,7 +107,7 @@ WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64
   const int32_t n = w.num_chunks();
   struct Entry {
     int32_t q, k;
-    int64_t pairs;
+    int64_t pairs, compute;
   };
   std::vector<Entry> entries;
   entries.reserve(slices.size() * 4);
@@ -116,8 +131,9 @@ WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64
       if (kb <= ka) continue;
       const int32_t j0 = near(ka, k_hint), j1 = kb <= w.bounds[j0 + 1] ? j0 : chunk_of(w.bounds, kb - 1);
       for (int32_t j = j0; j <= j1; ++j) {
-        const int64_t a = cut_slice(s, qa, qb, w.bounds[j], w.bounds[j + 1]).area();
-        if (a > 0) entries.push_back({i, j, a});
+        const Slice piece = cut_slice(s, qa, qb, w.bounds[j], w.bounds[j + 1]);
+        const int64_t a = piece.area();
+        if (a > 0) entries.push_back({i, j, a, tile_padded_area(piece, tile_q, tile_k)});
       }
     }
   }
@@ -134,15 +150,20 @@ WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64
   w.q_weight.assign(n, 0);
   w.col.reserve(sorted.size());
   w.pairs.reserve(sorted.size());
+  w.compute.reserve(sorted.size());
   for (int32_t i = 0; i < n; ++i) {
     auto first = sorted.begin() + start[i], last = sorted.begin() + start[i + 1];
     std::sort(first, last, [](const Entry& a, const Entry& b) { return a.k < b.k; });
     for (auto e = first; e != last;) {
       const int32_t k = e->k;
-      int64_t sum = 0;
-      for (; e != last && e->k == k; ++e) sum += e->pairs;
+      int64_t sum = 0, compute = 0;
+      for (; e != last && e->k == k; ++e) {
+        sum += e->pairs;
+        compute += e->compute;
+      }
       w.col.push_back(k);
       w.pairs.push_back(sum);
+      w.compute.push_back(compute);
       w.row_start[i + 1]++;
       w.q_weight[i] += sum;
       w.total_pairs += sum;

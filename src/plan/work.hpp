@@ -36,6 +36,7 @@ struct WorkMatrix {
   std::vector<int64_t> row_start;  // size n + 1
   std::vector<int32_t> col;        // key chunk of each entry
   std::vector<int64_t> pairs;      // visible pairs of each entry (> 0)
+  std::vector<int64_t> compute;    // pairs a tiled kernel computes for the entry (>= pairs; = pairs untiled)
   std::vector<int64_t> q_weight;   // row sums: the attention pairs of each query chunk
   int64_t total_pairs = 0;
 
@@ -45,8 +46,15 @@ struct WorkMatrix {
   int64_t nonzeros() const { return static_cast<int64_t>(col.size()); }
 };
 
-// W for the given bounds from a row's slices (row_slices). Throws if a slice leaves the bounds.
-WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64_t> bounds);
+// The pairs a kernel computes for a slice when it tiles the slice's queries by `tile_q` tokens and its
+// keys by `tile_k` from the slice's own start and computes every tile it touches in full: small or
+// triangular slices cost more than their area. tile_q or tile_k <= 0: the exact area.
+int64_t tile_padded_area(const Slice& s, int64_t tile_q, int64_t tile_k);
+
+// W for the given bounds from a row's slices (row_slices), with `compute` from tile_padded_area of each
+// slice's piece in the entry. Throws if a slice leaves the bounds.
+WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64_t> bounds, int64_t tile_q = 0,
+                             int64_t tile_k = 0);
 
 // Index of the chunk holding token `pos` (bounds sorted, pos in [bounds.front(), bounds.back())).
 int32_t chunk_of(const std::vector<int64_t>& bounds, int64_t pos);
