@@ -21,7 +21,8 @@
 
 #include "core/error.hpp"
 #include "kernels/cuda/attention.hpp"
-#include "kernels/cuda/attention_bwd_wgmma.cuh"  // the timing-only backward without dQ adds
+#include "kernels/cuda/attention_bwd_wgmma.cuh"  // the timing-only backward without dQ adds, the variants
+#include "kernels/cuda/attention_fwd_wgmma.cuh"  // the forward's barrier variants
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
@@ -90,7 +91,7 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -260,6 +261,15 @@ int main(int argc, char** argv) {
       r.fwd16_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
       fp.rows_per_warp = 32;
       r.fwd32_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
+      {
+        // the wgmma forward's barrier variants (attention_fwd_wgmma.cuh), kTwo twice for the spread
+        using treecp::cuda::detail::FwdBarriers;
+        const treecp::cuda::detail::FwdArgs fargs{fp, dplan.fwd, dplan.slices, static_cast<int32_t>(S),
+                                                  static_cast<int32_t>(S), kHq / kHkv};
+        r.fwd_two_ms = time_ms(reps, [&] { treecp::cuda::detail::launch_fwd_wgmma<kD, FwdBarriers::kTwo>(fargs, nullptr); });
+        r.fwd_one_ms = time_ms(reps, [&] { treecp::cuda::detail::launch_fwd_wgmma<kD, FwdBarriers::kOne>(fargs, nullptr); });
+        r.fwd_two2_ms = time_ms(reps, [&] { treecp::cuda::detail::launch_fwd_wgmma<kD, FwdBarriers::kTwo>(fargs, nullptr); });
+      }
       fp.mainloop = Mainloop::kDefault;  // the default, used below
       fp.rows_per_warp = 0;
       r.fwd_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
@@ -301,6 +311,18 @@ int main(int argc, char** argv) {
           check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
           treecp::cuda::detail::launch_bwd_wgmma<kD, false>(args, nullptr);
         });
+        // the overlap variants of the same kernel (attention_bwd_wgmma.cuh), kNone twice for the spread
+        using treecp::cuda::detail::BwdOverlap;
+        auto time_variant = [&](auto variant) {
+          return time_ms(reps, [&] {
+            check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+            check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+            treecp::cuda::detail::launch_bwd_wgmma<kD, true, decltype(variant)::value>(args, nullptr);
+          });
+        };
+        r.bwd_none_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kNone>{});
+        r.bwd_dkv_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kDkv>{});
+        r.bwd_none2_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kNone>{});
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
       for (void* p : {q, k, v, o, d_o}) cudaFree(p);
@@ -334,6 +356,13 @@ int main(int argc, char** argv) {
     for (const Result& r : results)
       std::printf("  %-12s bwd %.3f ms (incl. dsum + zeroing); bwd kernel (+ dK/dV zeroing) %.3f ms, the same without dQ adds %.3f ms\n",
                   r.preset.c_str(), r.bwd_ms, r.bwd_kernel_ms, r.bwd_nodq_ms);
+    std::printf("\nwgmma forward kernel by barrier variant, ms: kTwo / kOne / kTwo again\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f / %.3f / %.3f\n", r.preset.c_str(), r.fwd_two_ms, r.fwd_one_ms, r.fwd_two2_ms);
+    std::printf("\nwgmma backward kernel (+ dK/dV zeroing) by overlap variant, ms: kNone / kDkv / kDkvDq / kNone again\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f\n", r.preset.c_str(), r.bwd_none_ms, r.bwd_dkv_ms, r.bwd_kernel_ms,
+                  r.bwd_none2_ms);
     for (const Result& r : results)
       if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3)) {
         std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e)\n", r.preset.c_str(), r.err_o, r.err_lse);

@@ -10,9 +10,17 @@
 
 #include "core/error.hpp"
 #include "cuda_test_util.hpp"
+#include "kernels/cuda/launch.hpp"
 #include "tree/slice.hpp"
 
 namespace treecp::cuda::test {
+
+// tests/cuda/wgmma_variants.cu: the wgmma kernels' variants, launched directly
+int fwd_wgmma_variant_count();
+void launch_fwd_wgmma_variant(const detail::FwdArgs& a, int head_dim, int variant);
+int bwd_wgmma_variant_count();
+void launch_bwd_wgmma_variant(const detail::BwdArgs& a, int variant);
+
 namespace {
 
 constexpr double kTol = 1e-2;  // bf16 storage: relative error (norm-wise) of every output
@@ -132,6 +140,17 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
   fp.hkv = c.hkv;
   fp.head_dim = c.d;
   fp.scale = static_cast<float>(scale);
+  // every barrier variant of the wgmma forward, launched directly
+  const detail::FwdArgs fargs{fp, dplan.fwd, dplan.slices, static_cast<int32_t>(S), static_cast<int32_t>(S),
+                              c.hq / c.hkv};
+  for (int variant = 0; variant < fwd_wgmma_variant_count(); ++variant) {
+    o.poison();
+    lse.poison();
+    launch_fwd_wgmma_variant(fargs, c.d, variant);
+    check_cuda(cudaDeviceSynchronize(), "forward variant");
+    EXPECT_LT(rel_error(bf16_to_double(o.download()), ref.o), kTol) << "barrier variant " << variant;
+    EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3) << "barrier variant " << variant;
+  }
   using Mainloop = AttentionForwardParams::Mainloop;
   // every forward path: wgmma, mma.sync with 16 and 32 rows per warp; the last one feeds the backward
   const std::pair<Mainloop, int> variants[] = {{Mainloop::kWgmma, 0}, {Mainloop::kMmaSync, 16}, {Mainloop::kMmaSync, 32}};
@@ -197,6 +216,21 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
     EXPECT_LT(rel_error(std::vector<float>(all.begin() + 2, all.end()), rb.dq), kTol) << "dQ 8-byte aligned";
     EXPECT_LT(rel_error(dk.download(), rb.dk), kTol) << "dQ 8-byte aligned";
     EXPECT_LT(rel_error(dv.download(), rb.dv), kTol) << "dQ 8-byte aligned";
+    // every overlap variant of the wgmma backward (Dsum is ready from the calls above)
+    bp.dq = dq.ptr;
+    bp.dsum_ready = true;
+    const detail::BwdArgs args{bp, dplan.bwd, dplan.slices, static_cast<int32_t>(S), static_cast<int32_t>(S),
+                               c.hq / c.hkv};
+    for (int variant = 0; variant < bwd_wgmma_variant_count(); ++variant) {
+      dq.zero();
+      dk.zero();
+      dv.zero();
+      launch_bwd_wgmma_variant(args, variant);
+      check_cuda(cudaDeviceSynchronize(), "backward variant");
+      EXPECT_LT(rel_error(dq.download(), rb.dq), kTol) << "overlap variant " << variant;
+      EXPECT_LT(rel_error(dk.download(), rb.dk), kTol) << "overlap variant " << variant;
+      EXPECT_LT(rel_error(dv.download(), rb.dv), kTol) << "overlap variant " << variant;
+    }
   }
 }
 

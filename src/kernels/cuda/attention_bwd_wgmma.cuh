@@ -9,7 +9,8 @@
 //   dK  += dS^T Q    m64nDk16, dS^T from registers, Q MN-major from shared memory
 //   dQ   = dS K      m64n64k16 per warpgroup (half of D each), dS^T and K both MN-major in shared memory,
 //                    added to fp32 dQ with red.global.add.v2.f32 (staging dQ in shared memory for the copy
-//                    engine's bulk reductions, as FA3 does, measured 1-2% slower here: docs/benchmarks-gpu.md)
+//                    engine's bulk reductions, as FA3 does, measured 1-2% slower here: docs/benchmarks-gpu.md);
+//                    by default those adds are issued under the next step's S^T / dP^T (BwdOverlap below)
 // The accumulator layouts equal attention_bwd.cuh's per-warp fragments (warp w of the block holds keys
 // 16 w .. 16 w + 15), so visibility and the softmax gradient are the same code. Head dim 128 only
 // (the dQ split gives each warpgroup one 64-column panel); head dim 64 keeps the mma.sync kernel.
@@ -31,11 +32,21 @@ struct BwdWgmmaShape {
   static_assert(D == 128 && kRows == 64 && kKeys == 128, "wgmma backward: 128 keys x 64 rows, head dim 128");
 };
 
+// How much of a query step overlaps the next one (each level includes the one before):
+//   kNone  every wgmma is waited for before its results' consumer, and dV / dK before the dS^T barrier
+//   kDkv   dV += P^T dO and dK += dS^T Q stay in flight across the dS^T barrier and the dQ GEMM's issue;
+//          the Q / dO prefetch moves behind the step's first barrier so that it cannot overwrite the stage
+//          the other warpgroup's dV / dK still read
+//   kDkvDq also the dQ reductions of step n are issued after step n + 1's S^T / dP^T GEMMs
+enum class BwdOverlap { kNone, kDkv, kDkvDq };
+constexpr BwdOverlap kBwdOverlap = BwdOverlap::kDkvDq;  // the default, by measurement (docs/benchmarks-gpu.md)
+
 // kAddDq = false drops the dQ reduction (wrong dQ): timing-only, as in attention_bwd.cuh.
-template <int D, bool kAddDq = true>
+template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap>
 __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_wgmma_kernel(const BwdArgs args) {
   using S = BwdWgmmaShape<D>;
   constexpr int BM = S::kRows, BN = S::kKeys;
+  constexpr bool kAccZero = kOverlap == BwdOverlap::kNone;  // accumulators zeroed by moves (the kNone form)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr));
@@ -95,14 +106,57 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   const int key_lo = k0 + warp * 16 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
   const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
   float* dq = p.dq;
+  // dQ of one step (warpgroup wg: head-dim columns 64 wg .. +64 of all BM rows), added to global dQ
+  float acc[32];
+  // kDkvDq: scale dS K of the previous step, whose reductions are still to be issued (a copy made after the
+  // wait: ptxas would otherwise wait for the next GEMMs before reading registers a wgmma defined)
+  float pend[32];
+  auto add_dq = [&](int t0) {
+    if constexpr (kOverlap == BwdOverlap::kDkvDq) {
+      // predicated, branch-free: this runs while the step's S^T / dP^T GEMMs are in flight
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
+        const int t = t0 + r / G;
+        const bool ok = t0 >= 0 && r < valid_rows && t < args.q_rows;
+        float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          red_add_f32x2_if(ok && (kAddDq || pend[4 * j + 2 * h] == 1234.5f), dst + j * 8, pend[4 * j + 2 * h],
+                           pend[4 * j + 2 * h + 1]);
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
+        const int t = t0 + r / G;
+        if (r >= valid_rows || t >= args.q_rows) continue;
+        float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if constexpr (kAddDq) red_add_f32x2(dst + j * 8, acc[4 * j + 2 * h] * p.scale, acc[4 * j + 2 * h + 1] * p.scale);
+          else if (acc[4 * j + 2 * h] == 1234.5f) dst[j * 8] = 0.f;  // keeps the dQ GEMM alive
+      }
+    }
+  };
+  int pending_dq_t0 = -1;  // kDkvDq: first token of the query tile whose dQ (acc) is still to be added
 
   for (int stage = 0; cur.entry < e_end; stage ^= 1) {
     const RunCursor next = cur.next(L.entries, e_end);
-    if (next.entry < e_end) load_q(next.tile, stage ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
+    if constexpr (kOverlap == BwdOverlap::kNone) {
+      if (next.entry < e_end) load_q(next.tile, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     fence_proxy_async_shared();
     __syncthreads();
+    if constexpr (kOverlap != BwdOverlap::kNone) {
+      // every thread finished the previous step (its dV / dK included), so stage ^ 1 is free
+      if (next.entry < e_end) load_q(next.tile, stage ^ 1);
+      cp_async_commit();
+    }
     const uint32_t q_addr = smem_addr(sQ + stage * BM * D), do_addr = smem_addr(sdO + stage * BM * D);
     const float* lse_s = sLse + stage * BM;
     const float* dsum_s = sDsum + stage * BM;
@@ -112,24 +166,30 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
     // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2)
+    // (past kNone the first k step overwrites the accumulators instead of adding to zeros)
     float st[BM / 2], dpt[BM / 2];
+    if constexpr (kOverlap == BwdOverlap::kNone) {
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) st[i] = dpt[i] = 0.f;
+      for (int i = 0; i < BM / 2; ++i) st[i] = dpt[i] = 0.f;
+    }
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;
       wgmma_ss_m64n64k16<false, false>(st, wgmma_desc(k_addr + (kk / 4) * BN * 128 + wg * 64 * 128 + off, 16, 1024),
-                                       wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024));
+                                       wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024), kAccZero || kk > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;
       wgmma_ss_m64n64k16<false, false>(dpt, wgmma_desc(v_addr + (kk / 4) * BN * 128 + wg * 64 * 128 + off, 16, 1024),
-                                       wgmma_desc(do_addr + (kk / 4) * BM * 128 + off, 16, 1024));
+                                       wgmma_desc(do_addr + (kk / 4) * BM * 128 + off, 16, 1024), kAccZero || kk > 0);
     }
     wgmma_commit();
+    if constexpr (kOverlap == BwdOverlap::kDkvDq) {
+      add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
+    }
 
     // visibility bits (while dP^T is still running)
     uint32_t vis = 0;
@@ -206,46 +266,54 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
       wgmma_rs_trans_b<D>(dk, da[kk], wgmma_desc(q_addr + kk * 16 * 128, BM * 128, 1024));
     }
     wgmma_commit();
-    // dV / dK must be complete before the barrier: after it, a warpgroup that runs ahead prefetches the
-    // next query tile into the Q / dO stage that the other one's dV / dK reads now hold (two stages)
-    wgmma_wait<0>();
-    wgmma_fence_operands(dv);
-    wgmma_fence_operands(dk);
-    wgmma_fence_operands(pa);
-    wgmma_fence_operands(da);
+    if constexpr (kOverlap == BwdOverlap::kNone) {
+      // dV / dK complete before the barrier: after it, a warpgroup that runs ahead prefetches the next
+      // query tile into the Q / dO stage that the other one's dV / dK reads now hold (two stages)
+      wgmma_wait<0>();
+      wgmma_fence_operands(dv);
+      wgmma_fence_operands(dk);
+      wgmma_fence_operands(pa);
+      wgmma_fence_operands(da);
+    }
     fence_proxy_async_shared();  // dS^T stores -> the dQ wgmma
     __syncthreads();             // dS^T complete
 
     // dQ = scale dS K: warpgroup wg takes head-dim columns 64 wg .. +64 of all BM rows; A = dS^T
     // (keys x rows, MN-major), B = K (keys x D, MN-major); k16 step kk = keys 16 kk .. +16
-    float acc[32];
+    if constexpr (kAccZero) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+      for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+    }
     wgmma_fence();
     const uint32_t ds_addr = smem_addr(sdS);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
       wgmma_ss_m64n64k16<true, true>(acc, wgmma_desc(ds_addr + kk * 16 * 128, BN * 128, 1024),
-                                     wgmma_desc(k_addr + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024));
+                                     wgmma_desc(k_addr + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024),
+                                     kAccZero || kk > 0);
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<0>();  // dQ (and, past kNone, dV / dK: groups retire in order)
     wgmma_fence_operands(acc);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
-      const int t = t0 + r / G;
-      if (r >= valid_rows || t >= args.q_rows) continue;
-      float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if constexpr (kAddDq) red_add_f32x2(dst + j * 8, acc[4 * j + 2 * h] * p.scale, acc[4 * j + 2 * h + 1] * p.scale);
-        else if (acc[4 * j + 2 * h] == 1234.5f) dst[j * 8] = 0.f;  // keeps the dQ GEMM alive
+    if constexpr (kOverlap != BwdOverlap::kNone) {
+      wgmma_fence_operands(dv);
+      wgmma_fence_operands(dk);
+      wgmma_fence_operands(pa);
+      wgmma_fence_operands(da);
     }
-    // No barrier here: the next prefetch targets the other Q/dO stage, whose reads (this step's
-    // predecessor) all completed before this step's dS^T barrier, and the next dS^T goes to the other
-    // buffer, whose dQ reads every thread finished before the next step's first barrier.
+    if constexpr (kOverlap == BwdOverlap::kDkvDq) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) pend[i] = acc[i] * p.scale;
+      pending_dq_t0 = t0;
+    } else {
+      add_dq(t0);
+    }
+    // No barrier here: the next step's first barrier orders this step's reads of Q / dO (all waited for
+    // above) before the prefetch that reuses their stage (past kNone the prefetch sits behind that
+    // barrier; in kNone this step's dS^T barrier already orders them), and the next dS^T goes to the
+    // other buffer, whose dQ reads every thread finished before the next step's first barrier.
     cur = next;
   }
+  if constexpr (kOverlap == BwdOverlap::kDkvDq) add_dq(pending_dq_t0);
   cp_async_wait<0>();
 
   // This block is the only writer of its KV tile: plain read-add-write of fp32 dK, dV.
@@ -269,15 +337,15 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   }
 }
 
-template <int D, bool kAddDq = true>
+template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap>
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
   using S = BwdWgmmaShape<D>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  check_cuda(cudaFuncSetAttribute(attention_bwd_wgmma_kernel<D, kAddDq>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  S::kSmemBytes),
+  auto* kernel = attention_bwd_wgmma_kernel<D, kAddDq, kOverlap>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "attention_backward: shared memory limit");
-  attention_bwd_wgmma_kernel<D, kAddDq><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
+  kernel<<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
   check_cuda(cudaGetLastError(), "attention_backward: launch");
 }
 

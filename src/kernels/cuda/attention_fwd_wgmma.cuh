@@ -30,10 +30,20 @@ struct FwdWgmmaShape {
   static_assert(kRows % 64 == 0 && kKeys == 64, "wgmma forward: 64-row warpgroups, S of 64 keys (m64n64)");
 };
 
-template <int D>
+// Block barriers per 64-key tile:
+//   kTwo  prefetch the next K/V stage, wait for this one, barrier; ...; barrier (the next prefetch
+//         overwrites the stage this tile's P V read)
+//   kOne  wait for this stage, barrier, then prefetch the next one: the barrier also orders every
+//         thread's reads of the previous tile (its P V waited for) before the prefetch into that stage;
+//         and the first k step of S = Q K^T overwrites the accumulators instead of adding to zeros
+enum class FwdBarriers { kTwo, kOne };
+constexpr FwdBarriers kFwdBarriers = FwdBarriers::kOne;  // the default, by measurement (docs/benchmarks-gpu.md)
+
+template <int D, FwdBarriers kBarriers = kFwdBarriers>
 __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::kBlocksPerSm)
     attention_fwd_wgmma_kernel(const FwdArgs args) {
   using S = FwdWgmmaShape<D>;
+  constexpr bool kOne = kBarriers == FwdBarriers::kOne;
   constexpr int BM = S::kRows, BN = S::kKeys;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // round the dynamic shared-memory base up to the 1024-byte swizzle atom
@@ -91,24 +101,34 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
 
   for (int stage = 0; cur.entry < e_end; stage ^= 1) {
     const RunCursor next = cur.next(L.entries, e_end);
-    if (next.entry < e_end) load_kv(next.tile, stage ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
+    if constexpr (!kOne) {
+      if (next.entry < e_end) load_kv(next.tile, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     fence_proxy_async_shared();  // this thread's cp.async data -> the tensor cores' reads
     __syncthreads();
+    if constexpr (kOne) {
+      if (next.entry < e_end) load_kv(next.tile, stage ^ 1);
+      cp_async_commit();
+    }
     const uint32_t k_addr = smem_addr(sK + stage * BN * D), v_addr = smem_addr(sV + stage * BN * D);
 
     // S = Q K^T for the warpgroup's 64 rows x BN keys; step kk covers head-dim columns 16 kk .. +16
     float s[BN / 2];
+    if constexpr (!kOne) {
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+      for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+    }
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside a 128-byte panel row
       const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
       const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
-      wgmma_ss_m64n64k16<false, false>(s, da, db);
+      wgmma_ss_m64n64k16<false, false>(s, da, db, !kOne || kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -190,7 +210,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     wgmma_wait<0>();
     wgmma_fence_operands(o);
     wgmma_fence_operands(pa);
-    __syncthreads();  // the next iteration's prefetch overwrites this stage
+    if constexpr (!kOne) __syncthreads();  // the next iteration's prefetch overwrites this stage
     cur = next;
   }
   cp_async_wait<0>();
@@ -214,14 +234,15 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
   }
 }
 
-template <int D>
+template <int D, FwdBarriers kBarriers = kFwdBarriers>
 void launch_fwd_wgmma(const FwdArgs& a, cudaStream_t stream) {
   using S = FwdWgmmaShape<D>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  check_cuda(cudaFuncSetAttribute(attention_fwd_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
+  auto* kernel = attention_fwd_wgmma_kernel<D, kBarriers>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "attention_forward: shared memory limit");
-  attention_fwd_wgmma_kernel<D><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
+  kernel<<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
   check_cuda(cudaGetLastError(), "attention_forward: launch");
 }
 

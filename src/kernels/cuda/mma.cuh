@@ -69,6 +69,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b) : "memory");
 }
+// The same under a predicate, without a branch: ptxas serialises every wgmma of a kernel when a divergent
+// branch sits between a wgmma and its wait (warning C7518).
+__device__ __forceinline__ void red_add_f32x2_if(bool pred, float* dst, float a, float b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(dst),
+               "f"(a), "f"(b), "r"(static_cast<int>(pred))
+               : "memory");
+}
 
 // Copies `rows` rows of kCols bf16 from global (row r at src_row(r), nullptr = zeros) into a swizzled
 // tile, 16 bytes per thread per step. `base` is any valid global address (unread, for zero rows).
