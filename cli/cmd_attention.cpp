@@ -235,6 +235,12 @@ int attention_cmd(const std::vector<std::string>& argv) {
   require(!ec && std::filesystem::is_directory(out_dir), "--out: cannot create directory '", out_dir, "'",
           ec ? ": " + ec.message() : std::string());
   for (const auto& [name, bytes] : files) write_output((std::filesystem::path(out_dir) / name).string(), bytes);
+  // Outputs an earlier run left in DIR that this run does not produce (e.g. gradients of a run with
+  // --dout, now without) would be read as this run's: remove them.
+  for (const char* name : {"dq.npy", "dk.npy", "dv.npy", "dsink.npy"}) {
+    const bool written = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.first == name; });
+    if (!written) std::filesystem::remove(std::filesystem::path(out_dir) / name, ec);
+  }
   std::printf("attention: %lld tokens, Hq %lld, Hkv %lld, D %lld, Dv %lld, %s%s, %s: wrote %zu files to %s\n",
               static_cast<long long>(S), static_cast<long long>(hq), static_cast<long long>(hkv),
               static_cast<long long>(d), static_cast<long long>(dv), dtype_name(dtype),

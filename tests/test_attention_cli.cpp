@@ -121,6 +121,11 @@ TEST(AttentionCli, Float64ForwardBackwardWithWindowAndSink) {
   // the window and the sink were applied: without them the output differs
   const auto plain = c.library<double>(0, false, false);
   EXPECT_NE(plain.o[8 * kHq * kDv], want.o[8 * kHq * kDv]);
+  // a forward-only run into the same directory leaves no gradient of the earlier run behind
+  const CliRun again = run_cli(dir, c.inputs(dir) + " --out " + out);
+  ASSERT_EQ(again.status, 0) << again.log;
+  expect_array(out + "/o.npy", {kS, kHq, kDv}, DType::F64, plain.o, 0.0);
+  for (const char* stale : {"/dq.npy", "/dk.npy", "/dv.npy", "/dsink.npy"}) EXPECT_FALSE(fs::exists(out + stale)) << stale;
 }
 
 TEST(AttentionCli, Float32ForwardOnlyWithScale) {
