@@ -103,14 +103,7 @@ int conv1d_main(const std::vector<std::string>& argv) {
   RankGroup group(ranks);
   return group.run([&](Communicator& world) {
     Communicator* comm = &world;
-    ConvInputs in;
-    std::string error;
-    try {
-      in = load_inputs(args);
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    if (!comm->all_ok(error.empty())) fail(error.empty() ? "another rank could not read the inputs" : error);
+    const ConvInputs in = load_on_every_rank(*comm, [&] { return load_inputs(args); });
     return in.x.dtype == DType::F64 ? run_typed<double>(*comm, in, args.get_flag("--silu"), out_dir)
                                     : run_typed<float>(*comm, in, args.get_flag("--silu"), out_dir);
   });

@@ -145,15 +145,7 @@ int gdn_main(const std::vector<std::string>& argv) {
   RankGroup group(ranks);
   return group.run([&](Communicator& world) {
     Communicator* comm = &world;
-    GdnInputs in;
-    std::string error;
-    try {
-      in = load_inputs(args);
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    // Every rank reads the same files; agree before any collective so that a failure cannot hang.
-    if (!comm->all_ok(error.empty())) fail(error.empty() ? "another rank could not read the inputs" : error);
+    const GdnInputs in = load_on_every_rank(*comm, [&] { return load_inputs(args); });
     return in.f64 ? run_typed<double>(*comm, in, scale, static_cast<int>(chunk), out_dir)
                   : run_typed<float>(*comm, in, scale, static_cast<int>(chunk), out_dir);
   });

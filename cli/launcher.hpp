@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "core/error.hpp"
 
 namespace treecp::cli {
 
@@ -36,5 +37,20 @@ class RankGroup {
   std::shared_ptr<void> session_;       // the MPI session, when there is one
   std::unique_ptr<Communicator> comm_;  // declared last: released before the session finalises MPI
 };
+
+// Every rank reads the same input files with `load`; the ranks agree on the outcome before any other
+// collective, so a rank that cannot read them makes every rank fail with its message.
+template <class Load>
+auto load_on_every_rank(Communicator& comm, Load load) -> decltype(load()) {
+  decltype(load()) out{};
+  std::string error;
+  try {
+    out = load();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (!comm.all_ok(error.empty())) fail(error.empty() ? "another rank could not read the inputs" : error);
+  return out;
+}
 
 }  // namespace treecp::cli
