@@ -1,0 +1,94 @@
+// The .npy reader and writer: round trips in float32 and float64, and every refused file by name.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli_test_util.hpp"
+#include "core/error.hpp"
+#include "core/npy.hpp"
+
+namespace treecp {
+namespace {
+
+using testing::TempDir;
+using testing::write_file;
+
+// A version 1.0 file with the given header dict and raw data, as NumPy lays it out.
+std::string npy_file(const std::string& dict, const std::string& data) {
+  std::string header = dict;
+  const size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(header.size() & 0xFF);
+  out += static_cast<char>(header.size() >> 8);
+  return out + header + data;
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    load_npy(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Npy, RoundTripsFloat32AndFloat64) {
+  TempDir dir("treecp_npy");
+  const std::vector<double> values = {1.5, -2.25, 3.0e-300, 4.0, 5.5, -6.0};
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{6}, {2, 3}, {1, 2, 3}}) {
+    write_file(dir / "d.npy", npy_bytes(shape, values.data(), DType::F64));
+    const NpyArray d = load_npy(dir / "d.npy");
+    EXPECT_EQ(d.dtype, DType::F64);
+    EXPECT_EQ(d.shape, shape);
+    EXPECT_EQ(d.data, values);
+    const std::vector<float> f(values.begin(), values.end());
+    write_file(dir / "f.npy", npy_bytes(shape, f.data()));
+    const NpyArray a = load_npy(dir / "f.npy");
+    EXPECT_EQ(a.dtype, DType::F32);
+    EXPECT_EQ(a.shape, shape);
+    for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(a.data[i], static_cast<double>(f[i]));
+  }
+  // A header written the way NumPy writes it, 1-d tuple with its trailing comma.
+  const double two[2] = {7.0, 8.0};
+  write_file(dir / "np.npy", npy_file("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }",
+                                      std::string(reinterpret_cast<const char*>(two), 16)));
+  EXPECT_EQ(load_npy(dir / "np.npy").data, (std::vector<double>{7.0, 8.0}));
+}
+
+TEST(Npy, RefusesWhatItCannotReadByName) {
+  TempDir dir("treecp_npy_bad");
+  const std::string eight(8, '\0');
+  write_file(dir / "be.npy", npy_file("{'descr': '>f8', 'fortran_order': False, 'shape': (1,), }", eight));
+  EXPECT_NE(error_of(dir / "be.npy").find("'>f8' is not supported"), std::string::npos) << error_of(dir / "be.npy");
+  write_file(dir / "int.npy", npy_file("{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", eight));
+  EXPECT_NE(error_of(dir / "int.npy").find("'<i4' is not supported"), std::string::npos);
+  write_file(dir / "fo.npy", npy_file("{'descr': '<f8', 'fortran_order': True, 'shape': (1,), }", eight));
+  EXPECT_NE(error_of(dir / "fo.npy").find("Fortran-ordered"), std::string::npos);
+  write_file(dir / "short.npy", npy_file("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", eight));
+  EXPECT_NE(error_of(dir / "short.npy").find("does not match shape [2]"), std::string::npos);
+  write_file(dir / "magic.npy", "not an array");
+  EXPECT_NE(error_of(dir / "magic.npy").find("not a .npy file"), std::string::npos);
+  EXPECT_NE(error_of(dir / "missing.npy").find("cannot read file"), std::string::npos);
+  // every message names the file
+  EXPECT_NE(error_of(dir / "fo.npy").find("fo.npy"), std::string::npos);
+}
+
+TEST(Npy, ShapeCheckNamesTheArray) {
+  NpyArray a;
+  a.shape = {4, 2, 8};
+  try {
+    require_shape(a, "k", {4, 1, 8});
+    ADD_FAILURE() << "a wrong shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "k: expected shape [4, 1, 8], got [4, 2, 8]");
+  }
+}
+
+}  // namespace
+}  // namespace treecp
