@@ -22,7 +22,7 @@
 #include "core/error.hpp"
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/attention_bwd_wgmma.cuh"  // the timing-only backward without dQ adds, the variants
-#include "kernels/cuda/attention_fwd_wgmma.cuh"  // the forward's barrier variants
+#include "kernels/cuda/attention_fwd_wgmma.cuh"  // the forward's barrier and load variants
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
@@ -91,7 +91,7 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -262,13 +262,27 @@ int main(int argc, char** argv) {
       fp.rows_per_warp = 32;
       r.fwd32_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
       {
-        // the wgmma forward's barrier variants (attention_fwd_wgmma.cuh), kTwo twice for the spread
+        // the wgmma forward's variants (attention_fwd_wgmma.cuh), each timed twice for the spread:
+        // barriers kTwo / kOne with the generic loads, then kOne with per-thread loads
         using treecp::cuda::detail::FwdBarriers;
+        using treecp::cuda::detail::FwdLoads;
         const treecp::cuda::detail::FwdArgs fargs{fp, dplan.fwd, dplan.slices, static_cast<int32_t>(S),
                                                   static_cast<int32_t>(S), kHq / kHkv};
-        r.fwd_two_ms = time_ms(reps, [&] { treecp::cuda::detail::launch_fwd_wgmma<kD, FwdBarriers::kTwo>(fargs, nullptr); });
-        r.fwd_one_ms = time_ms(reps, [&] { treecp::cuda::detail::launch_fwd_wgmma<kD, FwdBarriers::kOne>(fargs, nullptr); });
-        r.fwd_two2_ms = time_ms(reps, [&] { treecp::cuda::detail::launch_fwd_wgmma<kD, FwdBarriers::kTwo>(fargs, nullptr); });
+        auto time_fwd = [&](auto b, auto l) {
+          return time_ms(reps, [&] {
+            treecp::cuda::detail::launch_fwd_wgmma<kD, decltype(b)::value, decltype(l)::value>(fargs, nullptr);
+          });
+        };
+        using Two = std::integral_constant<FwdBarriers, FwdBarriers::kTwo>;
+        using One = std::integral_constant<FwdBarriers, FwdBarriers::kOne>;
+        using Generic = std::integral_constant<FwdLoads, FwdLoads::kGeneric>;
+        using PerThread = std::integral_constant<FwdLoads, FwdLoads::kPerThread>;
+        r.fwd_two_ms = time_fwd(Two{}, Generic{});
+        r.fwd_one_ms = time_fwd(One{}, Generic{});
+        r.fwd_lean_ms = time_fwd(One{}, PerThread{});
+        r.fwd_two2_ms = time_fwd(Two{}, Generic{});
+        r.fwd_one2_ms = time_fwd(One{}, Generic{});
+        r.fwd_lean2_ms = time_fwd(One{}, PerThread{});
       }
       fp.mainloop = Mainloop::kDefault;  // the default, used below
       fp.rows_per_warp = 0;
@@ -356,9 +370,11 @@ int main(int argc, char** argv) {
     for (const Result& r : results)
       std::printf("  %-12s bwd %.3f ms (incl. dsum + zeroing); bwd kernel (+ dK/dV zeroing) %.3f ms, the same without dQ adds %.3f ms\n",
                   r.preset.c_str(), r.bwd_ms, r.bwd_kernel_ms, r.bwd_nodq_ms);
-    std::printf("\nwgmma forward kernel by barrier variant, ms: kTwo / kOne / kTwo again\n");
+    std::printf("\nwgmma forward kernel by variant, ms, in timing order: kTwo / kOne / kOne+kPerThread loads / kTwo again / "
+                "kOne again / kOne+kPerThread again (kTwo and kOne with the generic loads)\n");
     for (const Result& r : results)
-      std::printf("  %-12s %.3f / %.3f / %.3f\n", r.preset.c_str(), r.fwd_two_ms, r.fwd_one_ms, r.fwd_two2_ms);
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f / %.3f / %.3f\n", r.preset.c_str(), r.fwd_two_ms, r.fwd_one_ms,
+                  r.fwd_lean_ms, r.fwd_two2_ms, r.fwd_one2_ms, r.fwd_lean2_ms);
     std::printf("\nwgmma backward kernel (+ dK/dV zeroing) by overlap variant, ms: kNone / kDkv / kDkvDq / kNone again\n");
     for (const Result& r : results)
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f\n", r.preset.c_str(), r.bwd_none_ms, r.bwd_dkv_ms, r.bwd_kernel_ms,

@@ -39,7 +39,16 @@ struct FwdWgmmaShape {
 enum class FwdBarriers { kTwo, kOne };
 constexpr FwdBarriers kFwdBarriers = FwdBarriers::kOne;  // the default, by measurement (docs/benchmarks-gpu.md)
 
-template <int D, FwdBarriers kBarriers = kFwdBarriers>
+// K/V tile loads:
+//   kGeneric    load_panel_async: every 16-byte chunk recomputes its row, panel swizzle and 64-bit
+//               source address
+//   kPerThread  thread t always copies chunk t % (D/8) of rows t / (D/8) + j * (threads / (D/8)); that
+//               row step is a multiple of 8, so the swizzled shared offset is one per-thread constant
+//               plus j * step * 64 and the source one 64-bit multiply per tile plus j * step * stride
+enum class FwdLoads { kGeneric, kPerThread };
+constexpr FwdLoads kFwdLoads = FwdLoads::kPerThread;  // the default, by measurement (docs/benchmarks-gpu.md)
+
+template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads>
 __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::kBlocksPerSm)
     attention_fwd_wgmma_kernel(const FwdArgs args) {
   using S = FwdWgmmaShape<D>;
@@ -73,14 +82,34 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
   });
   const int e_end = L.offsets[tile + 1];
   RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
+  // kPerThread: this thread's chunk, first row and shared offset (element units) in every K/V tile
+  constexpr int kChunks = D / 8, kRowStep = S::kThreads / kChunks, kLoadIters = BN / kRowStep;
+  static_assert(S::kThreads % kChunks == 0 && BN % kRowStep == 0 && kRowStep % 8 == 0,
+                "kPerThread loads: whole rows per step, row step a multiple of the 8-row swizzle period");
+  const int ld_row = threadIdx.x / kChunks, ld_chunk = threadIdx.x % kChunks;
+  const uint32_t ld_smem = swz_panel(ld_row, ld_chunk * 8, BN);  // + j * kRowStep * 64 for row ld_row + j * kRowStep
   auto load_kv = [&](int kt, int stage) {
     const int k0 = kt * BN;
-    load_panel_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const __nv_bfloat16* {
-      return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
-    });
-    load_panel_async<D, S::kThreads>(sV + stage * BN * D, BN, v, [&](int r) -> const __nv_bfloat16* {
-      return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
-    });
+    if constexpr (kLoads == FwdLoads::kPerThread) {
+      const int r0 = k0 + ld_row;
+      const __nv_bfloat16* ks = k + static_cast<int64_t>(r0) * p.k_row_stride + kvh * p.k_head_stride + ld_chunk * 8;
+      const __nv_bfloat16* vs = v + static_cast<int64_t>(r0) * p.v_row_stride + kvh * p.v_head_stride + ld_chunk * 8;
+      __nv_bfloat16* kd = sK + stage * BN * D + ld_smem;
+      __nv_bfloat16* vd = sV + stage * BN * D + ld_smem;
+#pragma unroll
+      for (int j = 0; j < kLoadIters; ++j) {
+        const bool ok = r0 + j * kRowStep < args.kv_rows;
+        cp_async_16(kd + j * kRowStep * 64, ok ? ks + j * kRowStep * p.k_row_stride : k, ok);
+        cp_async_16(vd + j * kRowStep * 64, ok ? vs + j * kRowStep * p.v_row_stride : v, ok);
+      }
+    } else {
+      load_panel_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const __nv_bfloat16* {
+        return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
+      });
+      load_panel_async<D, S::kThreads>(sV + stage * BN * D, BN, v, [&](int r) -> const __nv_bfloat16* {
+        return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
+      });
+    }
   };
   if (cur.entry < e_end) load_kv(cur.tile, 0);
   cp_async_commit();
@@ -234,12 +263,12 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
   }
 }
 
-template <int D, FwdBarriers kBarriers = kFwdBarriers>
+template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads>
 void launch_fwd_wgmma(const FwdArgs& a, cudaStream_t stream) {
   using S = FwdWgmmaShape<D>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  auto* kernel = attention_fwd_wgmma_kernel<D, kBarriers>;
+  auto* kernel = attention_fwd_wgmma_kernel<D, kBarriers, kLoads>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "attention_forward: shared memory limit");
   kernel<<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
