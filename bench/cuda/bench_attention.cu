@@ -91,7 +91,7 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_gen_ms, bwd_pt_ms, bwd_gen2_ms, bwd_pt2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -337,6 +337,21 @@ int main(int argc, char** argv) {
         r.bwd_none_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kNone>{});
         r.bwd_dkv_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kDkv>{});
         r.bwd_none2_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kNone>{});
+        // the default (kDkvDq) with the generic and the per-thread Q/dO loads, alternating, each twice
+        using treecp::cuda::detail::BwdLoads;
+        auto time_loads = [&](auto loads) {
+          return time_ms(reps, [&] {
+            check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+            check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+            treecp::cuda::detail::launch_bwd_wgmma<kD, true, BwdOverlap::kDkvDq, decltype(loads)::value>(args, nullptr);
+          });
+        };
+        using BGeneric = std::integral_constant<BwdLoads, BwdLoads::kGeneric>;
+        using BPerThread = std::integral_constant<BwdLoads, BwdLoads::kPerThread>;
+        r.bwd_gen_ms = time_loads(BGeneric{});
+        r.bwd_pt_ms = time_loads(BPerThread{});
+        r.bwd_gen2_ms = time_loads(BGeneric{});
+        r.bwd_pt2_ms = time_loads(BPerThread{});
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
       for (void* p : {q, k, v, o, d_o}) cudaFree(p);
@@ -379,6 +394,11 @@ int main(int argc, char** argv) {
     for (const Result& r : results)
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f\n", r.preset.c_str(), r.bwd_none_ms, r.bwd_dkv_ms, r.bwd_kernel_ms,
                   r.bwd_none2_ms);
+    std::printf("\nwgmma backward kernel (+ dK/dV zeroing), kDkvDq by Q/dO loads, ms, in timing order: generic / per-thread / "
+                "generic again / per-thread again (per-thread change: mean of each pair)\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (%+.1f%%)\n", r.preset.c_str(), r.bwd_gen_ms, r.bwd_pt_ms, r.bwd_gen2_ms,
+                  r.bwd_pt2_ms, 100.0 * ((r.bwd_pt_ms + r.bwd_pt2_ms) / (r.bwd_gen_ms + r.bwd_gen2_ms) - 1.0));
     for (const Result& r : results)
       if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3)) {
         std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e)\n", r.preset.c_str(), r.err_o, r.err_lse);

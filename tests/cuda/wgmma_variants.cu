@@ -1,4 +1,4 @@
-// The wgmma kernels' variants (attention_fwd_wgmma.cuh barriers and loads, attention_bwd_wgmma.cuh overlap),
+// The wgmma kernels' variants (attention_fwd_wgmma.cuh barriers and loads, attention_bwd_wgmma.cuh overlap and loads),
 // launched directly so the GPU tests also check the ones the defaults do not select.
 #include "kernels/cuda/attention_bwd_wgmma.cuh"
 #include "kernels/cuda/attention_fwd_wgmma.cuh"
@@ -24,13 +24,18 @@ void launch_fwd_wgmma_variant(const detail::FwdArgs& a, int head_dim, int varian
   else launch_fwd_wgmma_d<128>(a, variant);
 }
 
-int bwd_wgmma_variant_count() { return 3; }
+int bwd_wgmma_variant_count() { return 5; }
 
+// kNone / kDkv / kDkvDq with the per-thread Q/dO loads, then kDkvDq and kNone with the generic loads
+// (the per-thread loads fall back to the generic ones when G does not divide 16: the G = 3 case)
 void launch_bwd_wgmma_variant(const detail::BwdArgs& a, int variant) {
+  using detail::BwdLoads;
   using detail::BwdOverlap;
-  if (variant == 0) detail::launch_bwd_wgmma<128, true, BwdOverlap::kNone>(a, nullptr);
-  else if (variant == 1) detail::launch_bwd_wgmma<128, true, BwdOverlap::kDkv>(a, nullptr);
-  else detail::launch_bwd_wgmma<128, true, BwdOverlap::kDkvDq>(a, nullptr);
+  if (variant == 0) detail::launch_bwd_wgmma<128, true, BwdOverlap::kNone, BwdLoads::kPerThread>(a, nullptr);
+  else if (variant == 1) detail::launch_bwd_wgmma<128, true, BwdOverlap::kDkv, BwdLoads::kPerThread>(a, nullptr);
+  else if (variant == 2) detail::launch_bwd_wgmma<128, true, BwdOverlap::kDkvDq, BwdLoads::kPerThread>(a, nullptr);
+  else if (variant == 3) detail::launch_bwd_wgmma<128, true, BwdOverlap::kDkvDq, BwdLoads::kGeneric>(a, nullptr);
+  else detail::launch_bwd_wgmma<128, true, BwdOverlap::kNone, BwdLoads::kGeneric>(a, nullptr);
 }
 
 }  // namespace treecp::cuda::test

@@ -41,8 +41,19 @@ struct BwdWgmmaShape {
 enum class BwdOverlap { kNone, kDkv, kDkvDq };
 constexpr BwdOverlap kBwdOverlap = BwdOverlap::kDkvDq;  // the default, by measurement (docs/benchmarks-gpu.md)
 
+// Per-step Q / dO loads (the forward's FwdLoads, attention_fwd_wgmma.cuh):
+//   kGeneric    load_panel_async: every 16-byte chunk recomputes its row, token and head (a division and
+//               remainder by G), panel swizzle and 64-bit source address
+//   kPerThread  thread t always copies chunk t % (D/8) of packed rows t / (D/8) + j * (threads / (D/8));
+//               the row step (16) is a multiple of the 8-row swizzle period, so the shared offset is one
+//               per-thread constant plus j * step * 64; when G divides the row step, a thread's rows share
+//               one head and step by step / G tokens, so the source is one 64-bit multiply per step plus a
+//               constant step (no division); other G fall back to load_panel_async (uniform branch)
+enum class BwdLoads { kGeneric, kPerThread };
+constexpr BwdLoads kBwdLoads = BwdLoads::kPerThread;  // the default, by measurement (docs/benchmarks-gpu.md)
+
 // kAddDq = false drops the dQ reduction (wrong dQ): timing-only, as in attention_bwd.cuh.
-template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap>
+template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap, BwdLoads kLoads = kBwdLoads>
 __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_wgmma_kernel(const BwdArgs args) {
   using S = BwdWgmmaShape<D>;
   constexpr int BM = S::kRows, BN = S::kKeys;
@@ -80,16 +91,37 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   });
   const int e_end = L.offsets[tile + 1];
   RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
+  // kPerThread: this thread's chunk, first packed row and shared offset (element units) in every Q / dO tile
+  constexpr int kChunks = D / 8, kRowStep = S::kThreads / kChunks, kLoadIters = BM / kRowStep;
+  static_assert(S::kThreads % kChunks == 0 && BM % kRowStep == 0 && kRowStep % 8 == 0,
+                "kPerThread loads: whole rows per step, row step a multiple of the 8-row swizzle period");
+  const bool ld_linear = kLoads == BwdLoads::kPerThread && kRowStep % G == 0;  // uniform per block
   // packed row r of query tile qt = (token qt * tq + r / G, q head kvh * G + r % G)
   auto load_q = [&](int qt, int stage) {
     const int t0 = qt * tq;
     auto ok = [&](int r) { return r < valid_rows && t0 + r / G < args.q_rows; };
-    load_panel_async<D, S::kThreads>(sQ + stage * BM * D, BM, q, [&](int r) -> const __nv_bfloat16* {
-      return ok(r) ? q + (t0 + r / G) * p.q_row_stride + (kvh * G + r % G) * p.q_head_stride : nullptr;
-    });
-    load_panel_async<D, S::kThreads>(sdO + stage * BM * D, BM, d_o, [&](int r) -> const __nv_bfloat16* {
-      return ok(r) ? d_o + (t0 + r / G) * p.o_row_stride + (kvh * G + r % G) * p.o_head_stride : nullptr;
-    });
+    if (ld_linear) {
+      const int ld_row = threadIdx.x / kChunks, ld_chunk = threadIdx.x % kChunks;
+      const uint32_t ld_smem = swz_panel(ld_row, ld_chunk * 8, BM);  // + j * kRowStep * 64 for row ld_row + j * kRowStep
+      const int tok = t0 + ld_row / G, head = kvh * G + ld_row % G, tok_step = kRowStep / G;
+      const __nv_bfloat16* qs = q + static_cast<int64_t>(tok) * p.q_row_stride + head * p.q_head_stride + ld_chunk * 8;
+      const __nv_bfloat16* ds = d_o + static_cast<int64_t>(tok) * p.o_row_stride + head * p.o_head_stride + ld_chunk * 8;
+      __nv_bfloat16* qd = sQ + stage * BM * D + ld_smem;
+      __nv_bfloat16* dd = sdO + stage * BM * D + ld_smem;
+#pragma unroll
+      for (int j = 0; j < kLoadIters; ++j) {
+        const bool okj = ld_row + j * kRowStep < valid_rows && tok + j * tok_step < args.q_rows;
+        cp_async_16(qd + j * kRowStep * 64, okj ? qs + j * tok_step * p.q_row_stride : q, okj);
+        cp_async_16(dd + j * kRowStep * 64, okj ? ds + j * tok_step * p.o_row_stride : d_o, okj);
+      }
+    } else {
+      load_panel_async<D, S::kThreads>(sQ + stage * BM * D, BM, q, [&](int r) -> const __nv_bfloat16* {
+        return ok(r) ? q + (t0 + r / G) * p.q_row_stride + (kvh * G + r % G) * p.q_head_stride : nullptr;
+      });
+      load_panel_async<D, S::kThreads>(sdO + stage * BM * D, BM, d_o, [&](int r) -> const __nv_bfloat16* {
+        return ok(r) ? d_o + (t0 + r / G) * p.o_row_stride + (kvh * G + r % G) * p.o_head_stride : nullptr;
+      });
+    }
     for (int r = threadIdx.x; r < BM; r += S::kThreads) {
       const int t = t0 + r / G, h = kvh * G + r % G;
       cp_async_4(sLse + stage * BM + r, ok(r) ? p.lse + t * p.lse_row_stride + h * p.lse_head_stride : p.lse, ok(r));
@@ -337,12 +369,12 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   }
 }
 
-template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap>
+template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap, BwdLoads kLoads = kBwdLoads>
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
   using S = BwdWgmmaShape<D>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  auto* kernel = attention_bwd_wgmma_kernel<D, kAddDq, kOverlap>;
+  auto* kernel = attention_bwd_wgmma_kernel<D, kAddDq, kOverlap, kLoads>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "attention_backward: shared memory limit");
   kernel<<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
