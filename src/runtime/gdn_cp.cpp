@@ -119,18 +119,36 @@ bool gdn_exclusive_scan(Communicator& comm, int direction, int64_t items, int he
   return have;
 }
 
+namespace {
+
+// What forward and backward both check and derive: the parameters, the plan against the row and the
+// communicator, this rank's rows and the step schedule.
+struct RankSetup {
+  RowMap map;
+  Schedule sched;
+};
+
 template <class T>
-GdnSaved<T> gdn_cp_forward(Communicator& comm, const Row& row, const GdnPlan& plan, const GdnParams<T>& local, T* y) {
+RankSetup rank_setup(const Communicator& comm, const Row& row, const GdnPlan& plan, const GdnParams<T>& local) {
   gdn_check_params(local);
   require(plan.ranks == comm.size(), "gdn: plan is for ", plan.ranks, " ranks, communicator has ", comm.size());
   validate_gdn_plan(row, plan);
+  RankSetup setup{RowMap(gdn_rank_ranges(row, plan, comm.rank())), make_schedule(row, plan)};
+  require(setup.map.rows() == local.tokens, "gdn: rank ", comm.rank(), " holds ", setup.map.rows(),
+          " tokens in this plan, got ", local.tokens);
+  return setup;
+}
+
+}  // namespace
+
+template <class T>
+GdnSaved<T> gdn_cp_forward(Communicator& comm, const Row& row, const GdnPlan& plan, const GdnParams<T>& local, T* y) {
+  const RankSetup setup = rank_setup(comm, row, plan, local);
+  const RowMap& map = setup.map;
+  const Schedule& sched = setup.sched;
   const int me = comm.rank(), N = comm.size();
   const int H = local.heads, dk = local.dk, dv = local.dv;
   const int64_t ssz = static_cast<int64_t>(dk) * dv, state = H * ssz;
-  const RowMap map(gdn_rank_ranges(row, plan, me));
-  require(map.rows() == local.tokens, "gdn: rank ", me, " holds ", map.rows(), " tokens in this plan, got ",
-          local.tokens);
-  const Schedule sched = make_schedule(row, plan);
   const int32_t nseg = row.num_segments();
   GdnSaved<T> saved;
   saved.state_in.resize(static_cast<size_t>(nseg));
@@ -218,16 +236,12 @@ GdnSaved<T> gdn_cp_forward(Communicator& comm, const Row& row, const GdnPlan& pl
 template <class T>
 void gdn_cp_backward(Communicator& comm, const Row& row, const GdnPlan& plan, const GdnParams<T>& local,
                      const GdnSaved<T>& saved, const T* dy, const GdnGrads<T>& grads) {
-  gdn_check_params(local);
-  require(plan.ranks == comm.size(), "gdn: plan is for ", plan.ranks, " ranks, communicator has ", comm.size());
-  validate_gdn_plan(row, plan);
+  const RankSetup setup = rank_setup(comm, row, plan, local);
+  const RowMap& map = setup.map;
+  const Schedule& sched = setup.sched;
   const int me = comm.rank(), N = comm.size();
   const int H = local.heads, dk = local.dk, dv = local.dv;
   const int64_t ssz = static_cast<int64_t>(dk) * dv, state = H * ssz;
-  const RowMap map(gdn_rank_ranges(row, plan, me));
-  require(map.rows() == local.tokens, "gdn: rank ", me, " holds ", map.rows(), " tokens in this plan, got ",
-          local.tokens);
-  const Schedule sched = make_schedule(row, plan);
   const int32_t nseg = row.num_segments();
   require(static_cast<int32_t>(saved.state_in.size()) == nseg, "gdn backward: saved state is for another row");
   // grad_final[s]: dL/d(final state of s), summed over children, on s's holder.
