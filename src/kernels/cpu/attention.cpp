@@ -510,17 +510,28 @@ void validate_slices(const AttnShape& shape, const std::vector<Slice>& slices) {
   }
 }
 
-template <class T>
-void attention_forward(const AttnForwardArgs<T>& args, const std::vector<Slice>& slices) {
+namespace {
+
+// The checks forward and backward share: shape, slices inside the buffers, scale, Q/K/V/O/LSE views.
+template <class Args>
+void check_common_args(const Args& args, const std::vector<Slice>& slices, const char* what) {
   const AttnShape& sh = args.shape;
   sh.validate();
   validate_slices(sh, slices);
-  require(std::isfinite(args.scale), "attention_forward: scale must be finite");
+  require(std::isfinite(args.scale), what, ": scale must be finite");
   require_view(args.q.data, sh.q_rows, "q");
   require_view(args.k.data, sh.kv_rows, "k");
   require_view(args.v.data, sh.kv_rows, "v");
   require_view(args.o.data, sh.q_rows, "o");
   require_view(args.lse.data, sh.q_rows, "lse");
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward(const AttnForwardArgs<T>& args, const std::vector<Slice>& slices) {
+  const AttnShape& sh = args.shape;
+  check_common_args(args, slices, "attention_forward");
   for (int64_t q = 0; q < sh.q_rows; ++q) {
     for (int h = 0; h < sh.hq; ++h) {
       std::fill(args.o.at(q, h), args.o.at(q, h) + sh.dv, T(0));
@@ -534,14 +545,7 @@ void attention_forward(const AttnForwardArgs<T>& args, const std::vector<Slice>&
 template <class T>
 void attention_backward(const AttnBackwardArgs<T>& args, const std::vector<Slice>& slices) {
   const AttnShape& sh = args.shape;
-  sh.validate();
-  validate_slices(sh, slices);
-  require(std::isfinite(args.scale), "attention_backward: scale must be finite");
-  require_view(args.q.data, sh.q_rows, "q");
-  require_view(args.k.data, sh.kv_rows, "k");
-  require_view(args.v.data, sh.kv_rows, "v");
-  require_view(args.o.data, sh.q_rows, "o");
-  require_view(args.lse.data, sh.q_rows, "lse");
+  check_common_args(args, slices, "attention_backward");
   require_view(args.dout.data, sh.q_rows, "dout");
   require_view(args.dq.data, sh.q_rows, "dq");
   require_view(args.dk.data, sh.kv_rows, "dk");
