@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
     return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
   });
   const int e_end = L.offsets[tile + 1];
+  prefetch_entries_l1(L.entries, L.offsets[tile], e_end);
   RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
   // kPerThread: this thread's chunk, first packed row and shared offset (element units) in every Q / dO tile
   constexpr int kChunks = D / 8, kRowStep = S::kThreads / kChunks, kLoadIters = BM / kRowStep;
@@ -136,7 +137,10 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   const float sl2 = p.scale * kLog2e;
   const int key_lo = k0 + warp * 16 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
-  const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+  // descriptor start addresses (bytes >> 4); a k step, a stage, this warpgroup's keys are constant adds
+  const uint32_t k16 = smem_addr(sK) >> 4, v16 = smem_addr(sV) >> 4;
+  const uint32_t q16 = smem_addr(sQ) >> 4, do16 = smem_addr(sdO) >> 4, ds16 = smem_addr(sdS2) >> 4;
+  constexpr uint32_t kQStage16 = BM * D * 2 / 16, kDsStage16 = BN * BM * 2 / 16;
   float* dq = p.dq;
   // dQ of one step (warpgroup wg: head-dim columns 64 wg .. +64 of all BM rows), added to global dQ
   float acc[32];
@@ -189,7 +193,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
       if (next.entry < e_end) load_q(next.tile, stage ^ 1);
       cp_async_commit();
     }
-    const uint32_t q_addr = smem_addr(sQ + stage * BM * D), do_addr = smem_addr(sdO + stage * BM * D);
+    const uint32_t qs16 = q16 + stage * kQStage16, dos16 = do16 + stage * kQStage16;
     const float* lse_s = sLse + stage * BM;
     const float* dsum_s = sDsum + stage * BM;
     __nv_bfloat16* sdS = sdS2 + stage * BN * BM;
@@ -208,15 +212,15 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;
-      wgmma_ss_m64n64k16<false, false>(st, wgmma_desc(k_addr + (kk / 4) * BN * 128 + wg * 64 * 128 + off, 16, 1024),
-                                       wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024), kAccZero || kk > 0);
+      wgmma_ss_m64n64k16<false, false>(st, wgmma_desc16<16, 1024>(k16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
+                                       wgmma_desc16<16, 1024>(qs16 + ((kk / 4) * BM * 128 + off) / 16), kAccZero || kk > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;
-      wgmma_ss_m64n64k16<false, false>(dpt, wgmma_desc(v_addr + (kk / 4) * BN * 128 + wg * 64 * 128 + off, 16, 1024),
-                                       wgmma_desc(do_addr + (kk / 4) * BM * 128 + off, 16, 1024), kAccZero || kk > 0);
+      wgmma_ss_m64n64k16<false, false>(dpt, wgmma_desc16<16, 1024>(v16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
+                                       wgmma_desc16<16, 1024>(dos16 + ((kk / 4) * BM * 128 + off) / 16), kAccZero || kk > 0);
     }
     wgmma_commit();
     if constexpr (kOverlap == BwdOverlap::kDkvDq) {
@@ -294,8 +298,8 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
-      wgmma_rs_trans_b<D>(dv, pa[kk], wgmma_desc(do_addr + kk * 16 * 128, BM * 128, 1024));
-      wgmma_rs_trans_b<D>(dk, da[kk], wgmma_desc(q_addr + kk * 16 * 128, BM * 128, 1024));
+      wgmma_rs_trans_b<D>(dv, pa[kk], wgmma_desc16<BM * 128, 1024>(dos16 + kk * 16 * 128 / 16));
+      wgmma_rs_trans_b<D>(dk, da[kk], wgmma_desc16<BM * 128, 1024>(qs16 + kk * 16 * 128 / 16));
     }
     wgmma_commit();
     if constexpr (kOverlap == BwdOverlap::kNone) {
@@ -317,11 +321,11 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
       for (int i = 0; i < 32; ++i) acc[i] = 0.f;
     }
     wgmma_fence();
-    const uint32_t ds_addr = smem_addr(sdS);
+    const uint32_t dss16 = ds16 + stage * kDsStage16;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_ss_m64n64k16<true, true>(acc, wgmma_desc(ds_addr + kk * 16 * 128, BN * 128, 1024),
-                                     wgmma_desc(k_addr + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024),
+      wgmma_ss_m64n64k16<true, true>(acc, wgmma_desc16<BN * 128, 1024>(dss16 + kk * 16 * 128 / 16),
+                                     wgmma_desc16<BN * 128, 1024>(k16 + wg * BN * 128 / 16 + kk * 16 * 128 / 16),
                                      kAccZero || kk > 0);
     wgmma_commit();
     wgmma_wait<0>();  // dQ (and, past kNone, dV / dK: groups retire in order)

@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     return q + t * p.q_row_stride + (kvh * G + r % G) * p.q_head_stride;
   });
   const int e_end = L.offsets[tile + 1];
+  prefetch_entries_l1(L.entries, L.offsets[tile], e_end);
   RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
   // kPerThread: this thread's chunk, first row and shared offset (element units) in every K/V tile
   constexpr int kChunks = D / 8, kRowStep = S::kThreads / kChunks, kLoadIters = BN / kRowStep;
@@ -126,7 +127,10 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const float sl2 = p.scale * kLog2e;  // softmax in base 2: exp(x * scale) = exp2(x * scale * log2 e)
-  const uint32_t q_addr = smem_addr(sQ) + wg * 64 * 128;  // this warpgroup's 64 rows of panel 0
+  // descriptor start addresses (bytes >> 4): this warpgroup's 64 rows of Q's panel 0; K and V stage 0
+  const uint32_t q16 = (smem_addr(sQ) + wg * 64 * 128) >> 4;
+  const uint32_t k16 = smem_addr(sK) >> 4, v16 = smem_addr(sV) >> 4;
+  constexpr uint32_t kStage16 = BN * D * 2 / 16;  // one K (or V) stage
 
   for (int stage = 0; cur.entry < e_end; stage ^= 1) {
     const RunCursor next = cur.next(L.entries, e_end);
@@ -143,7 +147,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
       if (next.entry < e_end) load_kv(next.tile, stage ^ 1);
       cp_async_commit();
     }
-    const uint32_t k_addr = smem_addr(sK + stage * BN * D), v_addr = smem_addr(sV + stage * BN * D);
+    const uint32_t ks16 = k16 + stage * kStage16, vs16 = v16 + stage * kStage16;
 
     // S = Q K^T for the warpgroup's 64 rows x BN keys; step kk covers head-dim columns 16 kk .. +16
     float s[BN / 2];
@@ -155,8 +159,8 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside a 128-byte panel row
-      const uint64_t da = wgmma_desc(q_addr + (kk / 4) * BM * 128 + off, 16, 1024);
-      const uint64_t db = wgmma_desc(k_addr + (kk / 4) * BN * 128 + off, 16, 1024);
+      const uint64_t da = wgmma_desc16<16, 1024>(q16 + ((kk / 4) * BM * 128 + off) / 16);
+      const uint64_t db = wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + off) / 16);
       wgmma_ss_m64n64k16<false, false>(s, da, db, !kOne || kk > 0);
     }
     wgmma_commit();
@@ -196,22 +200,32 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     float corrs[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = m[h];
+      // row max and sum as pairwise trees (independent operations, not one dependent chain of 16);
+      // scale > 0, so the max of the raw scores times sl2 is the max of the scaled ones
+      float t[BN / 8];
 #pragma unroll
-      for (int nb = 0; nb < BN / 8; ++nb) mx = fmaxf(mx, fmaxf(s[4 * nb + 2 * h], s[4 * nb + 2 * h + 1]) * sl2);
+      for (int nb = 0; nb < BN / 8; ++nb) t[nb] = fmaxf(s[4 * nb + 2 * h], s[4 * nb + 2 * h + 1]);
+#pragma unroll
+      for (int w = BN / 16; w >= 1; w /= 2)
+#pragma unroll
+        for (int i = 0; i < w; ++i) t[i] = fmaxf(t[i], t[i + w]);
+      float mx = fmaxf(m[h], t[0] * sl2);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: keep exp2 finite
       const float corr = exp2_fast(m[h] - base);
       m[h] = mx;
-      float sum = 0.f;
 #pragma unroll
       for (int nb = 0; nb < BN / 8; ++nb) {
         s[4 * nb + 2 * h] = exp2_fast(fmaf(s[4 * nb + 2 * h], sl2, -base));
         s[4 * nb + 2 * h + 1] = exp2_fast(fmaf(s[4 * nb + 2 * h + 1], sl2, -base));
-        sum += s[4 * nb + 2 * h] + s[4 * nb + 2 * h + 1];
+        t[nb] = s[4 * nb + 2 * h] + s[4 * nb + 2 * h + 1];
       }
-      l[h] = l[h] * corr + sum;
+#pragma unroll
+      for (int w = BN / 16; w >= 1; w /= 2)
+#pragma unroll
+        for (int i = 0; i < w; ++i) t[i] += t[i + w];
+      l[h] = fmaf(l[h], corr, t[0]);
       corrs[h] = corr;
       rescale |= corr != 1.f;
     }
@@ -234,7 +248,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc(v_addr + kk * 16 * 128, BN * 128, 1024));
+      wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(o);

@@ -123,6 +123,15 @@ struct RunCursor {
   }
 };
 
+// Pulls a major tile's run entries [begin, end) into L1 (warp 0, one 128-byte line per lane and step), so
+// RunCursor::next at a run boundary and the per-step entry reads hit L1 instead of waiting on L2; the
+// kernels' K/V and Q/dO copies bypass L1, so the lines stay.
+__device__ __forceinline__ void prefetch_entries_l1(const TileEntry* e, int begin, int end) {
+  if (threadIdx.x >= 32) return;
+  for (int i = begin + static_cast<int>(threadIdx.x) * 8; i < end; i += 32 * 8)
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(e + i));
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

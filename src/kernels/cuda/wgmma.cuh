@@ -38,6 +38,17 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_byte_addr, uint32_t
          (static_cast<uint64_t>((sbo_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// The same descriptor from a start address already shifted (addr >> 4) and compile-time LBO / SBO: the
+// high word (SBO, 128-byte swizzle) is an immediate and a k step or a stage is one add to addr16, so
+// the main loops spend no instructions rebuilding descriptors between wgmmas. addr16 < 2^14 (shared
+// memory is below 256 KiB), so OR-ing the LBO field above it cannot carry.
+template <uint32_t kLbo, uint32_t kSbo>
+__device__ __forceinline__ uint64_t wgmma_desc16(uint32_t addr16) {
+  uint64_t d;
+  asm("mov.b64 %0, {%1, %2};\n" : "=l"(d) : "r"(addr16 | ((kLbo >> 4) << 16)), "n"(((kSbo >> 4) & 0x3FFF) | (1u << 30)));
+  return d;
+}
+
 // Orders this warpgroup's register writes before the next wgmma reads them (accumulators, A operands).
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
