@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "core/error.hpp"
 #include "kernels/cuda/attention.hpp"
@@ -19,52 +20,67 @@ struct RawRun {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-int64_t ceil_div_signed(int64_t a, int64_t b) { return -floor_div(-a, b); }
+
+// Floor division by a positive tile size, a shift when the size is a power of two (all of them except
+// query tiles of 128 / G tokens when G is not): 64-bit divisions were most of the tile-list build.
+struct TileDiv {
+  int64_t d;
+  int shift;  // -1: not a power of two
+  explicit TileDiv(int64_t size) : d(size), shift(-1) {
+    if ((size & (size - 1)) == 0)
+      for (shift = 0; (int64_t{1} << shift) < size; ++shift) {
+      }
+  }
+  int64_t floor(int64_t a) const { return shift >= 0 ? a >> shift : floor_div(a, d); }  // >> of a negative floors
+  int64_t ceil(int64_t a) const { return -floor(-a); }
+};
 
 // Calls fn(major, begin, end, full) for the minor-tile runs of slice `s` in each major tile it
 // touches: a partial head, a full middle and a partial tail (each possibly empty). O(major tiles).
 // q_major: major = query tiles of `major_rows` tokens, minor = key tiles; else the reverse.
 template <class Fn>
-void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, int64_t minor_rows, int64_t q_rows,
-                  int64_t kv_rows, Fn&& fn) {
+void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const TileDiv& div_major,
+                  const TileDiv& div_minor, int64_t q_rows, int64_t kv_rows, Fn&& fn) {
   auto emit = [&](int64_t major, int64_t a, int64_t fa, int64_t fb, int64_t b) {
     if (a < fa) fn(major, a, fa, false);
     if (fa < fb) fn(major, fa, fb, true);
     if (fb < b) fn(major, fb, b, false);
   };
   if (q_major) {
-    const int64_t tq = major_rows, tk = minor_rows;
-    for (int64_t qt = s.q0 / tq; qt * tq < s.q1; ++qt) {
+    const int64_t tq = major_rows;
+    const TileDiv& tk = div_minor;
+    for (int64_t qt = div_major.floor(s.q0); qt * tq < s.q1; ++qt) {
       const int64_t qa = qt * tq, qe = qa + tq;
       const int64_t q0 = std::max<int64_t>(s.q0, qa), q1 = std::min<int64_t>(s.q1, qe);
       // keys seen by some row of [q0, q1): a contiguous range, and every key tile in it has work
       const int64_t klo = std::max<int64_t>(s.k0, q0 - s.dmax + 1), khi = std::min<int64_t>(s.k1 - 1, q1 - 1 - s.dmin);
       if (klo > khi) continue;
-      const int64_t a = klo / tk, b = khi / tk + 1;
+      const int64_t a = tk.floor(klo), b = tk.floor(khi) + 1;
       int64_t fa = b, fb = b;
       if (qa >= s.q0 && qe <= s.q1 && qe <= q_rows) {
         // key tile kt is full iff inside [k0, min(k1, kv_rows)) and both band edges clear it:
         // qa - ((kt+1) tk - 1) >= dmin and (qe - 1) - kt tk < dmax
-        const int64_t lo = std::max({a, ceil_div(s.k0, tk), floor_div(qe - 1 - s.dmax, tk) + 1});
-        const int64_t hi = std::min({b, std::min<int64_t>(s.k1, kv_rows) / tk, floor_div(qa - s.dmin + 1, tk)});
+        const int64_t lo = std::max({a, tk.ceil(s.k0), tk.floor(qe - 1 - s.dmax) + 1});
+        const int64_t hi = std::min({b, tk.floor(std::min<int64_t>(s.k1, kv_rows)), tk.floor(qa - s.dmin + 1)});
         if (lo < hi) fa = lo, fb = hi;
       }
       emit(qt, a, fa, fb, b);
     }
   } else {
-    const int64_t tk = major_rows, tq = minor_rows;
-    for (int64_t kt = s.k0 / tk; kt * tk < s.k1; ++kt) {
+    const int64_t tk = major_rows;
+    const TileDiv& tq = div_minor;
+    for (int64_t kt = div_major.floor(s.k0); kt * tk < s.k1; ++kt) {
       const int64_t ka = kt * tk, ke = ka + tk;
       const int64_t k0 = std::max<int64_t>(s.k0, ka), k1 = std::min<int64_t>(s.k1, ke);
       const int64_t qlo = std::max<int64_t>(s.q0, k0 + s.dmin), qhi = std::min<int64_t>(s.q1 - 1, k1 - 1 + s.dmax - 1);
       if (qlo > qhi) continue;
-      const int64_t a = qlo / tq, b = qhi / tq + 1;
+      const int64_t a = tq.floor(qlo), b = tq.floor(qhi) + 1;
       int64_t fa = b, fb = b;
       if (ka >= s.k0 && ke <= s.k1 && ke <= kv_rows) {
         // query tile qt is full iff inside [q0, min(q1, q_rows)) and qt tq - (ke - 1) >= dmin and
         // (qt+1) tq - 1 - ka < dmax
-        const int64_t lo = std::max({a, ceil_div(s.q0, tq), ceil_div_signed(s.dmin + ke - 1, tq)});
-        const int64_t hi = std::min({b, std::min<int64_t>(s.q1, q_rows) / tq, floor_div(s.dmax + ka, tq)});
+        const int64_t lo = std::max({a, tq.ceil(s.q0), tq.ceil(s.dmin + ke - 1)});
+        const int64_t hi = std::min({b, tq.floor(std::min<int64_t>(s.q1, q_rows)), tq.floor(s.dmax + ka)});
         if (lo < hi) fa = lo, fb = hi;
       }
       emit(kt, a, fa, fb, b);
@@ -79,55 +95,74 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
   out.minor_tile_rows = static_cast<int32_t>(minor_rows);
   const int64_t num_major = ceil_div(q_major ? q_rows : kv_rows, major_rows);
   out.num_major = static_cast<int32_t>(num_major);
-  // counting sort of the raw runs into per-major-tile buckets
+  // one pass over the slices' runs, then a counting sort into per-major-tile buckets
+  const TileDiv div_major(major_rows), div_minor(minor_rows);
   std::vector<int32_t> count(num_major + 1, 0);
-  for (const DeviceSlice& s : slices)
-    for_each_run(s, q_major, major_rows, minor_rows, q_rows, kv_rows,
-                 [&](int64_t mt, int64_t, int64_t, bool) { ++count[mt + 1]; });
-  for (int64_t t = 0; t < num_major; ++t) count[t + 1] += count[t];
-  std::vector<RawRun> raw(count[num_major]);
-  std::vector<int32_t> fill(count.begin(), count.end() - 1);
+  // scratch kept per thread across builds: a new tree then reuses warm memory instead of fresh pages
+  thread_local std::vector<std::pair<int32_t, RawRun>> found;
+  thread_local std::vector<RawRun> raw;
+  found.clear();
   for (size_t i = 0; i < slices.size(); ++i)
-    for_each_run(slices[i], q_major, major_rows, minor_rows, q_rows, kv_rows,
+    for_each_run(slices[i], q_major, major_rows, div_major, div_minor, q_rows, kv_rows,
                  [&](int64_t mt, int64_t b, int64_t e, bool f) {
-                   raw[fill[mt]++] = RawRun{static_cast<int32_t>(b), static_cast<int32_t>(e), static_cast<int32_t>(i), f};
+                   ++count[mt + 1];
+                   found.push_back({static_cast<int32_t>(mt),
+                                    RawRun{static_cast<int32_t>(b), static_cast<int32_t>(e), static_cast<int32_t>(i), f}});
                  });
+  for (int64_t t = 0; t < num_major; ++t) count[t + 1] += count[t];
+  raw.resize(count[num_major]);
+  std::vector<int32_t> fill(count.begin(), count.end() - 1);
+  for (const auto& [mt, run] : found) raw[fill[mt]++] = run;  // stable: slice order inside each bucket
 
   // Per major tile, sweep the run boundaries: each elementary interval becomes one run whose test is
-  // the set of slices covering it (full when that set is one slice that fills its tiles).
+  // the set of slices covering it (full when that set is one slice that fills its tiles). The sweep
+  // keeps the covering runs in a small set ordered by slice (a slice has at most one run covering a
+  // point), so a key tile read by hundreds of completions costs O(R log R), not R per interval.
   out.offsets.assign(num_major + 1, 0);
   out.entries.reserve(raw.size());
+  out.mask_index.reserve(raw.size());
   std::vector<int64_t> work(num_major, 0);
-  std::vector<int32_t> pts, active;
+  struct Event {
+    int32_t at;
+    int32_t run;  // index into raw; ~index for the run's end
+  };
+  std::vector<Event> events;
+  std::vector<std::pair<int32_t, int32_t>> active;  // (slice, full), ordered by slice
   for (int64_t t = 0; t < num_major; ++t) {
-    const RawRun* first = raw.data() + count[t];
-    const RawRun* last = raw.data() + count[t + 1];
-    pts.clear();
-    for (const RawRun* r = first; r != last; ++r) pts.push_back(r->begin), pts.push_back(r->end);
-    std::sort(pts.begin(), pts.end());
-    pts.erase(std::unique(pts.begin(), pts.end()), pts.end());
+    events.clear();
+    for (int32_t i = count[t]; i < count[t + 1]; ++i) {
+      events.push_back(Event{raw[i].begin, i});
+      events.push_back(Event{raw[i].end, ~i});
+    }
+    std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.at < b.at; });
+    active.clear();
     const size_t entries_before = out.entries.size();
-    for (size_t p = 0; p + 1 < pts.size(); ++p) {
-      const int32_t x = pts[p], y = pts[p + 1];
-      active.clear();
-      bool full = false;
-      for (const RawRun* r = first; r != last; ++r)
-        if (r->begin <= x && r->end >= y) active.push_back(r->slice), full = r->full;
-      if (active.empty()) continue;
-      full = full && active.size() == 1;  // slices are disjoint: a full run has no other contributor
+    for (size_t ev = 0; ev < events.size();) {
+      const int32_t x = events[ev].at;
+      for (; ev < events.size() && events[ev].at == x; ++ev) {
+        const bool begins = events[ev].run >= 0;
+        const RawRun& r = raw[begins ? events[ev].run : ~events[ev].run];
+        auto it = std::lower_bound(active.begin(), active.end(), std::make_pair(r.slice, r.full));  // exact: a slice's head ends where its middle begins
+        if (begins) active.insert(it, {r.slice, r.full});
+        else active.erase(it);
+      }
+      if (ev == events.size() || active.empty()) continue;
+      const int32_t y = events[ev].at;
+      const bool full = active.size() == 1 && active[0].second;  // slices are disjoint: a full run has no other contributor
       TileEntry* prev = out.entries.size() > entries_before ? &out.entries.back() : nullptr;
       // adjacent runs with the same test merge (full runs of any slices: "every pair visible")
       const bool same_as_prev =
           prev && prev->tile_end == x && (prev->mask_count == 0) == full &&
           (full || (static_cast<size_t>(prev->mask_count) == active.size() &&
-                    std::equal(active.begin(), active.end(), out.mask_index.begin() + prev->mask_begin)));
+                    std::equal(active.begin(), active.end(), out.mask_index.begin() + prev->mask_begin,
+                               [](const std::pair<int32_t, int32_t>& a, int32_t b) { return a.first == b; })));
       if (same_as_prev) {
         prev->tile_end = y;
       } else if (full) {
         out.entries.push_back(TileEntry{x, y, 0, 0});
       } else {
         out.entries.push_back(TileEntry{x, y, static_cast<int32_t>(out.mask_index.size()), static_cast<int32_t>(active.size())});
-        out.mask_index.insert(out.mask_index.end(), active.begin(), active.end());
+        for (const auto& a : active) out.mask_index.push_back(a.first);
       }
       work[t] += y - x;
       (full ? out.full_tiles : out.partial_tiles) += y - x;
@@ -161,8 +196,8 @@ TilePlan build_tile_plan(const std::vector<Slice>& slices, int64_t q_rows, int64
   plan.slices.reserve(slices.size());
   for (const Slice& s : slices) {
     if (s.empty()) continue;
-    require(s.q_begin >= 0 && s.q_end <= q_rows && s.k_begin >= 0 && s.k_end <= kv_rows,
-            "build_tile_plan: slice ", to_string(s), " leaves the buffers (q_rows ", q_rows, ", kv_rows ", kv_rows, ")");
+    if (!(s.q_begin >= 0 && s.q_end <= q_rows && s.k_begin >= 0 && s.k_end <= kv_rows))  // the message only on failure
+      fail("build_tile_plan: slice ", to_string(s), " leaves the buffers (q_rows ", q_rows, ", kv_rows ", kv_rows, ")");
     // The band is clipped to the rectangle, so it fits int32 like the rows.
     const Slice t = make_slice(s.q_begin, s.q_end, s.k_begin, s.k_end, s.diag_min, s.diag_max);
     if (t.empty()) continue;
