@@ -91,7 +91,7 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_gen_ms, bwd_pt_ms, bwd_gen2_ms, bwd_pt2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_gen_ms, bwd_pt_ms, bwd_gen2_ms, bwd_pt2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -320,6 +320,9 @@ int main(int argc, char** argv) {
           check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
           treecp::cuda::detail::launch_bwd_wgmma<kD, true>(args, nullptr);
         });
+        // the rest of the backward's total: zeroing dQ (the caller's, in this contract) and the Dsum kernel
+        r.memset_dq_ms = time_ms(reps, [&] { check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset"); });
+        r.dsum_ms = time_ms(reps, [&] { treecp::cuda::detail::launch_bwd_dsum(args, nullptr); });
         r.bwd_nodq_ms = time_ms(reps, [&] {
           check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
           check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
@@ -383,8 +386,9 @@ int main(int argc, char** argv) {
     js << "]\n";
     std::printf("\nbackward attribution (timing only): wgmma bwd kernel without its dQ reduction, ms\n");
     for (const Result& r : results)
-      std::printf("  %-12s bwd %.3f ms (incl. dsum + zeroing); bwd kernel (+ dK/dV zeroing) %.3f ms, the same without dQ adds %.3f ms\n",
-                  r.preset.c_str(), r.bwd_ms, r.bwd_kernel_ms, r.bwd_nodq_ms);
+      std::printf("  %-12s bwd %.3f ms (incl. dsum + zeroing); bwd kernel (+ dK/dV zeroing) %.3f ms, the same without dQ adds %.3f ms; "
+                  "dQ zeroing %.3f ms, Dsum kernel %.3f ms\n",
+                  r.preset.c_str(), r.bwd_ms, r.bwd_kernel_ms, r.bwd_nodq_ms, r.memset_dq_ms, r.dsum_ms);
     std::printf("\nwgmma forward kernel by variant, ms, in timing order: kTwo / kOne / kOne+kPerThread loads / kTwo again / "
                 "kOne again / kOne+kPerThread again (kTwo and kOne with the generic loads)\n");
     for (const Result& r : results)
