@@ -7,7 +7,11 @@ torch.compile'd flex_attention. Prints one table with treecp's numbers from the 
 Visibility (DESIGN.md): query i sees key j iff seg(j) is an ancestor-or-self of seg(i) and j <= i;
 segments are in DFS preorder, so "a is an ancestor-or-self of s" is a <= s < subtree_end(a).
 
-Usage: bench_flex.py --rows DIR [--presets a,b] [--treecp DIR/treecp_results.json] [--reps N]
+Usage: bench_flex.py --rows DIR [--presets a,b] [--treecp DIR/treecp_results.json] [--reps N] [--no-sdpa]
+
+Also times torch SDPA (cuDNN and FA2 backends) on the gathered-paths formulation: each segment's queries
+against its ancestors' tokens then its own, lower-right causal, one batched call per (own, ancestor)
+length pair, gathers and the scatter-add of dK/dV included.
 """
 import argparse
 import json
@@ -16,6 +20,9 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 HQ, HKV, D = 32, 4, 128
@@ -47,6 +54,55 @@ def visible_pairs(segments):
     return total
 
 
+def path_groups(segments, dev):
+    """The gathered-paths formulation: segment s's queries attend to its ancestors' tokens then its own,
+    lower-right causal. Segments with the same (own length, ancestor length) form one batched call;
+    returns [(L, A, q_index [B, L], kv_index [B, A + L])]."""
+    starts, t = [], 0
+    for seg in segments:
+        starts.append(t)
+        t += seg["length"]
+    groups = {}
+    for s, seg in enumerate(segments):
+        chain, p = [], seg["parent"]
+        while p >= 0:
+            chain.append(p)
+            p = segments[p]["parent"]
+        anc = [i for a in reversed(chain) for i in range(starts[a], starts[a] + segments[a]["length"])]
+        own = list(range(starts[s], starts[s] + seg["length"]))
+        groups.setdefault((len(own), len(anc)), []).append((own, anc + own))
+    out = []
+    for (L, A), members in sorted(groups.items()):
+        qi = torch.tensor([m[0] for m in members], dtype=torch.long, device=dev)
+        ki = torch.tensor([m[1] for m in members], dtype=torch.long, device=dev)
+        out.append((L, A, qi, ki))
+    return out
+
+
+def gathered_sdpa(q, k, v, groups, backend, form):
+    """q [1, HQ, S, D], k/v [1, HKV, S, D]: one SDPA call per group on gathered rows; returns the outputs.
+    form: "bias" (torch's lower-right CausalBias, GQA in the kernel), "mask" (a boolean mask, GQA in the
+    kernel) or "expand" (a boolean mask, KV heads repeated to HQ)."""
+    outs = []
+    with sdpa_kernel(backend):
+        for L, A, qi, ki in groups:
+            B = qi.shape[0]
+            qg = q[0][:, qi.reshape(-1)].reshape(HQ, B, L, D).transpose(0, 1)
+            kg = k[0][:, ki.reshape(-1)].reshape(HKV, B, A + L, D).transpose(0, 1)
+            vg = v[0][:, ki.reshape(-1)].reshape(HKV, B, A + L, D).transpose(0, 1)
+            if form == "bias":
+                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=causal_lower_right(L, A + L), enable_gqa=True)
+            else:
+                mask = torch.ones(L, A + L, dtype=torch.bool, device=q.device).tril(diagonal=A)
+                if form == "expand":
+                    kg, vg = kg.repeat_interleave(HQ // HKV, dim=1), vg.repeat_interleave(HQ // HKV, dim=1)
+                    o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask)
+                else:
+                    o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, enable_gqa=True)
+            outs.append(o)
+    return outs
+
+
 def median_ms(fn, reps):
     for _ in range(3):
         fn()
@@ -67,6 +123,8 @@ def main():
     ap.add_argument("--presets", default="fixed5k,varied5k,dominant,art-fixed5k")
     ap.add_argument("--treecp", default=None)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-sdpa", dest="sdpa", action="store_false",
+                    help="skip torch SDPA (cuDNN, FA2) on gathered root-to-segment paths")
     args = ap.parse_args()
     dev = torch.device("cuda")
     flex = torch.compile(flex_attention, dynamic=False)
@@ -117,6 +175,30 @@ def main():
         rows.append((name, S, pairs, statistics.median(build), fwd_ms, flop / fwd_ms / 1e9, fb_ms,
                      3.5 * flop / fb_ms / 1e9))
         print(f"{name}: flex done", flush=True)
+        # torch SDPA on gathered root-to-segment paths (DESIGN.md's other anchor), cuDNN and FA2 backends
+        if args.sdpa:
+            groups = path_groups(segments, dev)
+            for label, backend in (("SDPA cuDNN, gathered paths", SDPBackend.CUDNN_ATTENTION),
+                                   ("SDPA FA2, gathered paths", SDPBackend.FLASH_ATTENTION)):
+                for form in ("bias", "mask", "expand"):  # the first form the backend accepts
+                    try:
+                        def sfwd():
+                            with torch.no_grad():
+                                return gathered_sdpa(q, k, v, groups, backend, form)
+
+                        def sfb():
+                            outs = gathered_sdpa(q, k, v, groups, backend, form)
+                            q.grad = k.grad = v.grad = None
+                            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+
+                        s_fwd = median_ms(sfwd, args.reps)
+                        s_fb = median_ms(sfb, args.reps)
+                        rows.append((name, S, pairs, float("nan"), s_fwd, flop / s_fwd / 1e9, s_fb,
+                                     3.5 * flop / s_fb / 1e9, f"{label}, {form}", len(groups)))
+                        break
+                    except Exception as e:  # a form or backend that refuses these shapes is reported, not fatal
+                        print(f"{name}: {label}, {form}: not run ({type(e).__name__}: {str(e)[:160]})", flush=True)
+            print(f"{name}: sdpa done ({len(groups)} shape groups)", flush=True)
         del q, k, v, do, bm
         torch.cuda.empty_cache()
 
@@ -125,7 +207,12 @@ def main():
     print("| preset | tokens | visible pairs | impl | per-tree setup ms | fwd ms | fwd TFLOP/s | fwd+bwd ms | "
           "fwd+bwd TFLOP/s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, S, pairs, build_ms, fwd_ms, fwd_tf, fb_ms, fb_tf in rows:
+    for row in rows:
+        name, S, pairs, build_ms, fwd_ms, fwd_tf, fb_ms, fb_tf = row[:8]
+        if len(row) > 8:
+            print(f"| {name} | {S} | {pairs} | {row[8]} ({row[9]} calls) | - | {fwd_ms:.3f} | {fwd_tf:.1f} | "
+                  f"{fb_ms:.3f} | {fb_tf:.1f} |")
+            continue
         t = treecp.get(name)
         if t:
             if t["pairs"] != pairs:

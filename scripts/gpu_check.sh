@@ -5,7 +5,8 @@
 # to $ROWS_DIR (default $OUT_DIR/rows).
 #   scripts/gpu_check.sh                 build into build-cuda/ and run everything
 #   BIN_DIR=.gpu_bin scripts/gpu_check.sh  use prebuilt treecp_cuda_tests and bench_attention
-#   SKIP_FLEX=1 / SKIP_SANITIZER=1 / BENCH_REPS=N   trim the run
+#   SKIP_FLEX=1 / SKIP_SANITIZER=1 / SKIP_SDPA=1 / BENCH_REPS=N   trim the run (SKIP_SDPA: no torch SDPA
+#   peers on gathered paths)
 #   PROFILE=1   also Nsight Compute sections of the first forward and backward launch on fixed5k (the defaults)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -47,7 +48,7 @@ echo "== benchmark"
 "$bench" --out "$rows" --reps "${BENCH_REPS:-20}" 2>&1 | tee "$out/bench_treecp.log" || status=1
 if [ -z "${SKIP_FLEX:-}" ]; then
   PYTHONUNBUFFERED=1 python3 "$root/scripts/bench_flex.py" --rows "$rows" --treecp "$rows/treecp_results.json" \
-    --reps "${BENCH_REPS:-20}" 2>&1 | tee "$out/bench_flex.log" || status=1
+    --reps "${BENCH_REPS:-20}" ${SKIP_SDPA:+--no-sdpa} 2>&1 | tee "$out/bench_flex.log" || status=1
 fi
 if [ -n "${PROFILE:-}" ] && command -v ncu >/dev/null; then
   echo "== ncu (fixed5k, one launch each; clocks left alone)"
