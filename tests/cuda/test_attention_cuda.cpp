@@ -7,6 +7,7 @@
 #include <utility>
 #include <memory>
 #include <set>
+#include <string>
 
 #include "core/error.hpp"
 #include "cuda_test_util.hpp"
@@ -98,6 +99,49 @@ TEST(CudaTilePlan, RejectsSlicesOutsideBuffers) {
   const std::vector<Slice> s{make_slice(0, 10, 0, 10, 0, 10)};
   EXPECT_THROW(build_tile_plan(s, 5, 10, 1), Error);
   EXPECT_THROW(build_tile_plan(s, 10, 10, 0), Error);
+}
+
+// Argument checks run on the host before any launch, so they are tested without a GPU: a bad pointer
+// or stride is refused with an error that names it, and nothing is launched.
+TEST(CudaArguments, BackwardNamesMisalignedOrMissingTensors) {
+  DeviceTilePlan plan;  // never uploaded: only its sizes are read before the launch
+  plan.q_rows = 16;
+  plan.kv_rows = 16;
+  plan.group = 2;
+  auto fake = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  AttentionBackwardParams p;
+  p.q = p.k = p.v = p.o = p.d_o = fake(0x10000);
+  p.lse = static_cast<const float*>(fake(0x20000));
+  p.dsum = p.dq = p.dk = p.dv = static_cast<float*>(fake(0x30000));
+  p.q_row_stride = p.o_row_stride = 4 * 64;
+  p.k_row_stride = p.v_row_stride = 2 * 64;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = 64;
+  p.dq_row_stride = p.dk_row_stride = 64;
+  p.dq_head_stride = p.dk_head_stride = 64;
+  p.hq = 4;
+  p.hkv = 2;
+  p.head_dim = 64;
+  p.scale = 0.125f;
+  auto message = [&](const AttentionBackwardParams& bad) -> std::string {
+    try {
+      attention_backward(bad, plan);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  AttentionBackwardParams bad = p;
+  bad.o = fake(0x10008);  // the Dsum kernel reads O 16 bytes at a time
+  EXPECT_NE(message(bad).find("o must be 16-byte aligned"), std::string::npos) << message(bad);
+  bad = p;
+  bad.o = nullptr;
+  EXPECT_NE(message(bad).find("o is required"), std::string::npos) << message(bad);
+  bad = p;
+  bad.d_o = fake(0x10004);
+  EXPECT_NE(message(bad).find("d_o must be 16-byte aligned"), std::string::npos) << message(bad);
+  bad = p;
+  bad.hq = 6;  // the plan was built for group 2
+  EXPECT_NE(message(bad).find("group"), std::string::npos) << message(bad);
 }
 
 struct Config {

@@ -69,6 +69,7 @@ void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& 
                     plan.group};
   if (!p.dsum_ready) {
     require(p.o != nullptr, who, ": o is required unless dsum_ready");
+    check_aligned(who, "o", p.o, p.o_row_stride, p.o_head_stride);  // the Dsum kernel reads 16 bytes at a time
     detail::launch_bwd_dsum(a, stream);
   }
   const Mainloop mainloop =
