@@ -91,7 +91,7 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_gen_ms, bwd_pt_ms, bwd_gen2_ms, bwd_pt2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_gen_ms, bwd_pt_ms, bwd_gen2_ms, bwd_pt2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -283,6 +283,17 @@ int main(int argc, char** argv) {
         r.fwd_two2_ms = time_fwd(Two{}, Generic{});
         r.fwd_one2_ms = time_fwd(One{}, Generic{});
         r.fwd_lean2_ms = time_fwd(One{}, PerThread{});
+        // the warp-specialised TMA experiment (attention_fwd_ws.cu), alternating with the default
+        auto time_ws = [&](int variant) {
+          return time_ms(reps, [&] { treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, variant); });
+        };
+        r.fwd_ws_ms = time_ws(0);
+        r.fwd_wsq_ms = time_ws(1);
+        r.fwd_wso_ms = time_ws(2);
+        r.fwd_lean3_ms = time_fwd(One{}, PerThread{});
+        r.fwd_wso2_ms = time_ws(2);
+        r.fwd_wsq2_ms = time_ws(1);
+        r.fwd_ws2_ms = time_ws(0);
       }
       fp.mainloop = Mainloop::kDefault;  // the default, used below
       fp.rows_per_warp = 0;
@@ -390,10 +401,12 @@ int main(int argc, char** argv) {
                   "dQ zeroing %.3f ms, Dsum kernel %.3f ms\n",
                   r.preset.c_str(), r.bwd_ms, r.bwd_kernel_ms, r.bwd_nodq_ms, r.memset_dq_ms, r.dsum_ms);
     std::printf("\nwgmma forward kernel by variant, ms, in timing order: kTwo / kOne / kOne+kPerThread loads / kTwo again / "
-                "kOne again / kOne+kPerThread again (kTwo and kOne with the generic loads)\n");
+                "kOne again / kOne+kPerThread again (kTwo and kOne with the generic loads); then warp-specialised TMA (ws) / ws with Q in "
+                "registers (wsq) / wsq with intra-warpgroup overlap (wso) / kOne+kPerThread / wso / wsq / ws\n");
     for (const Result& r : results)
-      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f / %.3f / %.3f\n", r.preset.c_str(), r.fwd_two_ms, r.fwd_one_ms,
-                  r.fwd_lean_ms, r.fwd_two2_ms, r.fwd_one2_ms, r.fwd_lean2_ms);
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f / %.3f / %.3f;  %.3f / %.3f / %.3f / %.3f / %.3f / %.3f / %.3f\n",
+                  r.preset.c_str(), r.fwd_two_ms, r.fwd_one_ms, r.fwd_lean_ms, r.fwd_two2_ms, r.fwd_one2_ms, r.fwd_lean2_ms,
+                  r.fwd_ws_ms, r.fwd_wsq_ms, r.fwd_wso_ms, r.fwd_lean3_ms, r.fwd_wso2_ms, r.fwd_wsq2_ms, r.fwd_ws2_ms);
     std::printf("\nwgmma backward kernel (+ dK/dV zeroing) by overlap variant, ms: kNone / kDkv / kDkvDq / kNone again\n");
     for (const Result& r : results)
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f\n", r.preset.c_str(), r.bwd_none_ms, r.bwd_dkv_ms, r.bwd_kernel_ms,

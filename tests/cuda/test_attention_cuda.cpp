@@ -196,8 +196,10 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
     EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3) << "barrier variant " << variant;
   }
   using Mainloop = AttentionForwardParams::Mainloop;
-  // every forward path: wgmma, mma.sync with 16 and 32 rows per warp; the last one feeds the backward
-  const std::pair<Mainloop, int> variants[] = {{Mainloop::kWgmma, 0}, {Mainloop::kMmaSync, 16}, {Mainloop::kMmaSync, 32}};
+  // every forward path: the default, wgmma, mma.sync with 16 and 32 rows per warp; the last one feeds
+  // the backward (the default is the warp-specialised kernel where it applies)
+  const std::pair<Mainloop, int> variants[] = {
+      {Mainloop::kDefault, 0}, {Mainloop::kWgmma, 0}, {Mainloop::kMmaSync, 16}, {Mainloop::kMmaSync, 32}};
   for (const auto& [mainloop, rows_per_warp] : variants) {
     o.poison();
     lse.poison();

@@ -1,11 +1,12 @@
 // The wgmma kernels' variants (attention_fwd_wgmma.cuh barriers and loads, attention_bwd_wgmma.cuh overlap and loads),
 // launched directly so the GPU tests also check the ones the defaults do not select.
 #include "kernels/cuda/attention_bwd_wgmma.cuh"
+#include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/attention_fwd_wgmma.cuh"
 
 namespace treecp::cuda::test {
 
-int fwd_wgmma_variant_count() { return 4; }
+int fwd_wgmma_variant_count() { return 7; }
 
 namespace {
 template <int D>
@@ -20,6 +21,11 @@ void launch_fwd_wgmma_d(const detail::FwdArgs& a, int variant) {
 }  // namespace
 
 void launch_fwd_wgmma_variant(const detail::FwdArgs& a, int head_dim, int variant) {
+  // variants 4-6: the warp-specialised TMA experiment (attention_fwd_ws.cu; 5: Q in registers, 6: also the
+  // intra-warpgroup overlap) where it
+  // applies, else the default
+  if (variant >= 4 && head_dim == 128 && detail::launch_fwd_ws_d128(a, nullptr, variant - 4)) return;
+  if (variant >= 4) variant = 3;
   if (head_dim == 64) launch_fwd_wgmma_d<64>(a, variant);
   else launch_fwd_wgmma_d<128>(a, variant);
 }

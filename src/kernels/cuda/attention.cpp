@@ -40,8 +40,17 @@ void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& pl
   detail::FwdArgs a{p, plan.fwd, plan.slices, static_cast<int32_t>(plan.q_rows), static_cast<int32_t>(plan.kv_rows),
                     plan.group};
   const Mainloop mainloop = p.mainloop == Mainloop::kDefault ? kFwdMainloop : p.mainloop;
-  require(mainloop == Mainloop::kMmaSync || mainloop == Mainloop::kWgmma, who, ": mainloop must be kDefault, kMmaSync or kWgmma, got ",
-          static_cast<int>(p.mainloop));
+  require(mainloop == Mainloop::kMmaSync || mainloop == Mainloop::kWgmma || mainloop == Mainloop::kWgmmaWs, who,
+          ": mainloop must be kDefault, kMmaSync, kWgmma or kWgmmaWs, got ", static_cast<int>(p.mainloop));
+  if (mainloop == Mainloop::kWgmmaWs) {
+    require(p.head_dim == 128 && kFwdBlockRows % plan.group == 0, who,
+            ": kWgmmaWs needs head_dim 128 and a group dividing ", kFwdBlockRows, ", got head_dim ", p.head_dim,
+            " group ", plan.group);
+    detail::launch_fwd_ws_d128(a, stream, 2);
+    return;
+  }
+  // kDefault: the warp-specialised kernel where it applies (measured fastest, docs/benchmarks-gpu.md)
+  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 && detail::launch_fwd_ws_d128(a, stream, 2)) return;
   if (mainloop == Mainloop::kWgmma) {
     if (p.head_dim == 64) detail::launch_fwd_wgmma_d64(a, stream);
     else detail::launch_fwd_wgmma_d128(a, stream);

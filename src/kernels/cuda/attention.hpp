@@ -111,8 +111,10 @@ class DeviceTilePlan {
 // Main loop of a kernel: kDefault is the measured fastest (docs/benchmarks-gpu.md); the others stay
 // selectable so the tests cover every path and the benchmark measures them in the same run.
 // kMmaSync: mma.sync m16n8k16 (any sm_80+ part); kWgmma: Hopper warpgroup MMA (sm_90a; the backward
-// has it for head dim 128 only).
-enum class Mainloop : int32_t { kDefault = 0, kMmaSync = 1, kWgmma = 2 };
+// has it for head dim 128 only); kWgmmaWs (forward, head dim 128, G dividing 128): the warp-specialised
+// wgmma forward (TMA producer, Q in registers, intra-warpgroup overlap; attention_fwd_ws.cu). kDefault
+// takes kWgmmaWs where it applies, else kWgmma.
+enum class Mainloop : int32_t { kDefault = 0, kMmaSync = 1, kWgmma = 2, kWgmmaWs = 3 };
 
 using bf16_t = uint16_t;  // storage type on the host side of the interface (bit pattern of bf16)
 
