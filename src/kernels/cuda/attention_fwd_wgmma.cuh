@@ -48,6 +48,131 @@ constexpr FwdBarriers kFwdBarriers = FwdBarriers::kOne;  // the default, by meas
 enum class FwdLoads { kGeneric, kPerThread };
 constexpr FwdLoads kFwdLoads = FwdLoads::kPerThread;  // the default, by measurement (docs/benchmarks-gpu.md)
 
+// The per-tile steps both wgmma forward kernels share (this file's and attention_fwd_ws.cu's). A thread
+// holds two rows (h = 0, 1: token tok[h]) of a 64 x BN accumulator tile in the layout of wgmma.cuh;
+// element 4 nb + 2 h + c is (row h, key 8 nb + 2 (lane % 4) + c).
+
+// Partial run: keys no listed slice makes visible from the row get -inf (slices are disjoint, so "in
+// any of them" is exact).
+template <int BN>
+__device__ __forceinline__ void fwd_mask_tile(float (&s)[BN / 2], const FwdArgs& args, const TileEntry& e, int kt,
+                                              int lane, const int (&tok)[2]) {
+  const auto& L = args.lists;
+  const int kbase = kt * BN + 2 * (lane % 4);
+  uint32_t vis = 0;  // bit nb * 4 + c: element s[4 nb + c] is visible
+  for (int j = 0; j < e.mask_count; ++j) {
+    const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
+    uint32_t key_ok = 0;  // bit nb * 2 + (c & 1)
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (in_range(kbase + nb * 8 + c, sl.k0, sl.k1)) key_ok |= 1u << (nb * 2 + c);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!in_range(tok[h], sl.q0, sl.q1)) continue;
+#pragma unroll
+      for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          if ((key_ok >> (nb * 2 + c) & 1u) && in_range(tok[h] - (kbase + nb * 8 + c), sl.dmin, sl.dmax))
+            vis |= 1u << (nb * 4 + 2 * h + c);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i)
+    if (!(vis >> i & 1u)) s[i] = -INFINITY;
+}
+
+// Online softmax of one tile, in base 2: the row max m and sum l move on, S becomes P, corrs[h] is the
+// factor O's row h needs; returns whether this thread has a factor other than 1. Rows are shared by the
+// 4 lanes of a quad. The row max and sum are pairwise trees (independent operations, not one dependent
+// chain of 16); scale > 0, so the max of the raw scores times sl2 is the max of the scaled ones.
+template <int BN>
+__device__ __forceinline__ bool fwd_softmax_tile(float (&s)[BN / 2], float (&m)[2], float (&l)[2], float sl2,
+                                                 float (&corrs)[2]) {
+  bool rescale = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float t[BN / 8];
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; ++nb) t[nb] = fmaxf(s[4 * nb + 2 * h], s[4 * nb + 2 * h + 1]);
+#pragma unroll
+    for (int w = BN / 16; w >= 1; w /= 2)
+#pragma unroll
+      for (int i = 0; i < w; ++i) t[i] = fmaxf(t[i], t[i + w]);
+    float mx = fmaxf(m[h], t[0] * sl2);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: keep exp2 finite
+    const float corr = exp2_fast(m[h] - base);
+    m[h] = mx;
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; ++nb) {
+      s[4 * nb + 2 * h] = exp2_fast(fmaf(s[4 * nb + 2 * h], sl2, -base));
+      s[4 * nb + 2 * h + 1] = exp2_fast(fmaf(s[4 * nb + 2 * h + 1], sl2, -base));
+      t[nb] = s[4 * nb + 2 * h] + s[4 * nb + 2 * h + 1];
+    }
+#pragma unroll
+    for (int w = BN / 16; w >= 1; w /= 2)
+#pragma unroll
+      for (int i = 0; i < w; ++i) t[i] += t[i + w];
+    l[h] = fmaf(l[h], corr, t[0]);
+    corrs[h] = corr;
+    rescale |= corr != 1.f;
+  }
+  return rescale;
+}
+
+// O's rows times their factors, skipped when no row of the warp moved its max.
+template <int D>
+__device__ __forceinline__ void fwd_rescale_o(float (&o)[D / 2], bool rescale, const float (&corrs)[2]) {
+  if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[4 * j + c] *= corrs[c / 2];
+  }
+}
+
+// P as the A operands of O += P V: k16 step kk takes keys 16 kk .. +16 (accumulator blocks 2 kk, 2 kk + 1).
+template <int BN>
+__device__ __forceinline__ void fwd_pack_p(const float (&s)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// O / l in bf16 and the natural-log LSE = max ln 2 + ln(sum) (max in base-2 units); -inf and O = 0 for
+// a row that saw no key.
+template <int D>
+__device__ __forceinline__ void fwd_store_o_lse(const FwdArgs& args, const float (&o)[D / 2], const float (&m)[2],
+                                                const float (&l)[2], const int (&row)[2], const int (&tok)[2],
+                                                int kvh, int lane) {
+  const AttentionForwardParams& p = args.p;
+  const int G = args.group, valid_rows = args.lists.major_tile_rows * G;
+  auto* out = static_cast<__nv_bfloat16*>(p.o);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (row[h] >= valid_rows || tok[h] >= args.q_rows) continue;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const int head = kvh * G + row[h] % G;
+    __nv_bfloat16* dst = out + tok[h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+    if (lane % 4 == 0)
+      p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = sum > 0.f ? m[h] * kLn2 + logf(sum) : -INFINITY;
+  }
+}
+
 template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads>
 __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::kBlocksPerSm)
     attention_fwd_wgmma_kernel(const FwdArgs args) {
@@ -168,83 +293,12 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     wgmma_fence_operands(s);
 
     const TileEntry e = L.entries[cur.entry];
-    if (e.mask_count > 0) {
-      const int kbase = cur.tile * BN + 2 * (lane % 4);
-      uint32_t vis = 0;  // bit nb * 4 + c: element s[4 nb + c] is visible
-      for (int j = 0; j < e.mask_count; ++j) {
-        const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
-        uint32_t key_ok = 0;  // bit nb * 2 + (c & 1)
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            if (in_range(kbase + nb * 8 + c, sl.k0, sl.k1)) key_ok |= 1u << (nb * 2 + c);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (!in_range(tok[h], sl.q0, sl.q1)) continue;
-#pragma unroll
-          for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-              if ((key_ok >> (nb * 2 + c) & 1u) && in_range(tok[h] - (kbase + nb * 8 + c), sl.dmin, sl.dmax))
-                vis |= 1u << (nb * 4 + 2 * h + c);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i)
-        if (!(vis >> i & 1u)) s[i] = -INFINITY;
-    }
-
-    // online softmax; rows are shared by the 4 lanes of a quad
-    bool rescale = false;
+    if (e.mask_count > 0) fwd_mask_tile<BN>(s, args, e, cur.tile, lane, tok);
     float corrs[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      // row max and sum as pairwise trees (independent operations, not one dependent chain of 16);
-      // scale > 0, so the max of the raw scores times sl2 is the max of the scaled ones
-      float t[BN / 8];
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; ++nb) t[nb] = fmaxf(s[4 * nb + 2 * h], s[4 * nb + 2 * h + 1]);
-#pragma unroll
-      for (int w = BN / 16; w >= 1; w /= 2)
-#pragma unroll
-        for (int i = 0; i < w; ++i) t[i] = fmaxf(t[i], t[i + w]);
-      float mx = fmaxf(m[h], t[0] * sl2);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float base = mx == -INFINITY ? 0.f : mx;  // all masked so far: keep exp2 finite
-      const float corr = exp2_fast(m[h] - base);
-      m[h] = mx;
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; ++nb) {
-        s[4 * nb + 2 * h] = exp2_fast(fmaf(s[4 * nb + 2 * h], sl2, -base));
-        s[4 * nb + 2 * h + 1] = exp2_fast(fmaf(s[4 * nb + 2 * h + 1], sl2, -base));
-        t[nb] = s[4 * nb + 2 * h] + s[4 * nb + 2 * h + 1];
-      }
-#pragma unroll
-      for (int w = BN / 16; w >= 1; w /= 2)
-#pragma unroll
-        for (int i = 0; i < w; ++i) t[i] += t[i + w];
-      l[h] = fmaf(l[h], corr, t[0]);
-      corrs[h] = corr;
-      rescale |= corr != 1.f;
-    }
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) o[4 * j + c] *= corrs[c / 2];
-    }
-
-    // O += P V: k16 step kk takes keys 16 kk .. +16 (accumulator blocks 2 kk and 2 kk + 1 as A)
+    const bool rescale = fwd_softmax_tile<BN>(s, m, l, sl2, corrs);
+    fwd_rescale_o<D>(o, rescale, corrs);
     uint32_t pa[BN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    fwd_pack_p<BN>(s, pa);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
@@ -258,23 +312,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
   }
   cp_async_wait<0>();
 
-  auto* out = static_cast<__nv_bfloat16*>(p.o);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (row[h] >= valid_rows || tok[h] >= args.q_rows) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int head = kvh * G + row[h] % G;
-    __nv_bfloat16* dst = out + tok[h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-    // natural-log LSE = max * ln 2 + ln(sum) with max kept in base-2 units
-    if (lane % 4 == 0)
-      p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = sum > 0.f ? m[h] * kLn2 + logf(sum) : -INFINITY;
-  }
+  fwd_store_o_lse<D>(args, o, m, l, row, tok, kvh, lane);
 }
 
 template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads>

@@ -3,7 +3,7 @@
 // four-stage ring (mbarriers with transaction counts); warpgroups 0 and 1 (240 registers through
 // setmaxnreg) only compute, each on its 64 rows, with no block barrier: a warpgroup waits for its
 // stage to be full and releases it once its P V has retired. Same tile lists, masks, online softmax
-// and epilogue as attention_fwd_wgmma.cuh. Needs head dim 128, G dividing 128 (Q's TMA box is 64
+// and epilogue as attention_fwd_wgmma.cuh (its fwd_* helpers). Needs head dim 128, G dividing 128 (Q's TMA box is 64
 // columns x G heads x 128 / G tokens), 16-byte aligned rows.
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -11,6 +11,7 @@
 #include <cfloat>
 
 #include "core/error.hpp"
+#include "kernels/cuda/attention_fwd_wgmma.cuh"  // the per-tile steps both forward kernels share
 #include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -98,7 +99,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
   const int kvh = blockIdx.x % p.hkv;
   const int G = args.group;
   const int t0 = tile * L.major_tile_rows;
-  const int valid_rows = L.major_tile_rows * G;
   const int e_end = L.offsets[tile + 1];
 
   if (threadIdx.x == 0) {
@@ -193,72 +193,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     wgmma_fence_operands(sc);
 
     const TileEntry e = L.entries[cur.entry];
-    if (e.mask_count > 0) {
-      const int kbase = cur.tile * BN + 2 * (lane % 4);
-      uint32_t vis = 0;
-      for (int j = 0; j < e.mask_count; ++j) {
-        const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
-        uint32_t key_ok = 0;
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            if (in_range(kbase + nb * 8 + c, sl.k0, sl.k1)) key_ok |= 1u << (nb * 2 + c);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (!in_range(tok[h], sl.q0, sl.q1)) continue;
-#pragma unroll
-          for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-              if ((key_ok >> (nb * 2 + c) & 1u) && in_range(tok[h] - (kbase + nb * 8 + c), sl.dmin, sl.dmax))
-                vis |= 1u << (nb * 4 + 2 * h + c);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i)
-        if (!(vis >> i & 1u)) sc[i] = -INFINITY;
-    }
-
-    bool rescale = false;
+    if (e.mask_count > 0) fwd_mask_tile<BN>(sc, args, e, cur.tile, lane, tok);
     float corrs[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float t[BN / 8];
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; ++nb) t[nb] = fmaxf(sc[4 * nb + 2 * h], sc[4 * nb + 2 * h + 1]);
-#pragma unroll
-      for (int wd = BN / 16; wd >= 1; wd /= 2)
-#pragma unroll
-        for (int i = 0; i < wd; ++i) t[i] = fmaxf(t[i], t[i + wd]);
-      float mx = fmaxf(m[h], t[0] * sl2);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float bse = mx == -INFINITY ? 0.f : mx;
-      const float corr = exp2_fast(m[h] - bse);
-      m[h] = mx;
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; ++nb) {
-        sc[4 * nb + 2 * h] = exp2_fast(fmaf(sc[4 * nb + 2 * h], sl2, -bse));
-        sc[4 * nb + 2 * h + 1] = exp2_fast(fmaf(sc[4 * nb + 2 * h + 1], sl2, -bse));
-        t[nb] = sc[4 * nb + 2 * h] + sc[4 * nb + 2 * h + 1];
-      }
-#pragma unroll
-      for (int wd = BN / 16; wd >= 1; wd /= 2)
-#pragma unroll
-        for (int i = 0; i < wd; ++i) t[i] += t[i + wd];
-      l[h] = fmaf(l[h], corr, t[0]);
-      corrs[h] = corr;
-      rescale |= corr != 1.f;
-    }
+    const bool rescale = fwd_softmax_tile<BN>(sc, m, l, sl2, corrs);
     uint32_t pn[BN / 16][4];  // this tile's P
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pn[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-      pn[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pn[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pn[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-    }
+    fwd_pack_p<BN>(sc, pn);
     if constexpr (kOverlap) {
       wgmma_wait<0>();  // P V(n - 1): O and the old P are free again
       wgmma_fence_operands(o);
@@ -268,12 +207,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
         if (lane == 0) mbar_arrive(empty(prev_s));
       }
     }
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) o[4 * j + c] *= corrs[c / 2];
-    }
+    fwd_rescale_o<D>(o, rescale, corrs);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
@@ -309,22 +243,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     }
   }
 
-  auto* out = static_cast<__nv_bfloat16*>(p.o);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (row[h] >= valid_rows || tok[h] >= args.q_rows) continue;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int head = kvh * G + row[h] % G;
-    __nv_bfloat16* dst = out + tok[h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-    if (lane % 4 == 0)
-      p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = sum > 0.f ? m[h] * kLn2 + logf(sum) : -INFINITY;
-  }
+  fwd_store_o_lse<D>(args, o, m, l, row, tok, kvh, lane);
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
