@@ -46,7 +46,8 @@ void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& pl
     require(p.head_dim == 128 && kFwdBlockRows % plan.group == 0, who,
             ": kWgmmaWs needs head_dim 128 and a group dividing ", kFwdBlockRows, ", got head_dim ", p.head_dim,
             " group ", plan.group);
-    detail::launch_fwd_ws_d128(a, stream, 2);
+    require(detail::launch_fwd_ws_d128(a, stream, 2), who,
+            ": kWgmmaWs needs the driver's cuTensorMapEncodeTiled, which this driver does not provide");
     return;
   }
   // kDefault: the warp-specialised kernel where it applies (measured fastest, docs/benchmarks-gpu.md)

@@ -246,13 +246,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
   fwd_store_o_lse<D>(args, o, m, l, row, tok, kvh, lane);
 }
 
+// The driver's tensor-map encoder, looked up once through the runtime (no libcuda link); nullptr when
+// the driver does not provide it, and the default path then takes the cp.async kernel.
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q),
-               "attention_forward (ws): driver entry point");
-    require(q == cudaDriverEntryPointSuccess && f != nullptr, "attention_forward (ws): cuTensorMapEncodeTiled unavailable");
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();  // leave no sticky error behind
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   }();
   return fn;
@@ -276,7 +280,7 @@ CUtensorMap tensor_map(const void* ptr, int64_t rows, int64_t heads, int64_t row
 }  // namespace
 
 bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant) {
-  if (a.p.head_dim != kWsD || kWsRows % a.group != 0) return false;
+  if (a.p.head_dim != kWsD || kWsRows % a.group != 0 || encode_tiled() == nullptr) return false;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return true;
   FwdWsArgs w;

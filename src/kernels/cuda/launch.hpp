@@ -27,8 +27,8 @@ void launch_bwd_d64(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_d128(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_wgmma_d128(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);
-// Experiment (attention_fwd_ws.cu): the warp-specialised TMA forward; false when the shape is not
-// supported (head dim 128 and G dividing 128 only).
+// The warp-specialised TMA forward (attention_fwd_ws.cu); false when it does not apply: head dim 128 and
+// G dividing 128 only, and a driver that provides cuTensorMapEncodeTiled.
 // variant 0: plain, 1: Q in registers, 2: Q in registers + intra-warpgroup overlap.
 bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant);
 
