@@ -147,6 +147,15 @@ __device__ __forceinline__ void fwd_pack_p(const float (&s)[BN / 2], uint32_t (&
   }
 }
 
+// Issues O += P V for one tile: k16 step kk takes keys 16 kk .. +16 of the V stage at vs16 (its start
+// address >> 4); the caller fences before and commits / waits after.
+template <int D, int BN>
+__device__ __forceinline__ void fwd_issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BN / 16][4], uint32_t vs16) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk)
+    wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
+}
+
 // O / l in bf16 and the natural-log LSE = max ln 2 + ln(sum) (max in base-2 units); -inf and O = 0 for
 // a row that saw no key.
 template <int D>
@@ -300,9 +309,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     uint32_t pa[BN / 16][4];
     fwd_pack_p<BN>(s, pa);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
+    fwd_issue_pv<D, BN>(o, pa, vs16);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(o);

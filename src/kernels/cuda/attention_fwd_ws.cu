@@ -180,11 +180,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     }
     wgmma_commit();
     if constexpr (kOverlap) {
-      if (n > 0) {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-          wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(prev_vs16 + kk * 16 * 128 / 16));
-      }
+      if (n > 0) fwd_issue_pv<D, BN>(o, pa, prev_vs16);
       wgmma_commit();
       wgmma_wait<1>();  // S(n) only: P V(n - 1) stays in flight under the softmax
     } else {
@@ -219,9 +215,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
       continue;
     }
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
+    fwd_issue_pv<D, BN>(o, pa, vs16);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(o);
@@ -233,9 +227,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
   if constexpr (kOverlap) {
     if (n > 0) {  // the last tile's P V
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(prev_vs16 + kk * 16 * 128 / 16));
+      fwd_issue_pv<D, BN>(o, pa, prev_vs16);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operands(o);
