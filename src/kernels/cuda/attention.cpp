@@ -5,8 +5,9 @@
 namespace treecp::cuda {
 namespace {
 
-// The main loops that kDefault selects: wgmma (docs/benchmarks-gpu.md has the measurements); the
-// backward has no wgmma kernel at head dim 64.
+// The main loops that kDefault selects (docs/benchmarks-gpu.md has the measurements): the forward first
+// tries the warp-specialised kernel (head dim 128, G dividing 128, a driver with the tensor-map encoder)
+// and otherwise takes kFwdMainloop; the backward has no wgmma kernel at head dim 64.
 constexpr Mainloop kFwdMainloop = Mainloop::kWgmma;
 constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
 

@@ -1,6 +1,7 @@
 // Tile lists from slices: one pass over each slice's tiles (counting sort into per-major-tile
 // buckets), then a small sort inside each bucket to merge the slices that share a tile.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -26,11 +27,8 @@ int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1)
 struct TileDiv {
   int64_t d;
   int shift;  // -1: not a power of two
-  explicit TileDiv(int64_t size) : d(size), shift(-1) {
-    if ((size & (size - 1)) == 0)
-      for (shift = 0; (int64_t{1} << shift) < size; ++shift) {
-      }
-  }
+  explicit TileDiv(int64_t size)
+      : d(size), shift(std::has_single_bit(static_cast<uint64_t>(size)) ? std::countr_zero(static_cast<uint64_t>(size)) : -1) {}
   int64_t floor(int64_t a) const { return shift >= 0 ? a >> shift : floor_div(a, d); }  // >> of a negative floors
   int64_t ceil(int64_t a) const { return -floor(-a); }
 };
