@@ -53,7 +53,7 @@ fi
 if [ -n "${PROFILE:-}" ] && command -v ncu >/dev/null; then
   echo "== ncu (fixed5k, one launch each; clocks left alone)"
   for k in fwd bwd; do
-    timeout 180 ncu --clock-control none -k "regex:attention_${k}_(wgmma_)?kernel" -c 1 --section SpeedOfLight \
+    timeout 180 ncu --clock-control none -k "regex:attention_${k}_(wgmma_|ws_)?kernel" -c 1 --section SpeedOfLight \
       --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
       --section WarpStateStats "$bench" --presets fixed5k --reps 1 --out "$rows" >"$out/ncu_$k.txt" 2>&1 || true
     grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Stall|Issue Slots Busy" "$out/ncu_$k.txt" | head -20

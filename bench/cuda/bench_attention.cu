@@ -91,7 +91,7 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_gen_ms, bwd_pt_ms, bwd_gen2_ms, bwd_pt2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws2_ms, bwd_ws3_ms, bwd_wg2_ms, bwd_ws2b_ms, bwd_ws3b_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -351,21 +351,28 @@ int main(int argc, char** argv) {
         r.bwd_none_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kNone>{});
         r.bwd_dkv_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kDkv>{});
         r.bwd_none2_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kNone>{});
-        // the default (kDkvDq) with the generic and the per-thread Q/dO loads, alternating, each twice
-        using treecp::cuda::detail::BwdLoads;
-        auto time_loads = [&](auto loads) {
+        // the wgmma kernel (kDkvDq, the default before change Q) against the warp-specialised one with two and
+        // three Q/dO stages (attention_bwd_ws.cu), alternating, each twice
+        auto time_wg = [&] {
           return time_ms(reps, [&] {
             check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
             check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
-            treecp::cuda::detail::launch_bwd_wgmma<kD, true, BwdOverlap::kDkvDq, decltype(loads)::value>(args, nullptr);
+            treecp::cuda::detail::launch_bwd_wgmma<kD, true, BwdOverlap::kDkvDq>(args, nullptr);
           });
         };
-        using BGeneric = std::integral_constant<BwdLoads, BwdLoads::kGeneric>;
-        using BPerThread = std::integral_constant<BwdLoads, BwdLoads::kPerThread>;
-        r.bwd_gen_ms = time_loads(BGeneric{});
-        r.bwd_pt_ms = time_loads(BPerThread{});
-        r.bwd_gen2_ms = time_loads(BGeneric{});
-        r.bwd_pt2_ms = time_loads(BPerThread{});
+        auto time_ws = [&](int variant) {
+          return time_ms(reps, [&] {
+            check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+            check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+            treecp::cuda::detail::launch_bwd_ws_d128(args, nullptr, variant);
+          });
+        };
+        r.bwd_wg_ms = time_wg();
+        r.bwd_ws2_ms = time_ws(0);
+        r.bwd_ws3_ms = time_ws(1);
+        r.bwd_wg2_ms = time_wg();
+        r.bwd_ws2b_ms = time_ws(0);
+        r.bwd_ws3b_ms = time_ws(1);
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
       for (void* p : {q, k, v, o, d_o}) cudaFree(p);
@@ -411,11 +418,13 @@ int main(int argc, char** argv) {
     for (const Result& r : results)
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f\n", r.preset.c_str(), r.bwd_none_ms, r.bwd_dkv_ms, r.bwd_kernel_ms,
                   r.bwd_none2_ms);
-    std::printf("\nwgmma backward kernel (+ dK/dV zeroing), kDkvDq by Q/dO loads, ms, in timing order: generic / per-thread / "
-                "generic again / per-thread again (per-thread change: mean of each pair)\n");
+    std::printf("\nbackward kernel (+ dK/dV zeroing), ms, in timing order: wgmma kDkvDq / warp-specialised 2 stages (ws2) / "
+                "3 stages (ws3) / wgmma / ws2 / ws3 (change: mean of each pair against wgmma)\n");
     for (const Result& r : results)
-      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (%+.1f%%)\n", r.preset.c_str(), r.bwd_gen_ms, r.bwd_pt_ms, r.bwd_gen2_ms,
-                  r.bwd_pt2_ms, 100.0 * ((r.bwd_pt_ms + r.bwd_pt2_ms) / (r.bwd_gen_ms + r.bwd_gen2_ms) - 1.0));
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f / %.3f / %.3f  (ws2 %+.1f%%, ws3 %+.1f%%)\n", r.preset.c_str(), r.bwd_wg_ms,
+                  r.bwd_ws2_ms, r.bwd_ws3_ms, r.bwd_wg2_ms, r.bwd_ws2b_ms, r.bwd_ws3b_ms,
+                  100.0 * ((r.bwd_ws2_ms + r.bwd_ws2b_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0),
+                  100.0 * ((r.bwd_ws3_ms + r.bwd_ws3b_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0));
     for (const Result& r : results)
       if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3)) {
         std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e)\n", r.preset.c_str(), r.err_o, r.err_lse);

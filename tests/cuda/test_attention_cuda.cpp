@@ -142,6 +142,25 @@ TEST(CudaArguments, BackwardNamesMisalignedOrMissingTensors) {
   bad = p;
   bad.hq = 6;  // the plan was built for group 2
   EXPECT_NE(message(bad).find("group"), std::string::npos) << message(bad);
+  // the warp-specialised backward: head dim 128 only, and a group dividing 64
+  bad = p;
+  bad.dsum_ready = true;  // nothing is launched before the main-loop checks
+  bad.mainloop = AttentionBackwardParams::Mainloop::kWgmmaWs;
+  EXPECT_NE(message(bad).find("kWgmmaWs at head_dim 128"), std::string::npos) << message(bad);
+  DeviceTilePlan plan3;
+  plan3.q_rows = plan3.kv_rows = 16;
+  plan3.group = 3;
+  bad.hq = 6;
+  bad.head_dim = 128;
+  bad.q_head_stride = bad.k_head_stride = bad.v_head_stride = bad.o_head_stride = 128;
+  bad.q_row_stride = bad.o_row_stride = 6 * 128;
+  bad.k_row_stride = bad.v_row_stride = 2 * 128;
+  try {
+    attention_backward(bad, plan3);
+    ADD_FAILURE() << "a group of 3 was accepted by kWgmmaWs";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kWgmmaWs needs a group dividing 64, got 3"), std::string::npos) << e.what();
+  }
 }
 
 struct Config {
@@ -234,9 +253,11 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
   bp.head_dim = c.d;
   bp.scale = static_cast<float>(scale);
   const OracleBackward rb = oracle_backward(m, q.val, k.val, v.val, g.val, scale, ref, nullptr, vis);
-  // every backward path: mma.sync, and wgmma where it exists (head dim 128)
-  std::vector<Mainloop> bwd_variants{Mainloop::kMmaSync};
+  // every backward path: mma.sync, and wgmma where it exists (head dim 128), the warp-specialised kernel
+  // where it applies (G dividing 64), and the default
+  std::vector<Mainloop> bwd_variants{Mainloop::kMmaSync, Mainloop::kDefault};
   if (c.d == 128) bwd_variants.push_back(Mainloop::kWgmma);
+  if (c.d == 128 && 64 % (c.hq / c.hkv) == 0) bwd_variants.push_back(Mainloop::kWgmmaWs);
   for (const Mainloop mainloop : bwd_variants) {
     dq.zero();
     dk.zero();
@@ -249,19 +270,22 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
     EXPECT_LT(rel_error(dv.download(), rb.dv), kTol) << "mainloop " << static_cast<int>(mainloop);
   }
   if (c.d == 128) {
-    // wgmma with a dQ buffer that is only 8-byte aligned (the float2 reductions' minimum)
+    // wgmma and the default with a dQ buffer that is only 8-byte aligned (the float2 reductions' minimum)
     DeviceBuffer<float> dq_off(S * c.hq * c.d + 2);
-    dq_off.zero();
-    dk.zero();
-    dv.zero();
-    bp.mainloop = Mainloop::kWgmma;
-    bp.dq = dq_off.ptr + 2;
-    attention_backward(bp, dplan);
-    check_cuda(cudaDeviceSynchronize(), "backward");
-    const std::vector<float> all = dq_off.download();
-    EXPECT_LT(rel_error(std::vector<float>(all.begin() + 2, all.end()), rb.dq), kTol) << "dQ 8-byte aligned";
-    EXPECT_LT(rel_error(dk.download(), rb.dk), kTol) << "dQ 8-byte aligned";
-    EXPECT_LT(rel_error(dv.download(), rb.dv), kTol) << "dQ 8-byte aligned";
+    for (const Mainloop mainloop : {Mainloop::kWgmma, Mainloop::kDefault}) {
+      dq_off.zero();
+      dk.zero();
+      dv.zero();
+      bp.mainloop = mainloop;
+      bp.dq = dq_off.ptr + 2;
+      attention_backward(bp, dplan);
+      check_cuda(cudaDeviceSynchronize(), "backward");
+      const std::vector<float> all = dq_off.download();
+      const int ml = static_cast<int>(mainloop);
+      EXPECT_LT(rel_error(std::vector<float>(all.begin() + 2, all.end()), rb.dq), kTol) << "dQ 8-byte aligned " << ml;
+      EXPECT_LT(rel_error(dk.download(), rb.dk), kTol) << "dQ 8-byte aligned " << ml;
+      EXPECT_LT(rel_error(dv.download(), rb.dv), kTol) << "dQ 8-byte aligned " << ml;
+    }
     // every overlap variant of the wgmma backward (Dsum is ready from the calls above)
     bp.dq = dq.ptr;
     bp.dsum_ready = true;

@@ -30,13 +30,17 @@ void launch_fwd_wgmma_variant(const detail::FwdArgs& a, int head_dim, int varian
   else launch_fwd_wgmma_d<128>(a, variant);
 }
 
-int bwd_wgmma_variant_count() { return 5; }
+int bwd_wgmma_variant_count() { return 7; }
 
 // kNone / kDkv / kDkvDq with the per-thread Q/dO loads, then kDkvDq and kNone with the generic loads
-// (the per-thread loads fall back to the generic ones when G does not divide 16: the G = 3 case)
+// (the per-thread loads fall back to the generic ones when G does not divide 16: the G = 3 case); 5, 6: the
+// warp-specialised backward (attention_bwd_ws.cu) with two and three Q/dO stages where it applies (G dividing
+// 64), else variant 2
 void launch_bwd_wgmma_variant(const detail::BwdArgs& a, int variant) {
   using detail::BwdLoads;
   using detail::BwdOverlap;
+  if (variant >= 5 && detail::launch_bwd_ws_d128(a, nullptr, variant - 5)) return;
+  if (variant >= 5) variant = 2;
   if (variant == 0) detail::launch_bwd_wgmma<128, true, BwdOverlap::kNone, BwdLoads::kPerThread>(a, nullptr);
   else if (variant == 1) detail::launch_bwd_wgmma<128, true, BwdOverlap::kDkv, BwdLoads::kPerThread>(a, nullptr);
   else if (variant == 2) detail::launch_bwd_wgmma<128, true, BwdOverlap::kDkvDq, BwdLoads::kPerThread>(a, nullptr);

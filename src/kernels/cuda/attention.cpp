@@ -7,9 +7,11 @@ namespace {
 
 // The main loops that kDefault selects (docs/benchmarks-gpu.md has the measurements): the forward first
 // tries the warp-specialised kernel (head dim 128, G dividing 128, a driver with the tensor-map encoder)
-// and otherwise takes kFwdMainloop; the backward has no wgmma kernel at head dim 64.
+// and otherwise takes kFwdMainloop; the backward likewise tries its warp-specialised kernel (head dim 128,
+// G dividing 64) before kBwdMainloop, and has no wgmma kernel at head dim 64.
 constexpr Mainloop kFwdMainloop = Mainloop::kWgmma;
 constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
+constexpr int kBwdWsVariant = 0;  // the warp-specialised backward's Q/dO ring: 0 = two stages, 1 = three
 
 void check_common(const char* who, int32_t hq, int32_t hkv, int32_t head_dim, float scale, const DeviceTilePlan& plan) {
   require(hq >= 1 && hkv >= 1 && hq % hkv == 0, who, ": hq must be a positive multiple of hkv, got hq ", hq,
@@ -85,9 +87,20 @@ void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& 
   }
   const Mainloop mainloop =
       p.mainloop != Mainloop::kDefault ? p.mainloop : p.head_dim == 128 ? kBwdMainloop : Mainloop::kMmaSync;
-  require(mainloop == Mainloop::kMmaSync || (mainloop == Mainloop::kWgmma && p.head_dim == 128), who,
-          ": mainloop must be kDefault or kMmaSync, or kWgmma at head_dim 128; got ", static_cast<int>(p.mainloop),
-          " at head_dim ", p.head_dim);
+  require(mainloop == Mainloop::kMmaSync || (mainloop == Mainloop::kWgmma && p.head_dim == 128) ||
+              (mainloop == Mainloop::kWgmmaWs && p.head_dim == 128),
+          who, ": mainloop must be kDefault or kMmaSync, or kWgmma / kWgmmaWs at head_dim 128; got ",
+          static_cast<int>(p.mainloop), " at head_dim ", p.head_dim);
+  if (mainloop == Mainloop::kWgmmaWs) {
+    require(kBwdBlockRows % plan.group == 0, who, ": kWgmmaWs needs a group dividing ", kBwdBlockRows, ", got ",
+            plan.group);
+    require(detail::launch_bwd_ws_d128(a, stream, kBwdWsVariant), who,
+            ": kWgmmaWs needs the driver's cuTensorMapEncodeTiled, which this driver does not provide");
+    return;
+  }
+  // kDefault at head dim 128: the warp-specialised kernel where it applies (measured fastest)
+  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 && detail::launch_bwd_ws_d128(a, stream, kBwdWsVariant))
+    return;
   if (mainloop == Mainloop::kWgmma) detail::launch_bwd_wgmma_d128(a, stream);
   else if (p.head_dim == 64) detail::launch_bwd_d64(a, stream);
   else detail::launch_bwd_d128(a, stream);

@@ -111,9 +111,10 @@ class DeviceTilePlan {
 // Main loop of a kernel: kDefault is the measured fastest (docs/benchmarks-gpu.md); the others stay
 // selectable so the tests cover every path and the benchmark measures them in the same run.
 // kMmaSync: mma.sync m16n8k16 (any sm_80+ part); kWgmma: Hopper warpgroup MMA (sm_90a; the backward
-// has it for head dim 128 only); kWgmmaWs (forward, head dim 128, G dividing 128): the warp-specialised
-// wgmma forward (TMA producer, Q in registers, intra-warpgroup overlap; attention_fwd_ws.cu). kDefault
-// takes kWgmmaWs where it applies, else kWgmma.
+// has it for head dim 128 only); kWgmmaWs: the warp-specialised wgmma kernels with a TMA producer warpgroup
+// (head dim 128; the forward needs G dividing 128: attention_fwd_ws.cu, Q in registers, intra-warpgroup
+// overlap; the backward G dividing 64: attention_bwd_ws.cu). kDefault takes kWgmmaWs where it applies,
+// else kWgmma (head dim 64 backward: kMmaSync).
 enum class Mainloop : int32_t { kDefault = 0, kMmaSync = 1, kWgmma = 2, kWgmmaWs = 3 };
 
 using bf16_t = uint16_t;  // storage type on the host side of the interface (bit pattern of bf16)
@@ -160,7 +161,7 @@ struct AttentionBackwardParams {
   int32_t hq = 0, hkv = 0, head_dim = 0;
   float scale = 0.f;
   using Mainloop = cuda::Mainloop;
-  Mainloop mainloop = Mainloop::kDefault;  // kDefault: wgmma at head dim 128, mma.sync at 64
+  Mainloop mainloop = Mainloop::kDefault;  // kDefault: ws / wgmma at head dim 128, mma.sync at 64
 };
 
 // Launch on `stream`; throw treecp::Error on bad arguments or a failed launch.

@@ -5,15 +5,12 @@
 // stage to be full and releases it once its P V has retired. Same tile lists, masks, online softmax
 // and epilogue as attention_fwd_wgmma.cuh (its fwd_* helpers). Needs head dim 128, G dividing 128 (Q's TMA box is 64
 // columns x G heads x 128 / G tokens), 16-byte aligned rows.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <cfloat>
 
-#include "core/error.hpp"
 #include "kernels/cuda/attention_fwd_wgmma.cuh"  // the per-tile steps both forward kernels share
 #include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/tma.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace treecp::cuda::detail {
@@ -27,51 +24,6 @@ struct FwdWsArgs {
 constexpr int kWsD = 128, kWsRows = 128, kWsKeys = 64, kWsStages = 4;
 constexpr int kWsThreads = 384;  // two consumer warpgroups, then the producer's
 constexpr int kWsSmem = (kWsRows + 2 * kWsStages * kWsKeys) * kWsD * 2 + 8 * (1 + 2 * kWsStages) + 1024;
-
-__device__ __forceinline__ void mbar_init(uint32_t addr, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t addr) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t addr, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(addr),
-      "r"(parity)
-      : "memory");
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-// S += A B with A (Q) in registers and B (K) K-major in shared memory; accumulate = false overwrites S.
-__device__ __forceinline__ void wgmma_rs_m64n64k16_kmajor(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                                          bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
-}
-
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t mbar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(mbar)
-      : "memory");
-}
 
 // kQReg: Q in registers (ldmatrix once per block) as the A operand of S = Q K^T, so that GEMM reads only K
 // from shared memory (half its operand traffic); costs 32 of the consumers' 240 registers.
@@ -107,7 +59,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
       mbar_init(full(s), 1);
       mbar_init(empty(s), 8);  // lane 0 of each consumer warp
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
@@ -238,49 +190,19 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
   fwd_store_o_lse<D>(args, o, m, l, row, tok, kvh, lane);
 }
 
-// The driver's tensor-map encoder, looked up once through the runtime (no libcuda link); nullptr when
-// the driver does not provide it, and the default path then takes the cp.async kernel.
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();  // leave no sticky error behind
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// [rows, heads, D] bf16 with element strides; box = 64 columns x box_heads x box_rows, 128-byte swizzle
-CUtensorMap tensor_map(const void* ptr, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride,
-                       uint32_t box_heads, uint32_t box_rows) {
-  CUtensorMap m;
-  cuuint64_t dims[3] = {static_cast<cuuint64_t>(kWsD), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
-  cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride * 2), static_cast<cuuint64_t>(row_stride * 2)};
-  cuuint32_t box[3] = {64, box_heads, box_rows};
-  cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(ptr), dims, strides, box,
-                                    elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  require(r == CUDA_SUCCESS, "attention_forward (ws): cuTensorMapEncodeTiled failed with ", static_cast<int>(r));
-  return m;
-}
-
 }  // namespace
 
 bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant) {
   if (a.p.head_dim != kWsD || kWsRows % a.group != 0 || encode_tiled() == nullptr) return false;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return true;
+  constexpr const char* kWho = "attention_forward (ws)";
   FwdWsArgs w;
   w.a = a;
-  w.tq = tensor_map(a.p.q, a.q_rows, a.p.hq, a.p.q_row_stride, a.p.q_head_stride, static_cast<uint32_t>(a.group),
+  w.tq = tensor_map_d128(kWho, a.p.q, a.q_rows, a.p.hq, a.p.q_row_stride, a.p.q_head_stride, static_cast<uint32_t>(a.group),
                     static_cast<uint32_t>(kWsRows / a.group));
-  w.tk = tensor_map(a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kWsKeys);
-  w.tv = tensor_map(a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kWsKeys);
+  w.tk = tensor_map_d128(kWho, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kWsKeys);
+  w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kWsKeys);
   auto* kernel = variant == 0 ? attention_fwd_ws_kernel<false, false>
                  : variant == 1 ? attention_fwd_ws_kernel<true, false>
                                 : attention_fwd_ws_kernel<true, true>;

@@ -1,0 +1,344 @@
+// The wgmma backward with warp specialisation (Mainloop::kWgmmaWs). Same work decomposition, GEMMs, masks and
+// dQ reductions as attention_bwd_wgmma.cuh (one block per (KV tile of 128 keys, KV head), key-major walk over
+// the query tiles that see it, dK / dV in registers), with the loads moved out of the MMA warps:
+//   warpgroup 2 (24 registers) is the producer. One thread loads K and V once, then each listed query tile's
+//   Q and dO with TMA into a ring of stages (mbarriers with transaction counts); one warp copies the tile's
+//   LSE (times log2 e) and Dsum into the same stage and arrives on its `full` barrier lane by lane.
+//   warpgroups 0 and 1 (240 registers) compute. The only barrier between them is a named barrier over their
+//   256 threads per step (dS^T complete before the dQ GEMM reads it); a stage is released by one arrival
+//   per consumer warp once the step's GEMMs that read it (S^T, dP^T, dV, dK) have retired.
+// K held in registers as the A operand of S^T = K Q^T (half that GEMM's shared-memory reads) was tried: at
+// 240 registers ptxas spills the 32 K registers and serialises the wgmmas (docs/benchmarks-gpu.md, change Q).
+// Needs head dim 128, G dividing 64 (Q's TMA box is 64 columns x G heads x 64 / G tokens), 16-byte rows.
+#include <cfloat>
+
+#include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/tma.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace treecp::cuda::detail {
+namespace {
+
+struct BwdWsArgs {
+  CUtensorMap tq, tdo, tk, tv;  // 64-byte aligned by their type
+  BwdArgs a;
+};
+
+constexpr int kBwsD = 128, kBwsRows = kBwdBlockRows, kBwsKeys = kBwdBlockKeys;
+constexpr int kBwsThreads = 384;  // two consumer warpgroups, then the producer's
+static_assert(kBwsRows == 64 && kBwsKeys == 128, "ws backward: 128 keys x 64 rows");
+
+template <int kStages>
+constexpr int bwd_ws_smem() {
+  // K, V; per stage Q, dO (bf16) and LSE, Dsum (fp32); two dS^T buffers; the barriers; 1 KiB alignment
+  return (2 * kBwsKeys * kBwsD + 2 * kStages * kBwsRows * kBwsD + 2 * kBwsKeys * kBwsRows) * 2 +
+         2 * kStages * kBwsRows * 4 + 8 * (1 + 2 * kStages) + 1024;
+}
+
+template <int kStages>
+__global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const __grid_constant__ BwdWsArgs w) {
+  constexpr int D = kBwsD, BM = kBwsRows, BN = kBwsKeys;
+  const BwdArgs& args = w.a;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  unsigned char* base = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+  const uint32_t sK = smem_addr(base);
+  const uint32_t sV = sK + BN * D * 2;                // panels of BN rows
+  const uint32_t sQ = sV + BN * D * 2;                // [stage][BM x D panels]
+  const uint32_t sdO = sQ + kStages * BM * D * 2;     // [stage][BM x D panels]
+  const uint32_t sdS = sdO + kStages * BM * D * 2;    // [2][BN keys x BM rows, one panel]: dS^T
+  unsigned char* stats = base + (sdS + 2 * BN * BM * 2 - sK);
+  float* sLse = reinterpret_cast<float*>(stats);      // [stage][BM], times log2 e
+  float* sDsum = sLse + kStages * BM;                 // [stage][BM]
+  const uint32_t bars = smem_addr(sDsum + kStages * BM);  // kvfull, full[kStages], empty[kStages]
+  const uint32_t kvfull = bars;
+  auto full = [&](int s) { return bars + 8 + 8 * s; };
+  auto empty = [&](int s) { return bars + 8 + 8 * kStages + 8 * s; };
+
+  const AttentionBackwardParams& p = args.p;
+  const auto& L = args.lists;
+  const int tile = L.order[blockIdx.x / p.hkv];  // longest tiles first, heads of one tile adjacent
+  const int kvh = blockIdx.x % p.hkv;
+  const int G = args.group;
+  const int k0 = tile * BN;
+  const int tq = L.minor_tile_rows;  // tokens per query tile (tq G = BM: the launcher checks)
+  const int e_begin = L.offsets[tile], e_end = L.offsets[tile + 1];
+
+  if (threadIdx.x == 0) {
+    mbar_init(kvfull, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), 1 + 32);  // the TMA thread's expect_tx, then every lane of the stats warp
+      mbar_init(empty(s), 8);      // lane 0 of each consumer warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= 256) {
+    setmaxnreg_dec<24>();
+    const int pw = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
+    if (pw == 0 && lane == 0 && e_begin < e_end) {
+      // K and V of the tile (rows past kv_rows arrive as zeros), then Q and dO of each listed query tile
+      mbar_expect_tx(kvfull, 2 * BN * D * 2);
+      for (int pnl = 0; pnl < D / 64; ++pnl) {
+        tma_load_3d(sK + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, kvfull);
+        tma_load_3d(sV + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, kvfull);
+      }
+      RunCursor cur = RunCursor::first(L.entries, e_begin, e_end);
+      for (int n = 0; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
+        const int s = n % kStages;
+        if (n >= kStages) mbar_wait(empty(s), ((n / kStages) - 1) & 1);
+        mbar_expect_tx(full(s), 2 * BM * D * 2);
+        const int t0 = cur.tile * tq;
+        for (int pnl = 0; pnl < D / 64; ++pnl) {
+          tma_load_3d(sQ + s * BM * D * 2 + pnl * BM * 128, &w.tq, pnl * 64, kvh * G, t0, full(s));
+          tma_load_3d(sdO + s * BM * D * 2 + pnl * BM * 128, &w.tdo, pnl * 64, kvh * G, t0, full(s));
+        }
+      }
+    } else if (pw == 1) {
+      // packed row r of query tile qt = (token qt tq + r / G, q head kvh G + r % G); rows past q_rows get 0
+      // (the consumers' visibility bits exclude them). Lane l copies rows l and l + 32 (24 registers: the
+      // per-row token offset and head are computed once).
+      const int dt0 = lane / G, dt1 = (lane + 32) / G;
+      const int h0 = kvh * G + lane % G, h1 = kvh * G + (lane + 32) % G;
+      RunCursor cur = RunCursor::first(L.entries, e_begin, e_end);
+#pragma unroll 1
+      for (int n = 0; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
+        const int s = n % kStages;
+        if (n >= kStages) mbar_wait(empty(s), ((n / kStages) - 1) & 1);
+        const int t0 = cur.tile * tq;
+        float* lse_dst = sLse + s * BM + lane;
+        float* dsum_dst = sDsum + s * BM + lane;
+        const int ta = t0 + dt0, tb = t0 + dt1;
+        lse_dst[0] = ta < args.q_rows ? p.lse[ta * p.lse_row_stride + h0 * p.lse_head_stride] * kLog2e : 0.f;
+        lse_dst[32] = tb < args.q_rows ? p.lse[tb * p.lse_row_stride + h1 * p.lse_head_stride] * kLog2e : 0.f;
+        dsum_dst[0] = ta < args.q_rows ? p.dsum[static_cast<int64_t>(ta) * p.hq + h0] : 0.f;
+        dsum_dst[32] = tb < args.q_rows ? p.dsum[static_cast<int64_t>(tb) * p.hq + h1] : 0.f;
+        mbar_arrive(full(s));
+      }
+    }
+    return;
+  }
+  setmaxnreg_inc<240>();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = warp / 4;
+  const int valid_rows = tq * G;
+  float dk[D / 2], dv[D / 2];  // register 4 j + c: (key h = c / 2, column 8 j + 2 (lane % 4) + c % 2)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const float sl2 = p.scale * kLog2e;
+  const int key_lo = k0 + warp * 16 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
+  const uint32_t k16 = sK >> 4, v16 = sV >> 4, q16 = sQ >> 4, do16 = sdO >> 4, ds16 = sdS >> 4;
+  constexpr uint32_t kQStage16 = BM * D * 2 / 16, kDsStage16 = BN * BM * 2 / 16;
+  float* dq = p.dq;
+  if (e_begin < e_end) mbar_wait(kvfull, 0);
+  // scale dS K of the previous step, whose reductions are issued under this step's S^T / dP^T GEMMs (a copy
+  // made after the wait: ptxas would otherwise wait for the next GEMMs before reading registers a wgmma defined)
+  float acc[32], pend[32];
+  auto add_dq = [&](int t0) {
+    // predicated, branch-free: this runs while the step's S^T / dP^T GEMMs are in flight
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
+      const int t = t0 + r / G;
+      const bool ok = t0 >= 0 && r < valid_rows && t < args.q_rows;
+      float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) red_add_f32x2_if(ok, dst + j * 8, pend[4 * j + 2 * h], pend[4 * j + 2 * h + 1]);
+    }
+  };
+  int pending_dq_t0 = -1;  // first token of the query tile whose dQ (pend) is still to be added
+
+  RunCursor cur = RunCursor::first(L.entries, e_begin, e_end);
+  for (int n = 0; cur.entry < e_end; ++n) {
+    const int s = n % kStages;
+    mbar_wait(full(s), (n / kStages) & 1);
+    const uint32_t qs16 = q16 + s * kQStage16, dos16 = do16 + s * kQStage16;
+    const float* lse_s = sLse + s * BM;
+    const float* dsum_s = sDsum + s * BM;
+    const uint32_t dsb = sdS + (n & 1) * BN * BM * 2;  // this step's dS^T buffer
+    const TileEntry e = L.entries[cur.entry];
+    const int t0 = cur.tile * tq;
+
+    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
+    // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites
+    float st[BM / 2], dpt[BM / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;
+      wgmma_ss_m64n64k16<false, false>(st, wgmma_desc16<16, 1024>(k16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
+                                       wgmma_desc16<16, 1024>(qs16 + ((kk / 4) * BM * 128 + off) / 16), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;
+      wgmma_ss_m64n64k16<false, false>(dpt, wgmma_desc16<16, 1024>(v16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
+                                       wgmma_desc16<16, 1024>(dos16 + ((kk / 4) * BM * 128 + off) / 16), kk > 0);
+    }
+    wgmma_commit();
+    add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
+
+    // visibility bits (while the GEMMs run)
+    uint32_t vis = 0;
+    if (e.mask_count == 0) {
+#pragma unroll
+      for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (nb * 8 + 2 * (lane % 4) + (c & 1) < valid_rows) vis |= 1u << (nb * 4 + c);
+    } else {
+      int tokc[BM / 8][2];  // token of each of this lane's columns; -1 for padding rows (in no slice)
+#pragma unroll
+      for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int r = nb * 8 + 2 * (lane % 4) + c;
+          tokc[nb][c] = r < valid_rows ? t0 + r / G : -1;
+        }
+      for (int j = 0; j < e.mask_count; ++j) {
+        const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = key_lo + 8 * h;
+          if (!in_range(key, sl.k0, sl.k1)) continue;
+#pragma unroll
+          for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              if (in_range(tokc[nb][c], sl.q0, sl.q1) && in_range(tokc[nb][c] - key, sl.dmin, sl.dmax))
+                vis |= 1u << (nb * 4 + 2 * h + c);
+        }
+      }
+    }
+    wgmma_wait<1>();  // S^T done
+    wgmma_fence_operands(st);
+    // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere (LSE staged in base-2 units)
+#pragma unroll
+    for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float lse2 = lse_s[nb * 8 + 2 * (lane % 4) + (c & 1)];
+        st[4 * nb + c] = (vis >> (nb * 4 + c) & 1u) && lse2 != -INFINITY ? exp2_fast(fmaf(st[4 * nb + c], sl2, -lse2)) : 0.f;
+      }
+    uint32_t pa[BM / 16][4];  // P^T as A operands (k16 step kk: query rows 16 kk .. +16)
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) pa[kk][i] = pack_bf16(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+    wgmma_wait<0>();  // dP^T done
+    wgmma_fence_operands(dpt);
+    // dS^T = P^T (dP^T - Dsum)
+#pragma unroll
+    for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) dpt[4 * nb + c] = st[4 * nb + c] * (dpt[4 * nb + c] - dsum_s[nb * 8 + 2 * (lane % 4) + (c & 1)]);
+    uint32_t da[BM / 16][4];
+    auto* sds = reinterpret_cast<__nv_bfloat16*>(base + (dsb - sK));
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) da[kk][i] = pack_bf16(dpt[8 * kk + 2 * i], dpt[8 * kk + 2 * i + 1]);
+      // dS^T to shared memory for dQ: rows = keys of the tile, columns = packed query rows
+      const int kr = warp * 16 + lane / 4, col = kk * 16 + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(sds + swz_panel(kr, col, BN)) = da[kk][0];
+      *reinterpret_cast<uint32_t*>(sds + swz_panel(kr + 8, col, BN)) = da[kk][1];
+      *reinterpret_cast<uint32_t*>(sds + swz_panel(kr, col + 8, BN)) = da[kk][2];
+      *reinterpret_cast<uint32_t*>(sds + swz_panel(kr + 8, col + 8, BN)) = da[kk][3];
+    }
+
+    // dV += P^T dO and dK += dS^T Q: dO and Q are MN-major B operands (k16 step = 16 query rows)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      wgmma_rs_trans_b<D>(dv, pa[kk], wgmma_desc16<BM * 128, 1024>(dos16 + kk * 16 * 128 / 16));
+      wgmma_rs_trans_b<D>(dk, da[kk], wgmma_desc16<BM * 128, 1024>(qs16 + kk * 16 * 128 / 16));
+    }
+    wgmma_commit();
+    fence_proxy_async_shared();     // dS^T stores -> the dQ wgmma
+    named_barrier_sync(1, 256);     // dS^T complete (both consumer warpgroups)
+
+    // dQ = scale dS K: warpgroup wg takes head-dim columns 64 wg .. +64 of all BM rows; A = dS^T
+    // (keys x rows, MN-major), B = K (keys x D, MN-major); k16 step kk = keys 16 kk .. +16
+    wgmma_fence();
+    const uint32_t dss16 = ds16 + (n & 1) * kDsStage16;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_ss_m64n64k16<true, true>(acc, wgmma_desc16<BN * 128, 1024>(dss16 + kk * 16 * 128 / 16),
+                                     wgmma_desc16<BN * 128, 1024>(k16 + wg * BN * 128 / 16 + kk * 16 * 128 / 16), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();  // dQ, and dV / dK (groups retire in order)
+    wgmma_fence_operands(acc);
+    wgmma_fence_operands(dv);
+    wgmma_fence_operands(dk);
+    wgmma_fence_operands(pa);
+    wgmma_fence_operands(da);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(s));  // this warp's reads of stage s (Q, dO, LSE, Dsum) are done
+#pragma unroll
+    for (int i = 0; i < 32; ++i) pend[i] = acc[i] * p.scale;
+    pending_dq_t0 = t0;
+    // The next dS^T goes to the other buffer, whose dQ reads both warpgroups finished before this step's
+    // named barrier; the one after reuses this buffer only past the next step's barrier.
+    cur = cur.next(L.entries, e_end);
+  }
+  add_dq(pending_dq_t0);
+
+  // This block is the only writer of its KV tile: plain read-add-write of fp32 dK, dV.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + 8 * h;
+    if (key >= args.kv_rows) continue;
+    float* dkp = p.dk + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
+    float* dvp = p.dv + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2 a = *reinterpret_cast<float2*>(dkp + j * 8);
+      a.x += dk[4 * j + 2 * h] * p.scale;
+      a.y += dk[4 * j + 2 * h + 1] * p.scale;
+      *reinterpret_cast<float2*>(dkp + j * 8) = a;
+      float2 b = *reinterpret_cast<float2*>(dvp + j * 8);
+      b.x += dv[4 * j + 2 * h];
+      b.y += dv[4 * j + 2 * h + 1];
+      *reinterpret_cast<float2*>(dvp + j * 8) = b;
+    }
+  }
+}
+
+template <int kStages>
+void launch(const BwdWsArgs& w, int64_t blocks, cudaStream_t stream) {
+  auto* kernel = attention_bwd_ws_kernel<kStages>;
+  constexpr int smem = bwd_ws_smem<kStages>();
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "attention_backward (ws): shared memory limit");
+  kernel<<<static_cast<unsigned>(blocks), kBwsThreads, smem, stream>>>(w);
+  check_cuda(cudaGetLastError(), "attention_backward (ws): launch");
+}
+
+}  // namespace
+
+bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
+  if (a.p.head_dim != kBwsD || kBwsRows % a.group != 0 || a.lists.minor_tile_rows * a.group != kBwsRows ||
+      encode_tiled() == nullptr)
+    return false;
+  const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
+  if (blocks == 0) return true;
+  constexpr const char* kWho = "attention_backward (ws)";
+  BwdWsArgs w;
+  w.a = a;
+  const auto box_rows = static_cast<uint32_t>(kBwsRows / a.group);
+  w.tq = tensor_map_d128(kWho, a.p.q, a.q_rows, a.p.hq, a.p.q_row_stride, a.p.q_head_stride,
+                         static_cast<uint32_t>(a.group), box_rows);
+  w.tdo = tensor_map_d128(kWho, a.p.d_o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
+                          static_cast<uint32_t>(a.group), box_rows);
+  w.tk = tensor_map_d128(kWho, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kBwsKeys);
+  w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kBwsKeys);
+  if (variant == 0) launch<2>(w, blocks, stream);
+  else launch<3>(w, blocks, stream);
+  return true;
+}
+
+}  // namespace treecp::cuda::detail
