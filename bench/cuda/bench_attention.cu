@@ -351,8 +351,8 @@ int main(int argc, char** argv) {
         r.bwd_none_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kNone>{});
         r.bwd_dkv_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kDkv>{});
         r.bwd_none2_ms = time_variant(std::integral_constant<BwdOverlap, BwdOverlap::kNone>{});
-        // the wgmma kernel (kDkvDq, the default before change Q) against the warp-specialised one with two and
-        // three Q/dO stages (attention_bwd_ws.cu), alternating, each twice
+        // the wgmma kernel (kDkvDq, the default before change Q) against the warp-specialised one
+        // (attention_bwd_ws.cu) with dQ by red.global.add (ws) and by TMA bulk reductions (wsr), alternating
         auto time_wg = [&] {
           return time_ms(reps, [&] {
             check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
@@ -418,10 +418,10 @@ int main(int argc, char** argv) {
     for (const Result& r : results)
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f\n", r.preset.c_str(), r.bwd_none_ms, r.bwd_dkv_ms, r.bwd_kernel_ms,
                   r.bwd_none2_ms);
-    std::printf("\nbackward kernel (+ dK/dV zeroing), ms, in timing order: wgmma kDkvDq / warp-specialised 2 stages (ws2) / "
-                "3 stages (ws3) / wgmma / ws2 / ws3 (change: mean of each pair against wgmma)\n");
+    std::printf("\nbackward kernel (+ dK/dV zeroing), ms, in timing order: wgmma kDkvDq / warp-specialised (ws) / "
+                "ws with dQ by TMA bulk reductions (wsr, the default) / wgmma / ws / wsr (change: mean of each pair against wgmma)\n");
     for (const Result& r : results)
-      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f / %.3f / %.3f  (ws2 %+.1f%%, ws3 %+.1f%%)\n", r.preset.c_str(), r.bwd_wg_ms,
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f / %.3f / %.3f  (ws %+.1f%%, wsr %+.1f%%)\n", r.preset.c_str(), r.bwd_wg_ms,
                   r.bwd_ws2_ms, r.bwd_ws3_ms, r.bwd_wg2_ms, r.bwd_ws2b_ms, r.bwd_ws3b_ms,
                   100.0 * ((r.bwd_ws2_ms + r.bwd_ws2b_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0),
                   100.0 * ((r.bwd_ws3_ms + r.bwd_ws3b_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0));

@@ -11,7 +11,7 @@ namespace {
 // G dividing 64) before kBwdMainloop, and has no wgmma kernel at head dim 64.
 constexpr Mainloop kFwdMainloop = Mainloop::kWgmma;
 constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
-constexpr int kBwdWsVariant = 0;  // the warp-specialised backward's Q/dO ring: 0 = two stages, 1 = three
+constexpr int kBwdWsVariant = 1;  // the warp-specialised backward's dQ: 0 = red.global.add, 1 = TMA bulk reductions
 
 void check_common(const char* who, int32_t hq, int32_t hkv, int32_t head_dim, float scale, const DeviceTilePlan& plan) {
   require(hq >= 1 && hkv >= 1 && hq % hkv == 0, who, ": hq must be a positive multiple of hkv, got hq ", hq,

@@ -1,12 +1,15 @@
 // The wgmma backward with warp specialisation (Mainloop::kWgmmaWs). Same work decomposition, GEMMs, masks and
-// dQ reductions as attention_bwd_wgmma.cuh (one block per (KV tile of 128 keys, KV head), key-major walk over
-// the query tiles that see it, dK / dV in registers), with the loads moved out of the MMA warps:
+// softmax gradient as attention_bwd_wgmma.cuh (one block per (KV tile of 128 keys, KV head), key-major walk
+// over the query tiles that see it, dK / dV in registers), with the loads and the dQ reductions moved out of
+// the MMA warps:
 //   warpgroup 2 (24 registers) is the producer. One thread loads K and V once, then each listed query tile's
-//   Q and dO with TMA into a ring of stages (mbarriers with transaction counts); one warp copies the tile's
-//   LSE (times log2 e) and Dsum into the same stage and arrives on its `full` barrier lane by lane.
+//   Q and dO with TMA into a two-stage ring (mbarriers with transaction counts); one warp copies the tile's
+//   LSE (times log2 e) and Dsum into the same stage and arrives on its `full` barrier lane by lane; one
+//   thread adds each step's dQ, staged in shared memory by the consumers, to global dQ with TMA bulk
+//   reductions (kDqBufs > 0; otherwise the consumers issue red.global.add.v2.f32 themselves).
 //   warpgroups 0 and 1 (240 registers) compute. The only barrier between them is a named barrier over their
-//   256 threads per step (dS^T complete before the dQ GEMM reads it); a stage is released by one arrival
-//   per consumer warp once the step's GEMMs that read it (S^T, dP^T, dV, dK) have retired.
+//   256 threads per step (dS^T complete before the dQ GEMM reads it); every consumer thread arrives on a
+//   stage's `empty` barrier once the step's GEMMs that read it (S^T, dP^T, dV, dK) have retired.
 // K held in registers as the A operand of S^T = K Q^T (half that GEMM's shared-memory reads) was tried: at
 // 240 registers ptxas spills the 32 K registers and serialises the wgmmas (docs/benchmarks-gpu.md, change Q).
 // Needs head dim 128, G dividing 64 (Q's TMA box is 64 columns x G heads x 64 / G tokens), 16-byte rows.
@@ -22,6 +25,7 @@ namespace {
 
 struct BwdWsArgs {
   CUtensorMap tq, tdo, tk, tv;  // 64-byte aligned by their type
+  CUtensorMap tdq;              // kDqTma: fp32 dQ, boxes of 32 columns x G heads x 64 / G tokens
   BwdArgs a;
 };
 
@@ -29,14 +33,21 @@ constexpr int kBwsD = 128, kBwsRows = kBwdBlockRows, kBwsKeys = kBwdBlockKeys;
 constexpr int kBwsThreads = 384;  // two consumer warpgroups, then the producer's
 static_assert(kBwsRows == 64 && kBwsKeys == 128, "ws backward: 128 keys x 64 rows");
 
-template <int kStages>
+// kDqBufs (0: dQ by red.global.add, no buffer) fp32 dQ buffers of BM x D
+template <int kStages, int kDqBufs>
 constexpr int bwd_ws_smem() {
-  // K, V; per stage Q, dO (bf16) and LSE, Dsum (fp32); two dS^T buffers; the barriers; 1 KiB alignment
+  // K, V; per stage Q, dO (bf16) and LSE, Dsum (fp32); two dS^T buffers; the dQ buffers; the barriers;
+  // 1 KiB alignment
   return (2 * kBwsKeys * kBwsD + 2 * kStages * kBwsRows * kBwsD + 2 * kBwsKeys * kBwsRows) * 2 +
-         2 * kStages * kBwsRows * 4 + 8 * (1 + 2 * kStages) + 1024;
+         kDqBufs * kBwsRows * kBwsD * 4 + 2 * kStages * kBwsRows * 4 + 8 * (1 + 2 * kStages + 4) + 1024;
 }
 
-template <int kStages>
+// kDqBufs > 0: the consumers store each step's dQ (fp32, scaled) into one of kDqBufs shared buffers laid out as four
+// 32-column panels with the 128-byte swizzle, and a producer warp adds it to global dQ with four TMA bulk
+// reductions, instead of 16 red.global.add.v2.f32 per consumer thread (the profile of run 32 put 28% of the
+// consumer warps' stall samples on those reductions and on the registers they still read). Three Q/dO stages
+// with one dQ buffer (the shared-memory limit) measured slower than two and two (run 35).
+template <int kStages, int kDqBufs>
 __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const __grid_constant__ BwdWsArgs w) {
   constexpr int D = kBwsD, BM = kBwsRows, BN = kBwsKeys;
   const BwdArgs& args = w.a;
@@ -48,13 +59,17 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   const uint32_t sQ = sV + BN * D * 2;                // [stage][BM x D panels]
   const uint32_t sdO = sQ + kStages * BM * D * 2;     // [stage][BM x D panels]
   const uint32_t sdS = sdO + kStages * BM * D * 2;    // [2][BN keys x BM rows, one panel]: dS^T
-  unsigned char* stats = base + (sdS + 2 * BN * BM * 2 - sK);
+  constexpr bool kDqTma = kDqBufs > 0;
+  const uint32_t sdQ = sdS + 2 * BN * BM * 2;         // [kDqBufs][4 panels of BM rows x 32 fp32]
+  unsigned char* stats = base + (sdQ + kDqBufs * BM * D * 4 - sK);
   float* sLse = reinterpret_cast<float*>(stats);      // [stage][BM], times log2 e
   float* sDsum = sLse + kStages * BM;                 // [stage][BM]
   const uint32_t bars = smem_addr(sDsum + kStages * BM);  // kvfull, full[kStages], empty[kStages]
   const uint32_t kvfull = bars;
   auto full = [&](int s) { return bars + 8 + 8 * s; };
   auto empty = [&](int s) { return bars + 8 + 8 * kStages + 8 * s; };
+  auto dqfull = [&](int b) { return bars + 8 + 16 * kStages + 8 * b; };   // kDqTma
+  auto dqempty = [&](int b) { return bars + 24 + 16 * kStages + 8 * b; };  // kDqTma
 
   const AttentionBackwardParams& p = args.p;
   const auto& L = args.lists;
@@ -69,7 +84,11 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
     mbar_init(kvfull, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full(s), 1 + 32);  // the TMA thread's expect_tx, then every lane of the stats warp
-      mbar_init(empty(s), 8);      // lane 0 of each consumer warp
+      mbar_init(empty(s), 256);    // every consumer thread (its own LSE / Dsum reads: generic proxy)
+    }
+    for (int b = 0; b < kDqBufs; ++b) {
+      mbar_init(dqfull(b), 8);  // lane 0 of each consumer warp
+      mbar_init(dqempty(b), 1);  // the dQ warp
     }
     mbar_init_fence();
   }
@@ -117,6 +136,23 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
         dsum_dst[32] = tb < args.q_rows ? p.dsum[static_cast<int64_t>(tb) * p.hq + h1] : 0.f;
         mbar_arrive(full(s));
       }
+    } else if (pw == 2 && lane == 0) {
+      if constexpr (kDqTma) {
+        // each step's dQ from the consumers' buffer into global dQ (rows past q_rows are skipped)
+        RunCursor cur = RunCursor::first(L.entries, e_begin, e_end);
+        for (int n = 0; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
+          const int b = n % kDqBufs;
+          mbar_wait(dqfull(b), (n / kDqBufs) & 1);
+          const int t0 = cur.tile * tq;
+#pragma unroll
+          for (int pnl = 0; pnl < D / 32; ++pnl)
+            tma_reduce_add_3d(&w.tdq, pnl * 32, kvh * G, t0, sdQ + b * BM * D * 4 + pnl * BM * 128);
+          bulk_commit_group();
+          bulk_wait_group_read0();  // the buffer has been read: the consumers may refill it
+          mbar_arrive(dqempty(b));
+        }
+        bulk_wait_group0();
+      }
     }
     return;
   }
@@ -147,6 +183,23 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
       float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < 8; ++j) red_add_f32x2_if(ok, dst + j * 8, pend[4 * j + 2 * h], pend[4 * j + 2 * h + 1]);
+    }
+  };
+  // kDqTma: scale dS K of this step into dQ buffer b (element (row r, column c) of the 64 x 128 tile is in
+  // panel c / 32, line r, 16-byte chunk (c % 32) / 4 XOR r % 8), then hand it to the dQ warp
+  auto stage_dq = [&](int b) {
+    const uint32_t qb = sdQ + b * BM * D * 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c = 64 * wg + 8 * j + 2 * (lane % 4);
+        const uint32_t addr = qb + (c / 32) * (BM * 128) + r * 128 + ((((c % 32) / 4) ^ (r % 8)) << 4) + (c % 4) * 4;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * j + 2 * h] * p.scale),
+                     "f"(acc[4 * j + 2 * h + 1] * p.scale)
+                     : "memory");
+      }
     }
   };
   int pending_dq_t0 = -1;  // first token of the query tile whose dQ (pend) is still to be added
@@ -180,7 +233,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
                                        wgmma_desc16<16, 1024>(dos16 + ((kk / 4) * BM * 128 + off) / 16), kk > 0);
     }
     wgmma_commit();
-    add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
+    if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
 
     // visibility bits (while the GEMMs run)
     uint32_t vis = 0;
@@ -276,16 +329,25 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
     wgmma_fence_operands(dk);
     wgmma_fence_operands(pa);
     wgmma_fence_operands(da);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty(s));  // this warp's reads of stage s (Q, dO, LSE, Dsum) are done
+    mbar_arrive(empty(s));  // this thread's reads of stage s (Q, dO, LSE, Dsum) are done
+    if constexpr (kDqTma) {
+      const int b = n % kDqBufs;
+      // the dQ warp has read step n - kDqBufs's buffer
+      if (n >= kDqBufs) mbar_wait(dqempty(b), ((n / kDqBufs) - 1) & 1);
+      stage_dq(b);
+      fence_proxy_async_shared();  // the stores -> the bulk reduction (async proxy)
+      __syncwarp();
+      if (lane == 0) mbar_arrive(dqfull(b));
+    } else {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) pend[i] = acc[i] * p.scale;
-    pending_dq_t0 = t0;
+      for (int i = 0; i < 32; ++i) pend[i] = acc[i] * p.scale;
+      pending_dq_t0 = t0;
+    }
     // The next dS^T goes to the other buffer, whose dQ reads both warpgroups finished before this step's
     // named barrier; the one after reuses this buffer only past the next step's barrier.
     cur = cur.next(L.entries, e_end);
   }
-  add_dq(pending_dq_t0);
+  if constexpr (!kDqTma) add_dq(pending_dq_t0);
 
   // This block is the only writer of its KV tile: plain read-add-write of fp32 dK, dV.
 #pragma unroll
@@ -308,10 +370,11 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   }
 }
 
-template <int kStages>
+template <int kStages, int kDqBufs>
 void launch(const BwdWsArgs& w, int64_t blocks, cudaStream_t stream) {
-  auto* kernel = attention_bwd_ws_kernel<kStages>;
-  constexpr int smem = bwd_ws_smem<kStages>();
+  auto* kernel = attention_bwd_ws_kernel<kStages, kDqBufs>;
+  constexpr int smem = bwd_ws_smem<kStages, kDqBufs>();
+  static_assert(smem <= 227 * 1024, "ws backward: shared memory");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "attention_backward (ws): shared memory limit");
   kernel<<<static_cast<unsigned>(blocks), kBwsThreads, smem, stream>>>(w);
@@ -336,8 +399,16 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
                           static_cast<uint32_t>(a.group), box_rows);
   w.tk = tensor_map_d128(kWho, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kBwsKeys);
   w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kBwsKeys);
-  if (variant == 0) launch<2>(w, blocks, stream);
-  else launch<3>(w, blocks, stream);
+  // the TMA reduction needs a 16-byte aligned dQ with strides of whole 16-byte units
+  const bool dq_tma = variant >= 1 && reinterpret_cast<uintptr_t>(a.p.dq) % 16 == 0 && a.p.dq_row_stride % 4 == 0 &&
+                      a.p.dq_head_stride % 4 == 0;
+  if (dq_tma) {
+    w.tdq = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dq, a.q_rows, a.p.hq, a.p.dq_row_stride,
+                          a.p.dq_head_stride, 32, static_cast<uint32_t>(a.group), box_rows);
+    launch<2, 2>(w, blocks, stream);
+  } else {
+    launch<2, 0>(w, blocks, stream);
+  }
   return true;
 }
 

@@ -69,6 +69,23 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// Adds the shared-memory box src into the box at (c0, c1, c2) of a 3-D fp32 tensor map (elements past the
+// tensor's bounds are skipped), as one bulk group of this thread.
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, int c0, int c1, int c2, uint32_t src) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(src)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until this thread's bulk groups have read their shared-memory sources (the buffer may be reused).
+__device__ __forceinline__ void bulk_wait_group_read0() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups have completed, their global writes included.
+__device__ __forceinline__ void bulk_wait_group0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // The driver's tensor-map encoder, looked up once through the runtime (no libcuda link); nullptr when
 // the driver does not provide it, and the default paths then take the cp.async kernels.
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -85,20 +102,27 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
-// [rows, heads, 128] bf16 with element strides; box = 64 columns x box_heads x box_rows, 128-byte swizzle
-// (the panel layout of wgmma.cuh). `who` names the caller in the error.
-inline CUtensorMap tensor_map_d128(const char* who, const void* ptr, int64_t rows, int64_t heads, int64_t row_stride,
-                                   int64_t head_stride, uint32_t box_heads, uint32_t box_rows) {
+// [rows, heads, 128] with element strides, elements of elem_bytes (bf16 or fp32); box = box_cols columns x
+// box_heads x box_rows with the 128-byte swizzle (box_cols x elem_bytes = 128: the panel layout of wgmma.cuh
+// for bf16). `who` names the caller in the error.
+inline CUtensorMap tensor_map_3d(const char* who, CUtensorMapDataType type, int elem_bytes, const void* ptr, int64_t rows,
+                                 int64_t heads, int64_t row_stride, int64_t head_stride, uint32_t box_cols,
+                                 uint32_t box_heads, uint32_t box_rows) {
   CUtensorMap m;
   cuuint64_t dims[3] = {128u, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
-  cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride * 2), static_cast<cuuint64_t>(row_stride * 2)};
-  cuuint32_t box[3] = {64, box_heads, box_rows};
+  cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_stride * elem_bytes), static_cast<cuuint64_t>(row_stride * elem_bytes)};
+  cuuint32_t box[3] = {box_cols, box_heads, box_rows};
   cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(ptr), dims, strides, box,
-                                    elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult r = encode_tiled()(&m, type, 3, const_cast<void*>(ptr), dims, strides, box, elem,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   require(r == CUDA_SUCCESS, who, ": cuTensorMapEncodeTiled failed with ", static_cast<int>(r));
   return m;
+}
+inline CUtensorMap tensor_map_d128(const char* who, const void* ptr, int64_t rows, int64_t heads, int64_t row_stride,
+                                   int64_t head_stride, uint32_t box_heads, uint32_t box_rows) {
+  return tensor_map_3d(who, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, ptr, rows, heads, row_stride, head_stride, 64, box_heads,
+                       box_rows);
 }
 
 }  // namespace treecp::cuda::detail
