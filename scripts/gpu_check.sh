@@ -36,7 +36,7 @@ grep -q "\[  PASSED  \]" "$out/gpu_tests.log" && ! grep -q "\[  FAILED  \]" "$ou
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer (memcheck, racecheck) on a small case"
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 3 "$tests" --gtest_filter='*ForwardBackwardRandomTree/hq4_hkv4_d64_w0:*ForwardBackwardRandomTree/hq6_hkv2_d128_w100:*ForwardBackwardRandomTree/hq8_hkv2_d128_w0' \
+    compute-sanitizer --tool "$tool" --error-exitcode 3 "$tests" --gtest_filter='*ForwardBackwardRandomTree/hq4_hkv4_d64_w0:*ForwardBackwardRandomTree/hq6_hkv2_d128_w100:*ForwardBackwardRandomTree/hq8_hkv2_d128_w0:*ForwardBackwardRandomTree/hq3_hkv3_d128_w5' \
       >"$out/sanitizer_$tool.log" 2>&1
     rc=$?
     tail -n 3 "$out/sanitizer_$tool.log"
