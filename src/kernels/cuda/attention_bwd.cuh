@@ -6,6 +6,7 @@
 // dK += dS^T Q need no exchange; dS^T goes through shared memory once for dQ = dS K.
 #pragma once
 
+#include "kernels/cuda/attention_bwd_tile.cuh"
 #include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/mma.cuh"
 
@@ -121,53 +122,14 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
       }
     }
 
-    // visibility bits, then P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere
-    uint32_t vis = 0;
-    if (e.mask_count == 0) {
-#pragma unroll
-      for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (nb * 8 + 2 * (lane % 4) + (c & 1) < valid_rows) vis |= 1u << (nb * 4 + c);
-    } else {
-      int tokc[BM / 8][2];  // token of each of this lane's columns; -1 for padding rows (in no slice)
-#pragma unroll
-      for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int r = nb * 8 + 2 * (lane % 4) + c;
-          tokc[nb][c] = r < valid_rows ? t0 + r / G : -1;
-        }
-      for (int j = 0; j < e.mask_count; ++j) {
-        const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int key = key_lo + 8 * h;
-          if (!in_range(key, sl.k0, sl.k1)) continue;
-#pragma unroll
-          for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-              if (in_range(tokc[nb][c], sl.q0, sl.q1) && in_range(tokc[nb][c] - key, sl.dmin, sl.dmax))
-                vis |= 1u << (nb * 4 + 2 * h + c);
-        }
-      }
-    }
-#pragma unroll
-    for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float lse2 = lse_s[nb * 8 + 2 * (lane % 4) + (c & 1)] * kLog2e;
-        st[nb][c] = (vis >> (nb * 4 + c) & 1u) && lse2 != -INFINITY ? exp2_fast(fmaf(st[nb][c], sl2, -lse2)) : 0.f;
-      }
+    // visibility bits, then P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere (flat views of the
+    // [nb][c] fragments: register 4 nb + c, the layout of attention_bwd_tile.cuh)
+    auto& stf = reinterpret_cast<float (&)[BM / 2]>(st);
+    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, lane);
+    bwd_p_tile<BM, false>(stf, vis, lse_s, sl2, lane);
     uint32_t pa[BM / 16][4];  // P^T as A operands (16 keys x 16 rows per k16 step)
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      pa[kk][0] = pack_bf16(st[2 * kk][0], st[2 * kk][1]);
-      pa[kk][1] = pack_bf16(st[2 * kk][2], st[2 * kk][3]);
-      pa[kk][2] = pack_bf16(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-      pa[kk][3] = pack_bf16(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(stf, pa, kk);
 
     // dP^T = V dO^T, then dS^T = P^T (dP^T - Dsum)
     float dpt[BM / 8][4];
@@ -185,17 +147,12 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
         mma_bf16(dpt[2 * np + 1], a, b[2], b[3]);
       }
     }
-#pragma unroll
-    for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) dpt[nb][c] = st[nb][c] * (dpt[nb][c] - dsum_s[nb * 8 + 2 * (lane % 4) + (c & 1)]);
+    auto& dptf = reinterpret_cast<float (&)[BM / 2]>(dpt);
+    bwd_ds_tile<BM>(stf, dptf, dsum_s, lane);
     uint32_t da[BM / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
-      da[kk][0] = pack_bf16(dpt[2 * kk][0], dpt[2 * kk][1]);
-      da[kk][1] = pack_bf16(dpt[2 * kk][2], dpt[2 * kk][3]);
-      da[kk][2] = pack_bf16(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-      da[kk][3] = pack_bf16(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      bwd_pack_a<BM>(dptf, da, kk);
       // dS^T to shared memory for dQ: rows = keys, columns = packed query rows
       const int kr = warp * 16 + lane / 4, col = kk * 16 + 2 * (lane % 4);
       *reinterpret_cast<uint32_t*>(sdS + swz<BM>(kr, col)) = da[kk][0];
@@ -260,25 +217,8 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
   }
   cp_async_wait<0>();
 
-  // This block is the only writer of its KV tile: plain read-add-write of fp32 dK, dV.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = key_lo + 8 * h;
-    if (key >= args.kv_rows) continue;
-    float* dkp = p.dk + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
-    float* dvp = p.dv + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      float2 a = *reinterpret_cast<float2*>(dkp + j * 8);
-      a.x += dk[j][2 * h] * p.scale;
-      a.y += dk[j][2 * h + 1] * p.scale;
-      *reinterpret_cast<float2*>(dkp + j * 8) = a;
-      float2 b = *reinterpret_cast<float2*>(dvp + j * 8);
-      b.x += dv[j][2 * h];
-      b.y += dv[j][2 * h + 1];
-      *reinterpret_cast<float2*>(dvp + j * 8) = b;
-    }
-  }
+  bwd_store_dkdv<D>(args, reinterpret_cast<const float (&)[D / 2]>(dk), reinterpret_cast<const float (&)[D / 2]>(dv), key_lo,
+                    kvh, lane);
 }
 
 template <int D, bool kAddDq = true>

@@ -16,6 +16,7 @@
 // (the dQ split gives each warpgroup one 64-column panel); head dim 64 keeps the mma.sync kernel.
 #pragma once
 
+#include "kernels/cuda/attention_bwd_tile.cuh"
 #include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -51,6 +52,72 @@ constexpr BwdOverlap kBwdOverlap = BwdOverlap::kDkvDq;  // the default, by measu
 //               constant step (no division); other G fall back to load_panel_async (uniform branch)
 enum class BwdLoads { kGeneric, kPerThread };
 constexpr BwdLoads kBwdLoads = BwdLoads::kPerThread;  // the default, by measurement (docs/benchmarks-gpu.md)
+
+// The GEMM issues and the dS^T store of one step, shared with attention_bwd_ws.cu. Warpgroup wg owns keys
+// 64 wg .. +64 of the BN-key tile; K, V are BN-row panels, Q, dO and dS^T BM-row panels (wgmma.cuh);
+// addresses are shared-memory byte addresses >> 4. kAccFirst = false: the first k step overwrites the
+// accumulators (no zeroing moves), true: they hold zeros already.
+// S^T = K Q^T and dP^T = V dO^T (two commit groups, in that order).
+template <int D, int BM, int BN, bool kAccFirst>
+__device__ __forceinline__ void bwd_issue_st_dpt(float (&st)[BM / 2], float (&dpt)[BM / 2], uint32_t k16, uint32_t v16,
+                                                 uint32_t qs16, uint32_t dos16, int wg) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t off = (kk % 4) * 32;
+    wgmma_ss_m64n64k16<false, false>(st, wgmma_desc16<16, 1024>(k16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
+                                     wgmma_desc16<16, 1024>(qs16 + ((kk / 4) * BM * 128 + off) / 16), kAccFirst || kk > 0);
+  }
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t off = (kk % 4) * 32;
+    wgmma_ss_m64n64k16<false, false>(dpt, wgmma_desc16<16, 1024>(v16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
+                                     wgmma_desc16<16, 1024>(dos16 + ((kk / 4) * BM * 128 + off) / 16), kAccFirst || kk > 0);
+  }
+  wgmma_commit();
+}
+
+// dS^T (keys x packed query rows, one BN-row panel) from this warp's 16 keys, packed into da on the way.
+template <int BM, int BN>
+__device__ __forceinline__ void bwd_store_dst(__nv_bfloat16* sds, const float (&dst)[BM / 2], uint32_t (&da)[BM / 16][4],
+                                              int warp, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; ++kk) {
+    bwd_pack_a<BM>(dst, da, kk);
+    const int kr = warp * 16 + lane / 4, col = kk * 16 + 2 * (lane % 4);
+    *reinterpret_cast<uint32_t*>(sds + swz_panel(kr, col, BN)) = da[kk][0];
+    *reinterpret_cast<uint32_t*>(sds + swz_panel(kr + 8, col, BN)) = da[kk][1];
+    *reinterpret_cast<uint32_t*>(sds + swz_panel(kr, col + 8, BN)) = da[kk][2];
+    *reinterpret_cast<uint32_t*>(sds + swz_panel(kr + 8, col + 8, BN)) = da[kk][3];
+  }
+}
+
+// dV += P^T dO and dK += dS^T Q: dO and Q are MN-major B operands (k16 step = 16 query rows); one group.
+template <int D, int BM>
+__device__ __forceinline__ void bwd_issue_dvdk(float (&dv)[D / 2], float (&dk)[D / 2], const uint32_t (&pa)[BM / 16][4],
+                                               const uint32_t (&da)[BM / 16][4], uint32_t qs16, uint32_t dos16) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; ++kk) {
+    wgmma_rs_trans_b<D>(dv, pa[kk], wgmma_desc16<BM * 128, 1024>(dos16 + kk * 16 * 128 / 16));
+    wgmma_rs_trans_b<D>(dk, da[kk], wgmma_desc16<BM * 128, 1024>(qs16 + kk * 16 * 128 / 16));
+  }
+  wgmma_commit();
+}
+
+// dQ = dS K for head-dim columns 64 wg .. +64 of all BM rows: A = dS^T (keys x rows, MN-major), B = K (keys x
+// D, MN-major); k16 step kk = keys 16 kk .. +16; one group.
+template <int BN, bool kAccFirst>
+__device__ __forceinline__ void bwd_issue_dq(float (&acc)[32], uint32_t dss16, uint32_t k16, int wg) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk)
+    wgmma_ss_m64n64k16<true, true>(acc, wgmma_desc16<BN * 128, 1024>(dss16 + kk * 16 * 128 / 16),
+                                   wgmma_desc16<BN * 128, 1024>(k16 + wg * BN * 128 / 16 + kk * 16 * 128 / 16),
+                                   kAccFirst || kk > 0);
+  wgmma_commit();
+}
 
 // kAddDq = false drops the dQ reduction (wrong dQ): timing-only, as in attention_bwd.cuh.
 template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap, BwdLoads kLoads = kBwdLoads>
@@ -208,100 +275,28 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) st[i] = dpt[i] = 0.f;
     }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;
-      wgmma_ss_m64n64k16<false, false>(st, wgmma_desc16<16, 1024>(k16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
-                                       wgmma_desc16<16, 1024>(qs16 + ((kk / 4) * BM * 128 + off) / 16), kAccZero || kk > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;
-      wgmma_ss_m64n64k16<false, false>(dpt, wgmma_desc16<16, 1024>(v16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
-                                       wgmma_desc16<16, 1024>(dos16 + ((kk / 4) * BM * 128 + off) / 16), kAccZero || kk > 0);
-    }
-    wgmma_commit();
+    bwd_issue_st_dpt<D, BM, BN, kAccZero>(st, dpt, k16, v16, qs16, dos16, wg);
     if constexpr (kOverlap == BwdOverlap::kDkvDq) {
       add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
     }
 
     // visibility bits (while dP^T is still running)
-    uint32_t vis = 0;
-    if (e.mask_count == 0) {
-#pragma unroll
-      for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (nb * 8 + 2 * (lane % 4) + (c & 1) < valid_rows) vis |= 1u << (nb * 4 + c);
-    } else {
-      int tokc[BM / 8][2];  // token of each of this lane's columns; -1 for padding rows (in no slice)
-#pragma unroll
-      for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int r = nb * 8 + 2 * (lane % 4) + c;
-          tokc[nb][c] = r < valid_rows ? t0 + r / G : -1;
-        }
-      for (int j = 0; j < e.mask_count; ++j) {
-        const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int key = key_lo + 8 * h;
-          if (!in_range(key, sl.k0, sl.k1)) continue;
-#pragma unroll
-          for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-              if (in_range(tokc[nb][c], sl.q0, sl.q1) && in_range(tokc[nb][c] - key, sl.dmin, sl.dmax))
-                vis |= 1u << (nb * 4 + 2 * h + c);
-        }
-      }
-    }
+    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, lane);
     wgmma_wait<1>();  // S^T done
     wgmma_fence_operands(st);
     // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere
-#pragma unroll
-    for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float lse2 = lse_s[nb * 8 + 2 * (lane % 4) + (c & 1)] * kLog2e;
-        st[4 * nb + c] = (vis >> (nb * 4 + c) & 1u) && lse2 != -INFINITY ? exp2_fast(fmaf(st[4 * nb + c], sl2, -lse2)) : 0.f;
-      }
+    bwd_p_tile<BM, false>(st, vis, lse_s, sl2, lane);
     uint32_t pa[BM / 16][4];  // P^T as A operands (k16 step kk: query rows 16 kk .. +16)
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) pa[kk][i] = pack_bf16(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+    for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(st, pa, kk);
     wgmma_wait<0>();  // dP^T done
     wgmma_fence_operands(dpt);
     // dS^T = P^T (dP^T - Dsum)
-#pragma unroll
-    for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) dpt[4 * nb + c] = st[4 * nb + c] * (dpt[4 * nb + c] - dsum_s[nb * 8 + 2 * (lane % 4) + (c & 1)]);
+    bwd_ds_tile<BM>(st, dpt, dsum_s, lane);
     uint32_t da[BM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) da[kk][i] = pack_bf16(dpt[8 * kk + 2 * i], dpt[8 * kk + 2 * i + 1]);
-      // dS^T to shared memory for dQ: rows = keys of the tile, columns = packed query rows
-      const int kr = warp * 16 + lane / 4, col = kk * 16 + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(sdS + swz_panel(kr, col, BN)) = da[kk][0];
-      *reinterpret_cast<uint32_t*>(sdS + swz_panel(kr + 8, col, BN)) = da[kk][1];
-      *reinterpret_cast<uint32_t*>(sdS + swz_panel(kr, col + 8, BN)) = da[kk][2];
-      *reinterpret_cast<uint32_t*>(sdS + swz_panel(kr + 8, col + 8, BN)) = da[kk][3];
-    }
+    bwd_store_dst<BM, BN>(sdS, dpt, da, warp, lane);
 
-    // dV += P^T dO and dK += dS^T Q: dO and Q are MN-major B operands (k16 step = 16 query rows)
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      wgmma_rs_trans_b<D>(dv, pa[kk], wgmma_desc16<BM * 128, 1024>(dos16 + kk * 16 * 128 / 16));
-      wgmma_rs_trans_b<D>(dk, da[kk], wgmma_desc16<BM * 128, 1024>(qs16 + kk * 16 * 128 / 16));
-    }
-    wgmma_commit();
+    bwd_issue_dvdk<D, BM>(dv, dk, pa, da, qs16, dos16);
     if constexpr (kOverlap == BwdOverlap::kNone) {
       // dV / dK complete before the barrier: after it, a warpgroup that runs ahead prefetches the next
       // query tile into the Q / dO stage that the other one's dV / dK reads now hold (two stages)
@@ -314,20 +309,12 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
     fence_proxy_async_shared();  // dS^T stores -> the dQ wgmma
     __syncthreads();             // dS^T complete
 
-    // dQ = scale dS K: warpgroup wg takes head-dim columns 64 wg .. +64 of all BM rows; A = dS^T
-    // (keys x rows, MN-major), B = K (keys x D, MN-major); k16 step kk = keys 16 kk .. +16
+    // dQ = dS K (scaled below), head-dim columns 64 wg .. +64 of all BM rows
     if constexpr (kAccZero) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) acc[i] = 0.f;
     }
-    wgmma_fence();
-    const uint32_t dss16 = ds16 + stage * kDsStage16;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_ss_m64n64k16<true, true>(acc, wgmma_desc16<BN * 128, 1024>(dss16 + kk * 16 * 128 / 16),
-                                     wgmma_desc16<BN * 128, 1024>(k16 + wg * BN * 128 / 16 + kk * 16 * 128 / 16),
-                                     kAccZero || kk > 0);
-    wgmma_commit();
+    bwd_issue_dq<BN, kAccZero>(acc, ds16 + stage * kDsStage16, k16, wg);
     wgmma_wait<0>();  // dQ (and, past kNone, dV / dK: groups retire in order)
     wgmma_fence_operands(acc);
     if constexpr (kOverlap != BwdOverlap::kNone) {
@@ -352,25 +339,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   if constexpr (kOverlap == BwdOverlap::kDkvDq) add_dq(pending_dq_t0);
   cp_async_wait<0>();
 
-  // This block is the only writer of its KV tile: plain read-add-write of fp32 dK, dV.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = key_lo + 8 * h;
-    if (key >= args.kv_rows) continue;
-    float* dkp = p.dk + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
-    float* dvp = p.dv + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      float2 a = *reinterpret_cast<float2*>(dkp + j * 8);
-      a.x += dk[4 * j + 2 * h] * p.scale;
-      a.y += dk[4 * j + 2 * h + 1] * p.scale;
-      *reinterpret_cast<float2*>(dkp + j * 8) = a;
-      float2 b = *reinterpret_cast<float2*>(dvp + j * 8);
-      b.x += dv[4 * j + 2 * h];
-      b.y += dv[4 * j + 2 * h + 1];
-      *reinterpret_cast<float2*>(dvp + j * 8) = b;
-    }
-  }
+  bwd_store_dkdv<D>(args, dk, dv, key_lo, kvh, lane);
 }
 
 template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap, BwdLoads kLoads = kBwdLoads>

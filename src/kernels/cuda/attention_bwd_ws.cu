@@ -15,6 +15,8 @@
 // Needs head dim 128, G dividing 64 (Q's TMA box is 64 columns x G heads x 64 / G tokens), 16-byte rows.
 #include <cfloat>
 
+#include "kernels/cuda/attention_bwd_tile.cuh"
+#include "kernels/cuda/attention_bwd_wgmma.cuh"  // the step's GEMM issues and dS^T store
 #include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/tma.cuh"
@@ -218,111 +220,32 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
     // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites
     float st[BM / 2], dpt[BM / 2];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;
-      wgmma_ss_m64n64k16<false, false>(st, wgmma_desc16<16, 1024>(k16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
-                                       wgmma_desc16<16, 1024>(qs16 + ((kk / 4) * BM * 128 + off) / 16), kk > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;
-      wgmma_ss_m64n64k16<false, false>(dpt, wgmma_desc16<16, 1024>(v16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
-                                       wgmma_desc16<16, 1024>(dos16 + ((kk / 4) * BM * 128 + off) / 16), kk > 0);
-    }
-    wgmma_commit();
+    bwd_issue_st_dpt<D, BM, BN, false>(st, dpt, k16, v16, qs16, dos16, wg);
     if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
 
     // visibility bits (while the GEMMs run)
-    uint32_t vis = 0;
-    if (e.mask_count == 0) {
-#pragma unroll
-      for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (nb * 8 + 2 * (lane % 4) + (c & 1) < valid_rows) vis |= 1u << (nb * 4 + c);
-    } else {
-      int tokc[BM / 8][2];  // token of each of this lane's columns; -1 for padding rows (in no slice)
-#pragma unroll
-      for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int r = nb * 8 + 2 * (lane % 4) + c;
-          tokc[nb][c] = r < valid_rows ? t0 + r / G : -1;
-        }
-      for (int j = 0; j < e.mask_count; ++j) {
-        const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int key = key_lo + 8 * h;
-          if (!in_range(key, sl.k0, sl.k1)) continue;
-#pragma unroll
-          for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-              if (in_range(tokc[nb][c], sl.q0, sl.q1) && in_range(tokc[nb][c] - key, sl.dmin, sl.dmax))
-                vis |= 1u << (nb * 4 + 2 * h + c);
-        }
-      }
-    }
+    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, lane);
     wgmma_wait<1>();  // S^T done
     wgmma_fence_operands(st);
     // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere (LSE staged in base-2 units)
-#pragma unroll
-    for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float lse2 = lse_s[nb * 8 + 2 * (lane % 4) + (c & 1)];
-        st[4 * nb + c] = (vis >> (nb * 4 + c) & 1u) && lse2 != -INFINITY ? exp2_fast(fmaf(st[4 * nb + c], sl2, -lse2)) : 0.f;
-      }
+    bwd_p_tile<BM, true>(st, vis, lse_s, sl2, lane);
     uint32_t pa[BM / 16][4];  // P^T as A operands (k16 step kk: query rows 16 kk .. +16)
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) pa[kk][i] = pack_bf16(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+    for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(st, pa, kk);
     wgmma_wait<0>();  // dP^T done
     wgmma_fence_operands(dpt);
     // dS^T = P^T (dP^T - Dsum)
-#pragma unroll
-    for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) dpt[4 * nb + c] = st[4 * nb + c] * (dpt[4 * nb + c] - dsum_s[nb * 8 + 2 * (lane % 4) + (c & 1)]);
+    bwd_ds_tile<BM>(st, dpt, dsum_s, lane);
     uint32_t da[BM / 16][4];
     auto* sds = reinterpret_cast<__nv_bfloat16*>(base + (dsb - sK));
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) da[kk][i] = pack_bf16(dpt[8 * kk + 2 * i], dpt[8 * kk + 2 * i + 1]);
-      // dS^T to shared memory for dQ: rows = keys of the tile, columns = packed query rows
-      const int kr = warp * 16 + lane / 4, col = kk * 16 + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(sds + swz_panel(kr, col, BN)) = da[kk][0];
-      *reinterpret_cast<uint32_t*>(sds + swz_panel(kr + 8, col, BN)) = da[kk][1];
-      *reinterpret_cast<uint32_t*>(sds + swz_panel(kr, col + 8, BN)) = da[kk][2];
-      *reinterpret_cast<uint32_t*>(sds + swz_panel(kr + 8, col + 8, BN)) = da[kk][3];
-    }
+    bwd_store_dst<BM, BN>(sds, dpt, da, warp, lane);
 
-    // dV += P^T dO and dK += dS^T Q: dO and Q are MN-major B operands (k16 step = 16 query rows)
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      wgmma_rs_trans_b<D>(dv, pa[kk], wgmma_desc16<BM * 128, 1024>(dos16 + kk * 16 * 128 / 16));
-      wgmma_rs_trans_b<D>(dk, da[kk], wgmma_desc16<BM * 128, 1024>(qs16 + kk * 16 * 128 / 16));
-    }
-    wgmma_commit();
+    bwd_issue_dvdk<D, BM>(dv, dk, pa, da, qs16, dos16);
     fence_proxy_async_shared();     // dS^T stores -> the dQ wgmma
     named_barrier_sync(1, 256);     // dS^T complete (both consumer warpgroups)
 
-    // dQ = scale dS K: warpgroup wg takes head-dim columns 64 wg .. +64 of all BM rows; A = dS^T
-    // (keys x rows, MN-major), B = K (keys x D, MN-major); k16 step kk = keys 16 kk .. +16
-    wgmma_fence();
-    const uint32_t dss16 = ds16 + (n & 1) * kDsStage16;
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_ss_m64n64k16<true, true>(acc, wgmma_desc16<BN * 128, 1024>(dss16 + kk * 16 * 128 / 16),
-                                     wgmma_desc16<BN * 128, 1024>(k16 + wg * BN * 128 / 16 + kk * 16 * 128 / 16), kk > 0);
-    wgmma_commit();
+    // dQ = dS K (scaled below), head-dim columns 64 wg .. +64 of all BM rows
+    bwd_issue_dq<BN, false>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
     wgmma_wait<0>();  // dQ, and dV / dK (groups retire in order)
     wgmma_fence_operands(acc);
     wgmma_fence_operands(dv);
@@ -349,25 +272,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   }
   if constexpr (!kDqTma) add_dq(pending_dq_t0);
 
-  // This block is the only writer of its KV tile: plain read-add-write of fp32 dK, dV.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = key_lo + 8 * h;
-    if (key >= args.kv_rows) continue;
-    float* dkp = p.dk + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
-    float* dvp = p.dv + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      float2 a = *reinterpret_cast<float2*>(dkp + j * 8);
-      a.x += dk[4 * j + 2 * h] * p.scale;
-      a.y += dk[4 * j + 2 * h + 1] * p.scale;
-      *reinterpret_cast<float2*>(dkp + j * 8) = a;
-      float2 b = *reinterpret_cast<float2*>(dvp + j * 8);
-      b.x += dv[4 * j + 2 * h];
-      b.y += dv[4 * j + 2 * h + 1];
-      *reinterpret_cast<float2*>(dvp + j * 8) = b;
-    }
-  }
+  bwd_store_dkdv<D>(args, dk, dv, key_lo, kvh, lane);
 }
 
 template <int kStages, int kDqBufs>

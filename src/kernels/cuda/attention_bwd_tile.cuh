@@ -1,0 +1,109 @@
+// The per-step pieces the three key-major backward kernels share (attention_bwd.cuh, attention_bwd_wgmma.cuh,
+// attention_bwd_ws.cu). Their accumulators have one layout per warp: warp w holds keys 16 w .. 16 w + 15 of
+// the KV tile, and a thread's register 4 nb + c of a 16 x BM tile (S^T, dP^T) is (key key_lo + 8 (c / 2),
+// packed query row nb * 8 + 2 (lane % 4) + c % 2), key_lo = k0 + 16 w + lane / 4. A packed row r of a query
+// tile starting at token t0 is (token t0 + r / G, q head kvh G + r % G).
+#pragma once
+
+#include <cfloat>
+
+#include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/mma.cuh"
+
+namespace treecp::cuda::detail {
+
+// Bit 4 nb + c: the thread's element 4 nb + c is a visible pair. Full tiles: every real row (padding rows,
+// r >= valid_rows, are in no slice); partial ones: inside any listed slice (slices are disjoint).
+template <int BM>
+__device__ __forceinline__ uint32_t bwd_visibility(const BwdArgs& args, const TileEntry& e, int t0, int G,
+                                                   int valid_rows, int key_lo, int lane) {
+  uint32_t vis = 0;
+  if (e.mask_count == 0) {
+#pragma unroll
+    for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (nb * 8 + 2 * (lane % 4) + (c & 1) < valid_rows) vis |= 1u << (nb * 4 + c);
+    return vis;
+  }
+  int tokc[BM / 8][2];  // token of each of this lane's columns; -1 for padding rows
+#pragma unroll
+  for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int r = nb * 8 + 2 * (lane % 4) + c;
+      tokc[nb][c] = r < valid_rows ? t0 + r / G : -1;
+    }
+  for (int j = 0; j < e.mask_count; ++j) {
+    const DeviceSlice sl = load_slice(args.slices + args.lists.mask_index[e.mask_begin + j]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key_lo + 8 * h;
+      if (!in_range(key, sl.k0, sl.k1)) continue;
+#pragma unroll
+      for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          if (in_range(tokc[nb][c], sl.q0, sl.q1) && in_range(tokc[nb][c] - key, sl.dmin, sl.dmax))
+            vis |= 1u << (nb * 4 + 2 * h + c);
+    }
+  }
+  return vis;
+}
+
+// P^T = exp(S^T scale - LSE) on visible pairs, 0 elsewhere, in place; lse holds the step's BM row LSEs
+// (natural log; kLse2: already times log2 e).
+template <int BM, bool kLse2>
+__device__ __forceinline__ void bwd_p_tile(float (&st)[BM / 2], uint32_t vis, const float* lse, float sl2, int lane) {
+#pragma unroll
+  for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const float lse2 = kLse2 ? lse[nb * 8 + 2 * (lane % 4) + (c & 1)] : lse[nb * 8 + 2 * (lane % 4) + (c & 1)] * kLog2e;
+      st[4 * nb + c] = (vis >> (nb * 4 + c) & 1u) && lse2 != -INFINITY ? exp2_fast(fmaf(st[4 * nb + c], sl2, -lse2)) : 0.f;
+    }
+}
+
+// dS^T = P^T (dP^T - Dsum), in place in dpt.
+template <int BM>
+__device__ __forceinline__ void bwd_ds_tile(const float (&pt)[BM / 2], float (&dpt)[BM / 2], const float* dsum, int lane) {
+#pragma unroll
+  for (int nb = 0; nb < BM / 8; ++nb)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) dpt[4 * nb + c] = pt[4 * nb + c] * (dpt[4 * nb + c] - dsum[nb * 8 + 2 * (lane % 4) + (c & 1)]);
+}
+
+// A 16 x 16 k-step kk of a 16 x BM tile as bf16 A operands (the mma.sync / wgmma register A layout).
+template <int BM>
+__device__ __forceinline__ void bwd_pack_a(const float (&x)[BM / 2], uint32_t (&a)[BM / 16][4], int kk) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[kk][i] = pack_bf16(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
+}
+
+// This block is the only writer of its KV tile: plain read-add-write of fp32 dK (times scale) and dV; a
+// thread holds register 4 j + c = (key key_lo + 8 (c / 2), column 8 j + 2 (lane % 4) + c % 2).
+template <int D>
+__device__ __forceinline__ void bwd_store_dkdv(const BwdArgs& args, const float (&dk)[D / 2], const float (&dv)[D / 2],
+                                               int key_lo, int kvh, int lane) {
+  const AttentionBackwardParams& p = args.p;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + 8 * h;
+    if (key >= args.kv_rows) continue;
+    float* dkp = p.dk + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
+    float* dvp = p.dv + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2 a = *reinterpret_cast<float2*>(dkp + j * 8);
+      a.x += dk[4 * j + 2 * h] * p.scale;
+      a.y += dk[4 * j + 2 * h + 1] * p.scale;
+      *reinterpret_cast<float2*>(dkp + j * 8) = a;
+      float2 b = *reinterpret_cast<float2*>(dvp + j * 8);
+      b.x += dv[4 * j + 2 * h];
+      b.y += dv[4 * j + 2 * h + 1];
+      *reinterpret_cast<float2*>(dvp + j * 8) = b;
+    }
+  }
+}
+
+}  // namespace treecp::cuda::detail
