@@ -91,7 +91,7 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws2_ms, bwd_ws3_ms, bwd_wg2_ms, bwd_ws2b_ms, bwd_ws3b_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -368,11 +368,11 @@ int main(int argc, char** argv) {
           });
         };
         r.bwd_wg_ms = time_wg();
-        r.bwd_ws2_ms = time_ws(0);
-        r.bwd_ws3_ms = time_ws(1);
+        r.bwd_ws_ms = time_ws(0);
+        r.bwd_wsr_ms = time_ws(1);
         r.bwd_wg2_ms = time_wg();
-        r.bwd_ws2b_ms = time_ws(0);
-        r.bwd_ws3b_ms = time_ws(1);
+        r.bwd_ws2_ms = time_ws(0);
+        r.bwd_wsr2_ms = time_ws(1);
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
       for (void* p : {q, k, v, o, d_o}) cudaFree(p);
@@ -404,7 +404,7 @@ int main(int argc, char** argv) {
     js << "]\n";
     std::printf("\nbackward attribution (timing only): wgmma bwd kernel without its dQ reduction, ms\n");
     for (const Result& r : results)
-      std::printf("  %-12s bwd %.3f ms (incl. dsum + zeroing); bwd kernel (+ dK/dV zeroing) %.3f ms, the same without dQ adds %.3f ms; "
+      std::printf("  %-12s default bwd %.3f ms (incl. dsum + zeroing); wgmma kernel (+ dK/dV zeroing) %.3f ms, the same without dQ adds %.3f ms; "
                   "dQ zeroing %.3f ms, Dsum kernel %.3f ms\n",
                   r.preset.c_str(), r.bwd_ms, r.bwd_kernel_ms, r.bwd_nodq_ms, r.memset_dq_ms, r.dsum_ms);
     std::printf("\nwgmma forward kernel by variant, ms, in timing order: kTwo / kOne / kOne+kPerThread loads / kTwo again / "
@@ -422,9 +422,9 @@ int main(int argc, char** argv) {
                 "ws with dQ by TMA bulk reductions (wsr, the default) / wgmma / ws / wsr (change: mean of each pair against wgmma)\n");
     for (const Result& r : results)
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f / %.3f / %.3f  (ws %+.1f%%, wsr %+.1f%%)\n", r.preset.c_str(), r.bwd_wg_ms,
-                  r.bwd_ws2_ms, r.bwd_ws3_ms, r.bwd_wg2_ms, r.bwd_ws2b_ms, r.bwd_ws3b_ms,
-                  100.0 * ((r.bwd_ws2_ms + r.bwd_ws2b_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0),
-                  100.0 * ((r.bwd_ws3_ms + r.bwd_ws3b_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0));
+                  r.bwd_ws_ms, r.bwd_wsr_ms, r.bwd_wg2_ms, r.bwd_ws2_ms, r.bwd_wsr2_ms,
+                  100.0 * ((r.bwd_ws_ms + r.bwd_ws2_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0),
+                  100.0 * ((r.bwd_wsr_ms + r.bwd_wsr2_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0));
     for (const Result& r : results)
       if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3)) {
         std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e)\n", r.preset.c_str(), r.err_o, r.err_lse);
