@@ -91,7 +91,7 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -110,6 +110,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe as they are printed, even if the run is cut short
   std::vector<std::string> names;
   for (std::stringstream ss(presets_arg); ss.good();) {
     std::string n;
@@ -373,6 +374,20 @@ int main(int argc, char** argv) {
         r.bwd_wg2_ms = time_wg();
         r.bwd_ws2_ms = time_ws(0);
         r.bwd_wsr2_ms = time_ws(1);
+
+        // walk orders of the warp-specialised backward: every walk forward (launch variant 3, the default before
+        // change X) against the first wave reversed (variant 1, the default), alternating, twice
+        auto time_walk = [&](int variant) {
+          return time_ms(reps, [&] {
+            check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+            check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+            treecp::cuda::detail::launch_bwd_ws_d128(args, nullptr, variant);
+          });
+        };
+        r.walk_fwd_ms = time_walk(3);
+        r.walk_rev_ms = time_walk(1);
+        r.walk_fwd2_ms = time_walk(3);
+        r.walk_rev2_ms = time_walk(1);
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
       for (void* p : {q, k, v, o, d_o}) cudaFree(p);
@@ -425,6 +440,12 @@ int main(int argc, char** argv) {
                   r.bwd_ws_ms, r.bwd_wsr_ms, r.bwd_wg2_ms, r.bwd_ws2_ms, r.bwd_wsr2_ms,
                   100.0 * ((r.bwd_ws_ms + r.bwd_ws2_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0),
                   100.0 * ((r.bwd_wsr_ms + r.bwd_wsr2_ms) / (r.bwd_wg_ms + r.bwd_wg2_ms) - 1.0));
+    std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by walk order, ms, in timing order: every walk forward / "
+                "first wave reversed (the default) / forward / first wave reversed\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (first wave reversed %+.1f%%)\n", r.preset.c_str(), r.walk_fwd_ms,
+                  r.walk_rev_ms, r.walk_fwd2_ms, r.walk_rev2_ms,
+                  100.0 * ((r.walk_rev_ms + r.walk_rev2_ms) / (r.walk_fwd_ms + r.walk_fwd2_ms) - 1.0));
     for (const Result& r : results)
       if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3)) {
         std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e)\n", r.preset.c_str(), r.err_o, r.err_lse);

@@ -30,12 +30,12 @@ void launch_fwd_wgmma_variant(const detail::FwdArgs& a, int head_dim, int varian
   else launch_fwd_wgmma_d<128>(a, variant);
 }
 
-int bwd_wgmma_variant_count() { return 7; }
+int bwd_wgmma_variant_count() { return 9; }
 
 // kNone / kDkv / kDkvDq with the per-thread Q/dO loads, then kDkvDq and kNone with the generic loads
-// (the per-thread loads fall back to the generic ones when G does not divide 16: the G = 3 case); 5, 6: the
-// warp-specialised backward (attention_bwd_ws.cu) with dQ by red.global.add and by TMA bulk reductions, where
-// it applies (G dividing 64), else variant 2
+// (the per-thread loads fall back to the generic ones when G does not divide 16: the G = 3 case); 5-8: the
+// warp-specialised backward (attention_bwd_ws.cu) with its launch variants 0-3 (dQ by red.global.add or TMA
+// bulk reductions; first wave reversed or every walk forward), where it applies (G dividing 64), else variant 2
 void launch_bwd_wgmma_variant(const detail::BwdArgs& a, int variant) {
   using detail::BwdLoads;
   using detail::BwdOverlap;

@@ -13,6 +13,7 @@
 // K held in registers as the A operand of S^T = K Q^T (half that GEMM's shared-memory reads) was tried: at
 // 240 registers ptxas spills the 32 K registers and serialises the wgmmas (docs/benchmarks-gpu.md, change Q).
 // Needs head dim 128, G dividing 64 (Q's TMA box is 64 columns x G heads x 64 / G tokens), 16-byte rows.
+#include <atomic>
 #include <cfloat>
 
 #include "kernels/cuda/attention_bwd_tile.cuh"
@@ -29,6 +30,7 @@ struct BwdWsArgs {
   CUtensorMap tq, tdo, tk, tv;  // 64-byte aligned by their type
   CUtensorMap tdq;              // kDqTma: fp32 dQ, boxes of 32 columns x G heads x 64 / G tokens
   BwdArgs a;
+  int32_t first_wave;           // blocks [0, first_wave) walk their query tiles in reverse
 };
 
 constexpr int kBwsD = 128, kBwsRows = kBwdBlockRows, kBwsKeys = kBwdBlockKeys;
@@ -38,10 +40,10 @@ static_assert(kBwsRows == 64 && kBwsKeys == 128, "ws backward: 128 keys x 64 row
 // kDqBufs (0: dQ by red.global.add, no buffer) fp32 dQ buffers of BM x D
 template <int kStages, int kDqBufs>
 constexpr int bwd_ws_smem() {
-  // K, V; per stage Q, dO (bf16) and LSE, Dsum (fp32); two dS^T buffers; the dQ buffers; the barriers;
-  // 1 KiB alignment
+  // K, V; per stage Q, dO (bf16) and LSE, Dsum (fp32); two dS^T buffers; the dQ buffers; per stage the step
+  // (query tile, list entry); the barriers; 1 KiB alignment
   return (2 * kBwsKeys * kBwsD + 2 * kStages * kBwsRows * kBwsD + 2 * kBwsKeys * kBwsRows) * 2 +
-         kDqBufs * kBwsRows * kBwsD * 4 + 2 * kStages * kBwsRows * 4 + 8 * (1 + 2 * kStages + 4) + 1024;
+         kDqBufs * kBwsRows * kBwsD * 4 + 2 * kStages * kBwsRows * 4 + 8 * kStages + 8 * (1 + 2 * kStages + 4) + 1024;
 }
 
 // kDqBufs > 0: the consumers store each step's dQ (fp32, scaled) into one of kDqBufs shared buffers laid out as four
@@ -66,7 +68,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   unsigned char* stats = base + (sdQ + kDqBufs * BM * D * 4 - sK);
   float* sLse = reinterpret_cast<float*>(stats);      // [stage][BM], times log2 e
   float* sDsum = sLse + kStages * BM;                 // [stage][BM]
-  const uint32_t bars = smem_addr(sDsum + kStages * BM);  // kvfull, full[kStages], empty[kStages]
+  int2* sStep = reinterpret_cast<int2*>(sDsum + kStages * BM);  // [stage]: query tile, its list entry
+  const uint32_t bars = smem_addr(sStep + kStages);  // kvfull, full[kStages], empty[kStages]
   const uint32_t kvfull = bars;
   auto full = [&](int s) { return bars + 8 + 8 * s; };
   auto empty = [&](int s) { return bars + 8 + 8 * kStages + 8 * s; };
@@ -75,8 +78,14 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
 
   const AttentionBackwardParams& p = args.p;
   const auto& L = args.lists;
-  const int tile = L.order[blockIdx.x / p.hkv];  // longest tiles first, heads of one tile adjacent
+  // Longest tiles first, the heads of one tile adjacent. The first wave (one block per SM, all starting
+  // together) walks its lists in reverse, from their common end and in step; every later block walks
+  // forward: blocks of one KV segment then start about one diagonal apart in time and in place, so they also
+  // walk in step. Either way the L2 cache serves the Q, dO and dQ lines of a step to all but the first of
+  // them (change X in docs/benchmarks-gpu.md: -1 to -7% against every walk forward).
+  const int tile = L.order[blockIdx.x / p.hkv];
   const int kvh = blockIdx.x % p.hkv;
+  const bool reverse = static_cast<int>(blockIdx.x) < w.first_wave;
   const int G = args.group;
   const int k0 = tile * BN;
   const int tq = L.minor_tile_rows;  // tokens per query tile (tq G = BM: the launcher checks)
@@ -97,7 +106,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   __syncthreads();
 
   if (threadIdx.x >= 256) {
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<24>();  // (168 - 24) x 128 = (240 - 168) x 256: what the consumers take
     const int pw = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
     if (pw == 0 && lane == 0 && e_begin < e_end) {
       // K and V of the tile (rows past kv_rows arrive as zeros), then Q and dO of each listed query tile
@@ -106,8 +115,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
         tma_load_3d(sK + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, kvfull);
         tma_load_3d(sV + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, kvfull);
       }
-      RunCursor cur = RunCursor::first(L.entries, e_begin, e_end);
-      for (int n = 0; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
+      TileWalk cur = TileWalk::first(L.entries, e_begin, e_end, reverse);
+      for (int n = 0; cur.more(); ++n, cur.advance(L.entries)) {
         const int s = n % kStages;
         if (n >= kStages) mbar_wait(empty(s), ((n / kStages) - 1) & 1);
         mbar_expect_tx(full(s), 2 * BM * D * 2);
@@ -119,16 +128,17 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
       }
     } else if (pw == 1) {
       // packed row r of query tile qt = (token qt tq + r / G, q head kvh G + r % G); rows past q_rows get 0
-      // (the consumers' visibility bits exclude them). Lane l copies rows l and l + 32 (24 registers: the
+      // (the consumers' visibility bits exclude them). Lane l copies rows l and l + 32 (few registers: the
       // per-row token offset and head are computed once).
       const int dt0 = lane / G, dt1 = (lane + 32) / G;
       const int h0 = kvh * G + lane % G, h1 = kvh * G + (lane + 32) % G;
-      RunCursor cur = RunCursor::first(L.entries, e_begin, e_end);
+      TileWalk cur = TileWalk::first(L.entries, e_begin, e_end, reverse);
 #pragma unroll 1
-      for (int n = 0; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
+      for (int n = 0; cur.more(); ++n, cur.advance(L.entries)) {
         const int s = n % kStages;
         if (n >= kStages) mbar_wait(empty(s), ((n / kStages) - 1) & 1);
         const int t0 = cur.tile * tq;
+        if (lane == 0) sStep[s] = make_int2(cur.tile, cur.entry);  // the step, for the consumers (no cursor there)
         float* lse_dst = sLse + s * BM + lane;
         float* dsum_dst = sDsum + s * BM + lane;
         const int ta = t0 + dt0, tb = t0 + dt1;
@@ -141,8 +151,8 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
     } else if (pw == 2 && lane == 0) {
       if constexpr (kDqTma) {
         // each step's dQ from the consumers' buffer into global dQ (rows past q_rows are skipped)
-        RunCursor cur = RunCursor::first(L.entries, e_begin, e_end);
-        for (int n = 0; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
+        TileWalk cur = TileWalk::first(L.entries, e_begin, e_end, reverse);
+        for (int n = 0; cur.more(); ++n, cur.advance(L.entries)) {
           const int b = n % kDqBufs;
           mbar_wait(dqfull(b), (n / kDqBufs) & 1);
           const int t0 = cur.tile * tq;
@@ -206,16 +216,19 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   };
   int pending_dq_t0 = -1;  // first token of the query tile whose dQ (pend) is still to be added
 
-  RunCursor cur = RunCursor::first(L.entries, e_begin, e_end);
-  for (int n = 0; cur.entry < e_end; ++n) {
+  int steps = 0;
+  for (int i = e_begin; i < e_end; ++i) steps += L.entries[i].tile_end - L.entries[i].tile_begin;
+#pragma unroll 1
+  for (int n = 0; n < steps; ++n) {
     const int s = n % kStages;
     mbar_wait(full(s), (n / kStages) & 1);
     const uint32_t qs16 = q16 + s * kQStage16, dos16 = do16 + s * kQStage16;
     const float* lse_s = sLse + s * BM;
     const float* dsum_s = sDsum + s * BM;
     const uint32_t dsb = sdS + (n & 1) * BN * BM * 2;  // this step's dS^T buffer
-    const TileEntry e = L.entries[cur.entry];
-    const int t0 = cur.tile * tq;
+    const int2 step = sStep[s];  // written by the stats warp before its arrival on full(s)
+    const TileEntry e = L.entries[step.y];
+    const int t0 = step.x * tq;
 
     // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
     // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites
@@ -268,11 +281,24 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
     }
     // The next dS^T goes to the other buffer, whose dQ reads both warpgroups finished before this step's
     // named barrier; the one after reuses this buffer only past the next step's barrier.
-    cur = cur.next(L.entries, e_end);
   }
   if constexpr (!kDqTma) add_dq(pending_dq_t0);
 
   bwd_store_dkdv<D>(args, dk, dv, key_lo, kvh, lane);
+}
+
+// SMs of the current device (cached per device: the attribute query is not free at every launch)
+int sm_count() {
+  static std::atomic<int> cached[64] = {};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "attention_backward (ws): device");
+  const bool cacheable = dev >= 0 && dev < 64;
+  int n = cacheable ? cached[dev].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "attention_backward (ws): SM count");
+    if (cacheable) cached[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 template <int kStages, int kDqBufs>
@@ -304,8 +330,9 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
                           static_cast<uint32_t>(a.group), box_rows);
   w.tk = tensor_map_d128(kWho, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kBwsKeys);
   w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kBwsKeys);
+  w.first_wave = (variant & 2) ? 0 : sm_count();
   // the TMA reduction needs a 16-byte aligned dQ with strides of whole 16-byte units
-  const bool dq_tma = variant >= 1 && reinterpret_cast<uintptr_t>(a.p.dq) % 16 == 0 && a.p.dq_row_stride % 4 == 0 &&
+  const bool dq_tma = (variant & 1) && reinterpret_cast<uintptr_t>(a.p.dq) % 16 == 0 && a.p.dq_row_stride % 4 == 0 &&
                       a.p.dq_head_stride % 4 == 0;
   if (dq_tma) {
     w.tdq = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dq, a.q_rows, a.p.hq, a.p.dq_row_stride,

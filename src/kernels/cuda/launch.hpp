@@ -32,9 +32,10 @@ void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);
 // variant 0: plain, 1: Q in registers, 2: Q in registers + intra-warpgroup overlap.
 bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant);
 // The warp-specialised TMA backward (attention_bwd_ws.cu); false when it does not apply: head dim 128, G
-// dividing 64, a driver with cuTensorMapEncodeTiled. variant 0: dQ by red.global.add, 1: dQ by TMA bulk reductions
-// from a producer warp (two dQ buffers) where dQ allows them (16-byte aligned, strides multiples of 4), else
-// variant 0. Both have two Q/dO stages.
+// dividing 64, a driver with cuTensorMapEncodeTiled. variant bit 0: dQ by TMA bulk reductions from a producer warp
+// (two dQ buffers) where dQ allows them (16-byte aligned, strides multiples of 4), else by red.global.add; bit 1:
+// every block walks forward (without it the first wave, one block per SM, walks in reverse). Two
+// Q/dO stages. The default is 1.
 bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant);
 
 }  // namespace treecp::cuda::detail

@@ -123,6 +123,27 @@ struct RunCursor {
   }
 };
 
+// The same walk in either direction (reverse: last tile first). more() is false once the walk
+// has left [begin, end); `stop` is the entry index one step past the last one walked, so while more() holds
+// the walk is reversed exactly when entry > stop (no register for the direction: the producer warps run at 24).
+struct TileWalk {
+  int entry, tile, stop;
+  static __device__ __forceinline__ TileWalk first(const TileEntry* e, int begin, int end, bool reverse) {
+    if (!reverse) return TileWalk{begin, begin < end ? e[begin].tile_begin : 0, end};
+    return TileWalk{end - 1, begin < end ? e[end - 1].tile_end - 1 : 0, begin - 1};
+  }
+  __device__ __forceinline__ bool more() const { return entry != stop; }
+  __device__ __forceinline__ void advance(const TileEntry* e) {
+    if (entry < stop) {
+      if (++tile < e[entry].tile_end) return;
+      if (++entry != stop) tile = e[entry].tile_begin;
+    } else {
+      if (--tile >= e[entry].tile_begin) return;
+      if (--entry != stop) tile = e[entry].tile_end - 1;
+    }
+  }
+};
+
 // Pulls a major tile's run entries [begin, end) into L1 (warp 0, one 128-byte line per lane and step), so
 // RunCursor::next at a run boundary and the per-step entry reads hit L1 instead of waiting on L2; the
 // kernels' K/V and Q/dO copies bypass L1, so the lines stay.
