@@ -47,9 +47,11 @@ void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const R
       for (int32_t tile = en.tile_begin; tile < en.tile_end; ++tile) {
         const int64_t qt = q_major ? mt : tile, kt = q_major ? tile : mt;
         ASSERT_TRUE(seen.insert({qt, kt}).second) << "tile listed twice";
+        // key-major tiles have their own starts; query-major lists use 64-key tiles
+        const int64_t ka = q_major ? kt * tk : l.major_start[kt], ke = q_major ? (kt + 1) * tk : l.major_start[kt + 1];
         int64_t pairs = 0;
         for (int64_t i = qt * tq; i < (qt + 1) * tq && i < plan.q_rows; ++i)
-          for (int64_t j = kt * tk; j < (kt + 1) * tk && j < plan.kv_rows; ++j) {
+          for (int64_t j = ka; j < ke && j < plan.kv_rows; ++j) {
             const bool v = row.visible(i, j, window);
             pairs += v;
             if (en.mask_count == 0) {
@@ -64,7 +66,7 @@ void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const R
             }
           }
         if (en.mask_count == 0) {
-          ASSERT_EQ(pairs, tq * tk);
+          ASSERT_EQ(pairs, tq * (ke - ka));
           ++full_tiles;
         }
         ASSERT_GT(pairs, 0) << "listed tile without work";
@@ -76,6 +78,23 @@ void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const R
   std::vector<int32_t> order = l.order;
   std::sort(order.begin(), order.end());
   for (int32_t t = 0; t < l.num_major; ++t) ASSERT_EQ(order[t], t);
+  if (q_major) {
+    EXPECT_TRUE(l.major_start.empty());
+    return;
+  }
+  // key-major tiles: a partition of [0, kv_rows) into pieces of at most major_tile_rows rows that starts a new
+  // tile at every slice key boundary at least kMinKvTile past the current start
+  ASSERT_EQ(l.major_start.size(), static_cast<size_t>(l.num_major) + 1);
+  ASSERT_EQ(l.major_start.front(), 0);
+  ASSERT_EQ(l.major_start.back(), plan.kv_rows);
+  for (int32_t t = 0; t < l.num_major; ++t) {
+    const int32_t ka = l.major_start[t], ke = l.major_start[t + 1];
+    ASSERT_LT(ka, ke);
+    ASSERT_LE(ke - ka, l.major_tile_rows);
+    for (const DeviceSlice& s : plan.slices)
+      for (const int32_t cut : {s.k0, s.k1})
+        ASSERT_FALSE(cut >= ka + kMinKvTile && cut < ke) << "tile [" << ka << ", " << ke << ") crosses key boundary " << cut;
+  }
 }
 
 TEST(CudaTilePlan, ListsMatchVisibility) {

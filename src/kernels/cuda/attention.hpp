@@ -51,6 +51,11 @@ struct TileLists {
   std::vector<int32_t> order;       // major tiles, most visited tiles first (longest processing time first)
   std::vector<int32_t> mask_index;  // slice ids of the partial runs
   int64_t full_tiles = 0, partial_tiles = 0;  // visited tile pairs by kind
+  // Key-major lists only: major tile t holds KV rows [major_start[t], major_start[t+1]), at most
+  // major_tile_rows of them. Tiles start at the slices' key boundaries (segment starts) unless that would
+  // leave a tile shorter than kMinKvTile, so a KV tile rarely mixes keys of two segments: such a tile would
+  // compute every query tile of both segments' readers at full width for part of its keys.
+  std::vector<int32_t> major_start;
 };
 
 // Tile sizes of the kernels, in packed rows (a packed row is one (token, q head of a GQA group)).
@@ -61,6 +66,8 @@ inline constexpr int kFwdRowsPerWarp = 32; // mma.sync main loop: half the share
 inline constexpr int kBwdBlockRows = 64;   // 64 packed query rows per step of the key-major walk
 inline constexpr int kBwdBlockKeys = 128;  // 8 warps x 16 keys (dK, dV of 16 x D per warp in registers);
                                            // 128 rather than 64 halves the dQ atomics per FLOP
+inline constexpr int kMinKvTile = 32;      // a key-major tile starts at a key boundary only this far past the
+                                           // previous start (tiny segments share a tile instead)
 
 // Everything the kernels need about one geometry (slices, q_rows, kv_rows, GQA group size).
 struct TilePlan {
@@ -94,6 +101,7 @@ class DeviceTilePlan {
     const TileEntry* entries = nullptr;
     const int32_t* order = nullptr;
     const int32_t* mask_index = nullptr;
+    const int32_t* major_start = nullptr;  // key-major lists: TileLists::major_start
     int32_t num_major = 0, major_tile_rows = 0, minor_tile_rows = 0;
   };
   Lists fwd, bwd;

@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
   const int tile = L.order[blockIdx.x / p.hkv];
   const int kvh = blockIdx.x % p.hkv;
   const int G = args.group;
-  const int k0 = tile * BN;
+  const int k0 = L.major_start[tile];  // the tile: keys [k0, L.major_start[tile + 1]), at most BN
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tq = L.minor_tile_rows;  // tokens per query tile
   const int valid_rows = tq * G;
@@ -87,6 +87,7 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
     for (int c = 0; c < 4; ++c) dk[j][c] = dv[j][c] = 0.f;
   const float sl2 = p.scale * kLog2e;
   const int key_lo = k0 + warp * 16 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
+  const uint32_t keys_ok = bwd_keys_ok(key_lo, L.major_start[tile + 1]);
   float* dq = p.dq;
 
   for (int stage = 0; cur.entry < e_end; stage ^= 1) {
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
     // visibility bits, then P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere (flat views of the
     // [nb][c] fragments: register 4 nb + c, the layout of attention_bwd_tile.cuh)
     auto& stf = reinterpret_cast<float (&)[BM / 2]>(st);
-    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, lane);
+    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
     bwd_p_tile<BM, false>(stf, vis, lse_s, sl2, lane);
     uint32_t pa[BM / 16][4];  // P^T as A operands (16 keys x 16 rows per k16 step)
 #pragma unroll
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
   cp_async_wait<0>();
 
   bwd_store_dkdv<D>(args, reinterpret_cast<const float (&)[D / 2]>(dk), reinterpret_cast<const float (&)[D / 2]>(dv), key_lo,
-                    kvh, lane);
+                    L.major_start[tile + 1], kvh, lane);
 }
 
 template <int D, bool kAddDq = true>

@@ -12,11 +12,20 @@
 
 namespace treecp::cuda::detail {
 
+// The visibility bits (below) of this thread's keys key_lo and key_lo + 8 inside the KV tile: keys from
+// k_end on belong to the next tile (a block loads BN rows from its start whatever its length) and are never
+// visible here. Constant per block.
+__device__ __forceinline__ uint32_t bwd_keys_ok(int key_lo, int k_end) {
+  return (key_lo < k_end ? 0x33333333u : 0u) | (key_lo + 8 < k_end ? 0xCCCCCCCCu : 0u);
+}
+
 // Bit 4 nb + c: the thread's element 4 nb + c is a visible pair. Full tiles: every real row (padding rows,
-// r >= valid_rows, are in no slice); partial ones: inside any listed slice (slices are disjoint).
+// r >= valid_rows, are in no slice); partial ones: inside any listed slice (slices are disjoint). Both only
+// on the keys of keys_ok (bwd_keys_ok).
 template <int BM>
 __device__ __forceinline__ uint32_t bwd_visibility(const BwdArgs& args, const TileEntry& e, int t0, int G,
-                                                   int valid_rows, int key_lo, int lane) {
+                                                   int valid_rows, int key_lo, uint32_t keys_ok, int lane) {
+  static_assert(BM == 64, "one bit per element of a 16 x 64 tile");
   uint32_t vis = 0;
   if (e.mask_count == 0) {
 #pragma unroll
@@ -24,7 +33,7 @@ __device__ __forceinline__ uint32_t bwd_visibility(const BwdArgs& args, const Ti
 #pragma unroll
       for (int c = 0; c < 4; ++c)
         if (nb * 8 + 2 * (lane % 4) + (c & 1) < valid_rows) vis |= 1u << (nb * 4 + c);
-    return vis;
+    return vis & keys_ok;
   }
   int tokc[BM / 8][2];  // token of each of this lane's columns; -1 for padding rows
 #pragma unroll
@@ -48,7 +57,7 @@ __device__ __forceinline__ uint32_t bwd_visibility(const BwdArgs& args, const Ti
             vis |= 1u << (nb * 4 + 2 * h + c);
     }
   }
-  return vis;
+  return vis & keys_ok;
 }
 
 // P^T = exp(S^T scale - LSE) on visible pairs, 0 elsewhere, in place; lse holds the step's BM row LSEs
@@ -84,12 +93,12 @@ __device__ __forceinline__ void bwd_pack_a(const float (&x)[BM / 2], uint32_t (&
 // thread holds register 4 j + c = (key key_lo + 8 (c / 2), column 8 j + 2 (lane % 4) + c % 2).
 template <int D>
 __device__ __forceinline__ void bwd_store_dkdv(const BwdArgs& args, const float (&dk)[D / 2], const float (&dv)[D / 2],
-                                               int key_lo, int kvh, int lane) {
+                                               int key_lo, int k_end, int kvh, int lane) {
   const AttentionBackwardParams& p = args.p;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = key_lo + 8 * h;
-    if (key >= args.kv_rows) continue;
+    if (key >= k_end) continue;  // the next KV tile's row (or past kv_rows): another block owns it
     float* dkp = p.dk + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
     float* dvp = p.dv + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
 #pragma unroll

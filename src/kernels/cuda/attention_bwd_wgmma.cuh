@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   const int tile = L.order[blockIdx.x / p.hkv];  // longest tiles first, heads of one tile adjacent
   const int kvh = blockIdx.x % p.hkv;
   const int G = args.group;
-  const int k0 = tile * BN;
+  const int k0 = L.major_start[tile];  // the tile: keys [k0, L.major_start[tile + 1]), at most BN
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4;
   const int tq = L.minor_tile_rows;  // tokens per query tile
@@ -204,6 +204,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   const float sl2 = p.scale * kLog2e;
   const int key_lo = k0 + warp * 16 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
+  const uint32_t keys_ok = bwd_keys_ok(key_lo, L.major_start[tile + 1]);
   // descriptor start addresses (bytes >> 4); a k step, a stage, this warpgroup's keys are constant adds
   const uint32_t k16 = smem_addr(sK) >> 4, v16 = smem_addr(sV) >> 4;
   const uint32_t q16 = smem_addr(sQ) >> 4, do16 = smem_addr(sdO) >> 4, ds16 = smem_addr(sdS2) >> 4;
@@ -281,7 +282,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
     }
 
     // visibility bits (while dP^T is still running)
-    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, lane);
+    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
     wgmma_wait<1>();  // S^T done
     wgmma_fence_operands(st);
     // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere
@@ -339,7 +340,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   if constexpr (kOverlap == BwdOverlap::kDkvDq) add_dq(pending_dq_t0);
   cp_async_wait<0>();
 
-  bwd_store_dkdv<D>(args, dk, dv, key_lo, kvh, lane);
+  bwd_store_dkdv<D>(args, dk, dv, key_lo, L.major_start[tile + 1], kvh, lane);
 }
 
 template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap, BwdLoads kLoads = kBwdLoads>

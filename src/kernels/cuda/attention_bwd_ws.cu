@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   const int kvh = blockIdx.x % p.hkv;
   const bool reverse = static_cast<int>(blockIdx.x) < w.first_wave;
   const int G = args.group;
-  const int k0 = tile * BN;
+  const int k0 = L.major_start[tile];  // the tile: keys [k0, L.major_start[tile + 1]), at most BN
   const int tq = L.minor_tile_rows;  // tokens per query tile (tq G = BM: the launcher checks)
   const int e_begin = L.offsets[tile], e_end = L.offsets[tile + 1];
 
@@ -178,6 +178,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   const float sl2 = p.scale * kLog2e;
   const int key_lo = k0 + warp * 16 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
+  const uint32_t keys_ok = bwd_keys_ok(key_lo, L.major_start[tile + 1]);
   const uint32_t k16 = sK >> 4, v16 = sV >> 4, q16 = sQ >> 4, do16 = sdO >> 4, ds16 = sdS >> 4;
   constexpr uint32_t kQStage16 = BM * D * 2 / 16, kDsStage16 = BN * BM * 2 / 16;
   float* dq = p.dq;
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
     if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
 
     // visibility bits (while the GEMMs run)
-    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, lane);
+    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
     wgmma_wait<1>();  // S^T done
     wgmma_fence_operands(st);
     // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere (LSE staged in base-2 units)
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   }
   if constexpr (!kDqTma) add_dq(pending_dq_t0);
 
-  bwd_store_dkdv<D>(args, dk, dv, key_lo, kvh, lane);
+  bwd_store_dkdv<D>(args, dk, dv, key_lo, L.major_start[tile + 1], kvh, lane);
 }
 
 // SMs of the current device (cached per device: the attribute query is not free at every launch)

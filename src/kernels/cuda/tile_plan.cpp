@@ -36,9 +36,11 @@ struct TileDiv {
 // Calls fn(major, begin, end, full) for the minor-tile runs of slice `s` in each major tile it
 // touches: a partial head, a full middle and a partial tail (each possibly empty). O(major tiles).
 // q_major: major = query tiles of `major_rows` tokens, minor = key tiles; else the reverse.
+// q_major = false: the key-major tiles are the rows between consecutive `starts` (kv_tile_starts).
 template <class Fn>
 void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const TileDiv& div_major,
-                  const TileDiv& div_minor, int64_t q_rows, int64_t kv_rows, Fn&& fn) {
+                  const TileDiv& div_minor, int64_t q_rows, int64_t kv_rows, const std::vector<int32_t>& starts,
+                  Fn&& fn) {
   auto emit = [&](int64_t major, int64_t a, int64_t fa, int64_t fb, int64_t b) {
     if (a < fa) fn(major, a, fa, false);
     if (fa < fb) fn(major, fa, fb, true);
@@ -65,10 +67,11 @@ void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const 
       emit(qt, a, fa, fb, b);
     }
   } else {
-    const int64_t tk = major_rows;
     const TileDiv& tq = div_minor;
-    for (int64_t kt = div_major.floor(s.k0); kt * tk < s.k1; ++kt) {
-      const int64_t ka = kt * tk, ke = ka + tk;
+    const int64_t num_tiles = static_cast<int64_t>(starts.size()) - 1;
+    for (int64_t kt = std::upper_bound(starts.begin(), starts.end(), s.k0) - starts.begin() - 1;
+         kt < num_tiles && starts[kt] < s.k1; ++kt) {
+      const int64_t ka = starts[kt], ke = starts[kt + 1];
       const int64_t k0 = std::max<int64_t>(s.k0, ka), k1 = std::min<int64_t>(s.k1, ke);
       const int64_t qlo = std::max<int64_t>(s.q0, k0 + s.dmin), qhi = std::min<int64_t>(s.q1 - 1, k1 - 1 + s.dmax - 1);
       if (qlo > qhi) continue;
@@ -86,12 +89,35 @@ void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const 
   }
 }
 
+// Key-major tile starts: at most `rows` keys per tile; a new tile starts at the first slice key boundary at
+// least kMinKvTile past the current start, else after `rows` keys. Ends with kv_rows.
+std::vector<int32_t> kv_tile_starts(const std::vector<DeviceSlice>& slices, int64_t rows, int64_t kv_rows) {
+  thread_local std::vector<int32_t> cuts;
+  cuts.clear();
+  for (const DeviceSlice& s : slices) {
+    cuts.push_back(s.k0);
+    cuts.push_back(s.k1);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<int32_t> starts{0};
+  for (int64_t pos = 0; pos < kv_rows;) {
+    int64_t end = std::min(pos + rows, kv_rows);
+    const auto it = std::lower_bound(cuts.begin(), cuts.end(), static_cast<int32_t>(pos + kMinKvTile));
+    if (it != cuts.end() && *it < end) end = *it;
+    starts.push_back(static_cast<int32_t>(end));
+    pos = end;
+  }
+  return starts;
+}
+
 TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int64_t major_rows, int64_t minor_rows,
                       int64_t q_rows, int64_t kv_rows) {
   TileLists out;
   out.major_tile_rows = static_cast<int32_t>(major_rows);
   out.minor_tile_rows = static_cast<int32_t>(minor_rows);
-  const int64_t num_major = ceil_div(q_major ? q_rows : kv_rows, major_rows);
+  if (!q_major) out.major_start = kv_tile_starts(slices, major_rows, kv_rows);
+  const int64_t num_major =
+      q_major ? ceil_div(q_rows, major_rows) : static_cast<int64_t>(out.major_start.size()) - 1;
   out.num_major = static_cast<int32_t>(num_major);
   // one pass over the slices' runs, then a counting sort into per-major-tile buckets
   const TileDiv div_major(major_rows), div_minor(minor_rows);
@@ -101,7 +127,7 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
   thread_local std::vector<RawRun> raw;
   found.clear();
   for (size_t i = 0; i < slices.size(); ++i)
-    for_each_run(slices[i], q_major, major_rows, div_major, div_minor, q_rows, kv_rows,
+    for_each_run(slices[i], q_major, major_rows, div_major, div_minor, q_rows, kv_rows, out.major_start,
                  [&](int64_t mt, int64_t b, int64_t e, bool f) {
                    ++count[mt + 1];
                    found.push_back({static_cast<int32_t>(mt),
@@ -236,13 +262,14 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
     total += align_up(std::max<size_t>(bytes, 1));
     return parts.size() - 1;
   };
-  auto add_lists = [&](const TileLists& l, size_t idx[4]) {
+  auto add_lists = [&](const TileLists& l, size_t idx[5]) {
     idx[0] = add(l.offsets.data(), l.offsets.size() * sizeof(int32_t));
     idx[1] = add(l.entries.data(), l.entries.size() * sizeof(TileEntry));
     idx[2] = add(l.order.data(), l.order.size() * sizeof(int32_t));
     idx[3] = add(l.mask_index.data(), l.mask_index.size() * sizeof(int32_t));
+    idx[4] = add(l.major_start.data(), l.major_start.size() * sizeof(int32_t));
   };
-  size_t fi[4], bi[4];
+  size_t fi[5], bi[5];
   add_lists(plan.fwd, fi);
   add_lists(plan.bwd, bi);
   const size_t si = add(plan.slices.data(), plan.slices.size() * sizeof(DeviceSlice));
@@ -257,11 +284,12 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
   check_cuda(cudaMemcpyAsync(block_, staging_.data(), total, cudaMemcpyHostToDevice, stream), "DeviceTilePlan: copy");
   check_cuda(cudaStreamSynchronize(stream), "DeviceTilePlan: synchronize");
   auto* base = static_cast<unsigned char*>(block_);
-  auto fill = [&](Lists& d, const TileLists& l, const size_t idx[4]) {
+  auto fill = [&](Lists& d, const TileLists& l, const size_t idx[5]) {
     d.offsets = reinterpret_cast<const int32_t*>(base + parts[idx[0]].at);
     d.entries = reinterpret_cast<const TileEntry*>(base + parts[idx[1]].at);
     d.order = reinterpret_cast<const int32_t*>(base + parts[idx[2]].at);
     d.mask_index = reinterpret_cast<const int32_t*>(base + parts[idx[3]].at);
+    d.major_start = l.major_start.empty() ? nullptr : reinterpret_cast<const int32_t*>(base + parts[idx[4]].at);
     d.num_major = l.num_major;
     d.major_tile_rows = l.major_tile_rows;
     d.minor_tile_rows = l.minor_tile_rows;
