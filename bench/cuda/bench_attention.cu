@@ -377,17 +377,10 @@ int main(int argc, char** argv) {
 
         // walk orders of the warp-specialised backward: every walk forward (launch variant 3, the default before
         // change X) against the first wave reversed (variant 1, the default), alternating, twice
-        auto time_walk = [&](int variant) {
-          return time_ms(reps, [&] {
-            check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
-            check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
-            treecp::cuda::detail::launch_bwd_ws_d128(args, nullptr, variant);
-          });
-        };
-        r.walk_fwd_ms = time_walk(3);
-        r.walk_rev_ms = time_walk(1);
-        r.walk_fwd2_ms = time_walk(3);
-        r.walk_rev2_ms = time_walk(1);
+        r.walk_fwd_ms = time_ws(3);
+        r.walk_rev_ms = time_ws(1);
+        r.walk_fwd2_ms = time_ws(3);
+        r.walk_rev2_ms = time_ws(1);
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
       for (void* p : {q, k, v, o, d_o}) cudaFree(p);
