@@ -37,7 +37,6 @@ bool have_gpu() {
 // partial tile's slices reproduce visibility exactly. Checked for both lists (host only).
 void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const Row& row, int64_t window) {
   const int64_t tq = q_major ? l.major_tile_rows : l.minor_tile_rows;
-  const int64_t tk = q_major ? l.minor_tile_rows : l.major_tile_rows;
   std::set<std::pair<int64_t, int64_t>> seen;
   int64_t covered = 0, full_tiles = 0;
   for (int32_t mt = 0; mt < l.num_major; ++mt)
@@ -47,8 +46,9 @@ void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const R
       for (int32_t tile = en.tile_begin; tile < en.tile_end; ++tile) {
         const int64_t qt = q_major ? mt : tile, kt = q_major ? tile : mt;
         ASSERT_TRUE(seen.insert({qt, kt}).second) << "tile listed twice";
-        // key-major tiles have their own starts; query-major lists use 64-key tiles
-        const int64_t ka = q_major ? kt * tk : l.major_start[kt], ke = q_major ? (kt + 1) * tk : l.major_start[kt + 1];
+        // key tiles have their own starts in both kinds of list
+        const std::vector<int32_t>& starts = q_major ? l.minor_start : l.major_start;
+        const int64_t ka = starts[kt], ke = starts[kt + 1];
         int64_t pairs = 0;
         for (int64_t i = qt * tq; i < (qt + 1) * tq && i < plan.q_rows; ++i)
           for (int64_t j = ka; j < ke && j < plan.kv_rows; ++j) {
@@ -78,22 +78,26 @@ void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const R
   std::vector<int32_t> order = l.order;
   std::sort(order.begin(), order.end());
   for (int32_t t = 0; t < l.num_major; ++t) ASSERT_EQ(order[t], t);
-  if (q_major) {
-    EXPECT_TRUE(l.major_start.empty());
-    return;
+  // the key tiles (major in a key-major list, minor in a query-major one): a partition of [0, kv_rows) into
+  // pieces of at most the tile size that starts a new tile at every slice key boundary at least a quarter
+  // tile past the current start
+  const std::vector<int32_t>& starts = q_major ? l.minor_start : l.major_start;
+  const int32_t rows = q_major ? l.minor_tile_rows : l.major_tile_rows;
+  EXPECT_TRUE((q_major ? l.major_start : l.minor_start).empty());
+  ASSERT_FALSE(starts.empty());
+  if (!q_major) {
+    ASSERT_EQ(starts.size(), static_cast<size_t>(l.num_major) + 1);
   }
-  // key-major tiles: a partition of [0, kv_rows) into pieces of at most major_tile_rows rows that starts a new
-  // tile at every slice key boundary at least kMinKvTile past the current start
-  ASSERT_EQ(l.major_start.size(), static_cast<size_t>(l.num_major) + 1);
-  ASSERT_EQ(l.major_start.front(), 0);
-  ASSERT_EQ(l.major_start.back(), plan.kv_rows);
-  for (int32_t t = 0; t < l.num_major; ++t) {
-    const int32_t ka = l.major_start[t], ke = l.major_start[t + 1];
+  ASSERT_EQ(starts.front(), 0);
+  ASSERT_EQ(starts.back(), plan.kv_rows);
+  for (size_t t = 0; t + 1 < starts.size(); ++t) {
+    const int32_t ka = starts[t], ke = starts[t + 1];
     ASSERT_LT(ka, ke);
-    ASSERT_LE(ke - ka, l.major_tile_rows);
+    ASSERT_LE(ke - ka, rows);
     for (const DeviceSlice& s : plan.slices)
       for (const int32_t cut : {s.k0, s.k1})
-        ASSERT_FALSE(cut >= ka + kMinKvTile && cut < ke) << "tile [" << ka << ", " << ke << ") crosses key boundary " << cut;
+        ASSERT_FALSE(cut >= ka + rows / kKeyTileMinFraction && cut < ke)
+            << "tile [" << ka << ", " << ke << ") crosses key boundary " << cut;
   }
 }
 

@@ -53,9 +53,13 @@ struct TileLists {
   int64_t full_tiles = 0, partial_tiles = 0;  // visited tile pairs by kind
   // Key-major lists only: major tile t holds KV rows [major_start[t], major_start[t+1]), at most
   // major_tile_rows of them. Tiles start at the slices' key boundaries (segment starts) unless that would
-  // leave a tile shorter than kMinKvTile, so a KV tile rarely mixes keys of two segments: such a tile would
-  // compute every query tile of both segments' readers at full width for part of its keys.
+  // leave a tile shorter than a quarter of major_tile_rows (kKeyTileMinFraction), so a KV tile rarely mixes
+  // keys of two segments: such a tile would compute every query tile of both segments' readers at full width
+  // for part of its keys.
   std::vector<int32_t> major_start;
+  // Query-major lists only: key tile t holds KV rows [minor_start[t], minor_start[t+1]), at most
+  // minor_tile_rows of them, cut at key boundaries the same way.
+  std::vector<int32_t> minor_start;
 };
 
 // Tile sizes of the kernels, in packed rows (a packed row is one (token, q head of a GQA group)).
@@ -66,8 +70,8 @@ inline constexpr int kFwdRowsPerWarp = 32; // mma.sync main loop: half the share
 inline constexpr int kBwdBlockRows = 64;   // 64 packed query rows per step of the key-major walk
 inline constexpr int kBwdBlockKeys = 128;  // 8 warps x 16 keys (dK, dV of 16 x D per warp in registers);
                                            // 128 rather than 64 halves the dQ atomics per FLOP
-inline constexpr int kMinKvTile = 32;      // a key-major tile starts at a key boundary only this far past the
-                                           // previous start (tiny segments share a tile instead)
+inline constexpr int kKeyTileMinFraction = 4;  // a key tile starts at a key boundary only a quarter tile or
+                                               // more past the previous start (tiny segments share a tile)
 
 // Everything the kernels need about one geometry (slices, q_rows, kv_rows, GQA group size).
 struct TilePlan {
@@ -102,6 +106,7 @@ class DeviceTilePlan {
     const int32_t* order = nullptr;
     const int32_t* mask_index = nullptr;
     const int32_t* major_start = nullptr;  // key-major lists: TileLists::major_start
+    const int32_t* minor_start = nullptr;  // query-major lists: TileLists::minor_start
     int32_t num_major = 0, major_tile_rows = 0, minor_tile_rows = 0;
   };
   Lists fwd, bwd;

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
   const int e_end = L.offsets[tile + 1];
   RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
   auto load_kv = [&](int kt, int stage) {
-    const int k0 = kt * BN;
+    const int k0 = L.minor_start[kt];  // BN rows from the tile's start, whatever its length
     load_tile_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const __nv_bfloat16* {
       return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
     });
@@ -136,9 +136,25 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
     }
 
     const TileEntry e = L.entries[cur.entry];
-    if (e.mask_count > 0) {
-      const int kbase = cur.tile * BN + 2 * (lane % 4);
+    const int ka = L.minor_start[cur.tile], kb = L.minor_start[cur.tile + 1];
+    if (e.mask_count > 0 || kb - ka < BN) {  // a partial run, or a tile shorter than BN (keys from kb on are the next tile's)
+      const int kbase = ka + 2 * (lane % 4);
+      uint32_t in_tile = 0;  // bit nb * 2 + (c & 1)
+#pragma unroll
+      for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          if (kbase + nb * 8 + c < kb) in_tile |= 1u << (nb * 2 + c);
       uint32_t vis[M] = {};  // bit nb * 4 + c: element s[f][nb][c] is visible
+      if (e.mask_count == 0) {
+#pragma unroll
+        for (int f = 0; f < M; ++f)
+#pragma unroll
+          for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+              if (in_tile >> (nb * 2 + (c & 1)) & 1u) vis[f] |= 1u << (nb * 4 + c);
+      }
       for (int j = 0; j < e.mask_count; ++j) {
         const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
         // per-column key test and per-row query test hoisted out of the element loop
@@ -148,6 +164,7 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
 #pragma unroll
           for (int c = 0; c < 2; ++c)
             if (in_range(kbase + nb * 8 + c, sl.k0, sl.k1)) key_ok |= 1u << (nb * 2 + c);
+        key_ok &= in_tile;
 #pragma unroll
         for (int f = 0; f < M; ++f)
 #pragma unroll

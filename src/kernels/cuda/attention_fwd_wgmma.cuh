@@ -53,13 +53,27 @@ constexpr FwdLoads kFwdLoads = FwdLoads::kPerThread;  // the default, by measure
 // element 4 nb + 2 h + c is (row h, key 8 nb + 2 (lane % 4) + c).
 
 // Partial run: keys no listed slice makes visible from the row get -inf (slices are disjoint, so "in
-// any of them" is exact).
+// any of them" is exact). Also for a full run of a tile shorter than BN (key tiles end at segment
+// boundaries): the keys from k_end on, loaded with the tile, belong to the next one.
 template <int BN>
-__device__ __forceinline__ void fwd_mask_tile(float (&s)[BN / 2], const FwdArgs& args, const TileEntry& e, int kt,
-                                              int lane, const int (&tok)[2]) {
+__device__ __forceinline__ void fwd_mask_tile(float (&s)[BN / 2], const FwdArgs& args, const TileEntry& e, int k0,
+                                              int k_end, int lane, const int (&tok)[2]) {
   const auto& L = args.lists;
-  const int kbase = kt * BN + 2 * (lane % 4);
+  const int kbase = k0 + 2 * (lane % 4);
+  uint32_t in_tile = 0;  // bit nb * 2 + (c & 1): the key is this tile's (keys from k_end on are the next tile's)
+#pragma unroll
+  for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      if (kbase + nb * 8 + c < k_end) in_tile |= 1u << (nb * 2 + c);
   uint32_t vis = 0;  // bit nb * 4 + c: element s[4 nb + c] is visible
+  if (e.mask_count == 0) {  // a full run of a tile shorter than BN: every pair of the tile's keys
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; ++nb)
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        if (in_tile >> (nb * 2 + (c & 1)) & 1u) vis |= 1u << (nb * 4 + c);
+  }
   for (int j = 0; j < e.mask_count; ++j) {
     const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
     uint32_t key_ok = 0;  // bit nb * 2 + (c & 1)
@@ -68,6 +82,7 @@ __device__ __forceinline__ void fwd_mask_tile(float (&s)[BN / 2], const FwdArgs&
 #pragma unroll
       for (int c = 0; c < 2; ++c)
         if (in_range(kbase + nb * 8 + c, sl.k0, sl.k1)) key_ok |= 1u << (nb * 2 + c);
+    key_ok &= in_tile;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (!in_range(tok[h], sl.q0, sl.q1)) continue;
@@ -224,7 +239,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
   const int ld_row = threadIdx.x / kChunks, ld_chunk = threadIdx.x % kChunks;
   const uint32_t ld_smem = swz_panel(ld_row, ld_chunk * 8, BN);  // + j * kRowStep * 64 for row ld_row + j * kRowStep
   auto load_kv = [&](int kt, int stage) {
-    const int k0 = kt * BN;
+    const int k0 = L.minor_start[kt];  // BN rows from the tile's start, whatever its length
     if constexpr (kLoads == FwdLoads::kPerThread) {
       const int r0 = k0 + ld_row;
       const __nv_bfloat16* ks = k + static_cast<int64_t>(r0) * p.k_row_stride + kvh * p.k_head_stride + ld_chunk * 8;
@@ -302,7 +317,8 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     wgmma_fence_operands(s);
 
     const TileEntry e = L.entries[cur.entry];
-    if (e.mask_count > 0) fwd_mask_tile<BN>(s, args, e, cur.tile, lane, tok);
+    const int ka = L.minor_start[cur.tile], kb = L.minor_start[cur.tile + 1];
+    if (e.mask_count > 0 || kb - ka < BN) fwd_mask_tile<BN>(s, args, e, ka, kb, lane, tok);
     float corrs[2];
     const bool rescale = fwd_softmax_tile<BN>(s, m, l, sl2, corrs);
     fwd_rescale_o<D>(o, rescale, corrs);

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
       const int s = n % kWsStages;
       if (n >= kWsStages) mbar_wait(empty(s), ((n / kWsStages) - 1) & 1);
       mbar_expect_tx(full(s), 2 * BN * D * 2);
-      const int k0 = cur.tile * BN;
+      const int k0 = L.minor_start[cur.tile];  // BN rows from the tile's start, whatever its length
       for (int pnl = 0; pnl < D / 64; ++pnl) {
         tma_load_3d(sK + s * BN * D * 2 + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, full(s));
         tma_load_3d(sV + s * BN * D * 2 + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, full(s));
@@ -141,7 +141,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     wgmma_fence_operands(sc);
 
     const TileEntry e = L.entries[cur.entry];
-    if (e.mask_count > 0) fwd_mask_tile<BN>(sc, args, e, cur.tile, lane, tok);
+    const int ka = L.minor_start[cur.tile], kb = L.minor_start[cur.tile + 1];
+    if (e.mask_count > 0 || kb - ka < BN) fwd_mask_tile<BN>(sc, args, e, ka, kb, lane, tok);
     float corrs[2];
     const bool rescale = fwd_softmax_tile<BN>(sc, m, l, sl2, corrs);
     uint32_t pn[BN / 16][4];  // this tile's P

@@ -33,14 +33,43 @@ struct TileDiv {
   int64_t ceil(int64_t a) const { return -floor(-a); }
 };
 
+// Key tiles given by their starts (the last entry is kv_rows), with a per-key lookup of the tile holding each
+// key: the forward's list build asks several such questions per (slice, query tile).
+struct KeyTiles {
+  const std::vector<int32_t>* starts = nullptr;
+  std::vector<int32_t> tile_of;  // [kv_rows]
+  int64_t num = 0;
+  void build(const std::vector<int32_t>& s) {
+    starts = &s;
+    num = static_cast<int64_t>(s.size()) - 1;
+    tile_of.resize(s.back());
+    for (int64_t t = 0; t < num; ++t) std::fill(tile_of.begin() + s[t], tile_of.begin() + s[t + 1], static_cast<int32_t>(t));
+  }
+  int64_t kv_rows() const { return (*starts)[num]; }
+  // the tile holding key k, for 0 <= k < kv_rows
+  int64_t containing(int64_t k) const { return tile_of[k]; }
+  // tiles whose start is >= k: the first of them (num if none)
+  int64_t starting_from(int64_t k) const {
+    if (k <= 0) return 0;
+    if (k >= kv_rows()) return num;
+    const int64_t t = tile_of[k];
+    return (*starts)[t] == k ? t : t + 1;
+  }
+  // the first tile whose start is > k
+  int64_t starting_after(int64_t k) const { return k < 0 ? 0 : k >= kv_rows() ? num : tile_of[k] + 1; }
+  // the number of tiles that end at or before k
+  int64_t ending_by(int64_t k) const { return k <= 0 ? 0 : k >= kv_rows() ? num : tile_of[k]; }
+};
+
 // Calls fn(major, begin, end, full) for the minor-tile runs of slice `s` in each major tile it
 // touches: a partial head, a full middle and a partial tail (each possibly empty). O(major tiles).
 // q_major: major = query tiles of `major_rows` tokens, minor = key tiles; else the reverse.
-// q_major = false: the key-major tiles are the rows between consecutive `starts` (kv_tile_starts).
+// Key tiles are the rows between consecutive `starts` (kv_tile_starts): the major tiles of a key-major list,
+// the minor ones of a query-major list (`keys` answers which tile holds a key in O(1)).
 template <class Fn>
 void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const TileDiv& div_major,
                   const TileDiv& div_minor, int64_t q_rows, int64_t kv_rows, const std::vector<int32_t>& starts,
-                  Fn&& fn) {
+                  const KeyTiles& keys, Fn&& fn) {
   auto emit = [&](int64_t major, int64_t a, int64_t fa, int64_t fb, int64_t b) {
     if (a < fa) fn(major, a, fa, false);
     if (fa < fb) fn(major, fa, fb, true);
@@ -48,20 +77,19 @@ void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const 
   };
   if (q_major) {
     const int64_t tq = major_rows;
-    const TileDiv& tk = div_minor;
     for (int64_t qt = div_major.floor(s.q0); qt * tq < s.q1; ++qt) {
       const int64_t qa = qt * tq, qe = qa + tq;
       const int64_t q0 = std::max<int64_t>(s.q0, qa), q1 = std::min<int64_t>(s.q1, qe);
       // keys seen by some row of [q0, q1): a contiguous range, and every key tile in it has work
       const int64_t klo = std::max<int64_t>(s.k0, q0 - s.dmax + 1), khi = std::min<int64_t>(s.k1 - 1, q1 - 1 - s.dmin);
       if (klo > khi) continue;
-      const int64_t a = tk.floor(klo), b = tk.floor(khi) + 1;
+      const int64_t a = keys.containing(klo), b = keys.containing(khi) + 1;
       int64_t fa = b, fb = b;
       if (qa >= s.q0 && qe <= s.q1 && qe <= q_rows) {
-        // key tile kt is full iff inside [k0, min(k1, kv_rows)) and both band edges clear it:
-        // qa - ((kt+1) tk - 1) >= dmin and (qe - 1) - kt tk < dmax
-        const int64_t lo = std::max({a, tk.ceil(s.k0), tk.floor(qe - 1 - s.dmax) + 1});
-        const int64_t hi = std::min({b, tk.floor(std::min<int64_t>(s.k1, kv_rows)), tk.floor(qa - s.dmin + 1)});
+        // key tile [ka, ke) is full iff inside [k0, min(k1, kv_rows)) and both band edges clear it:
+        // qa - (ke - 1) >= dmin and (qe - 1) - ka < dmax
+        const int64_t lo = std::max({a, keys.starting_from(s.k0), keys.starting_after(qe - 1 - s.dmax)});
+        const int64_t hi = std::min({b, keys.ending_by(std::min<int64_t>(s.k1, kv_rows)), keys.ending_by(qa - s.dmin + 1)});
         if (lo < hi) fa = lo, fb = hi;
       }
       emit(qt, a, fa, fb, b);
@@ -90,7 +118,7 @@ void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const 
 }
 
 // Key-major tile starts: at most `rows` keys per tile; a new tile starts at the first slice key boundary at
-// least kMinKvTile past the current start, else after `rows` keys. Ends with kv_rows.
+// least a quarter tile (kKeyTileMinFraction) past the current start, else after `rows` keys. Ends with kv_rows.
 std::vector<int32_t> kv_tile_starts(const std::vector<DeviceSlice>& slices, int64_t rows, int64_t kv_rows) {
   thread_local std::vector<int32_t> cuts;
   cuts.clear();
@@ -102,7 +130,7 @@ std::vector<int32_t> kv_tile_starts(const std::vector<DeviceSlice>& slices, int6
   std::vector<int32_t> starts{0};
   for (int64_t pos = 0; pos < kv_rows;) {
     int64_t end = std::min(pos + rows, kv_rows);
-    const auto it = std::lower_bound(cuts.begin(), cuts.end(), static_cast<int32_t>(pos + kMinKvTile));
+    const auto it = std::lower_bound(cuts.begin(), cuts.end(), static_cast<int32_t>(pos + rows / kKeyTileMinFraction));
     if (it != cuts.end() && *it < end) end = *it;
     starts.push_back(static_cast<int32_t>(end));
     pos = end;
@@ -115,9 +143,12 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
   TileLists out;
   out.major_tile_rows = static_cast<int32_t>(major_rows);
   out.minor_tile_rows = static_cast<int32_t>(minor_rows);
-  if (!q_major) out.major_start = kv_tile_starts(slices, major_rows, kv_rows);
-  const int64_t num_major =
-      q_major ? ceil_div(q_rows, major_rows) : static_cast<int64_t>(out.major_start.size()) - 1;
+  // the key tiles: major in a key-major list, minor in a query-major one
+  std::vector<int32_t>& key_starts = q_major ? out.minor_start : out.major_start;
+  key_starts = kv_tile_starts(slices, q_major ? minor_rows : major_rows, kv_rows);
+  thread_local KeyTiles keys;
+  if (q_major) keys.build(key_starts);
+  const int64_t num_major = q_major ? ceil_div(q_rows, major_rows) : static_cast<int64_t>(key_starts.size()) - 1;
   out.num_major = static_cast<int32_t>(num_major);
   // one pass over the slices' runs, then a counting sort into per-major-tile buckets
   const TileDiv div_major(major_rows), div_minor(minor_rows);
@@ -127,7 +158,7 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
   thread_local std::vector<RawRun> raw;
   found.clear();
   for (size_t i = 0; i < slices.size(); ++i)
-    for_each_run(slices[i], q_major, major_rows, div_major, div_minor, q_rows, kv_rows, out.major_start,
+    for_each_run(slices[i], q_major, major_rows, div_major, div_minor, q_rows, kv_rows, key_starts, keys,
                  [&](int64_t mt, int64_t b, int64_t e, bool f) {
                    ++count[mt + 1];
                    found.push_back({static_cast<int32_t>(mt),
@@ -262,14 +293,15 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
     total += align_up(std::max<size_t>(bytes, 1));
     return parts.size() - 1;
   };
-  auto add_lists = [&](const TileLists& l, size_t idx[5]) {
+  auto add_lists = [&](const TileLists& l, size_t idx[6]) {
     idx[0] = add(l.offsets.data(), l.offsets.size() * sizeof(int32_t));
     idx[1] = add(l.entries.data(), l.entries.size() * sizeof(TileEntry));
     idx[2] = add(l.order.data(), l.order.size() * sizeof(int32_t));
     idx[3] = add(l.mask_index.data(), l.mask_index.size() * sizeof(int32_t));
     idx[4] = add(l.major_start.data(), l.major_start.size() * sizeof(int32_t));
+    idx[5] = add(l.minor_start.data(), l.minor_start.size() * sizeof(int32_t));
   };
-  size_t fi[5], bi[5];
+  size_t fi[6], bi[6];
   add_lists(plan.fwd, fi);
   add_lists(plan.bwd, bi);
   const size_t si = add(plan.slices.data(), plan.slices.size() * sizeof(DeviceSlice));
@@ -284,12 +316,13 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
   check_cuda(cudaMemcpyAsync(block_, staging_.data(), total, cudaMemcpyHostToDevice, stream), "DeviceTilePlan: copy");
   check_cuda(cudaStreamSynchronize(stream), "DeviceTilePlan: synchronize");
   auto* base = static_cast<unsigned char*>(block_);
-  auto fill = [&](Lists& d, const TileLists& l, const size_t idx[5]) {
+  auto fill = [&](Lists& d, const TileLists& l, const size_t idx[6]) {
     d.offsets = reinterpret_cast<const int32_t*>(base + parts[idx[0]].at);
     d.entries = reinterpret_cast<const TileEntry*>(base + parts[idx[1]].at);
     d.order = reinterpret_cast<const int32_t*>(base + parts[idx[2]].at);
     d.mask_index = reinterpret_cast<const int32_t*>(base + parts[idx[3]].at);
     d.major_start = l.major_start.empty() ? nullptr : reinterpret_cast<const int32_t*>(base + parts[idx[4]].at);
+    d.minor_start = l.minor_start.empty() ? nullptr : reinterpret_cast<const int32_t*>(base + parts[idx[5]].at);
     d.num_major = l.num_major;
     d.major_tile_rows = l.major_tile_rows;
     d.minor_tile_rows = l.minor_tile_rows;
