@@ -77,19 +77,24 @@ void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const 
   };
   if (q_major) {
     const int64_t tq = major_rows;
+    // the slice's own key bounds in tiles, once; the band's per query tile (an ancestor's band never binds,
+    // so most of these repeat: the last answer is kept)
+    const int64_t from_k0 = keys.starting_from(s.k0), by_k1 = keys.ending_by(std::min<int64_t>(s.k1, kv_rows));
+    int64_t klo_at = -1, a = 0, khi_at = -1, b = 0;
     for (int64_t qt = div_major.floor(s.q0); qt * tq < s.q1; ++qt) {
       const int64_t qa = qt * tq, qe = qa + tq;
       const int64_t q0 = std::max<int64_t>(s.q0, qa), q1 = std::min<int64_t>(s.q1, qe);
       // keys seen by some row of [q0, q1): a contiguous range, and every key tile in it has work
       const int64_t klo = std::max<int64_t>(s.k0, q0 - s.dmax + 1), khi = std::min<int64_t>(s.k1 - 1, q1 - 1 - s.dmin);
       if (klo > khi) continue;
-      const int64_t a = keys.containing(klo), b = keys.containing(khi) + 1;
+      if (klo != klo_at) klo_at = klo, a = keys.containing(klo);
+      if (khi != khi_at) khi_at = khi, b = keys.containing(khi) + 1;
       int64_t fa = b, fb = b;
       if (qa >= s.q0 && qe <= s.q1 && qe <= q_rows) {
         // key tile [ka, ke) is full iff inside [k0, min(k1, kv_rows)) and both band edges clear it:
         // qa - (ke - 1) >= dmin and (qe - 1) - ka < dmax
-        const int64_t lo = std::max({a, keys.starting_from(s.k0), keys.starting_after(qe - 1 - s.dmax)});
-        const int64_t hi = std::min({b, keys.ending_by(std::min<int64_t>(s.k1, kv_rows)), keys.ending_by(qa - s.dmin + 1)});
+        const int64_t lo = std::max({a, from_k0, keys.starting_after(qe - 1 - s.dmax)});
+        const int64_t hi = std::min({b, by_k1, keys.ending_by(qa - s.dmin + 1)});
         if (lo < hi) fa = lo, fb = hi;
       }
       emit(qt, a, fa, fb, b);
