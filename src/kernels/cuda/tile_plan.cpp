@@ -34,7 +34,7 @@ struct TileDiv {
 };
 
 // Key tiles given by their starts (the last entry is kv_rows), with a per-key lookup of the tile holding each
-// key: the forward's list build asks several such questions per (slice, query tile).
+// key: both list builds ask which tile holds a key, the query-major one several times per (slice, query tile).
 struct KeyTiles {
   const std::vector<int32_t>* starts = nullptr;
   std::vector<int32_t> tile_of;  // [kv_rows]
@@ -64,12 +64,11 @@ struct KeyTiles {
 // Calls fn(major, begin, end, full) for the minor-tile runs of slice `s` in each major tile it
 // touches: a partial head, a full middle and a partial tail (each possibly empty). O(major tiles).
 // q_major: major = query tiles of `major_rows` tokens, minor = key tiles; else the reverse.
-// Key tiles are the rows between consecutive `starts` (kv_tile_starts): the major tiles of a key-major list,
-// the minor ones of a query-major list (`keys` answers which tile holds a key in O(1)).
+// Key tiles are `keys` (kv_tile_starts, with an O(1) lookup of the tile holding a key): the major tiles of a
+// key-major list, the minor ones of a query-major list.
 template <class Fn>
 void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const TileDiv& div_major,
-                  const TileDiv& div_minor, int64_t q_rows, int64_t kv_rows, const std::vector<int32_t>& starts,
-                  const KeyTiles& keys, Fn&& fn) {
+                  const TileDiv& div_minor, int64_t q_rows, int64_t kv_rows, const KeyTiles& keys, Fn&& fn) {
   auto emit = [&](int64_t major, int64_t a, int64_t fa, int64_t fb, int64_t b) {
     if (a < fa) fn(major, a, fa, false);
     if (fa < fb) fn(major, fa, fb, true);
@@ -101,9 +100,8 @@ void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const 
     }
   } else {
     const TileDiv& tq = div_minor;
-    const int64_t num_tiles = static_cast<int64_t>(starts.size()) - 1;
-    for (int64_t kt = std::upper_bound(starts.begin(), starts.end(), s.k0) - starts.begin() - 1;
-         kt < num_tiles && starts[kt] < s.k1; ++kt) {
+    const std::vector<int32_t>& starts = *keys.starts;
+    for (int64_t kt = keys.containing(s.k0); kt < keys.num && starts[kt] < s.k1; ++kt) {
       const int64_t ka = starts[kt], ke = starts[kt + 1];
       const int64_t k0 = std::max<int64_t>(s.k0, ka), k1 = std::min<int64_t>(s.k1, ke);
       const int64_t qlo = std::max<int64_t>(s.q0, k0 + s.dmin), qhi = std::min<int64_t>(s.q1 - 1, k1 - 1 + s.dmax - 1);
@@ -122,7 +120,7 @@ void for_each_run(const DeviceSlice& s, bool q_major, int64_t major_rows, const 
   }
 }
 
-// Key-major tile starts: at most `rows` keys per tile; a new tile starts at the first slice key boundary at
+// Key tile starts: at most `rows` keys per tile; a new tile starts at the first slice key boundary at
 // least a quarter tile (kKeyTileMinFraction) past the current start, else after `rows` keys. Ends with kv_rows.
 std::vector<int32_t> kv_tile_starts(const std::vector<DeviceSlice>& slices, int64_t rows, int64_t kv_rows) {
   thread_local std::vector<int32_t> cuts;
@@ -152,7 +150,7 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
   std::vector<int32_t>& key_starts = q_major ? out.minor_start : out.major_start;
   key_starts = kv_tile_starts(slices, q_major ? minor_rows : major_rows, kv_rows);
   thread_local KeyTiles keys;
-  if (q_major) keys.build(key_starts);
+  keys.build(key_starts);
   const int64_t num_major = q_major ? ceil_div(q_rows, major_rows) : static_cast<int64_t>(key_starts.size()) - 1;
   out.num_major = static_cast<int32_t>(num_major);
   // one pass over the slices' runs, then a counting sort into per-major-tile buckets
@@ -163,7 +161,7 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
   thread_local std::vector<RawRun> raw;
   found.clear();
   for (size_t i = 0; i < slices.size(); ++i)
-    for_each_run(slices[i], q_major, major_rows, div_major, div_minor, q_rows, kv_rows, key_starts, keys,
+    for_each_run(slices[i], q_major, major_rows, div_major, div_minor, q_rows, kv_rows, keys,
                  [&](int64_t mt, int64_t b, int64_t e, bool f) {
                    ++count[mt + 1];
                    found.push_back({static_cast<int32_t>(mt),
