@@ -91,7 +91,8 @@ double time_ms(int reps, Fn&& fn) {
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  bool seg_rule;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -381,6 +382,31 @@ int main(int argc, char** argv) {
         r.walk_rev_ms = time_ws(1);
         r.walk_fwd2_ms = time_ws(3);
         r.walk_rev2_ms = time_ws(1);
+
+        // block orders of the warp-specialised backward: the default order with the first wave reversed (launch
+        // variant 1) against the segment order with every walk reversed (1 | 4 | 8), alternating, twice; the rule
+        // (DeviceTilePlan::bwd_segment_order) picks one of them for attention_backward
+        {
+          r.seg_rule = dplan.bwd_segment_order(kHkv, prop.multiProcessorCount);
+          // both orders give the same dK and dV (each (tile, head) once): their sums of |dK| + |dV|
+          auto dkdv_sum = [&](int variant) {
+            check_cuda(cudaMemset(dk, 0, nkv * 4), "memset");
+            check_cuda(cudaMemset(dv, 0, nkv * 4), "memset");
+            treecp::cuda::detail::launch_bwd_ws_d128(args, nullptr, variant);
+            std::vector<float> h(nkv);
+            double sum = 0;
+            for (float* g : {dk, dv}) {
+              check_cuda(cudaMemcpy(h.data(), g, nkv * 4, cudaMemcpyDeviceToHost), "copy");
+              for (float x : h) sum += std::fabs(static_cast<double>(x));
+            }
+            return sum;
+          };
+          r.seg_check = std::fabs(dkdv_sum(1 | 4 | 8) / dkdv_sum(1) - 1.0);
+          r.seg_def_ms = time_ws(1);
+          r.seg_seg_ms = time_ws(1 | 4 | 8);
+          r.seg_def2_ms = time_ws(1);
+          r.seg_seg2_ms = time_ws(1 | 4 | 8);
+        }
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
       for (void* p : {q, k, v, o, d_o}) cudaFree(p);
@@ -439,9 +465,18 @@ int main(int argc, char** argv) {
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (first wave reversed %+.1f%%)\n", r.preset.c_str(), r.walk_fwd_ms,
                   r.walk_rev_ms, r.walk_fwd2_ms, r.walk_rev2_ms,
                   100.0 * ((r.walk_rev_ms + r.walk_rev2_ms) / (r.walk_fwd_ms + r.walk_fwd2_ms) - 1.0));
+    std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by block order, ms, in timing order: default order, first "
+                "wave reversed / segment order, every walk reversed / default / segment (the rule's pick; relative change of "
+                "sum |dK| + |dV| between the orders)\n");
     for (const Result& r : results)
-      if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3)) {
-        std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e)\n", r.preset.c_str(), r.err_o, r.err_lse);
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (segment order %+.1f%%; rule: %s; check %.1e)\n", r.preset.c_str(),
+                  r.seg_def_ms, r.seg_seg_ms, r.seg_def2_ms, r.seg_seg2_ms,
+                  100.0 * ((r.seg_seg_ms + r.seg_seg2_ms) / (r.seg_def_ms + r.seg_def2_ms) - 1.0),
+                  r.seg_rule ? "segment" : "default", r.seg_check);
+    for (const Result& r : results)
+      if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3) || !(r.seg_check < 1e-3)) {
+        std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e, block orders %.2e)\n", r.preset.c_str(),
+                     r.err_o, r.err_lse, r.seg_check);
         return 1;
       }
   } catch (const std::exception& e) {

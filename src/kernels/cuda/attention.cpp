@@ -13,6 +13,13 @@ constexpr Mainloop kFwdMainloop = Mainloop::kWgmma;
 constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
 constexpr int kBwdWsVariant = 1;  // the warp-specialised backward's dQ: 0 = red.global.add, 1 = TMA bulk reductions
 
+// The warp-specialised backward's launch variant for this plan: the segment order with every walk reversed
+// where the plan says it shares more through the L2 cache (DeviceTilePlan::bwd_segment_order), else the
+// default order with the first wave reversed.
+int bwd_ws_variant(const DeviceTilePlan& plan, int32_t hkv) {
+  return kBwdWsVariant | (plan.bwd_segment_order(hkv, detail::sm_count()) ? 4 | 8 : 0);
+}
+
 void check_common(const char* who, int32_t hq, int32_t hkv, int32_t head_dim, float scale, const DeviceTilePlan& plan) {
   require(hq >= 1 && hkv >= 1 && hq % hkv == 0, who, ": hq must be a positive multiple of hkv, got hq ", hq,
           " hkv ", hkv);
@@ -94,12 +101,13 @@ void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& 
   if (mainloop == Mainloop::kWgmmaWs) {
     require(kBwdBlockRows % plan.group == 0, who, ": kWgmmaWs needs a group dividing ", kBwdBlockRows, ", got ",
             plan.group);
-    require(detail::launch_bwd_ws_d128(a, stream, kBwdWsVariant), who,
+    require(detail::launch_bwd_ws_d128(a, stream, bwd_ws_variant(plan, p.hkv)), who,
             ": kWgmmaWs needs the driver's cuTensorMapEncodeTiled, which this driver does not provide");
     return;
   }
   // kDefault at head dim 128: the warp-specialised kernel where it applies (measured fastest)
-  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 && detail::launch_bwd_ws_d128(a, stream, kBwdWsVariant))
+  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 &&
+      detail::launch_bwd_ws_d128(a, stream, bwd_ws_variant(plan, p.hkv)))
     return;
   if (mainloop == Mainloop::kWgmma) detail::launch_bwd_wgmma_d128(a, stream);
   else if (p.head_dim == 64) detail::launch_bwd_d64(a, stream);

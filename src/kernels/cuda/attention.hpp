@@ -60,6 +60,11 @@ struct TileLists {
   // Query-major lists only: key tile t holds KV rows [minor_start[t], minor_start[t+1]), at most
   // minor_tile_rows of them, cut at key boundaries the same way.
   std::vector<int32_t> minor_start;
+  // Key-major lists only: the major tiles grouped by segment (the slice key range holding the tile's first
+  // key), the groups longest walk first, inside a group longest first. Position i of segment_order is in
+  // the group at positions [segment_first[i], segment_end[i]). The warp-specialised backward can run one
+  // segment's tiles for one KV head together (DeviceTilePlan::bwd_segment_order).
+  std::vector<int32_t> segment_order, segment_first, segment_end;
 };
 
 // Tile sizes of the kernels, in packed rows (a packed row is one (token, q head of a GQA group)).
@@ -89,6 +94,17 @@ TilePlan build_tile_plan(const std::vector<Slice>& slices, int64_t q_rows, int64
 
 // The plan in device memory (owning, one allocation). upload() copies a new plan in, reusing the
 // allocation when it is large enough (a new tree per step costs one copy, no cudaMalloc).
+// What DeviceTilePlan::bwd_segment_order decides from, taken from a host plan's key-major lists.
+struct SegmentOrderRule {
+  static constexpr int32_t kGain = 4;
+  std::vector<int32_t> order_segments;  // distinct segments among order[0 .. i]
+  int32_t first_segment_tiles = 0;      // tiles of the first group of segment_order
+  static SegmentOrderRule of(const TileLists& bwd);
+  // blocks per (segment, KV head) in the first wave, one block per SM: the segment order's at least kGain
+  // times the default order's
+  bool pays(int32_t hkv, int32_t sms) const;
+};
+
 class DeviceTilePlan {
  public:
   DeviceTilePlan() = default;
@@ -107,15 +123,27 @@ class DeviceTilePlan {
     const int32_t* mask_index = nullptr;
     const int32_t* major_start = nullptr;  // key-major lists: TileLists::major_start
     const int32_t* minor_start = nullptr;  // query-major lists: TileLists::minor_start
+    const int32_t* segment_order = nullptr;  // key-major lists: TileLists::segment_order
+    const int32_t* segment_first = nullptr;  // key-major lists: TileLists::segment_first
+    const int32_t* segment_end = nullptr;    // key-major lists: TileLists::segment_end
     int32_t num_major = 0, major_tile_rows = 0, minor_tile_rows = 0;
   };
   Lists fwd, bwd;
   const DeviceSlice* slices = nullptr;
+  // Whether the warp-specialised backward should take its blocks in the segment order with every walk
+  // reversed, on a GPU of `sms` SMs at `hkv` KV heads. In the default order (longest tile first, the heads of
+  // a tile adjacent) the first wave of blocks, one per SM, shares Q, dO and dQ through the L2 cache only
+  // among the blocks of one (segment, KV head); when the first wave mixes many segments that is a few blocks
+  // each. The segment order puts a whole segment's tiles of one head in the wave, walking in step from the
+  // common end of their lists. Taken when that is at least SegmentOrderRule::kGain times as many blocks per
+  // (segment, head) as the default's first wave (docs/benchmarks-gpu.md, change AA).
+  bool bwd_segment_order(int32_t hkv, int32_t sms) const { return bwd_segments_.pays(hkv, sms); }
   int64_t q_rows = 0, kv_rows = 0;
   int32_t group = 1;
 
  private:
   void release();
+  SegmentOrderRule bwd_segments_;
   void* block_ = nullptr;  // one allocation holds every array
   size_t capacity_ = 0;
   std::vector<unsigned char> staging_;

@@ -14,6 +14,8 @@
 // 240 registers ptxas spills the 32 K registers and serialises the wgmmas (docs/benchmarks-gpu.md, change Q).
 // Needs head dim 128, G dividing 64 (Q's TMA box is 64 columns x G heads x 64 / G tokens), 16-byte rows.
 #include <atomic>
+#include <climits>
+#include <cstdint>
 #include <cfloat>
 
 #include "kernels/cuda/attention_bwd_tile.cuh"
@@ -31,6 +33,7 @@ struct BwdWsArgs {
   CUtensorMap tdq;              // kDqTma: fp32 dQ, boxes of 32 columns x G heads x 64 / G tokens
   BwdArgs a;
   int32_t first_wave;           // blocks [0, first_wave) walk their query tiles in reverse
+  int32_t by_segment;           // blocks take (tile, head) in the segment order (launch variant bit 3)
 };
 
 constexpr int kBwsD = 128, kBwsRows = kBwdBlockRows, kBwsKeys = kBwdBlockKeys;
@@ -83,8 +86,19 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   // forward: blocks of one KV segment then start about one diagonal apart in time and in place, so they also
   // walk in step. Either way the L2 cache serves the Q, dO and dQ lines of a step to all but the first of
   // them (change X in docs/benchmarks-gpu.md: -1 to -7% against every walk forward).
-  const int tile = L.order[blockIdx.x / p.hkv];
-  const int kvh = blockIdx.x % p.hkv;
+  // by_segment: the blocks of a segment group [first, end) of segment_order are its tiles for head 0, then for
+  // head 1, ...; block b lies in the group holding position b / hkv
+  int tile, kvh;
+  if (w.by_segment) {
+    const int i = blockIdx.x / p.hkv;
+    const int first = L.segment_first[i], size = L.segment_end[i] - first;
+    const int local = blockIdx.x - first * p.hkv;
+    kvh = local / size;
+    tile = L.segment_order[first + local % size];
+  } else {
+    tile = L.order[blockIdx.x / p.hkv];
+    kvh = blockIdx.x % p.hkv;
+  }
   const bool reverse = static_cast<int>(blockIdx.x) < w.first_wave;
   const int G = args.group;
   const int k0 = L.major_start[tile];  // the tile: keys [k0, L.major_start[tile + 1]), at most BN
@@ -288,20 +302,6 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   bwd_store_dkdv<D>(args, dk, dv, key_lo, L.major_start[tile + 1], kvh, lane);
 }
 
-// SMs of the current device (cached per device: the attribute query is not free at every launch)
-int sm_count() {
-  static std::atomic<int> cached[64] = {};
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "attention_backward (ws): device");
-  const bool cacheable = dev >= 0 && dev < 64;
-  int n = cacheable ? cached[dev].load(std::memory_order_relaxed) : 0;
-  if (n == 0) {
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "attention_backward (ws): SM count");
-    if (cacheable) cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 template <int kStages, int kDqBufs>
 void launch(const BwdWsArgs& w, int64_t blocks, cudaStream_t stream) {
   auto* kernel = attention_bwd_ws_kernel<kStages, kDqBufs>;
@@ -314,6 +314,20 @@ void launch(const BwdWsArgs& w, int64_t blocks, cudaStream_t stream) {
 }
 
 }  // namespace
+
+// SMs of the current device (cached per device: the attribute query is not free at every launch)
+int sm_count() {
+  static std::atomic<int> cached[64] = {};
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "attention kernels: device");
+  const bool cacheable = dev >= 0 && dev < 64;
+  int n = cacheable ? cached[dev].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "attention kernels: SM count");
+    if (cacheable) cached[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
 
 bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
   if (a.p.head_dim != kBwsD || kBwsRows % a.group != 0 || a.lists.minor_tile_rows * a.group != kBwsRows ||
@@ -331,7 +345,10 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
                           static_cast<uint32_t>(a.group), box_rows);
   w.tk = tensor_map_d128(kWho, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kBwsKeys);
   w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kBwsKeys);
-  w.first_wave = (variant & 2) ? 0 : sm_count();
+  w.first_wave = (variant & 4) ? INT32_MAX : (variant & 2) ? 0 : sm_count();
+  w.by_segment = (variant & 8) ? 1 : 0;
+  if (w.by_segment && a.lists.segment_order == nullptr)
+    fail("attention_backward (ws): the segment order was asked for but the key-major lists have none");
   // the TMA reduction needs a 16-byte aligned dQ with strides of whole 16-byte units
   const bool dq_tma = (variant & 1) && reinterpret_cast<uintptr_t>(a.p.dq) % 16 == 0 && a.p.dq_row_stride % 4 == 0 &&
                       a.p.dq_head_stride % 4 == 0;

@@ -34,8 +34,13 @@ bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant);
 // The warp-specialised TMA backward (attention_bwd_ws.cu); false when it does not apply: head dim 128, G
 // dividing 64, a driver with cuTensorMapEncodeTiled. variant bit 0: dQ by TMA bulk reductions from a producer warp
 // (two dQ buffers) where dQ allows them (16-byte aligned, strides multiples of 4), else by red.global.add; bit 1:
-// every block walks forward (without it the first wave, one block per SM, walks in reverse). Two
-// Q/dO stages. The default is 1.
+// every block walks forward (without it the first wave, one block per SM, walks in reverse); bit 2: every block
+// walks in reverse; bit 3: blocks take (tile, head) in the key-major segment order (TileLists::segment_order: one
+// segment's tiles for one KV head together) instead of `order` with the heads of a tile adjacent. Two Q/dO
+// stages. attention_backward uses 1, or 1 | 4 | 8 where DeviceTilePlan::bwd_segment_order says so.
 bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant);
+
+// SMs of the current device, cached per device (attention_bwd_ws.cu).
+int sm_count();
 
 }  // namespace treecp::cuda::detail

@@ -141,6 +141,46 @@ std::vector<int32_t> kv_tile_starts(const std::vector<DeviceSlice>& slices, int6
   return starts;
 }
 
+// Key-major lists: TileLists::segment_order and its group bounds. A tile's segment is the last slice key start
+// at or before its first key (tiles start at those boundaries: kv_tile_starts). O(slices log slices + tiles log
+// tiles).
+void segment_order(const std::vector<DeviceSlice>& slices, const std::vector<int64_t>& work, TileLists& out) {
+  const int64_t num_major = out.num_major;
+  thread_local std::vector<int32_t> starts;
+  starts.clear();
+  for (const DeviceSlice& s : slices) starts.push_back(s.k0);
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  // segment + 1 of each tile (0: before every slice's keys), and the longest walk of each segment
+  thread_local std::vector<int32_t> seg;
+  thread_local std::vector<int64_t> seg_work;
+  seg.assign(static_cast<size_t>(num_major), 0);
+  seg_work.assign(starts.size() + 1, 0);
+  for (int64_t t = 0; t < num_major; ++t) {
+    seg[t] = static_cast<int32_t>(std::upper_bound(starts.begin(), starts.end(), out.major_start[t]) - starts.begin());
+    seg_work[seg[t]] = std::max(seg_work[seg[t]], work[t]);
+  }
+  out.segment_order.resize(static_cast<size_t>(num_major));
+  for (int64_t t = 0; t < num_major; ++t) out.segment_order[t] = static_cast<int32_t>(t);
+  std::sort(out.segment_order.begin(), out.segment_order.end(), [&](int32_t a, int32_t b) {
+    if (seg_work[seg[a]] != seg_work[seg[b]]) return seg_work[seg[a]] > seg_work[seg[b]];
+    if (seg[a] != seg[b]) return seg[a] < seg[b];
+    if (work[a] != work[b]) return work[a] > work[b];
+    return a < b;
+  });
+  out.segment_first.resize(static_cast<size_t>(num_major));
+  out.segment_end.resize(static_cast<size_t>(num_major));
+  for (int64_t i = 0; i < num_major;) {
+    int64_t j = i + 1;
+    while (j < num_major && seg[out.segment_order[j]] == seg[out.segment_order[i]]) ++j;
+    for (int64_t x = i; x < j; ++x) {
+      out.segment_first[x] = static_cast<int32_t>(i);
+      out.segment_end[x] = static_cast<int32_t>(j);
+    }
+    i = j;
+  }
+}
+
 TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int64_t major_rows, int64_t minor_rows,
                       int64_t q_rows, int64_t kv_rows) {
   TileLists out;
@@ -236,6 +276,7 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
   for (int64_t b = 0; b <= max_work; ++b) bucket[b + 1] += bucket[b];
   out.order.resize(num_major);
   for (int64_t t = 0; t < num_major; ++t) out.order[bucket[max_work - work[t]]++] = static_cast<int32_t>(t);
+  if (!q_major) segment_order(slices, work, out);
   return out;
 }
 
@@ -296,15 +337,18 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
     total += align_up(std::max<size_t>(bytes, 1));
     return parts.size() - 1;
   };
-  auto add_lists = [&](const TileLists& l, size_t idx[6]) {
+  auto add_lists = [&](const TileLists& l, size_t idx[9]) {
     idx[0] = add(l.offsets.data(), l.offsets.size() * sizeof(int32_t));
     idx[1] = add(l.entries.data(), l.entries.size() * sizeof(TileEntry));
     idx[2] = add(l.order.data(), l.order.size() * sizeof(int32_t));
     idx[3] = add(l.mask_index.data(), l.mask_index.size() * sizeof(int32_t));
     idx[4] = add(l.major_start.data(), l.major_start.size() * sizeof(int32_t));
     idx[5] = add(l.minor_start.data(), l.minor_start.size() * sizeof(int32_t));
+    idx[6] = add(l.segment_order.data(), l.segment_order.size() * sizeof(int32_t));
+    idx[7] = add(l.segment_first.data(), l.segment_first.size() * sizeof(int32_t));
+    idx[8] = add(l.segment_end.data(), l.segment_end.size() * sizeof(int32_t));
   };
-  size_t fi[6], bi[6];
+  size_t fi[9], bi[9];
   add_lists(plan.fwd, fi);
   add_lists(plan.bwd, bi);
   const size_t si = add(plan.slices.data(), plan.slices.size() * sizeof(DeviceSlice));
@@ -319,13 +363,19 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
   check_cuda(cudaMemcpyAsync(block_, staging_.data(), total, cudaMemcpyHostToDevice, stream), "DeviceTilePlan: copy");
   check_cuda(cudaStreamSynchronize(stream), "DeviceTilePlan: synchronize");
   auto* base = static_cast<unsigned char*>(block_);
-  auto fill = [&](Lists& d, const TileLists& l, const size_t idx[6]) {
+  auto fill = [&](Lists& d, const TileLists& l, const size_t idx[9]) {
+    auto opt = [&](const std::vector<int32_t>& v, size_t i) {
+      return v.empty() ? nullptr : reinterpret_cast<const int32_t*>(base + parts[i].at);
+    };
     d.offsets = reinterpret_cast<const int32_t*>(base + parts[idx[0]].at);
     d.entries = reinterpret_cast<const TileEntry*>(base + parts[idx[1]].at);
     d.order = reinterpret_cast<const int32_t*>(base + parts[idx[2]].at);
     d.mask_index = reinterpret_cast<const int32_t*>(base + parts[idx[3]].at);
-    d.major_start = l.major_start.empty() ? nullptr : reinterpret_cast<const int32_t*>(base + parts[idx[4]].at);
-    d.minor_start = l.minor_start.empty() ? nullptr : reinterpret_cast<const int32_t*>(base + parts[idx[5]].at);
+    d.major_start = opt(l.major_start, idx[4]);
+    d.minor_start = opt(l.minor_start, idx[5]);
+    d.segment_order = opt(l.segment_order, idx[6]);
+    d.segment_first = opt(l.segment_first, idx[7]);
+    d.segment_end = opt(l.segment_end, idx[8]);
     d.num_major = l.num_major;
     d.major_tile_rows = l.major_tile_rows;
     d.minor_tile_rows = l.minor_tile_rows;
@@ -333,6 +383,35 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
   fill(fwd, plan.fwd, fi);
   fill(bwd, plan.bwd, bi);
   slices = reinterpret_cast<const DeviceSlice*>(base + parts[si].at);
+  bwd_segments_ = SegmentOrderRule::of(plan.bwd);
+}
+
+SegmentOrderRule SegmentOrderRule::of(const TileLists& b) {
+  SegmentOrderRule r;
+  r.order_segments.resize(b.order.size());
+  if (b.segment_order.size() != b.order.size()) return r;  // not key-major lists
+  std::vector<char> seen(b.order.size(), 0);
+  std::vector<int32_t> pos(b.order.size());  // tile -> its position in segment_order
+  for (size_t i = 0; i < b.segment_order.size(); ++i) pos[b.segment_order[i]] = static_cast<int32_t>(i);
+  int32_t distinct = 0;
+  for (size_t i = 0; i < b.order.size(); ++i) {
+    const int32_t first = b.segment_first[pos[b.order[i]]];
+    if (!seen[first]) seen[first] = 1, ++distinct;
+    r.order_segments[i] = distinct;
+  }
+  r.first_segment_tiles = b.segment_end.empty() ? 0 : b.segment_end[0];
+  return r;
+}
+
+bool SegmentOrderRule::pays(int32_t hkv, int32_t sms) const {
+  if (hkv < 1 || sms < 1 || first_segment_tiles == 0) return false;
+  const auto n = std::min<int64_t>(order_segments.size(), (int64_t{sms} + hkv - 1) / hkv);
+  if (n <= 0) return false;
+  // the default's first wave: n tiles (each with its hkv heads) over their distinct segments
+  const double in_step_default = static_cast<double>(n) / order_segments[n - 1];
+  // the segment order's: the first segment's tiles for one head, as many as fit in the wave
+  const double in_step_segment = static_cast<double>(std::min<int64_t>(first_segment_tiles, sms));
+  return in_step_segment >= kGain * in_step_default;
 }
 
 void DeviceTilePlan::release() {
@@ -354,6 +433,7 @@ DeviceTilePlan& DeviceTilePlan::operator=(DeviceTilePlan&& other) noexcept {
     q_rows = other.q_rows;
     kv_rows = other.kv_rows;
     group = other.group;
+    bwd_segments_ = std::move(other.bwd_segments_);
     block_ = other.block_;
     capacity_ = other.capacity_;
     staging_ = std::move(other.staging_);
