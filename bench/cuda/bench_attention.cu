@@ -92,7 +92,7 @@ struct Result {
   std::string preset;
   int64_t tokens, pairs;
   bool seg_rule;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -404,8 +404,15 @@ int main(int argc, char** argv) {
           r.seg_check = std::fabs(dkdv_sum(1 | 4 | 8) / dkdv_sum(1) - 1.0);
           r.seg_def_ms = time_ws(1);
           r.seg_seg_ms = time_ws(1 | 4 | 8);
-          r.seg_def2_ms = time_ws(1);
           r.seg_seg2_ms = time_ws(1 | 4 | 8);
+          r.seg_def2_ms = time_ws(1);
+          // warpgroup 1 skipping the steps its keys see no query of (the default) against not skipping (bit 4),
+          // both in the order the rule picks, alternating, twice
+          const int base = r.seg_rule ? 1 | 4 | 8 : 1;
+          r.idle_off_ms = time_ws(base | 16);
+          r.idle_on_ms = time_ws(base);
+          r.idle_on2_ms = time_ws(base);
+          r.idle_off2_ms = time_ws(base | 16);
         }
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
@@ -465,14 +472,20 @@ int main(int argc, char** argv) {
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (first wave reversed %+.1f%%)\n", r.preset.c_str(), r.walk_fwd_ms,
                   r.walk_rev_ms, r.walk_fwd2_ms, r.walk_rev2_ms,
                   100.0 * ((r.walk_rev_ms + r.walk_rev2_ms) / (r.walk_fwd_ms + r.walk_fwd2_ms) - 1.0));
-    std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by block order, ms, in timing order: default order, first "
-                "wave reversed / segment order, every walk reversed / default / segment (the rule's pick; relative change of "
+    std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by block order, ms: default order, first wave reversed / "
+                "segment order, every walk reversed / default / segment, timed A B B A (the rule's pick; relative change of "
                 "sum |dK| + |dV| between the orders)\n");
     for (const Result& r : results)
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (segment order %+.1f%%; rule: %s; check %.1e)\n", r.preset.c_str(),
                   r.seg_def_ms, r.seg_seg_ms, r.seg_def2_ms, r.seg_seg2_ms,
                   100.0 * ((r.seg_seg_ms + r.seg_seg2_ms) / (r.seg_def_ms + r.seg_def2_ms) - 1.0),
                   r.seg_rule ? "segment" : "default", r.seg_check);
+    std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by idle-step skip, ms: warpgroup 1 computes every step / "
+                "skips the steps its keys see no query of (the default) / computes / skips, timed A B B A\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (skip %+.1f%%)\n", r.preset.c_str(), r.idle_off_ms, r.idle_on_ms,
+                  r.idle_off2_ms, r.idle_on2_ms,
+                  100.0 * ((r.idle_on_ms + r.idle_on2_ms) / (r.idle_off_ms + r.idle_off2_ms) - 1.0));
     for (const Result& r : results)
       if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3) || !(r.seg_check < 1e-3)) {
         std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e, block orders %.2e)\n", r.preset.c_str(),

@@ -80,6 +80,35 @@ void check_segment_order(const TilePlan& plan, const TileLists& l) {
   ASSERT_EQ(in_groups, n);  // every tile's segment has its group
 }
 
+// The key-major upper_live ranges against brute-force visibility: a query tile whose tokens see a key of the upper
+// half of the KV tile (from major_start + kBwdBlockKeys / 2) lies inside its entry's range, and for an entry of at
+// most one slice (whose seen query tiles are consecutive) every tile inside the range sees one.
+void check_upper_live(const TilePlan& plan, const TileLists& l, const Row& row, int64_t window) {
+  ASSERT_EQ(l.upper_live.size(), 2 * l.entries.size());
+  const int64_t tq = l.minor_tile_rows;
+  for (int32_t t = 0; t < l.num_major; ++t) {
+    const int64_t ka = l.major_start[t] + kBwdBlockKeys / 2, kb = l.major_start[t + 1];
+    for (int32_t i = l.offsets[t]; i < l.offsets[t + 1]; ++i) {
+      const TileEntry& e = l.entries[i];
+      const int32_t lo = l.upper_live[2 * i], hi = l.upper_live[2 * i + 1];
+      for (int32_t qt = e.tile_begin; qt < e.tile_end; ++qt) {
+        bool sees = false;
+        for (int64_t q = qt * tq; q < (qt + 1) * tq && q < plan.q_rows && !sees; ++q)
+          for (int64_t k = ka; k < kb && !sees; ++k) sees = row.visible(q, k, window);
+        const bool inside = qt >= lo && qt < hi;
+        if (sees) {
+          ASSERT_TRUE(inside) << "KV tile " << t << " query tile " << qt << " sees the upper half outside [" << lo << ", "
+                              << hi << ")";
+        }
+        if (inside && e.mask_count <= 1) {
+          ASSERT_TRUE(sees) << "KV tile " << t << " query tile " << qt << " inside [" << lo << ", " << hi
+                            << ") sees nothing of the upper half";
+        }
+      }
+    }
+  }
+}
+
 // Every visible pair lies in exactly one listed tile; a full tile holds only visible pairs and a
 // partial tile's slices reproduce visibility exactly. Checked for both lists (host only).
 void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const Row& row, int64_t window) {
@@ -137,7 +166,10 @@ void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const R
   }
   ASSERT_EQ(starts.front(), 0);
   ASSERT_EQ(starts.back(), plan.kv_rows);
-  if (!q_major) check_segment_order(plan, l);
+  if (!q_major) {
+    check_segment_order(plan, l);
+    check_upper_live(plan, l, row, window);
+  }
   for (size_t t = 0; t + 1 < starts.size(); ++t) {
     const int32_t ka = starts[t], ke = starts[t + 1];
     ASSERT_LT(ka, ke);

@@ -65,6 +65,10 @@ struct TileLists {
   // the group at positions [segment_first[i], segment_end[i]). The warp-specialised backward can run one
   // segment's tiles for one KV head together (DeviceTilePlan::bwd_segment_order).
   std::vector<int32_t> segment_order, segment_first, segment_end;
+  // Key-major lists only: per entry i, the query tiles [upper_live[2 i], upper_live[2 i + 1]) outside which the
+  // upper half of its KV tile (keys from major_start + kBwdBlockKeys / 2: warpgroup 1's in the warp-specialised
+  // backward) sees no query of the tile. A hull: tiles inside it may still see none.
+  std::vector<int32_t> upper_live;
 };
 
 // Tile sizes of the kernels, in packed rows (a packed row is one (token, q head of a GQA group)).
@@ -126,6 +130,7 @@ class DeviceTilePlan {
     const int32_t* segment_order = nullptr;  // key-major lists: TileLists::segment_order
     const int32_t* segment_first = nullptr;  // key-major lists: TileLists::segment_first
     const int32_t* segment_end = nullptr;    // key-major lists: TileLists::segment_end
+    const int2* upper_live = nullptr;        // key-major lists: TileLists::upper_live, as pairs
     int32_t num_major = 0, major_tile_rows = 0, minor_tile_rows = 0;
   };
   Lists fwd, bwd;

@@ -34,6 +34,7 @@ struct BwdWsArgs {
   BwdArgs a;
   int32_t first_wave;           // blocks [0, first_wave) walk their query tiles in reverse
   int32_t by_segment;           // blocks take (tile, head) in the segment order (launch variant bit 3)
+  int32_t skip_idle;            // kDqTma: warpgroup 1 skips the steps its keys see no query of (unless bit 4)
 };
 
 constexpr int kBwsD = 128, kBwsRows = kBwdBlockRows, kBwsKeys = kBwdBlockKeys;
@@ -46,7 +47,7 @@ constexpr int bwd_ws_smem() {
   // K, V; per stage Q, dO (bf16) and LSE, Dsum (fp32); two dS^T buffers; the dQ buffers; per stage the step
   // (query tile, list entry); the barriers; 1 KiB alignment
   return (2 * kBwsKeys * kBwsD + 2 * kStages * kBwsRows * kBwsD + 2 * kBwsKeys * kBwsRows) * 2 +
-         kDqBufs * kBwsRows * kBwsD * 4 + 2 * kStages * kBwsRows * 4 + 8 * kStages + 8 * (1 + 2 * kStages + 4) + 1024;
+         kDqBufs * kBwsRows * kBwsD * 4 + 2 * kStages * kBwsRows * 4 + 16 * kStages + 8 * (1 + 2 * kStages + 4) + 1024;
 }
 
 // kDqBufs > 0: the consumers store each step's dQ (fp32, scaled) into one of kDqBufs shared buffers laid out as four
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   unsigned char* stats = base + (sdQ + kDqBufs * BM * D * 4 - sK);
   float* sLse = reinterpret_cast<float*>(stats);      // [stage][BM], times log2 e
   float* sDsum = sLse + kStages * BM;                 // [stage][BM]
-  int2* sStep = reinterpret_cast<int2*>(sDsum + kStages * BM);  // [stage]: query tile, its list entry
+  int4* sStep = reinterpret_cast<int4*>(sDsum + kStages * BM);  // [stage]: query tile, its list entry, idle
   const uint32_t bars = smem_addr(sStep + kStages);  // kvfull, full[kStages], empty[kStages]
   const uint32_t kvfull = bars;
   auto full = [&](int s) { return bars + 8 + 8 * s; };
@@ -152,7 +153,11 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
         const int s = n % kStages;
         if (n >= kStages) mbar_wait(empty(s), ((n / kStages) - 1) & 1);
         const int t0 = cur.tile * tq;
-        if (lane == 0) sStep[s] = make_int2(cur.tile, cur.entry);  // the step, for the consumers (no cursor there)
+        if (lane == 0) {  // the step, for the consumers (no cursor there), and whether warpgroup 1 sits it out
+          const int2 live = L.upper_live[cur.entry];
+          const bool idle = kDqBufs > 0 && w.skip_idle && (cur.tile < live.x || cur.tile >= live.y);
+          sStep[s] = make_int4(cur.tile, cur.entry, idle, 0);
+        }
         float* lse_dst = sLse + s * BM + lane;
         float* dsum_dst = sDsum + s * BM + lane;
         const int ta = t0 + dt0, tb = t0 + dt1;
@@ -241,45 +246,61 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
     const float* lse_s = sLse + s * BM;
     const float* dsum_s = sDsum + s * BM;
     const uint32_t dsb = sdS + (n & 1) * BN * BM * 2;  // this step's dS^T buffer
-    const int2 step = sStep[s];  // written by the stats warp before its arrival on full(s)
+    const int4 step = sStep[s];  // written by the stats warp before its arrival on full(s)
     const TileEntry e = L.entries[step.y];
     const int t0 = step.x * tq;
 
-    // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
-    // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites
-    float st[BM / 2], dpt[BM / 2];
-    bwd_issue_st_dpt<D, BM, BN, false>(st, dpt, k16, v16, qs16, dos16, wg);
-    if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
-
-    // visibility bits (while the GEMMs run)
-    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
-    wgmma_wait<1>();  // S^T done
-    wgmma_fence_operands(st);
-    // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere (LSE staged in base-2 units)
-    bwd_p_tile<BM, true>(st, vis, lse_s, sl2, lane);
-    uint32_t pa[BM / 16][4];  // P^T as A operands (k16 step kk: query rows 16 kk .. +16)
+    // kDqTma: warpgroup 1's keys (from k0 + 64) see no query of some steps (the first half of a diagonal, a
+    // tile of at most 64 keys: outside the entry's TileLists::upper_live range, which the stats warp reads). It
+    // then skips S^T, dP^T, dV and dK and zeroes its half of dS^T for the dQ GEMM. Decided where no wgmma is in
+    // flight; each path waits for its own GEMMs.
+    if (kDqTma && wg == 1 && step.z) {
+      const uint32_t z = dsb + 64 * 128 + (threadIdx.x - 128) * 64;  // rows 64 .. 127 (this warpgroup's keys)
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(st, pa, kk);
-    wgmma_wait<0>();  // dP^T done
-    wgmma_fence_operands(dpt);
-    // dS^T = P^T (dP^T - Dsum)
-    bwd_ds_tile<BM>(st, dpt, dsum_s, lane);
-    uint32_t da[BM / 16][4];
-    auto* sds = reinterpret_cast<__nv_bfloat16*>(base + (dsb - sK));
-    bwd_store_dst<BM, BN>(sds, dpt, da, warp, lane);
+      for (int i = 0; i < 4; ++i)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(z + 16 * i), "r"(0) : "memory");
+      fence_proxy_async_shared();  // the zeros -> the dQ wgmma
+      named_barrier_sync(1, 256);  // dS^T complete (both consumer warpgroups)
+      bwd_issue_dq<BN, false>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
+      wgmma_wait<0>();
+      wgmma_fence_operands(acc);
+    } else {
+      // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
+      // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites
+      float st[BM / 2], dpt[BM / 2];
+      bwd_issue_st_dpt<D, BM, BN, false>(st, dpt, k16, v16, qs16, dos16, wg);
+      if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
 
-    bwd_issue_dvdk<D, BM>(dv, dk, pa, da, qs16, dos16);
-    fence_proxy_async_shared();     // dS^T stores -> the dQ wgmma
-    named_barrier_sync(1, 256);     // dS^T complete (both consumer warpgroups)
+      // visibility bits (while the GEMMs run)
+      const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
+      wgmma_wait<1>();  // S^T done
+      wgmma_fence_operands(st);
+      // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere (LSE staged in base-2 units)
+      bwd_p_tile<BM, true>(st, vis, lse_s, sl2, lane);
+      uint32_t pa[BM / 16][4];  // P^T as A operands (k16 step kk: query rows 16 kk .. +16)
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(st, pa, kk);
+      wgmma_wait<0>();  // dP^T done
+      wgmma_fence_operands(dpt);
+      // dS^T = P^T (dP^T - Dsum)
+      bwd_ds_tile<BM>(st, dpt, dsum_s, lane);
+      uint32_t da[BM / 16][4];
+      auto* sds = reinterpret_cast<__nv_bfloat16*>(base + (dsb - sK));
+      bwd_store_dst<BM, BN>(sds, dpt, da, warp, lane);
 
-    // dQ = dS K (scaled below), head-dim columns 64 wg .. +64 of all BM rows
-    bwd_issue_dq<BN, false>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
-    wgmma_wait<0>();  // dQ, and dV / dK (groups retire in order)
-    wgmma_fence_operands(acc);
-    wgmma_fence_operands(dv);
-    wgmma_fence_operands(dk);
-    wgmma_fence_operands(pa);
-    wgmma_fence_operands(da);
+      bwd_issue_dvdk<D, BM>(dv, dk, pa, da, qs16, dos16);
+      fence_proxy_async_shared();     // dS^T stores -> the dQ wgmma
+      named_barrier_sync(1, 256);     // dS^T complete (both consumer warpgroups)
+
+      // dQ = dS K (scaled below), head-dim columns 64 wg .. +64 of all BM rows
+      bwd_issue_dq<BN, false>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
+      wgmma_wait<0>();  // dQ, and dV / dK (groups retire in order)
+      wgmma_fence_operands(acc);
+      wgmma_fence_operands(dv);
+      wgmma_fence_operands(dk);
+      wgmma_fence_operands(pa);
+      wgmma_fence_operands(da);
+    }
     mbar_arrive(empty(s));  // this thread's reads of stage s (Q, dO, LSE, Dsum) are done
     if constexpr (kDqTma) {
       const int b = n % kDqBufs;
@@ -347,6 +368,7 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
   w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kBwsKeys);
   w.first_wave = (variant & 4) ? INT32_MAX : (variant & 2) ? 0 : sm_count();
   w.by_segment = (variant & 8) ? 1 : 0;
+  w.skip_idle = (variant & 16) ? 0 : 1;
   if (w.by_segment && a.lists.segment_order == nullptr)
     fail("attention_backward (ws): the segment order was asked for but the key-major lists have none");
   // the TMA reduction needs a 16-byte aligned dQ with strides of whole 16-byte units

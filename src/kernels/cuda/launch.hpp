@@ -36,7 +36,8 @@ bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant);
 // (two dQ buffers) where dQ allows them (16-byte aligned, strides multiples of 4), else by red.global.add; bit 1:
 // every block walks forward (without it the first wave, one block per SM, walks in reverse); bit 2: every block
 // walks in reverse; bit 3: blocks take (tile, head) in the key-major segment order (TileLists::segment_order: one
-// segment's tiles for one KV head together) instead of `order` with the heads of a tile adjacent. Two Q/dO
+// segment's tiles for one KV head together) instead of `order` with the heads of a tile adjacent; bit 4: with dQ
+// by TMA, warpgroup 1 does not skip the steps its 64 keys see no query of (it does without the bit). Two Q/dO
 // stages. attention_backward uses 1, or 1 | 4 | 8 where DeviceTilePlan::bwd_segment_order says so.
 bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant);
 

@@ -181,6 +181,39 @@ void segment_order(const std::vector<DeviceSlice>& slices, const std::vector<int
   }
 }
 
+// Key-major lists: TileLists::upper_live. Per slice, the queries that see a key of [kc, kd) are
+// [max(q0, kc + dmin), min(q1, kd - 1 + dmax)); an entry's range is the hull of its slices' ranges in query tiles,
+// clipped to its run. O(entries x their slices).
+void upper_half_live(const std::vector<DeviceSlice>& slices, TileLists& out) {
+  const int32_t half = kBwdBlockKeys / 2, tq = out.minor_tile_rows;
+  out.upper_live.assign(2 * out.entries.size(), 0);
+  for (int32_t t = 0; t < out.num_major; ++t) {
+    const int32_t ka = out.major_start[t] + half, kb = out.major_start[t + 1];
+    for (int32_t i = out.offsets[t]; i < out.offsets[t + 1]; ++i) {
+      const TileEntry& e = out.entries[i];
+      int32_t lo = e.tile_end, hi = e.tile_begin;  // empty
+      if (ka < kb && e.mask_count == 0) {
+        lo = e.tile_begin;
+        hi = e.tile_end;
+      } else if (ka < kb) {
+        for (int32_t j = 0; j < e.mask_count; ++j) {
+          const DeviceSlice& sl = slices[out.mask_index[e.mask_begin + j]];
+          const int32_t kc = std::max(ka, sl.k0), kd = std::min(kb, sl.k1);
+          if (kc >= kd) continue;
+          const int32_t qlo = std::max(sl.q0, kc + sl.dmin), qhi = std::min(sl.q1, kd - 1 + sl.dmax);
+          if (qlo >= qhi) continue;
+          lo = std::min(lo, qlo / tq);
+          hi = std::max(hi, (qhi - 1) / tq + 1);
+        }
+        lo = std::max(lo, e.tile_begin);
+        hi = std::min(hi, e.tile_end);
+      }
+      out.upper_live[2 * i] = lo;
+      out.upper_live[2 * i + 1] = hi;
+    }
+  }
+}
+
 TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int64_t major_rows, int64_t minor_rows,
                       int64_t q_rows, int64_t kv_rows) {
   TileLists out;
@@ -276,7 +309,10 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
   for (int64_t b = 0; b <= max_work; ++b) bucket[b + 1] += bucket[b];
   out.order.resize(num_major);
   for (int64_t t = 0; t < num_major; ++t) out.order[bucket[max_work - work[t]]++] = static_cast<int32_t>(t);
-  if (!q_major) segment_order(slices, work, out);
+  if (!q_major) {
+    segment_order(slices, work, out);
+    upper_half_live(slices, out);
+  }
   return out;
 }
 
@@ -337,7 +373,7 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
     total += align_up(std::max<size_t>(bytes, 1));
     return parts.size() - 1;
   };
-  auto add_lists = [&](const TileLists& l, size_t idx[9]) {
+  auto add_lists = [&](const TileLists& l, size_t idx[10]) {
     idx[0] = add(l.offsets.data(), l.offsets.size() * sizeof(int32_t));
     idx[1] = add(l.entries.data(), l.entries.size() * sizeof(TileEntry));
     idx[2] = add(l.order.data(), l.order.size() * sizeof(int32_t));
@@ -347,8 +383,9 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
     idx[6] = add(l.segment_order.data(), l.segment_order.size() * sizeof(int32_t));
     idx[7] = add(l.segment_first.data(), l.segment_first.size() * sizeof(int32_t));
     idx[8] = add(l.segment_end.data(), l.segment_end.size() * sizeof(int32_t));
+    idx[9] = add(l.upper_live.data(), l.upper_live.size() * sizeof(int32_t));
   };
-  size_t fi[9], bi[9];
+  size_t fi[10], bi[10];
   add_lists(plan.fwd, fi);
   add_lists(plan.bwd, bi);
   const size_t si = add(plan.slices.data(), plan.slices.size() * sizeof(DeviceSlice));
@@ -363,7 +400,7 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
   check_cuda(cudaMemcpyAsync(block_, staging_.data(), total, cudaMemcpyHostToDevice, stream), "DeviceTilePlan: copy");
   check_cuda(cudaStreamSynchronize(stream), "DeviceTilePlan: synchronize");
   auto* base = static_cast<unsigned char*>(block_);
-  auto fill = [&](Lists& d, const TileLists& l, const size_t idx[9]) {
+  auto fill = [&](Lists& d, const TileLists& l, const size_t idx[10]) {
     auto opt = [&](const std::vector<int32_t>& v, size_t i) {
       return v.empty() ? nullptr : reinterpret_cast<const int32_t*>(base + parts[i].at);
     };
@@ -376,6 +413,7 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
     d.segment_order = opt(l.segment_order, idx[6]);
     d.segment_first = opt(l.segment_first, idx[7]);
     d.segment_end = opt(l.segment_end, idx[8]);
+    d.upper_live = reinterpret_cast<const int2*>(opt(l.upper_live, idx[9]));
     d.num_major = l.num_major;
     d.major_tile_rows = l.major_tile_rows;
     d.minor_tile_rows = l.minor_tile_rows;
