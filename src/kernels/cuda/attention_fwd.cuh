@@ -6,6 +6,7 @@
 
 #include <cfloat>
 
+#include "kernels/cuda/attention_fwd_mask.cuh"
 #include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/mma.cuh"
 
@@ -138,46 +139,8 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
     const TileEntry e = L.entries[cur.entry];
     const int ka = L.minor_start[cur.tile], kb = L.minor_start[cur.tile + 1];
     if (e.mask_count > 0 || kb - ka < BN) {  // a partial run, or a tile shorter than BN (keys from kb on are the next tile's)
-      const int kbase = ka + 2 * (lane % 4);
-      uint32_t in_tile = 0;  // bit nb * 2 + (c & 1)
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          if (kbase + nb * 8 + c < kb) in_tile |= 1u << (nb * 2 + c);
-      uint32_t vis[M] = {};  // bit nb * 4 + c: element s[f][nb][c] is visible
-      if (e.mask_count == 0) {
-#pragma unroll
-        for (int f = 0; f < M; ++f)
-#pragma unroll
-          for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-            for (int c = 0; c < 4; ++c)
-              if (in_tile >> (nb * 2 + (c & 1)) & 1u) vis[f] |= 1u << (nb * 4 + c);
-      }
-      for (int j = 0; j < e.mask_count; ++j) {
-        const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
-        // per-column key test and per-row query test hoisted out of the element loop
-        uint32_t key_ok = 0;  // bit nb * 2 + (c & 1)
-#pragma unroll
-        for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-          for (int c = 0; c < 2; ++c)
-            if (in_range(kbase + nb * 8 + c, sl.k0, sl.k1)) key_ok |= 1u << (nb * 2 + c);
-        key_ok &= in_tile;
-#pragma unroll
-        for (int f = 0; f < M; ++f)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if (!in_range(tok[f][h], sl.q0, sl.q1)) continue;
-#pragma unroll
-            for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-              for (int c = 0; c < 2; ++c)
-                if ((key_ok >> (nb * 2 + c) & 1u) && in_range(tok[f][h] - (kbase + nb * 8 + c), sl.dmin, sl.dmax))
-                  vis[f] |= 1u << (nb * 4 + 2 * h + c);
-          }
-      }
+      uint32_t vis[M];
+      fwd_visible_bits<BN, M>(args, e, ka, kb, lane, tok, vis);
 #pragma unroll
       for (int f = 0; f < M; ++f)
 #pragma unroll

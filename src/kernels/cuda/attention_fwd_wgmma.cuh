@@ -12,6 +12,7 @@
 
 #include <cfloat>
 
+#include "kernels/cuda/attention_fwd_mask.cuh"
 #include "kernels/cuda/launch.hpp"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -52,51 +53,18 @@ constexpr FwdLoads kFwdLoads = FwdLoads::kPerThread;  // the default, by measure
 // holds two rows (h = 0, 1: token tok[h]) of a 64 x BN accumulator tile in the layout of wgmma.cuh;
 // element 4 nb + 2 h + c is (row h, key 8 nb + 2 (lane % 4) + c).
 
-// Partial run: keys no listed slice makes visible from the row get -inf (slices are disjoint, so "in
-// any of them" is exact). Also for a full run of a tile shorter than BN (key tiles end at segment
-// boundaries): the keys from k_end on, loaded with the tile, belong to the next one.
+// Partial run: keys no listed slice makes visible from the row get -inf (fwd_visible_bits). Also for a full
+// run of a tile shorter than BN (key tiles end at segment boundaries): the keys from k_end on, loaded with the
+// tile, belong to the next one.
 template <int BN>
 __device__ __forceinline__ void fwd_mask_tile(float (&s)[BN / 2], const FwdArgs& args, const TileEntry& e, int k0,
                                               int k_end, int lane, const int (&tok)[2]) {
-  const auto& L = args.lists;
-  const int kbase = k0 + 2 * (lane % 4);
-  uint32_t in_tile = 0;  // bit nb * 2 + (c & 1): the key is this tile's (keys from k_end on are the next tile's)
-#pragma unroll
-  for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-    for (int c = 0; c < 2; ++c)
-      if (kbase + nb * 8 + c < k_end) in_tile |= 1u << (nb * 2 + c);
-  uint32_t vis = 0;  // bit nb * 4 + c: element s[4 nb + c] is visible
-  if (e.mask_count == 0) {  // a full run of a tile shorter than BN: every pair of the tile's keys
-#pragma unroll
-    for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (in_tile >> (nb * 2 + (c & 1)) & 1u) vis |= 1u << (nb * 4 + c);
-  }
-  for (int j = 0; j < e.mask_count; ++j) {
-    const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
-    uint32_t key_ok = 0;  // bit nb * 2 + (c & 1)
-#pragma unroll
-    for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-      for (int c = 0; c < 2; ++c)
-        if (in_range(kbase + nb * 8 + c, sl.k0, sl.k1)) key_ok |= 1u << (nb * 2 + c);
-    key_ok &= in_tile;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!in_range(tok[h], sl.q0, sl.q1)) continue;
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          if ((key_ok >> (nb * 2 + c) & 1u) && in_range(tok[h] - (kbase + nb * 8 + c), sl.dmin, sl.dmax))
-            vis |= 1u << (nb * 4 + 2 * h + c);
-    }
-  }
+  const int rows[1][2] = {{tok[0], tok[1]}};
+  uint32_t vis[1];
+  fwd_visible_bits<BN, 1>(args, e, k0, k_end, lane, rows, vis);
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i)
-    if (!(vis >> i & 1u)) s[i] = -INFINITY;
+    if (!(vis[0] >> i & 1u)) s[i] = -INFINITY;
 }
 
 // Online softmax of one tile, in base 2: the row max m and sum l move on, S becomes P, corrs[h] is the

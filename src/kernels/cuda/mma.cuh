@@ -129,14 +129,18 @@ struct RunCursor {
 struct TileWalk {
   int entry, tile, stop;
   static __device__ __forceinline__ TileWalk first(const TileEntry* e, int begin, int end, bool reverse) {
-    if (!reverse) return TileWalk{begin, begin < end ? e[begin].tile_begin : 0, end};
+    if (!reverse) {
+      const RunCursor c = RunCursor::first(e, begin, end);
+      return TileWalk{c.entry, c.tile, end};
+    }
     return TileWalk{end - 1, begin < end ? e[end - 1].tile_end - 1 : 0, begin - 1};
   }
   __device__ __forceinline__ bool more() const { return entry != stop; }
   __device__ __forceinline__ void advance(const TileEntry* e) {
-    if (entry < stop) {
-      if (++tile < e[entry].tile_end) return;
-      if (++entry != stop) tile = e[entry].tile_begin;
+    if (entry < stop) {  // RunCursor's step
+      const RunCursor c = RunCursor{entry, tile}.next(e, stop);
+      entry = c.entry;
+      tile = c.tile;
     } else {
       if (--tile >= e[entry].tile_begin) return;
       if (--entry != stop) tile = e[entry].tile_end - 1;
