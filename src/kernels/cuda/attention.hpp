@@ -100,12 +100,12 @@ TilePlan build_tile_plan(const std::vector<Slice>& slices, int64_t q_rows, int64
 // allocation when it is large enough (a new tree per step costs one copy, no cudaMalloc).
 // What DeviceTilePlan::bwd_segment_order decides from, taken from a host plan's key-major lists.
 struct SegmentOrderRule {
-  static constexpr int32_t kGain = 4;
+  static constexpr int32_t kFewBlocks = 8;
   std::vector<int32_t> order_segments;  // distinct segments among order[0 .. i]
   int32_t first_segment_tiles = 0;      // tiles of the first group of segment_order
   static SegmentOrderRule of(const TileLists& bwd);
-  // blocks per (segment, KV head) in the first wave, one block per SM: the segment order's at least kGain
-  // times the default order's
+  // blocks per (segment, KV head) in the first wave, one block per SM: fewer than kFewBlocks in the default
+  // order, and more in the segment order
   bool pays(int32_t hkv, int32_t sms) const;
 };
 
@@ -140,8 +140,8 @@ class DeviceTilePlan {
   // a tile adjacent) the first wave of blocks, one per SM, shares Q, dO and dQ through the L2 cache only
   // among the blocks of one (segment, KV head); when the first wave mixes many segments that is a few blocks
   // each. The segment order puts a whole segment's tiles of one head in the wave, walking in step from the
-  // common end of their lists. Taken when that is at least SegmentOrderRule::kGain times as many blocks per
-  // (segment, head) as the default's first wave (docs/benchmarks-gpu.md, change AA).
+  // common end of their lists. Taken when the default's first wave has fewer than SegmentOrderRule::kFewBlocks
+  // blocks per (segment, head) and the segment order's has more (docs/benchmarks-gpu.md, change AA).
   bool bwd_segment_order(int32_t hkv, int32_t sms) const { return bwd_segments_.pays(hkv, sms); }
   int64_t q_rows = 0, kv_rows = 0;
   int32_t group = 1;

@@ -449,7 +449,7 @@ bool SegmentOrderRule::pays(int32_t hkv, int32_t sms) const {
   const double in_step_default = static_cast<double>(n) / order_segments[n - 1];
   // the segment order's: the first segment's tiles for one head, as many as fit in the wave
   const double in_step_segment = static_cast<double>(std::min<int64_t>(first_segment_tiles, sms));
-  return in_step_segment >= kGain * in_step_default;
+  return in_step_default < kFewBlocks && in_step_segment > in_step_default;
 }
 
 void DeviceTilePlan::release() {
