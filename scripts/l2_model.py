@@ -9,6 +9,8 @@ an evicted dirty chunk writes one. Trees are the DESIGN.md presets at S = 40,960
 of 8 tokens, KV tiles of 128 keys); varied5k is one draw, not treecp's.
 
   python3 scripts/l2_model.py fixed5k varied5k dominant art-fixed5k
+
+The last order is change AA's segment order (DeviceTilePlan::bwd_segment_order).
 """
 import heapq
 import random
@@ -103,17 +105,44 @@ def run(lists, order, reverse_of, slots=132, cap_mb=50, prologue=3, chunk_kb=32)
     return dram / 2**20, end
 
 
+def segment_of_tiles(fams):
+    """The segment holding each KV tile's first key (change AA's grouping)."""
+    starts, pos = [], 0
+    for root, kids in fams:
+        starts.append(pos)
+        pos += root
+        for k in kids:
+            starts.append(pos)
+            pos += k
+    seg, i = [], 0
+    for kt in range(S // BN):
+        while i + 1 < len(starts) and starts[i + 1] <= kt * BN:
+            i += 1
+        seg.append(i)
+    return seg
+
+
 def main(names):
     for name in names:
-        lists = kv_lists(families(name))
+        fams = families(name)
+        lists = kv_lists(fams)
         longest = sorted((t for t in range(len(lists)) if lists[t]), key=lambda t: -len(lists[t]))
         tile_major = [(t, h) for t in longest for h in range(HKV)]
         head_major = [(t, h) for h in range(HKV) for t in longest]
+        # change AA: tiles grouped by segment (groups by their longest walk), each KV head's tiles of a group together
+        seg = segment_of_tiles(fams)
+        gmax = {}
+        for t in longest:
+            gmax[seg[t]] = max(gmax.get(seg[t], 0), len(lists[t]))
+        grouped = sorted(longest, key=lambda t: (-gmax[seg[t]], seg[t], -len(lists[t])))
+        segment_head = [(t, h) for g in dict.fromkeys(seg[t] for t in grouped) for h in range(HKV)
+                        for t in grouped if seg[t] == g]
         ideal = sum(len(l) for l in lists) * HKV / 132
         for label, order, rev in (('every walk forward', tile_major, lambda b, now: False),
                                   ('every walk reversed', tile_major, lambda b, now: True),
                                   ('first wave reversed', tile_major, lambda b, now: now == 0),
-                                  ('head-major, reversed', head_major, lambda b, now: True)):
+                                  ('head-major, reversed', head_major, lambda b, now: True),
+                                  ('segment order, reversed', segment_head, lambda b, now: True)):
             gb, end = run(lists, order, rev)
             print(f'{name:12s} {label:22s} DRAM {gb:6.1f} GB  makespan {end / ideal:.3f} x ideal')
 
