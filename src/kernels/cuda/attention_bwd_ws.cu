@@ -12,11 +12,13 @@
 //   stage's `empty` barrier once the step's GEMMs that read it (S^T, dP^T, dV, dK) have retired.
 // K held in registers as the A operand of S^T = K Q^T (half that GEMM's shared-memory reads) was tried: at
 // 240 registers ptxas spills the 32 K registers and serialises the wgmmas (docs/benchmarks-gpu.md, change Q).
+// Blocks take their (KV tile, head) in the default order or, where the plan says it shares more through L2, in
+// the segment order (a segment's tiles for one head together, every walk reversed; launch variant bits 2, 3).
+// Warpgroup 1 sits out the steps its 64 keys see no query of (TileLists::upper_live; bit 4 turns that off).
 // Needs head dim 128, G dividing 64 (Q's TMA box is 64 columns x G heads x 64 / G tokens), 16-byte rows.
 #include <atomic>
-#include <climits>
-#include <cstdint>
 #include <cfloat>
+#include <cstdint>
 
 #include "kernels/cuda/attention_bwd_tile.cuh"
 #include "kernels/cuda/attention_bwd_wgmma.cuh"  // the step's GEMM issues and dS^T store
