@@ -129,14 +129,20 @@ def main(names):
         longest = sorted((t for t in range(len(lists)) if lists[t]), key=lambda t: -len(lists[t]))
         tile_major = [(t, h) for t in longest for h in range(HKV)]
         head_major = [(t, h) for h in range(HKV) for t in longest]
-        # change AA: tiles grouped by segment (groups by their longest walk), each KV head's tiles of a group together
+        # change AA: a segment's tiles longest first, cut into chunks of 16 (kSegmentChunk); the chunks by their
+        # longest walk, then in the segments' order; each KV head's tiles of a chunk together
         seg = segment_of_tiles(fams)
         gmax = {}
         for t in longest:
             gmax[seg[t]] = max(gmax.get(seg[t], 0), len(lists[t]))
         grouped = sorted(longest, key=lambda t: (-gmax[seg[t]], seg[t], -len(lists[t])))
-        segment_head = [(t, h) for g in dict.fromkeys(seg[t] for t in grouped) for h in range(HKV)
-                        for t in grouped if seg[t] == g]
+        by_seg = {}
+        for t in grouped:
+            by_seg.setdefault(seg[t], []).append(t)
+        chunks = [(-len(lists[ts[c]]), rank, ts[c:c + 16]) for rank, ts in enumerate(by_seg.values())
+                  for c in range(0, len(ts), 16)]
+        chunks.sort(key=lambda c: (c[0], c[1]))
+        segment_head = [(t, h) for _, _, ch in chunks for h in range(HKV) for t in ch]
         ideal = sum(len(l) for l in lists) * HKV / 132
         for label, order, rev in (('every walk forward', tile_major, lambda b, now: False),
                                   ('every walk reversed', tile_major, lambda b, now: True),

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -34,50 +35,64 @@ bool have_gpu() {
 #define REQUIRE_GPU() \
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
-// The key-major segment order: a permutation of the tiles in which each segment's tiles (a tile's segment: the
-// last slice key start at or before its first key, found here by a scan of the slices) form one group whose
-// [segment_first, segment_end) bounds every position of the group holds; the groups run by their longest walk,
-// descending, and each group longest walk first.
+// The key-major segment order: a permutation of the tiles in groups of at most kSegmentChunk tiles of one
+// segment (a tile's segment: the last slice key start at or before its first key, found here by a scan of the
+// slices), each group's bounds held at every position of it and its tiles longest walk first; the groups by
+// their first tile's walk, descending; a segment's groups in order (their tiles longest first throughout), all
+// of kSegmentChunk tiles but its last.
 void check_segment_order(const TilePlan& plan, const TileLists& l) {
   const size_t n = static_cast<size_t>(l.num_major);
   ASSERT_EQ(l.segment_order.size(), n);
   ASSERT_EQ(l.segment_first.size(), n);
   ASSERT_EQ(l.segment_end.size(), n);
   std::vector<int64_t> seg(n, -1), walk(n, 0);
+  std::map<int64_t, int64_t> seg_tiles;
   for (size_t t = 0; t < n; ++t) {
     for (const DeviceSlice& s : plan.slices)
       if (s.k0 <= l.major_start[t]) seg[t] = std::max<int64_t>(seg[t], s.k0);
     for (int32_t e = l.offsets[t]; e < l.offsets[t + 1]; ++e) walk[t] += l.entries[e].tile_end - l.entries[e].tile_begin;
+    ++seg_tiles[seg[t]];
   }
   std::vector<int32_t> sorted = l.segment_order;
   std::sort(sorted.begin(), sorted.end());
   for (size_t t = 0; t < n; ++t) ASSERT_EQ(sorted[t], static_cast<int32_t>(t));
-  std::set<int64_t> done;
-  int64_t prev_longest = INT64_MAX;
+  ASSERT_EQ(l.segment_of.size(), n);  // one rank per segment
+  for (size_t a = 0; a < n; ++a)
+    for (size_t b = a + 1; b < n; ++b) ASSERT_EQ(seg[a] == seg[b], l.segment_of[a] == l.segment_of[b]);
+  std::map<int64_t, std::vector<size_t>> groups_of;  // segment -> its groups' sizes, in order
+  std::map<int64_t, int64_t> last_walk;               // segment -> walk of its last tile seen
+  int64_t prev_first = INT64_MAX;
   for (size_t i = 0; i < n;) {
     const size_t first = l.segment_first[i], end = l.segment_end[i];
     ASSERT_EQ(first, i);
     ASSERT_LT(first, end);
     ASSERT_LE(end, n);
+    ASSERT_LE(end - first, static_cast<size_t>(kSegmentChunk));
     const int64_t s = seg[l.segment_order[first]];
-    ASSERT_TRUE(done.insert(s).second) << "segment " << s << " in two groups";
-    int64_t longest = 0;
+    ASSERT_LE(walk[l.segment_order[first]], prev_first) << "groups by their first tile's walk";
+    prev_first = walk[l.segment_order[first]];
     for (size_t x = first; x < end; ++x) {
       ASSERT_EQ(l.segment_first[x], static_cast<int32_t>(first));
       ASSERT_EQ(l.segment_end[x], static_cast<int32_t>(end));
       ASSERT_EQ(seg[l.segment_order[x]], s);
-      if (x > first) {
-        ASSERT_LE(walk[l.segment_order[x]], walk[l.segment_order[x - 1]]);
+      if (last_walk.count(s)) {
+        ASSERT_LE(walk[l.segment_order[x]], last_walk[s]) << "segment " << s << " longest first";
       }
-      longest = std::max(longest, walk[l.segment_order[x]]);
+      last_walk[s] = walk[l.segment_order[x]];
     }
-    ASSERT_LE(longest, prev_longest);
-    prev_longest = longest;
+    groups_of[s].push_back(end - first);
     i = end;
   }
-  size_t in_groups = 0;
-  for (size_t t = 0; t < n; ++t) in_groups += done.count(seg[t]);
-  ASSERT_EQ(in_groups, n);  // every tile's segment has its group
+  for (const auto& [s, sizes] : groups_of) {
+    int64_t total = 0;
+    for (size_t g = 0; g < sizes.size(); ++g) {
+      if (g + 1 < sizes.size()) {
+        ASSERT_EQ(sizes[g], static_cast<size_t>(kSegmentChunk)) << "segment " << s;
+      }
+      total += static_cast<int64_t>(sizes[g]);
+    }
+    ASSERT_EQ(total, seg_tiles[s]) << "segment " << s;
+  }
 }
 
 // The key-major upper_live ranges against brute-force visibility: a query tile whose tokens see a key of the upper
@@ -200,7 +215,7 @@ TEST(CudaTilePlan, ListsMatchVisibility) {
 
 // The segment order's rule on the presets the benchmark measures both orders on (docs/benchmarks-gpu.md,
 // change AA), at GQA 32/4 on 132 SMs, where the default order's first wave holds 33 tiles: art-fixed5k's holds
-// 5-6 tiles of each of its six prefixes (the segment order: 40 of one), fixed5k's about 4 of each of eight roots
+// 5-6 tiles of each of its six prefixes (the segment order: 16 of one), fixed5k's about 4 of each of eight roots
 // (the segment order: 8), dominant's 33 of its one root (already 8 or more). Counted from the lists, then the rule.
 TEST(CudaTilePlan, SegmentOrderRule) {
   for (const auto& [name, expect] :
@@ -208,11 +223,15 @@ TEST(CudaTilePlan, SegmentOrderRule) {
     const Row row = make_preset(name, 1, 0);
     const TilePlan plan = build_tile_plan(row_slices(row), row.tokens(), row.tokens(), 8);
     const SegmentOrderRule rule = SegmentOrderRule::of(plan.bwd);
-    // the rule's inputs, recounted: distinct segments among the default order's first 33 tiles
+    // the rule's inputs, recounted: distinct segments (by a scan of the slices) among the default order's
+    // first 33 tiles
     std::set<int32_t> firsts;
-    std::vector<int32_t> pos(plan.bwd.num_major);
-    for (int32_t i = 0; i < plan.bwd.num_major; ++i) pos[plan.bwd.segment_order[i]] = i;
-    for (int32_t i = 0; i < 33; ++i) firsts.insert(plan.bwd.segment_first[pos[plan.bwd.order[i]]]);
+    for (int32_t i = 0; i < 33; ++i) {
+      int32_t seg = -1;
+      for (const DeviceSlice& s : plan.slices)
+        if (s.k0 <= plan.bwd.major_start[plan.bwd.order[i]]) seg = std::max(seg, s.k0);
+      firsts.insert(seg);
+    }
     EXPECT_EQ(rule.order_segments[32], static_cast<int32_t>(firsts.size())) << name;
     EXPECT_EQ(rule.first_segment_tiles, plan.bwd.segment_end[0]) << name;
     EXPECT_EQ(rule.pays(4, 132), expect) << name << ": " << firsts.size() << " segments in the first wave, "

@@ -60,11 +60,13 @@ struct TileLists {
   // Query-major lists only: key tile t holds KV rows [minor_start[t], minor_start[t+1]), at most
   // minor_tile_rows of them, cut at key boundaries the same way.
   std::vector<int32_t> minor_start;
-  // Key-major lists only: the major tiles grouped by segment (the slice key range holding the tile's first
-  // key), the groups longest walk first, inside a group longest first. Position i of segment_order is in
+  // Key-major lists only: the major tiles in groups of at most kSegmentChunk tiles of one segment (the slice
+  // key range holding the tile's first key): a segment's tiles longest first, cut into chunks; the chunks by
+  // their longest walk, then in the segments' order (longest segment first). Position i of segment_order is in
   // the group at positions [segment_first[i], segment_end[i]). The warp-specialised backward can run one
-  // segment's tiles for one KV head together (DeviceTilePlan::bwd_segment_order).
+  // group's tiles for one KV head together (DeviceTilePlan::bwd_segment_order).
   std::vector<int32_t> segment_order, segment_first, segment_end;
+  std::vector<int32_t> segment_of;  // key-major lists only, host only: per major tile, its segment's rank
   // Key-major lists only: per entry i, the query tiles [upper_live[2 i], upper_live[2 i + 1]) outside which the
   // upper half of its KV tile (keys from major_start + kBwdBlockKeys / 2: warpgroup 1's in the warp-specialised
   // backward) sees no query of the tile. A hull: tiles inside it may still see none.
@@ -79,6 +81,7 @@ inline constexpr int kFwdRowsPerWarp = 32; // mma.sync main loop: half the share
 inline constexpr int kBwdBlockRows = 64;   // 64 packed query rows per step of the key-major walk
 inline constexpr int kBwdBlockKeys = 128;  // 8 warps x 16 keys (dK, dV of 16 x D per warp in registers);
                                            // 128 rather than 64 halves the dQ atomics per FLOP
+inline constexpr int kSegmentChunk = 16;        // tiles of one segment that run together in the segment order
 inline constexpr int kKeyTileMinFraction = 4;  // a key tile starts at a key boundary only a quarter tile or
                                                // more past the previous start (tiny segments share a tile)
 
@@ -102,7 +105,7 @@ TilePlan build_tile_plan(const std::vector<Slice>& slices, int64_t q_rows, int64
 struct SegmentOrderRule {
   static constexpr int32_t kFewBlocks = 8;
   std::vector<int32_t> order_segments;  // distinct segments among order[0 .. i]
-  int32_t first_segment_tiles = 0;      // tiles of the first group of segment_order
+  int32_t first_segment_tiles = 0;      // tiles of the first group of segment_order (one segment's)
   static SegmentOrderRule of(const TileLists& bwd);
   // blocks per (segment, KV head) in the first wave, one block per SM: fewer than kFewBlocks in the default
   // order, and more in the segment order

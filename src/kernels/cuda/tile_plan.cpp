@@ -142,8 +142,8 @@ std::vector<int32_t> kv_tile_starts(const std::vector<DeviceSlice>& slices, int6
 }
 
 // Key-major lists: TileLists::segment_order and its group bounds. A tile's segment is the last slice key start
-// at or before its first key (tiles start at those boundaries: kv_tile_starts). O(slices log slices + tiles log
-// tiles).
+// at or before its first key (tiles start at those boundaries: kv_tile_starts); a group is a chunk of at most
+// kSegmentChunk tiles of one segment. O(slices log slices + tiles log tiles).
 void segment_order(const std::vector<DeviceSlice>& slices, const std::vector<int64_t>& work, TileLists& out) {
   const int64_t num_major = out.num_major;
   thread_local std::vector<int32_t> starts;
@@ -168,16 +168,38 @@ void segment_order(const std::vector<DeviceSlice>& slices, const std::vector<int
     if (work[a] != work[b]) return work[a] > work[b];
     return a < b;
   });
+  // Chunks of at most kSegmentChunk consecutive tiles of one segment, longest chunk (by its first tile) first,
+  // then in the segments' order: a long segment's tiles do not all wait for the same part of the launch.
+  struct Chunk {
+    int64_t first_work;
+    int32_t rank, begin, end;  // segment rank, then [begin, end) in the segment-sorted order
+  };
+  thread_local std::vector<Chunk> chunks;
+  chunks.clear();
+  out.segment_of.resize(static_cast<size_t>(num_major));
+  for (int32_t i = 0, rank = 0; i < num_major; ++rank) {
+    int32_t j = i + 1;
+    while (j < num_major && seg[out.segment_order[j]] == seg[out.segment_order[i]]) ++j;
+    for (int32_t x = i; x < j; ++x) out.segment_of[out.segment_order[x]] = rank;
+    for (int32_t c = i; c < j; c += kSegmentChunk)
+      chunks.push_back(Chunk{work[out.segment_order[c]], rank, c, std::min(j, c + kSegmentChunk)});
+    i = j;
+  }
+  std::stable_sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
+    return a.first_work != b.first_work ? a.first_work > b.first_work : a.rank < b.rank;
+  });
+  thread_local std::vector<int32_t> sorted;
+  sorted = out.segment_order;
   out.segment_first.resize(static_cast<size_t>(num_major));
   out.segment_end.resize(static_cast<size_t>(num_major));
-  for (int64_t i = 0; i < num_major;) {
-    int64_t j = i + 1;
-    while (j < num_major && seg[out.segment_order[j]] == seg[out.segment_order[i]]) ++j;
-    for (int64_t x = i; x < j; ++x) {
-      out.segment_first[x] = static_cast<int32_t>(i);
-      out.segment_end[x] = static_cast<int32_t>(j);
+  int32_t at = 0;
+  for (const Chunk& c : chunks) {
+    const int32_t first = at;
+    for (int32_t x = c.begin; x < c.end; ++x) out.segment_order[at++] = sorted[x];
+    for (int32_t x = first; x < at; ++x) {
+      out.segment_first[x] = first;
+      out.segment_end[x] = at;
     }
-    i = j;
   }
 }
 
@@ -427,14 +449,12 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
 SegmentOrderRule SegmentOrderRule::of(const TileLists& b) {
   SegmentOrderRule r;
   r.order_segments.resize(b.order.size());
-  if (b.segment_order.size() != b.order.size()) return r;  // not key-major lists
+  if (b.segment_of.size() != b.order.size()) return r;  // not key-major lists
   std::vector<char> seen(b.order.size(), 0);
-  std::vector<int32_t> pos(b.order.size());  // tile -> its position in segment_order
-  for (size_t i = 0; i < b.segment_order.size(); ++i) pos[b.segment_order[i]] = static_cast<int32_t>(i);
   int32_t distinct = 0;
   for (size_t i = 0; i < b.order.size(); ++i) {
-    const int32_t first = b.segment_first[pos[b.order[i]]];
-    if (!seen[first]) seen[first] = 1, ++distinct;
+    const int32_t s = b.segment_of[b.order[i]];
+    if (!seen[s]) seen[s] = 1, ++distinct;
     r.order_segments[i] = distinct;
   }
   r.first_segment_tiles = b.segment_end.empty() ? 0 : b.segment_end[0];
