@@ -93,6 +93,27 @@ __device__ __forceinline__ void bwd_store_dst(__nv_bfloat16* sds, const float (&
   }
 }
 
+// The step's softmax gradient, between the S^T / dP^T GEMMs (in flight, two groups) and dV / dK: the visibility
+// bits while they run; P^T = exp(S scale - LSE) once S^T is done, packed into pa; dS^T = P^T (dP^T - Dsum) once
+// dP^T is done, stored to the buffer sds() returns and packed into da. kLse2: lse holds LSE times log2 e.
+template <int BM, int BN, bool kLse2, class Sds>
+__device__ __forceinline__ void bwd_softmax_grad(const BwdArgs& args, const TileEntry& e, int t0, int G, int valid_rows,
+                                                 int key_lo, uint32_t keys_ok, int warp, int lane, float sl2,
+                                                 const float* lse, const float* dsum, float (&st)[BM / 2],
+                                                 float (&dpt)[BM / 2], Sds&& sds, uint32_t (&pa)[BM / 16][4],
+                                                 uint32_t (&da)[BM / 16][4]) {
+  const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
+  wgmma_wait<1>();  // S^T done
+  wgmma_fence_operands(st);
+  bwd_p_tile<BM, kLse2>(st, vis, lse, sl2, lane);  // 0 on pairs that are not visible
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(st, pa, kk);  // k16 step kk: query rows 16 kk .. +16
+  wgmma_wait<0>();  // dP^T done
+  wgmma_fence_operands(dpt);
+  bwd_ds_tile<BM>(st, dpt, dsum, lane);
+  bwd_store_dst<BM, BN>(sds(), dpt, da, warp, lane);
+}
+
 // dV += P^T dO and dK += dS^T Q: dO and Q are MN-major B operands (k16 step = 16 query rows); one group.
 template <int D, int BM>
 __device__ __forceinline__ void bwd_issue_dvdk(float (&dv)[D / 2], float (&dk)[D / 2], const uint32_t (&pa)[BM / 16][4],
@@ -281,21 +302,9 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
       add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
     }
 
-    // visibility bits (while dP^T is still running)
-    const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
-    wgmma_wait<1>();  // S^T done
-    wgmma_fence_operands(st);
-    // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere
-    bwd_p_tile<BM, false>(st, vis, lse_s, sl2, lane);
-    uint32_t pa[BM / 16][4];  // P^T as A operands (k16 step kk: query rows 16 kk .. +16)
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(st, pa, kk);
-    wgmma_wait<0>();  // dP^T done
-    wgmma_fence_operands(dpt);
-    // dS^T = P^T (dP^T - Dsum)
-    bwd_ds_tile<BM>(st, dpt, dsum_s, lane);
-    uint32_t da[BM / 16][4];
-    bwd_store_dst<BM, BN>(sdS, dpt, da, warp, lane);
+    uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands
+    bwd_softmax_grad<BM, BN, false>(args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st, dpt,
+                                    [&] { return sdS; }, pa, da);
 
     bwd_issue_dvdk<D, BM>(dv, dk, pa, da, qs16, dos16);
     if constexpr (kOverlap == BwdOverlap::kNone) {

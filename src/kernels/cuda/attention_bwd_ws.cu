@@ -273,22 +273,10 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
       bwd_issue_st_dpt<D, BM, BN, false>(st, dpt, k16, v16, qs16, dos16, wg);
       if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
 
-      // visibility bits (while the GEMMs run)
-      const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
-      wgmma_wait<1>();  // S^T done
-      wgmma_fence_operands(st);
-      // P^T = exp(S scale - LSE) on visible pairs, 0 elsewhere (LSE staged in base-2 units)
-      bwd_p_tile<BM, true>(st, vis, lse_s, sl2, lane);
-      uint32_t pa[BM / 16][4];  // P^T as A operands (k16 step kk: query rows 16 kk .. +16)
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(st, pa, kk);
-      wgmma_wait<0>();  // dP^T done
-      wgmma_fence_operands(dpt);
-      // dS^T = P^T (dP^T - Dsum)
-      bwd_ds_tile<BM>(st, dpt, dsum_s, lane);
-      uint32_t da[BM / 16][4];
-      auto* sds = reinterpret_cast<__nv_bfloat16*>(base + (dsb - sK));
-      bwd_store_dst<BM, BN>(sds, dpt, da, warp, lane);
+      uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands (LSE staged in base-2 units)
+      bwd_softmax_grad<BM, BN, true>(
+          args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st, dpt,
+          [&] { return reinterpret_cast<__nv_bfloat16*>(base + (dsb - sK)); }, pa, da);
 
       bwd_issue_dvdk<D, BM>(dv, dk, pa, da, qs16, dos16);
       fence_proxy_async_shared();     // dS^T stores -> the dQ wgmma
