@@ -107,6 +107,19 @@ __device__ __forceinline__ bool fwd_softmax_tile(float (&s)[BN / 2], float (&m)[
   return rescale;
 }
 
+// A listed tile's scores to probabilities: the mask where its run is partial or its key tile shorter than BN,
+// then the online softmax. Returns whether O needs its rows rescaled by corrs.
+template <int BN>
+__device__ __forceinline__ bool fwd_tile_softmax(float (&s)[BN / 2], const FwdArgs& args, const RunCursor& cur, int lane,
+                                                 const int (&tok)[2], float (&m)[2], float (&l)[2], float sl2,
+                                                 float (&corrs)[2]) {
+  const auto& L = args.lists;
+  const TileEntry e = L.entries[cur.entry];
+  const int ka = L.minor_start[cur.tile], kb = L.minor_start[cur.tile + 1];
+  if (e.mask_count > 0 || kb - ka < BN) fwd_mask_tile<BN>(s, args, e, ka, kb, lane, tok);
+  return fwd_softmax_tile<BN>(s, m, l, sl2, corrs);
+}
+
 // O's rows times their factors, skipped when no row of the warp moved its max.
 template <int D>
 __device__ __forceinline__ void fwd_rescale_o(float (&o)[D / 2], bool rescale, const float (&corrs)[2]) {
@@ -284,11 +297,8 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     wgmma_wait<0>();
     wgmma_fence_operands(s);
 
-    const TileEntry e = L.entries[cur.entry];
-    const int ka = L.minor_start[cur.tile], kb = L.minor_start[cur.tile + 1];
-    if (e.mask_count > 0 || kb - ka < BN) fwd_mask_tile<BN>(s, args, e, ka, kb, lane, tok);
     float corrs[2];
-    const bool rescale = fwd_softmax_tile<BN>(s, m, l, sl2, corrs);
+    const bool rescale = fwd_tile_softmax<BN>(s, args, cur, lane, tok, m, l, sl2, corrs);
     fwd_rescale_o<D>(o, rescale, corrs);
     uint32_t pa[BN / 16][4];
     fwd_pack_p<BN>(s, pa);

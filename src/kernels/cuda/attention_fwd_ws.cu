@@ -140,11 +140,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     }
     wgmma_fence_operands(sc);
 
-    const TileEntry e = L.entries[cur.entry];
-    const int ka = L.minor_start[cur.tile], kb = L.minor_start[cur.tile + 1];
-    if (e.mask_count > 0 || kb - ka < BN) fwd_mask_tile<BN>(sc, args, e, ka, kb, lane, tok);
     float corrs[2];
-    const bool rescale = fwd_softmax_tile<BN>(sc, m, l, sl2, corrs);
+    const bool rescale = fwd_tile_softmax<BN>(sc, args, cur, lane, tok, m, l, sl2, corrs);
     uint32_t pn[BN / 16][4];  // this tile's P
     fwd_pack_p<BN>(sc, pn);
     if constexpr (kOverlap) {
