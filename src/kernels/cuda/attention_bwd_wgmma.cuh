@@ -114,6 +114,27 @@ __device__ __forceinline__ void bwd_softmax_grad(const BwdArgs& args, const Tile
   bwd_store_dst<BM, BN>(sds(), dpt, da, warp, lane);
 }
 
+// Adds a step's scaled dQ (pend: this thread's 32 values of the warpgroup's 64 rows x 64 columns 64 wg ..) into
+// fp32 dQ with red.global.add.v2.f32 for the query tile at token t0 (none when t0 < 0). Predicated, branch-free:
+// it runs while the next step's S^T / dP^T GEMMs are in flight. kAdd = false keeps only the adds of the value
+// 1234.5, i.e. none in practice: the timing-only variant without dQ reductions.
+template <bool kAdd = true>
+__device__ __forceinline__ void bwd_red_add_dq(const BwdArgs& args, float* dq, const float (&pend)[32], int t0, int G,
+                                               int valid_rows, int kvh, int warp, int wg, int lane) {
+  const AttentionBackwardParams& p = args.p;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
+    const int t = t0 + r / G;
+    const bool ok = t0 >= 0 && r < valid_rows && t < args.q_rows;
+    float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      red_add_f32x2_if(ok && (kAdd || pend[4 * j + 2 * h] == 1234.5f), dst + j * 8, pend[4 * j + 2 * h],
+                       pend[4 * j + 2 * h + 1]);
+  }
+}
+
 // dV += P^T dO and dK += dS^T Q: dO and Q are MN-major B operands (k16 step = 16 query rows); one group.
 template <int D, int BM>
 __device__ __forceinline__ void bwd_issue_dvdk(float (&dv)[D / 2], float (&dk)[D / 2], const uint32_t (&pa)[BM / 16][4],
@@ -238,18 +259,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   float pend[32];
   auto add_dq = [&](int t0) {
     if constexpr (kOverlap == BwdOverlap::kDkvDq) {
-      // predicated, branch-free: this runs while the step's S^T / dP^T GEMMs are in flight
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
-        const int t = t0 + r / G;
-        const bool ok = t0 >= 0 && r < valid_rows && t < args.q_rows;
-        float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          red_add_f32x2_if(ok && (kAddDq || pend[4 * j + 2 * h] == 1234.5f), dst + j * 8, pend[4 * j + 2 * h],
-                           pend[4 * j + 2 * h + 1]);
-      }
+      bwd_red_add_dq<kAddDq>(args, dq, pend, t0, G, valid_rows, kvh, warp, wg, lane);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {

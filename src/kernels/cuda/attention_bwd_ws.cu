@@ -207,18 +207,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   // scale dS K of the previous step, whose reductions are issued under this step's S^T / dP^T GEMMs (a copy
   // made after the wait: ptxas would otherwise wait for the next GEMMs before reading registers a wgmma defined)
   float acc[32], pend[32];
-  auto add_dq = [&](int t0) {
-    // predicated, branch-free: this runs while the step's S^T / dP^T GEMMs are in flight
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
-      const int t = t0 + r / G;
-      const bool ok = t0 >= 0 && r < valid_rows && t < args.q_rows;
-      float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) red_add_f32x2_if(ok, dst + j * 8, pend[4 * j + 2 * h], pend[4 * j + 2 * h + 1]);
-    }
-  };
+  auto add_dq = [&](int t0) { bwd_red_add_dq(args, dq, pend, t0, G, valid_rows, kvh, warp, wg, lane); };
   // kDqTma: scale dS K of this step into dQ buffer b (element (row r, column c) of the 64 x 128 tile is in
   // panel c / 32, line r, 16-byte chunk (c % 32) / 4 XOR r % 8), then hand it to the dQ warp
   auto stage_dq = [&](int b) {
