@@ -92,7 +92,7 @@ struct Result {
   std::string preset;
   int64_t tokens, pairs;
   bool seg_rule;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, tmao_fwd[4], dkdv_bwd[4], dkdv_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -296,6 +296,9 @@ int main(int argc, char** argv) {
         r.fwd_wso2_ms = time_ws(2);
         r.fwd_wsq2_ms = time_ws(1);
         r.fwd_ws2_ms = time_ws(0);
+        // O stored by TMA from shared memory (launch variant 3) against direct stores (2), A B B A
+        const int tmao_order[4] = {2, 3, 3, 2};
+        for (int i = 0; i < 4; ++i) r.tmao_fwd[i] = time_ws(tmao_order[i]);
       }
       fp.mainloop = Mainloop::kDefault;  // the default, used below
       fp.rows_per_warp = 0;
@@ -401,18 +404,25 @@ int main(int argc, char** argv) {
             }
             return sum;
           };
-          r.seg_check = std::fabs(dkdv_sum(1 | 4 | 8) / dkdv_sum(1) - 1.0);
-          r.seg_def_ms = time_ws(1);
-          r.seg_seg_ms = time_ws(1 | 4 | 8);
-          r.seg_seg2_ms = time_ws(1 | 4 | 8);
-          r.seg_def2_ms = time_ws(1);
+          r.seg_check = std::fabs(dkdv_sum(1 | 4 | 8 | 64) / dkdv_sum(1 | 64) - 1.0);
+          r.seg_def_ms = time_ws(1 | 64);
+          r.seg_seg_ms = time_ws(1 | 4 | 8 | 64);
+          r.seg_seg2_ms = time_ws(1 | 4 | 8 | 64);
+          r.seg_def2_ms = time_ws(1 | 64);
           // warpgroup 1 skipping the steps its keys see no query of (the default) against not skipping (bit 4),
           // both in the order the rule picks, alternating, twice
-          const int base = r.seg_rule ? 1 | 4 | 8 : 1;
+          const int base = (r.seg_rule ? 1 | 4 | 8 : 1) | 64;  // the default's launch variant
           r.idle_off_ms = time_ws(base | 16);
           r.idle_on_ms = time_ws(base);
           r.idle_on2_ms = time_ws(base);
           r.idle_off2_ms = time_ws(base | 16);
+          // dK / dV added by TMA bulk reductions (bit 6) against read-add-write by the consumers, A B B A; both
+          // must give the same dK and dV
+          r.dkdv_check = std::fabs(dkdv_sum(base) / dkdv_sum(base & ~64) - 1.0);
+          r.dkdv_bwd[0] = time_ws(base & ~64);
+          r.dkdv_bwd[1] = time_ws(base);
+          r.dkdv_bwd[2] = time_ws(base);
+          r.dkdv_bwd[3] = time_ws(base & ~64);
         }
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
@@ -486,8 +496,20 @@ int main(int argc, char** argv) {
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (skip %+.1f%%)\n", r.preset.c_str(), r.idle_off_ms, r.idle_on_ms,
                   r.idle_off2_ms, r.idle_on2_ms,
                   100.0 * ((r.idle_on_ms + r.idle_on2_ms) / (r.idle_off_ms + r.idle_off2_ms) - 1.0));
+    std::printf("\nwarp-specialised forward kernel by O epilogue, ms: direct stores / TMA store from shared memory / TMA / "
+                "direct, timed A B B A\n");
     for (const Result& r : results)
-      if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3) || !(r.seg_check < 1e-3)) {
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (TMA %+.1f%%)\n", r.preset.c_str(), r.tmao_fwd[0], r.tmao_fwd[1],
+                  r.tmao_fwd[2], r.tmao_fwd[3],
+                  100.0 * ((r.tmao_fwd[1] + r.tmao_fwd[2]) / (r.tmao_fwd[0] + r.tmao_fwd[3]) - 1.0));
+    std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by dK/dV epilogue, ms: read-add-write / TMA bulk "
+                "reductions / TMA / read-add-write, timed A B B A in the rule's order (relative change of sum |dK| + |dV|)\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (TMA %+.1f%%; check %.1e)\n", r.preset.c_str(), r.dkdv_bwd[0],
+                  r.dkdv_bwd[1], r.dkdv_bwd[2], r.dkdv_bwd[3],
+                  100.0 * ((r.dkdv_bwd[1] + r.dkdv_bwd[2]) / (r.dkdv_bwd[0] + r.dkdv_bwd[3]) - 1.0), r.dkdv_check);
+    for (const Result& r : results)
+      if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3) || !(r.seg_check < 1e-3) || !(r.dkdv_check < 1e-3)) {
         std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e, block orders %.2e)\n", r.preset.c_str(),
                      r.err_o, r.err_lse, r.seg_check);
         return 1;

@@ -11,7 +11,11 @@ namespace {
 // G dividing 64) before kBwdMainloop, and has no wgmma kernel at head dim 64.
 constexpr Mainloop kFwdMainloop = Mainloop::kWgmma;
 constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
-constexpr int kBwdWsVariant = 1;  // the warp-specialised backward's dQ: 0 = red.global.add, 1 = TMA bulk reductions
+// the warp-specialised backward's dQ by TMA bulk reductions (bit 0), and dK / dV too (bit 6; both only where the
+// buffers' alignment allows it, else by the consumer threads)
+constexpr int kBwdWsVariant = 1 | 64;
+// the warp-specialised forward: Q in registers, the intra-warpgroup overlap, O stored by TMA
+constexpr int kFwdWsVariant = 3;
 
 // The warp-specialised backward's launch variant for this plan: the segment order with every walk reversed
 // where the plan says it shares more through the L2 cache (DeviceTilePlan::bwd_segment_order), else the
@@ -56,12 +60,12 @@ void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& pl
     require(p.head_dim == 128 && kFwdBlockRows % plan.group == 0, who,
             ": kWgmmaWs needs head_dim 128 and a group dividing ", kFwdBlockRows, ", got head_dim ", p.head_dim,
             " group ", plan.group);
-    require(detail::launch_fwd_ws_d128(a, stream, 2), who,
+    require(detail::launch_fwd_ws_d128(a, stream, kFwdWsVariant), who,
             ": kWgmmaWs needs the driver's cuTensorMapEncodeTiled, which this driver does not provide");
     return;
   }
   // kDefault: the warp-specialised kernel where it applies (measured fastest, docs/benchmarks-gpu.md)
-  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 && detail::launch_fwd_ws_d128(a, stream, 2)) return;
+  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 && detail::launch_fwd_ws_d128(a, stream, kFwdWsVariant)) return;
   if (mainloop == Mainloop::kWgmma) {
     if (p.head_dim == 64) detail::launch_fwd_wgmma_d64(a, stream);
     else detail::launch_fwd_wgmma_d128(a, stream);

@@ -21,8 +21,9 @@ __device__ __forceinline__ uint32_t bwd_keys_ok(int key_lo, int k_end) {
 
 // Bit 4 nb + c: the thread's element 4 nb + c is a visible pair. Full tiles: every real row (padding rows,
 // r >= valid_rows, are in no slice); partial ones: inside any listed slice (slices are disjoint). Both only
-// on the keys of keys_ok (bwd_keys_ok).
-template <int BM>
+// on the keys of keys_ok (bwd_keys_ok). kPow2G: G is a power of two (the warp-specialised kernel's G divides 64), so
+// a packed row's token offset is a shift, not one integer division per element of a partial tile.
+template <int BM, bool kPow2G = false>
 __device__ __forceinline__ uint32_t bwd_visibility(const BwdArgs& args, const TileEntry& e, int t0, int G,
                                                    int valid_rows, int key_lo, uint32_t keys_ok, int lane) {
   static_assert(BM == 64, "one bit per element of a 16 x 64 tile");
@@ -36,12 +37,13 @@ __device__ __forceinline__ uint32_t bwd_visibility(const BwdArgs& args, const Ti
     return vis & keys_ok;
   }
   int tokc[BM / 8][2];  // token of each of this lane's columns; -1 for padding rows
+  const int gshift = __ffs(G) - 1;
 #pragma unroll
   for (int nb = 0; nb < BM / 8; ++nb)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int r = nb * 8 + 2 * (lane % 4) + c;
-      tokc[nb][c] = r < valid_rows ? t0 + r / G : -1;
+      tokc[nb][c] = r < valid_rows ? t0 + (kPow2G ? r >> gshift : r / G) : -1;
     }
   for (int j = 0; j < e.mask_count; ++j) {
     const DeviceSlice sl = load_slice(args.slices + args.lists.mask_index[e.mask_begin + j]);

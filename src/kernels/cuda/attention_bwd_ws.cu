@@ -15,6 +15,8 @@
 // Blocks take their (KV tile, head) in the default order or, where the plan says it shares more through L2, in
 // the segment order (a segment's tiles for one head together, every walk reversed; launch variant bits 2, 3).
 // Warpgroup 1 sits out the steps its 64 keys see no query of (TileLists::upper_live; bit 4 turns that off).
+// dK and dV leave through shared memory and TMA bulk reductions (bit 6, the default) or are read back, added and
+// written by the consumer threads. G divides 64, so a packed row's token offset is a shift (bwd_visibility).
 // Needs head dim 128, G dividing 64 (Q's TMA box is 64 columns x G heads x 64 / G tokens), 16-byte rows.
 #include <atomic>
 #include <cfloat>
@@ -33,10 +35,12 @@ namespace {
 struct BwdWsArgs {
   CUtensorMap tq, tdo, tk, tv;  // 64-byte aligned by their type
   CUtensorMap tdq;              // kDqTma: fp32 dQ, boxes of 32 columns x G heads x 64 / G tokens
+  CUtensorMap tdk, tdv;         // dkdv_tma: fp32 dK and dV, boxes of 32 columns x 1 head x 64 keys
   BwdArgs a;
   int32_t first_wave;           // blocks [0, first_wave) walk their query tiles in reverse
   int32_t by_segment;           // blocks take (tile, head) in the segment order (launch variant bit 3)
   int32_t skip_idle;            // kDqTma: warpgroup 1 skips the steps its keys see no query of (unless bit 4)
+  int32_t dkdv_tma;             // kDqTma: dK and dV added by TMA bulk reductions (launch variant bit 6)
 };
 
 constexpr int kBwsD = 128, kBwsRows = kBwdBlockRows, kBwsKeys = kBwdBlockKeys;
@@ -263,7 +267,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
       if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
 
       uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands (LSE staged in base-2 units)
-      bwd_softmax_grad<BM, BN, true>(
+      bwd_softmax_grad<BM, BN, true, /*kPow2G=*/true>(
           args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st, dpt,
           [&] { return reinterpret_cast<__nv_bfloat16*>(base + (dsb - sK)); }, pa, da);
 
@@ -299,7 +303,43 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   }
   if constexpr (!kDqTma) add_dq(pending_dq_t0);
 
-  bwd_store_dkdv<D>(args, dk, dv, key_lo, L.major_start[tile + 1], kvh, lane);
+  const int k_end = L.major_start[tile + 1];
+  if (kDqTma && w.dkdv_tma) {
+    // Each warpgroup stages its 64 keys of dK (scaled) and dV, fp32, as four 32-column panels each with the 128-byte
+    // swizzle, over K, V (warpgroup 0) and the Q / dO stages (warpgroup 1), and one thread adds them with eight TMA
+    // bulk reductions: no read of dK / dV back into registers. Keys from k_end on (the next tile's) add zeros.
+    named_barrier_sync(1, 256);  // both warpgroups' last GEMMs have retired: K, V, Q and dO are free
+    const uint32_t region = sK + wg * (2 * 64 * D * 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
+      const float ok = key_lo + 8 * h < k_end ? 1.f : 0.f;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int c = 8 * j + 2 * (lane % 4);
+        const uint32_t addr = region + (c / 32) * (64 * 128) + r * 128 + ((((c % 32) / 4) ^ (r % 8)) << 4) + (c % 4) * 4;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dk[4 * j + 2 * h] * p.scale * ok),
+                     "f"(dk[4 * j + 2 * h + 1] * p.scale * ok)
+                     : "memory");
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr + 4 * 64 * 128), "f"(dv[4 * j + 2 * h] * ok),
+                     "f"(dv[4 * j + 2 * h + 1] * ok)
+                     : "memory");
+      }
+    }
+    fence_proxy_async_shared();       // the staged rows -> the bulk reductions (async proxy)
+    named_barrier_sync(2 + wg, 128);  // this warpgroup's rows are staged
+    if (threadIdx.x % 128 == 0 && k0 + 64 * wg < k_end) {
+#pragma unroll
+      for (int pnl = 0; pnl < D / 32; ++pnl) {
+        tma_reduce_add_3d(&w.tdk, pnl * 32, kvh, k0 + 64 * wg, region + pnl * 64 * 128);
+        tma_reduce_add_3d(&w.tdv, pnl * 32, kvh, k0 + 64 * wg, region + 4 * 64 * 128 + pnl * 64 * 128);
+      }
+      bulk_commit_group();
+      bulk_wait_group_read0();  // shared memory stays until the reductions have read it
+    }
+    return;
+  }
+  bwd_store_dkdv<D>(args, dk, dv, key_lo, k_end, kvh, lane);
 }
 
 template <int kStages, int kDqBufs>
@@ -348,6 +388,7 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
   w.first_wave = (variant & 4) ? INT32_MAX : (variant & 2) ? 0 : sm_count();
   w.by_segment = (variant & 8) ? 1 : 0;
   w.skip_idle = (variant & 16) ? 0 : 1;
+  w.dkdv_tma = 0;
   if (w.by_segment && a.lists.segment_order == nullptr)
     fail("attention_backward (ws): the segment order was asked for but the key-major lists have none");
   // the TMA reduction needs a 16-byte aligned dQ with strides of whole 16-byte units
@@ -356,6 +397,15 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
   if (dq_tma) {
     w.tdq = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dq, a.q_rows, a.p.hq, a.p.dq_row_stride,
                           a.p.dq_head_stride, 32, static_cast<uint32_t>(a.group), box_rows);
+    // dK and dV by TMA reductions under the same alignment conditions (they share their strides)
+    if ((variant & 64) && reinterpret_cast<uintptr_t>(a.p.dk) % 16 == 0 && reinterpret_cast<uintptr_t>(a.p.dv) % 16 == 0 &&
+        a.p.dk_row_stride % 4 == 0 && a.p.dk_head_stride % 4 == 0) {
+      w.tdk = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dk, a.kv_rows, a.p.hkv, a.p.dk_row_stride,
+                            a.p.dk_head_stride, 32, 1, 64);
+      w.tdv = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dv, a.kv_rows, a.p.hkv, a.p.dk_row_stride,
+                            a.p.dk_head_stride, 32, 1, 64);
+      w.dkdv_tma = 1;
+    }
     launch<2, 2>(w, blocks, stream);
   } else {
     launch<2, 0>(w, blocks, stream);

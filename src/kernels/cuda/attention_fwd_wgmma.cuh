@@ -178,6 +178,35 @@ __device__ __forceinline__ void fwd_store_o_lse(const FwdArgs& args, const float
   }
 }
 
+// fwd_store_o_lse with O staged in shared memory instead: this thread's bf16 pairs of rows row[h] go into the panel
+// tile at sO (panels of BM rows x 64 columns, 128-byte swizzle) for a TMA store; the LSE is written directly.
+template <int D>
+__device__ __forceinline__ void fwd_stage_o_lse(const FwdArgs& args, const float (&o)[D / 2], const float (&m)[2],
+                                                const float (&l)[2], const int (&row)[2], const int (&tok)[2], int kvh,
+                                                int lane, uint32_t sO, int BM) {
+  const AttentionForwardParams& p = args.p;
+  const int G = args.group, valid_rows = args.lists.major_tile_rows * G;
+  __syncwarp();  // the warp's ldmatrix reads of these rows (its own Q rows) come first
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const uint32_t line = sO + row[h] * 128 + (lane % 4) * 4;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const uint32_t addr = line + (j / 8) * BM * 128 + (((j % 8) ^ (row[h] % 8)) << 4);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv))
+                   : "memory");
+    }
+    if (lane % 4 == 0 && row[h] < valid_rows && tok[h] < args.q_rows) {
+      const int head = kvh * G + row[h] % G;
+      p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = sum > 0.f ? m[h] * kLn2 + logf(sum) : -INFINITY;
+    }
+  }
+}
+
 template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads>
 __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::kBlocksPerSm)
     attention_fwd_wgmma_kernel(const FwdArgs args) {

@@ -3,8 +3,9 @@
 // four-stage ring (mbarriers with transaction counts); warpgroups 0 and 1 (240 registers through
 // setmaxnreg) only compute, each on its 64 rows, with no block barrier: a warpgroup waits for its
 // stage to be full and releases it once its P V has retired. Same tile lists, masks, online softmax
-// and epilogue as attention_fwd_wgmma.cuh (its fwd_* helpers). Needs head dim 128, G dividing 128 (Q's TMA box is 64
-// columns x G heads x 128 / G tokens), 16-byte aligned rows.
+// and epilogue as attention_fwd_wgmma.cuh (its fwd_* helpers); by default (launch variant 3) O leaves through shared
+// memory and TMA stores. Needs head dim 128, G dividing 128 (Q's TMA box is 64 columns x G heads x 128 / G tokens),
+// 16-byte aligned rows.
 #include <cfloat>
 
 #include "kernels/cuda/attention_fwd_wgmma.cuh"  // the per-tile steps both forward kernels share
@@ -18,6 +19,7 @@ namespace {
 
 struct FwdWsArgs {
   CUtensorMap tq, tk, tv;  // 64-byte aligned by their type
+  CUtensorMap to;          // kTmaO: O, boxes of 64 columns x G heads x 64 / G tokens (one warpgroup's rows)
   FwdArgs a;
 };
 
@@ -30,7 +32,10 @@ constexpr int kWsSmem = (kWsRows + 2 * kWsStages * kWsKeys) * kWsD * 2 + 8 * (1 
 // kOverlap: FA3's intra-warpgroup overlap. Tile n issues S(n) and then P V of tile n - 1; it waits only
 // for S(n), and its mask and softmax run while P V(n - 1) is still on the tensor cores. O is rescaled
 // once that P V has retired, and tile n's P goes to a second set of A registers.
-template <bool kQReg, bool kOverlap>
+// kTmaO: the epilogue writes each warpgroup's normalised O rows into its own rows of the Q buffer (free once Q is
+// in registers or the last S GEMM has retired) and one thread stores them with two TMA boxes, instead of 32
+// four-byte global stores per thread (8 rows x 16 bytes per warp instruction).
+template <bool kQReg, bool kOverlap, bool kTmaO = false>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const __grid_constant__ FwdWsArgs w) {
   constexpr int D = kWsD, BM = kWsRows, BN = kWsKeys;
   const FwdArgs& args = w.a;
@@ -185,7 +190,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     }
   }
 
-  fwd_store_o_lse<D>(args, o, m, l, row, tok, kvh, lane);
+  if constexpr (kTmaO) {
+    fwd_stage_o_lse<D>(args, o, m, l, row, tok, kvh, lane, sQ, BM);
+    fence_proxy_async_shared();                    // the staged rows -> the TMA store (async proxy)
+    named_barrier_sync(1 + wg, 128);               // this warpgroup's 64 rows are staged
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+      for (int pnl = 0; pnl < D / 64; ++pnl)
+        tma_store_3d(&w.to, pnl * 64, kvh * G, t0 + wg * (64 / G), sQ + pnl * BM * 128 + wg * 64 * 128);
+      bulk_commit_group();
+      bulk_wait_group_read0();  // shared memory stays until the stores have read it
+    }
+  } else {
+    fwd_store_o_lse<D>(args, o, m, l, row, tok, kvh, lane);
+  }
 }
 
 }  // namespace
@@ -201,8 +219,12 @@ bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant) {
                     static_cast<uint32_t>(kWsRows / a.group));
   w.tk = tensor_map_d128(kWho, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kWsKeys);
   w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kWsKeys);
-  auto* kernel = variant == 0 ? attention_fwd_ws_kernel<false, false>
+  if (variant == 3)
+    w.to = tensor_map_d128(kWho, a.p.o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
+                           static_cast<uint32_t>(a.group), static_cast<uint32_t>(64 / a.group));
+  auto* kernel = variant == 0   ? attention_fwd_ws_kernel<false, false>
                  : variant == 1 ? attention_fwd_ws_kernel<true, false>
+                 : variant == 3 ? attention_fwd_ws_kernel<true, true, true>
                                 : attention_fwd_ws_kernel<true, true>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmem),
              "attention_forward (ws): shared memory limit");

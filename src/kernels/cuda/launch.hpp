@@ -29,7 +29,7 @@ void launch_bwd_wgmma_d128(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);
 // The warp-specialised TMA forward (attention_fwd_ws.cu); false when it does not apply: head dim 128 and
 // G dividing 128 only, and a driver that provides cuTensorMapEncodeTiled.
-// variant 0: plain, 1: Q in registers, 2: Q in registers + intra-warpgroup overlap.
+// variant 0: plain, 1: Q in registers, 2: Q in registers + intra-warpgroup overlap, 3: 2 with O stored by TMA.
 bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant);
 // The warp-specialised TMA backward (attention_bwd_ws.cu); false when it does not apply: head dim 128, G
 // dividing 64, a driver with cuTensorMapEncodeTiled. variant bit 0: dQ by TMA bulk reductions from a producer warp
@@ -37,8 +37,10 @@ bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant);
 // every block walks forward (without it the first wave, one block per SM, walks in reverse); bit 2: every block
 // walks in reverse; bit 3: blocks take (tile, head) in the key-major segment order (TileLists::segment_order: one
 // segment's tiles for one KV head together) instead of `order` with the heads of a tile adjacent; bit 4: with dQ
-// by TMA, warpgroup 1 does not skip the steps its 64 keys see no query of (it does without the bit). Two Q/dO
-// stages. attention_backward uses 1, or 1 | 4 | 8 where DeviceTilePlan::bwd_segment_order says so.
+// by TMA, warpgroup 1 does not skip the steps its 64 keys see no query of (it does without the bit); bit 6: with dQ
+// by TMA, dK and dV are added by TMA bulk reductions too (where they are 16-byte aligned with strides of whole
+// 16-byte units), not read back and written by the consumer threads. Two Q/dO stages. attention_backward uses
+// 1 | 64, or 1 | 4 | 8 | 64 where DeviceTilePlan::bwd_segment_order says so.
 bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant);
 
 // SMs of the current device, cached per device (attention_bwd_ws.cu).

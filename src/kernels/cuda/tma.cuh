@@ -78,6 +78,14 @@ __device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, int c0
       "r"(c0), "r"(c1), "r"(c2), "r"(src)
       : "memory");
 }
+// Stores the shared-memory box src into the box at (c0, c1, c2) of a 3-D tensor map (elements past the tensor's
+// bounds are skipped), as one bulk group of this thread.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, int c0, int c1, int c2, uint32_t src) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(src)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until this thread's bulk groups have read their shared-memory sources (the buffer may be reused).
 __device__ __forceinline__ void bulk_wait_group_read0() {
