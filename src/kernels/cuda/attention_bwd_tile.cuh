@@ -21,42 +21,28 @@ __device__ __forceinline__ uint32_t bwd_keys_ok(int key_lo, int k_end) {
 
 // Bit 4 nb + c: the thread's element 4 nb + c is a visible pair. Full tiles: every real row (padding rows,
 // r >= valid_rows, are in no slice); partial ones: inside any listed slice (slices are disjoint). Both only
-// on the keys of keys_ok (bwd_keys_ok). kPow2G: G is a power of two (the warp-specialised kernel's G divides 64), so
-// a packed row's token offset is a shift, not one integer division per element of a partial tile.
-template <int BM, bool kPow2G = false>
+// on the keys of keys_ok (bwd_keys_ok). A slice shows key k the tokens [max(q0, k + dmin), min(q1, k + dmax)),
+// i.e. the packed rows [G (lo - t0), G (hi - t0)) of the tile: one run of this thread's 16 columns (run_bits16), so
+// a key costs a few integer operations per slice, not a test (and a division by G) per element.
+template <int BM>
 __device__ __forceinline__ uint32_t bwd_visibility(const BwdArgs& args, const TileEntry& e, int t0, int G,
                                                    int valid_rows, int key_lo, uint32_t keys_ok, int lane) {
   static_assert(BM == 64, "one bit per element of a 16 x 64 tile");
-  uint32_t vis = 0;
+  const int rbase = 2 * (lane % 4);  // this thread's columns: packed rows rbase + 8 nb + c
   if (e.mask_count == 0) {
-#pragma unroll
-    for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-      for (int c = 0; c < 4; ++c)
-        if (nb * 8 + 2 * (lane % 4) + (c & 1) < valid_rows) vis |= 1u << (nb * 4 + c);
-    return vis & keys_ok;
+    const uint32_t row = spread_bit_pairs(run_bits16(rbase, 0, valid_rows));
+    return (row | (row << 2)) & keys_ok;
   }
-  int tokc[BM / 8][2];  // token of each of this lane's columns; -1 for padding rows
-  const int gshift = __ffs(G) - 1;
-#pragma unroll
-  for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int r = nb * 8 + 2 * (lane % 4) + c;
-      tokc[nb][c] = r < valid_rows ? t0 + (kPow2G ? r >> gshift : r / G) : -1;
-    }
+  uint32_t vis = 0;
   for (int j = 0; j < e.mask_count; ++j) {
     const DeviceSlice sl = load_slice(args.slices + args.lists.mask_index[e.mask_begin + j]);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int key = key_lo + 8 * h;
       if (!in_range(key, sl.k0, sl.k1)) continue;
-#pragma unroll
-      for (int nb = 0; nb < BM / 8; ++nb)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          if (in_range(tokc[nb][c], sl.q0, sl.q1) && in_range(tokc[nb][c] - key, sl.dmin, sl.dmax))
-            vis |= 1u << (nb * 4 + 2 * h + c);
+      // token offsets from t0, clamped to the tile's 64 packed rows before scaling by G
+      const int lo = min(max(max(sl.q0, key + sl.dmin) - t0, 0), BM), hi = min(max(min(sl.q1, key + sl.dmax) - t0, 0), BM);
+      vis |= spread_bit_pairs(run_bits16(rbase, G * lo, min(G * hi, valid_rows))) << (2 * h);
     }
   }
   return vis & keys_ok;

@@ -96,13 +96,13 @@ __device__ __forceinline__ void bwd_store_dst(__nv_bfloat16* sds, const float (&
 // The step's softmax gradient, between the S^T / dP^T GEMMs (in flight, two groups) and dV / dK: the visibility
 // bits while they run; P^T = exp(S scale - LSE) once S^T is done, packed into pa; dS^T = P^T (dP^T - Dsum) once
 // dP^T is done, stored to the buffer sds() returns and packed into da. kLse2: lse holds LSE times log2 e.
-template <int BM, int BN, bool kLse2, bool kPow2G = false, class Sds>
+template <int BM, int BN, bool kLse2, class Sds>
 __device__ __forceinline__ void bwd_softmax_grad(const BwdArgs& args, const TileEntry& e, int t0, int G, int valid_rows,
                                                  int key_lo, uint32_t keys_ok, int warp, int lane, float sl2,
                                                  const float* lse, const float* dsum, float (&st)[BM / 2],
                                                  float (&dpt)[BM / 2], Sds&& sds, uint32_t (&pa)[BM / 16][4],
                                                  uint32_t (&da)[BM / 16][4]) {
-  const uint32_t vis = bwd_visibility<BM, kPow2G>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
+  const uint32_t vis = bwd_visibility<BM>(args, e, t0, G, valid_rows, key_lo, keys_ok, lane);
   wgmma_wait<1>();  // S^T done
   wgmma_fence_operands(st);
   bwd_p_tile<BM, kLse2>(st, vis, lse, sl2, lane);  // 0 on pairs that are not visible

@@ -16,7 +16,7 @@
 // the segment order (a segment's tiles for one head together, every walk reversed; launch variant bits 2, 3).
 // Warpgroup 1 sits out the steps its 64 keys see no query of (TileLists::upper_live; bit 4 turns that off).
 // dK and dV leave through shared memory and TMA bulk reductions (bit 6, the default) or are read back, added and
-// written by the consumer threads. G divides 64, so a packed row's token offset is a shift (bwd_visibility).
+// written by the consumer threads.
 // Needs head dim 128, G dividing 64 (Q's TMA box is 64 columns x G heads x 64 / G tokens), 16-byte rows.
 #include <atomic>
 #include <cfloat>
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
       if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
 
       uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands (LSE staged in base-2 units)
-      bwd_softmax_grad<BM, BN, true, /*kPow2G=*/true>(
+      bwd_softmax_grad<BM, BN, true>(
           args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st, dpt,
           [&] { return reinterpret_cast<__nv_bfloat16*>(base + (dsb - sK)); }, pa, da);
 
