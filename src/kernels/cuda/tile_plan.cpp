@@ -280,8 +280,44 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
     int32_t run;  // index into raw; ~index for the run's end
   };
   std::vector<Event> events;
-  std::vector<std::pair<int32_t, int32_t>> active;  // (slice, full), ordered by slice
+  using Cover = std::pair<int32_t, int32_t>;  // (slice, full)
+  std::vector<Cover> active;                  // ordered by slice
   for (int64_t t = 0; t < num_major; ++t) {
+    const size_t entries_before = out.entries.size();
+    // One elementary interval [x, y) of major tile t, covered by the runs of cover[0, n) (slice order).
+    auto emit = [&](int32_t x, int32_t y, const Cover* cover, size_t n) {
+      const bool full = n == 1 && cover[0].second;  // slices are disjoint: a full run has no other contributor
+      TileEntry* prev = out.entries.size() > entries_before ? &out.entries.back() : nullptr;
+      // adjacent runs with the same test merge (full runs of any slices: "every pair visible")
+      const bool same_as_prev =
+          prev && prev->tile_end == x && (prev->mask_count == 0) == full &&
+          (full || (static_cast<size_t>(prev->mask_count) == n &&
+                    std::equal(cover, cover + n, out.mask_index.begin() + prev->mask_begin,
+                               [](const Cover& a, int32_t b) { return a.first == b; })));
+      if (same_as_prev) {
+        prev->tile_end = y;
+      } else if (full) {
+        out.entries.push_back(TileEntry{x, y, 0, 0});
+      } else {
+        out.entries.push_back(TileEntry{x, y, static_cast<int32_t>(out.mask_index.size()), static_cast<int32_t>(n)});
+        for (size_t i = 0; i < n; ++i) out.mask_index.push_back(cover[i].first);
+      }
+      work[t] += y - x;
+      (full ? out.full_tiles : out.partial_tiles) += y - x;
+    };
+    // Most tiles' runs, in slice order, already ascend without overlapping (on art-fixed5k all but 105 of 2,560
+    // query tiles and 101 of 341 key tiles): each run is then an elementary interval of its own, and the sweep
+    // would emit exactly these intervals.
+    bool disjoint = true;
+    for (int32_t i = count[t] + 1; i < count[t + 1] && disjoint; ++i) disjoint = raw[i].begin >= raw[i - 1].end;
+    if (disjoint) {
+      for (int32_t i = count[t]; i < count[t + 1]; ++i) {
+        const Cover one{raw[i].slice, raw[i].full};
+        emit(raw[i].begin, raw[i].end, &one, 1);
+      }
+      out.offsets[t + 1] = static_cast<int32_t>(out.entries.size());
+      continue;
+    }
     events.clear();
     for (int32_t i = count[t]; i < count[t + 1]; ++i) {
       events.push_back(Event{raw[i].begin, i});
@@ -289,36 +325,17 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
     }
     std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.at < b.at; });
     active.clear();
-    const size_t entries_before = out.entries.size();
     for (size_t ev = 0; ev < events.size();) {
       const int32_t x = events[ev].at;
       for (; ev < events.size() && events[ev].at == x; ++ev) {
         const bool begins = events[ev].run >= 0;
         const RawRun& r = raw[begins ? events[ev].run : ~events[ev].run];
-        auto it = std::lower_bound(active.begin(), active.end(), std::make_pair(r.slice, r.full));  // exact: a slice's head ends where its middle begins
+        auto it = std::lower_bound(active.begin(), active.end(), Cover{r.slice, r.full});  // exact: a slice's head ends where its middle begins
         if (begins) active.insert(it, {r.slice, r.full});
         else active.erase(it);
       }
       if (ev == events.size() || active.empty()) continue;
-      const int32_t y = events[ev].at;
-      const bool full = active.size() == 1 && active[0].second;  // slices are disjoint: a full run has no other contributor
-      TileEntry* prev = out.entries.size() > entries_before ? &out.entries.back() : nullptr;
-      // adjacent runs with the same test merge (full runs of any slices: "every pair visible")
-      const bool same_as_prev =
-          prev && prev->tile_end == x && (prev->mask_count == 0) == full &&
-          (full || (static_cast<size_t>(prev->mask_count) == active.size() &&
-                    std::equal(active.begin(), active.end(), out.mask_index.begin() + prev->mask_begin,
-                               [](const std::pair<int32_t, int32_t>& a, int32_t b) { return a.first == b; })));
-      if (same_as_prev) {
-        prev->tile_end = y;
-      } else if (full) {
-        out.entries.push_back(TileEntry{x, y, 0, 0});
-      } else {
-        out.entries.push_back(TileEntry{x, y, static_cast<int32_t>(out.mask_index.size()), static_cast<int32_t>(active.size())});
-        for (const auto& a : active) out.mask_index.push_back(a.first);
-      }
-      work[t] += y - x;
-      (full ? out.full_tiles : out.partial_tiles) += y - x;
+      emit(x, events[ev].at, active.data(), active.size());
     }
     out.offsets[t + 1] = static_cast<int32_t>(out.entries.size());
   }
