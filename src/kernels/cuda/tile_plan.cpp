@@ -275,13 +275,10 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
   out.entries.reserve(raw.size());
   out.mask_index.reserve(raw.size());
   std::vector<int64_t> work(num_major, 0);
-  struct Event {
-    int32_t at;
-    int32_t run;  // index into raw; ~index for the run's end
-  };
-  std::vector<Event> events;
   using Cover = std::pair<int32_t, int32_t>;  // (slice, full)
-  std::vector<Cover> active;                  // ordered by slice
+  std::vector<Cover> active;                  // the runs covering the sweep's position, ordered by slice
+  std::vector<int32_t> active_end;            // their ends
+  std::vector<int32_t> by_begin;              // the tile's runs (indices into raw) by their starts
   for (int64_t t = 0; t < num_major; ++t) {
     const size_t entries_before = out.entries.size();
     // One elementary interval [x, y) of major tile t, covered by the runs of cover[0, n) (slice order).
@@ -318,24 +315,34 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
       out.offsets[t + 1] = static_cast<int32_t>(out.entries.size());
       continue;
     }
-    events.clear();
-    for (int32_t i = count[t]; i < count[t + 1]; ++i) {
-      events.push_back(Event{raw[i].begin, i});
-      events.push_back(Event{raw[i].end, ~i});
-    }
-    std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.at < b.at; });
+    // Otherwise sweep the runs by their starts: at each boundary x the runs ending there leave, those starting
+    // there join (slice order), and the covering set holds until the nearest end or next start.
+    by_begin.clear();
+    for (int32_t i = count[t]; i < count[t + 1]; ++i) by_begin.push_back(i);
+    std::sort(by_begin.begin(), by_begin.end(), [&](int32_t a, int32_t b) { return raw[a].begin < raw[b].begin; });
     active.clear();
-    for (size_t ev = 0; ev < events.size();) {
-      const int32_t x = events[ev].at;
-      for (; ev < events.size() && events[ev].at == x; ++ev) {
-        const bool begins = events[ev].run >= 0;
-        const RawRun& r = raw[begins ? events[ev].run : ~events[ev].run];
-        auto it = std::lower_bound(active.begin(), active.end(), Cover{r.slice, r.full});  // exact: a slice's head ends where its middle begins
-        if (begins) active.insert(it, {r.slice, r.full});
-        else active.erase(it);
+    active_end.clear();
+    size_t next = 0;
+    for (int32_t x = raw[by_begin[0]].begin;;) {
+      for (size_t j = 0; j < active.size();) {
+        if (active_end[j] == x) {
+          active.erase(active.begin() + static_cast<std::ptrdiff_t>(j));
+          active_end.erase(active_end.begin() + static_cast<std::ptrdiff_t>(j));
+        } else {
+          ++j;
+        }
       }
-      if (ev == events.size() || active.empty()) continue;
-      emit(x, events[ev].at, active.data(), active.size());
+      for (; next < by_begin.size() && raw[by_begin[next]].begin == x; ++next) {
+        const RawRun& r = raw[by_begin[next]];
+        const auto it = std::lower_bound(active.begin(), active.end(), Cover{r.slice, r.full});
+        active_end.insert(active_end.begin() + (it - active.begin()), r.end);
+        active.insert(it, Cover{r.slice, r.full});
+      }
+      int32_t y = next < by_begin.size() ? raw[by_begin[next]].begin : std::numeric_limits<int32_t>::max();
+      for (const int32_t e : active_end) y = std::min(y, e);
+      if (y == std::numeric_limits<int32_t>::max()) break;  // nothing covers x and no run starts later
+      if (!active.empty()) emit(x, y, active.data(), active.size());
+      x = y;
     }
     out.offsets[t + 1] = static_cast<int32_t>(out.entries.size());
   }
