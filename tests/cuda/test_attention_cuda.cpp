@@ -7,12 +7,14 @@
 #include <utility>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 
 #include "core/error.hpp"
 #include "cuda_test_util.hpp"
 #include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/visibility.hpp"
 #include "tree/presets.hpp"
 #include "tree/slice.hpp"
 
@@ -244,6 +246,91 @@ TEST(CudaTilePlan, RejectsSlicesOutsideBuffers) {
   const std::vector<Slice> s{make_slice(0, 10, 0, 10, 0, 10)};
   EXPECT_THROW(build_tile_plan(s, 5, 10, 1), Error);
   EXPECT_THROW(build_tile_plan(s, 10, 10, 0), Error);
+}
+
+// The kernels' visibility bits (kernels/cuda/visibility.hpp: one column run per row or key, spread to the
+// accumulator layout) against the per-element test, on random slices with and without windows, tile ends and GQA
+// groups; host code, so it runs where no GPU does. Element 4 nb + 2 h + c is column base + 8 nb + c of row pair h.
+namespace {
+DeviceSlice random_slice(std::mt19937& g) {
+  DeviceSlice s{};
+  s.q0 = static_cast<int32_t>(g() % 300);
+  s.q1 = s.q0 + static_cast<int32_t>(g() % 120);
+  s.k0 = static_cast<int32_t>(g() % 400);
+  s.k1 = s.k0 + static_cast<int32_t>(g() % 120);
+  s.dmin = static_cast<int32_t>(g() % 240) - 120;
+  s.dmax = s.dmin + static_cast<int32_t>(g() % 200);
+  return s;
+}
+bool in_slice(const DeviceSlice& s, int q, int k) {
+  return q >= s.q0 && q < s.q1 && k >= s.k0 && k < s.k1 && q - k >= s.dmin && q - k < s.dmax;
+}
+}  // namespace
+
+TEST(CudaVisibility, ForwardKeyRunsMatchElementTests) {
+  using namespace treecp::cuda::detail;
+  std::mt19937 g(11);
+  for (int it = 0; it < 200000; ++it) {
+    const int lane = static_cast<int>(g() % 32), k0 = static_cast<int>(g() % 400);
+    const int k_end = k0 + 1 + static_cast<int>(g() % 80);  // a tile may be shorter than 64 keys, or end past them
+    const int kbase = k0 + 2 * (lane % 4);
+    const int tok[2] = {static_cast<int>(g() % 420), static_cast<int>(g() % 420)};
+    const int n = 1 + static_cast<int>(g() % 3);
+    std::vector<DeviceSlice> sl;
+    for (int j = 0; j < n; ++j) sl.push_back(random_slice(g));
+    uint32_t want = 0, got = 0, want_full = 0;
+    for (int h = 0; h < 2; ++h) {
+      for (int nb = 0; nb < 8; ++nb)
+        for (int c = 0; c < 2; ++c) {
+          const int k = kbase + 8 * nb + c;
+          if (k < k_end) want_full |= 1u << (4 * nb + 2 * h + c);
+          for (const DeviceSlice& s : sl)
+            if (k < k_end && in_slice(s, tok[h], k)) want |= 1u << (4 * nb + 2 * h + c);
+        }
+      for (const DeviceSlice& s : sl) {
+        if (tok[h] < s.q0 || tok[h] >= s.q1) continue;
+        const ColumnRun r = slice_key_run(s, tok[h], k_end);
+        got |= spread_bit_pairs(run_bits16(kbase, r.lo, r.hi)) << (2 * h);
+      }
+    }
+    const uint32_t row = spread_bit_pairs(run_bits16(kbase, kbase, k_end));
+    ASSERT_EQ(got, want) << "iteration " << it;
+    ASSERT_EQ(row | (row << 2), want_full) << "iteration " << it;
+  }
+}
+
+TEST(CudaVisibility, BackwardRowRunsMatchElementTests) {
+  using namespace treecp::cuda::detail;
+  std::mt19937 g(12);
+  const int groups[] = {1, 2, 3, 4, 8, 16, 32, 64};
+  for (int it = 0; it < 200000; ++it) {
+    const int G = groups[g() % 8], lane = static_cast<int>(g() % 32), t0 = static_cast<int>(g() % 300);
+    const int valid_rows = g() % 4 == 0 ? static_cast<int>(g() % 65) : (64 / G) * G;  // padding rows past them
+    const int key_lo = static_cast<int>(g() % 400), rbase = 2 * (lane % 4);
+    const int n = 1 + static_cast<int>(g() % 3);
+    std::vector<DeviceSlice> sl;
+    for (int j = 0; j < n; ++j) sl.push_back(random_slice(g));
+    uint32_t want = 0, got = 0, want_full = 0;
+    for (int h = 0; h < 2; ++h) {
+      const int key = key_lo + 8 * h;
+      for (int nb = 0; nb < 8; ++nb)
+        for (int c = 0; c < 2; ++c) {
+          const int r = rbase + 8 * nb + c;
+          if (r >= valid_rows) continue;
+          want_full |= 1u << (4 * nb + 2 * h + c);
+          for (const DeviceSlice& s : sl)
+            if (in_slice(s, t0 + r / G, key)) want |= 1u << (4 * nb + 2 * h + c);
+        }
+      for (const DeviceSlice& s : sl) {
+        if (key < s.k0 || key >= s.k1) continue;
+        const ColumnRun r = slice_row_run(s, key, t0, G, valid_rows, 64);
+        got |= spread_bit_pairs(run_bits16(rbase, r.lo, r.hi)) << (2 * h);
+      }
+    }
+    const uint32_t row = spread_bit_pairs(run_bits16(rbase, 0, valid_rows));
+    ASSERT_EQ(got, want) << "iteration " << it << " G " << G;
+    ASSERT_EQ(row | (row << 2), want_full) << "iteration " << it;
+  }
 }
 
 // Argument checks run on the host before any launch, so they are tested without a GPU: a bad pointer

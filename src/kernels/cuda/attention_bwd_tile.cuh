@@ -40,9 +40,8 @@ __device__ __forceinline__ uint32_t bwd_visibility(const BwdArgs& args, const Ti
     for (int h = 0; h < 2; ++h) {
       const int key = key_lo + 8 * h;
       if (!in_range(key, sl.k0, sl.k1)) continue;
-      // token offsets from t0, clamped to the tile's 64 packed rows before scaling by G
-      const int lo = min(max(max(sl.q0, key + sl.dmin) - t0, 0), BM), hi = min(max(min(sl.q1, key + sl.dmax) - t0, 0), BM);
-      vis |= spread_bit_pairs(run_bits16(rbase, G * lo, min(G * hi, valid_rows))) << (2 * h);
+      const ColumnRun r = slice_row_run(sl, key, t0, G, valid_rows, BM);
+      vis |= spread_bit_pairs(run_bits16(rbase, r.lo, r.hi)) << (2 * h);
     }
   }
   return vis & keys_ok;

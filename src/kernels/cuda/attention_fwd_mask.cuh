@@ -29,15 +29,14 @@ __device__ __forceinline__ void fwd_visible_bits(const FwdArgs& args, const Tile
   for (int f = 0; f < M; ++f) vis[f] = 0;
   for (int j = 0; j < e.mask_count; ++j) {
     const DeviceSlice sl = load_slice(args.slices + L.mask_index[e.mask_begin + j]);
-    const int k1 = min(sl.k1, k_end);
 #pragma unroll
     for (int f = 0; f < M; ++f)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int t = tok[f][h];
         if (!in_range(t, sl.q0, sl.q1)) continue;
-        const uint32_t run = run_bits16(kbase, max(sl.k0, t - sl.dmax + 1), min(k1, t - sl.dmin + 1));
-        vis[f] |= spread_bit_pairs(run) << (2 * h);
+        const ColumnRun r = slice_key_run(sl, t, k_end);
+        vis[f] |= spread_bit_pairs(run_bits16(kbase, r.lo, r.hi)) << (2 * h);
       }
   }
 }

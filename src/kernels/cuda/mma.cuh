@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/visibility.hpp"
 
 namespace treecp::cuda::detail {
 
@@ -95,25 +96,6 @@ __device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, int rows, c
 // the kernels hoist the row and column parts out of their element loops.
 __device__ __forceinline__ bool in_range(int x, int lo, int hi) {
   return static_cast<unsigned>(x) - static_cast<unsigned>(lo) < static_cast<unsigned>(hi) - static_cast<unsigned>(lo);
-}
-
-// A thread's 16 columns of a 64-wide tile are base + 8 nb + c (nb < 8, c < 2). Bit 2 nb + c of the result: that
-// column lies in [lo, hi). The columns increase with 2 nb + c, so the bits are one run: how many lie below lo and
-// below hi, clamped to the tile.
-__device__ __forceinline__ uint32_t run_bits16(int base, int lo, int hi) {
-  const auto below = [&](int x) {
-    const int d = min(max(x - base, 0), 64);
-    return 2 * (d >> 3) + min(d & 7, 2);
-  };
-  const int a = below(lo), b = below(hi);
-  return b > a ? (1u << b) - (1u << a) : 0u;
-}
-
-// Bit 2 nb + c of 16 bits moved to bit 4 nb + c: the accumulator element of column block nb, half h = 0 (h = 1: << 2).
-__device__ __forceinline__ uint32_t spread_bit_pairs(uint32_t x) {
-  x = (x | (x << 8)) & 0x00FF00FFu;
-  x = (x | (x << 4)) & 0x0F0F0F0Fu;
-  return (x | (x << 2)) & 0x33333333u;
 }
 
 // 2^x on the special-function unit (ex2.approx.ftz: about 2 ulp, 2^-inf = 0); exp2f adds range fix-ups
