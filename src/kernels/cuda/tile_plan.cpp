@@ -302,8 +302,8 @@ TileLists build_lists(const std::vector<DeviceSlice>& slices, bool q_major, int6
       work[t] += y - x;
       (full ? out.full_tiles : out.partial_tiles) += y - x;
     };
-    // Most tiles' runs, in slice order, already ascend without overlapping (on art-fixed5k all but 105 of 2,560
-    // query tiles and 101 of 341 key tiles): each run is then an elementary interval of its own, and the sweep
+    // Most tiles' runs, in slice order, already ascend without overlapping (on art-fixed5k 2,455 of 2,560 query
+    // tiles, though only 101 of 341 key tiles): each run is then an elementary interval of its own, and the sweep
     // would emit exactly these intervals.
     bool disjoint = true;
     for (int32_t i = count[t] + 1; i < count[t + 1] && disjoint; ++i) disjoint = raw[i].begin >= raw[i - 1].end;
