@@ -510,8 +510,8 @@ int main(int argc, char** argv) {
                   100.0 * ((r.dkdv_bwd[1] + r.dkdv_bwd[2]) / (r.dkdv_bwd[0] + r.dkdv_bwd[3]) - 1.0), r.dkdv_check);
     for (const Result& r : results)
       if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3) || !(r.seg_check < 1e-3) || !(r.dkdv_check < 1e-3)) {
-        std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e, block orders %.2e)\n", r.preset.c_str(),
-                     r.err_o, r.err_lse, r.seg_check);
+        std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e, block orders %.2e, dK/dV epilogues %.2e)\n",
+                     r.preset.c_str(), r.err_o, r.err_lse, r.seg_check, r.dkdv_check);
         return 1;
       }
   } catch (const std::exception& e) {
