@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "cuda_test_util.hpp"
@@ -449,20 +450,41 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
   using Mainloop = AttentionForwardParams::Mainloop;
   // every forward path: the default, wgmma, mma.sync with 16 and 32 rows per warp; the last one feeds
   // the backward (the default is the warp-specialised kernel where it applies)
-  const std::pair<Mainloop, int> variants[] = {
-      {Mainloop::kDefault, 0}, {Mainloop::kWgmma, 0}, {Mainloop::kMmaSync, 16}, {Mainloop::kMmaSync, 32}};
-  for (const auto& [mainloop, rows_per_warp] : variants) {
+  // (the default twice: with a workspace, persistent where the warp-specialised kernel applies, and without one)
+  DeviceBuffer<unsigned char> workspace(attention_forward_workspace_bytes());
+  const std::tuple<Mainloop, int, bool> variants[] = {{Mainloop::kDefault, 0, true},
+                                                       {Mainloop::kDefault, 0, false},
+                                                       {Mainloop::kWgmma, 0, false},
+                                                       {Mainloop::kMmaSync, 16, false},
+                                                       {Mainloop::kMmaSync, 32, false}};
+  for (const auto& [mainloop, rows_per_warp, with_workspace] : variants) {
     o.poison();
     lse.poison();
     fp.mainloop = mainloop;
     fp.rows_per_warp = rows_per_warp;
+    fp.workspace = with_workspace ? workspace.ptr : nullptr;
+    fp.workspace_bytes = with_workspace ? workspace.n : 0;
     attention_forward(fp, dplan);
     check_cuda(cudaDeviceSynchronize(), "forward");
     EXPECT_LT(rel_error(bf16_to_double(o.download()), ref.o), kTol)
-        << "mainloop " << static_cast<int>(mainloop) << " rows_per_warp " << rows_per_warp;
+        << "mainloop " << static_cast<int>(mainloop) << " rows_per_warp " << rows_per_warp << " workspace " << with_workspace;
     EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3)
-        << "mainloop " << static_cast<int>(mainloop) << " rows_per_warp " << rows_per_warp;
+        << "mainloop " << static_cast<int>(mainloop) << " rows_per_warp " << rows_per_warp << " workspace " << with_workspace;
   }
+  if (c.d == 128) {  // a workspace too small for the persistent kernel is an error, not a silent fallback
+    AttentionForwardParams small = fp;
+    small.mainloop = Mainloop::kDefault;
+    small.workspace = workspace.ptr;
+    small.workspace_bytes = 4;
+    try {
+      attention_forward(small, dplan);
+      ADD_FAILURE() << "a 4-byte workspace was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("workspace_bytes must be at least"), std::string::npos) << e.what();
+    }
+  }
+  fp.workspace = nullptr;
+  fp.workspace_bytes = 0;
 
   AttentionBackwardParams bp;
   bp.q = dq_in.ptr;

@@ -6,7 +6,7 @@
 
 namespace treecp::cuda::test {
 
-int fwd_wgmma_variant_count() { return 8; }
+int fwd_wgmma_variant_count() { return 9; }
 
 namespace {
 template <int D>
@@ -23,7 +23,13 @@ void launch_fwd_wgmma_d(const detail::FwdArgs& a, int variant) {
 void launch_fwd_wgmma_variant(const detail::FwdArgs& a, int head_dim, int variant) {
   // variants 4-7: the warp-specialised TMA forward (attention_fwd_ws.cu) with its launch variants 0-3 (5: Q in
   // registers, 6: also the intra-warpgroup overlap, 7: also O stored by TMA) where it applies, else the default
-  if (variant >= 4 && head_dim == 128 && detail::launch_fwd_ws_d128(a, nullptr, variant - 4)) return;
+  // 8: its persistent form (launch variant 5)
+  if (variant == 8) {
+    static int* counter = nullptr;  // one int for the test process, zeroed by each launch
+    if (counter == nullptr) check_cuda(cudaMalloc(&counter, detail::fwd_ws_workspace_bytes()), "test workspace");
+    if (head_dim == 128 && detail::launch_fwd_ws_d128(a, nullptr, 5, nullptr, counter)) return;
+  }
+  if (variant >= 4 && variant < 8 && head_dim == 128 && detail::launch_fwd_ws_d128(a, nullptr, variant - 4)) return;
   if (variant >= 4) variant = 3;
   if (head_dim == 64) launch_fwd_wgmma_d<64>(a, variant);
   else launch_fwd_wgmma_d<128>(a, variant);

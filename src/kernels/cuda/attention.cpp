@@ -16,6 +16,7 @@ constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
 constexpr int kBwdWsVariant = 1 | 64;
 // the warp-specialised forward: Q in registers, the intra-warpgroup overlap, O stored by TMA
 constexpr int kFwdWsVariant = 3;
+constexpr int kFwdWsPersistentVariant = 5;  // with a workspace (AttentionForwardParams::workspace)
 
 // The warp-specialised backward's launch variant for this plan: the segment order with every walk reversed
 // where the plan says it shares more through the L2 cache (DeviceTilePlan::bwd_segment_order), else the
@@ -39,7 +40,22 @@ void check_aligned(const char* who, const char* name, const void* ptr, int64_t r
           " must be 16-byte aligned with strides that are multiples of 8 elements");
 }
 
+// The warp-specialised forward: persistent where the caller gave a large enough workspace (kFwdWsPersistentVariant),
+// else one block per query tile (kFwdWsVariant).
+bool launch_fwd_ws(const detail::FwdArgs& a, cudaStream_t stream) {
+  const AttentionForwardParams& p = a.p;
+  if (p.workspace != nullptr) {
+    require(p.workspace_bytes >= detail::fwd_ws_workspace_bytes(), "attention_forward: workspace_bytes must be at least ",
+            detail::fwd_ws_workspace_bytes(), " (attention_forward_workspace_bytes()), got ", p.workspace_bytes);
+    require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, "attention_forward: workspace must be 16-byte aligned");
+    return detail::launch_fwd_ws_d128(a, stream, kFwdWsPersistentVariant, nullptr, static_cast<int*>(p.workspace));
+  }
+  return detail::launch_fwd_ws_d128(a, stream, kFwdWsVariant);
+}
+
 }  // namespace
+
+size_t attention_forward_workspace_bytes() { return detail::fwd_ws_workspace_bytes(); }
 
 void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& plan, cudaStream_t stream) {
   const char* who = "attention_forward";
@@ -60,12 +76,12 @@ void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& pl
     require(p.head_dim == 128 && kFwdBlockRows % plan.group == 0, who,
             ": kWgmmaWs needs head_dim 128 and a group dividing ", kFwdBlockRows, ", got head_dim ", p.head_dim,
             " group ", plan.group);
-    require(detail::launch_fwd_ws_d128(a, stream, kFwdWsVariant), who,
+    require(launch_fwd_ws(a, stream), who,
             ": kWgmmaWs needs the driver's cuTensorMapEncodeTiled, which this driver does not provide");
     return;
   }
   // kDefault: the warp-specialised kernel where it applies (measured fastest, docs/benchmarks-gpu.md)
-  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 && detail::launch_fwd_ws_d128(a, stream, kFwdWsVariant)) return;
+  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 && launch_fwd_ws(a, stream)) return;
   if (mainloop == Mainloop::kWgmma) {
     if (p.head_dim == 64) detail::launch_fwd_wgmma_d64(a, stream);
     else detail::launch_fwd_wgmma_d128(a, stream);

@@ -186,7 +186,17 @@ struct AttentionForwardParams {
   int32_t rows_per_warp = 0;
   using Mainloop = cuda::Mainloop;
   Mainloop mainloop = Mainloop::kDefault;
+  // Optional device workspace of attention_forward_workspace_bytes() bytes. With it, the warp-specialised forward runs
+  // persistent (one block per SM taking query tiles from a counter in the workspace: the next tile's loads overlap
+  // the current one's end, measured 0-8% faster on the presets, docs/benchmarks-gpu.md); without it, one block per
+  // tile. A workspace given must be 16-byte aligned and large enough (else the call throws). The call zeroes what it
+  // uses on `stream`; two calls in flight at once need two workspaces.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
+
+// Bytes of AttentionForwardParams::workspace for the current device.
+size_t attention_forward_workspace_bytes();
 
 struct AttentionBackwardParams {
   const void* q = nullptr;  // bf16

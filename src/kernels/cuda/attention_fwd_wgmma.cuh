@@ -178,6 +178,44 @@ __device__ __forceinline__ void fwd_store_o_lse(const FwdArgs& args, const float
   }
 }
 
+// The persistent forward's epilogue in two parts, so that the LSE's global stores come after the proxy fence that
+// publishes the staged O (a fence waits for this thread's outstanding stores): the rows' sums over their quad, O / sum
+// as bf16 pairs into the panel tile at sO (as fwd_stage_o_lse), then the LSE.
+__device__ __forceinline__ void fwd_quad_sums(const float (&l)[2], float (&sum)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    sum[h] = l[h];
+    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+  }
+}
+template <int D>
+__device__ __forceinline__ void fwd_stage_o(const float (&o)[D / 2], const float (&sum)[2], const int (&row)[2], int lane,
+                                            uint32_t sO, int BM) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv = sum[h] > 0.f ? 1.f / sum[h] : 0.f;
+    const uint32_t line = sO + row[h] * 128 + (lane % 4) * 4;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const uint32_t addr = line + (j / 8) * BM * 128 + (((j % 8) ^ (row[h] % 8)) << 4);
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv))
+                   : "memory");
+    }
+  }
+}
+__device__ __forceinline__ void fwd_store_lse(const FwdArgs& args, const float (&m)[2], const float (&sum)[2],
+                                              const int (&row)[2], const int (&tok)[2], int kvh, int lane) {
+  const AttentionForwardParams& p = args.p;
+  const int G = args.group, valid_rows = args.lists.major_tile_rows * G;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (lane % 4 == 0 && row[h] < valid_rows && tok[h] < args.q_rows) {
+      const int head = kvh * G + row[h] % G;
+      p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = sum[h] > 0.f ? m[h] * kLn2 + logf(sum[h]) : -INFINITY;
+    }
+}
+
 // fwd_store_o_lse with O staged in shared memory instead: this thread's bf16 pairs of rows row[h] go into the panel
 // tile at sO (panels of BM rows x 64 columns, 128-byte swizzle) for a TMA store; the LSE is written directly.
 template <int D>

@@ -29,8 +29,17 @@ void launch_bwd_wgmma_d128(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);
 // The warp-specialised TMA forward (attention_fwd_ws.cu); false when it does not apply: head dim 128 and
 // G dividing 128 only, and a driver that provides cuTensorMapEncodeTiled.
-// variant 0: plain, 1: Q in registers, 2: Q in registers + intra-warpgroup overlap, 3: 2 with O stored by TMA.
-bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant);
+// variant 0: plain, 1: Q in registers, 2: Q in registers + intra-warpgroup overlap, 3: 2 with O stored by TMA;
+// 4 (bench only): 3 writing kFwdTraceWords clock64 values per block into `trace` (blocks x words):
+// [0] SM, [1] start, [2] Q ready, [10] first K/V ready, [3] first S ready, [4] last P V retired, [6] steps,
+// [5] / [7] warpgroup 0 / 1's O stores have read shared memory, [8] / [9] producer: Q / first K/V issued,
+// [11] / [12] %globaltimer (ns) at [1] / [5]. With 5, per item: [0], [1] (its Q is ready), [3], [4], [11], [12] (at [4]),
+// [5] the previous item's epilogue done, [6] the block's steps so far.
+constexpr int kFwdTraceWords = 16;
+// 5: the persistent form of 3, one block per SM taking items from a counter; `counter` is a workspace of
+// fwd_ws_workspace_bytes() (its counter is zeroed here on `stream`; each block passes its items through the rest).
+bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant, unsigned long long* trace = nullptr,
+                        int* counter = nullptr);
 // The warp-specialised TMA backward (attention_bwd_ws.cu); false when it does not apply: head dim 128, G
 // dividing 64, a driver with cuTensorMapEncodeTiled. variant bit 0: dQ by TMA bulk reductions from a producer warp
 // (two dQ buffers) where dQ allows them (16-byte aligned, strides multiples of 4), else by red.global.add; bit 1:
@@ -45,5 +54,7 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant);
 
 // SMs of the current device, cached per device (attention_bwd_ws.cu).
 int sm_count();
+// Bytes of the persistent forward's workspace on the current device: 32 for the item counter, 32 per block.
+inline size_t fwd_ws_workspace_bytes() { return 32 + 32 * static_cast<size_t>(sm_count()); }
 
 }  // namespace treecp::cuda::detail
