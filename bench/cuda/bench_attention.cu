@@ -1,11 +1,14 @@
 // Benchmark of the CUDA slice attention on the DESIGN.md presets (not a test).
 // For each preset at CP1 (S = 40,960), Hq = 32, Hkv = 4, D = 128, bf16: per-new-tree setup (tile
 // lists built on the host and uploaded), a check of sampled rows against a double CPU reference,
-// then forward and forward+backward timed with CUDA events (median of the repetitions).
+// then forward and forward+backward timed with CUDA events (median of the repetitions, each after half a second of
+// back-to-back calls: sustained clocks, as scripts/bench_flex.py times the peers).
 // FLOPs count visible pairs only: forward 4 A D Hq, backward 2.5x, forward+backward 3.5x that.
 // Backward and forward+backward include zeroing the fp32 gradients (the contract accumulates).
 // Usage: bench_attention [--out DIR] [--reps N] [--presets a,b,c]
-//   DIR receives <preset>.json (the row, for scripts/bench_flex.py) and treecp_results.json.
+//   DIR receives <preset>.json (the row, for scripts/bench_flex.py) and treecp_results.json, and the forward's phase
+//   stamps (launch.hpp, launch variants 4 and 5 with a trace): <preset>_fwdtrace.bin per block of the one-block-per-
+//   item kernel, <preset>_fwdptrace.bin per item of the persistent one (kFwdTraceWords uint64 each).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -88,11 +92,66 @@ double time_ms(int reps, Fn&& fn) {
   return median(t);
 }
 
+// A and B launched alternately, `pairs` times, each timed alone: the median time of each, and the median of the ratios
+// B / A of adjacent launches (the GPU's clock drifts with its load; alternation cancels most of it).
+struct AbTimes {
+  double a_ms, b_ms, ratio;
+};
+template <class FnA, class FnB>
+AbTimes time_ab(int pairs, FnA&& fa, FnB&& fb) {
+  cudaEvent_t e0, e1;
+  check_cuda(cudaEventCreate(&e0), "event");
+  check_cuda(cudaEventCreate(&e1), "event");
+  auto one = [&](auto& fn) {
+    check_cuda(cudaEventRecord(e0), "record");
+    fn();
+    check_cuda(cudaEventRecord(e1), "record");
+    check_cuda(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    return static_cast<double>(ms);
+  };
+  for (int i = 0; i < 3; ++i) {
+    fa();
+    fb();
+  }
+  std::vector<double> ta, tb, ratio;
+  for (int i = 0; i < pairs; ++i) {
+    const double x = i % 2 == 0 ? one(fa) : one(fb);
+    const double y = i % 2 == 0 ? one(fb) : one(fa);
+    ta.push_back(i % 2 == 0 ? x : y);
+    tb.push_back(i % 2 == 0 ? y : x);
+    ratio.push_back(tb.back() / ta.back());
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return {median(ta), median(tb), median(ratio)};
+}
+
+// Runs fn back to back for about `ms` milliseconds of GPU time (clocks settle under sustained load).
+template <class Fn>
+void sustain(double ms, Fn&& fn) {
+  cudaEvent_t a, b;
+  check_cuda(cudaEventCreate(&a), "event");
+  check_cuda(cudaEventCreate(&b), "event");
+  check_cuda(cudaEventRecord(a), "record");
+  fn();
+  check_cuda(cudaEventRecord(b), "record");
+  check_cuda(cudaEventSynchronize(b), "sync");
+  float one = 0;
+  check_cuda(cudaEventElapsedTime(&one, a, b), "elapsed");
+  const int n = static_cast<int>(ms / std::max(one, 0.01f));
+  for (int i = 0; i < n; ++i) fn();
+  check_cuda(cudaDeviceSynchronize(), "sustain");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+}
+
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
   bool seg_rule;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, tmao_fwd[4], dkdv_bwd[4], dkdv_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, tmao_fwd[4], persist_fwd[3], persist_check, cold_fwd_ms, warm_fwd_ms, fwd_idle_ms, dkdv_bwd[4], dkdv_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -210,6 +269,12 @@ int main(int argc, char** argv) {
       bp.head_dim = kD;
       bp.scale = scale;
 
+      // the default forward runs persistent with a workspace (AttentionForwardParams::workspace)
+      void* workspace = nullptr;
+      check_cuda(cudaMalloc(&workspace, attention_forward_workspace_bytes()), "workspace");
+      fp.workspace = workspace;
+      fp.workspace_bytes = attention_forward_workspace_bytes();
+
       // check: sampled query rows against a double reference over Row::visible
       attention_forward(fp, dplan);
       check_cuda(cudaDeviceSynchronize(), "forward");
@@ -299,24 +364,83 @@ int main(int argc, char** argv) {
         // O stored by TMA from shared memory (launch variant 3) against direct stores (2), A B B A
         const int tmao_order[4] = {2, 3, 3, 2};
         for (int i = 0; i < 4; ++i) r.tmao_fwd[i] = time_ws(tmao_order[i]);
+        {
+          // the persistent forward (launch variant 5) against the default (3), A B B A, after half a second of load
+          int* counter = nullptr;
+          check_cuda(cudaMalloc(&counter, treecp::cuda::detail::fwd_ws_workspace_bytes()), "counter");
+          auto run = [&](int v) { treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, v, nullptr, counter); };
+          // the same kernel after a second of idle GPU, then after half a second of back-to-back launches
+          std::this_thread::sleep_for(std::chrono::seconds(1));
+          r.cold_fwd_ms = time_ms(reps, [&] { run(3); });
+          sustain(500.0, [&] { run(3); });
+          r.warm_fwd_ms = time_ms(reps, [&] { run(3); });
+          const AbTimes ab = time_ab(4 * reps, [&] { run(3); }, [&] { run(5); });
+          r.persist_fwd[0] = ab.a_ms;
+          r.persist_fwd[1] = ab.b_ms;
+          r.persist_fwd[2] = ab.ratio;
+          // the persistent forward's output against the default's (bitwise: same arithmetic per item)
+          std::vector<uint16_t> o3(static_cast<size_t>(S) * kHq * kD), o5(o3.size());
+          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 3);
+          check_cuda(cudaMemcpy(o3.data(), fp.o, o3.size() * 2, cudaMemcpyDeviceToHost), "copy O");
+          check_cuda(cudaMemset(fp.o, 0xff, o3.size() * 2), "poison O");
+          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 5, nullptr, counter);
+          check_cuda(cudaMemcpy(o5.data(), fp.o, o5.size() * 2, cudaMemcpyDeviceToHost), "copy O");
+          r.persist_check = o3 == o5 ? 0.0 : 1.0;
+          check_cuda(cudaFree(counter), "counter");
+        }
+        {
+          // per-block phase stamps of the default (launch variant 4 = 3 + clock64 stamps), raw, for offline study:
+          // <preset>_fwdtrace.bin, blocks x kFwdTraceWords uint64 (launch.hpp names the words)
+          using treecp::cuda::detail::kFwdTraceWords;
+          const size_t words = static_cast<size_t>(dplan.fwd.num_major) * kHkv * kFwdTraceWords;
+          unsigned long long* dtrace = nullptr;
+          check_cuda(cudaMalloc(&dtrace, words * 8), "trace buffer");
+          check_cuda(cudaMemset(dtrace, 0, words * 8), "trace buffer");
+          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 4, dtrace);
+          for (int pass = 0; pass < 2; ++pass) {
+            std::vector<unsigned long long> h(words);
+            check_cuda(cudaMemcpy(h.data(), dtrace, words * 8, cudaMemcpyDeviceToHost), "trace copy");
+            std::ofstream tf(out_dir + "/" + name + (pass == 0 ? "_fwdtrace.bin" : "_fwdptrace.bin"), std::ios::binary);
+            tf.write(reinterpret_cast<const char*>(h.data()), static_cast<std::streamsize>(words * 8));
+            if (pass == 0) {
+              check_cuda(cudaMemset(dtrace, 0, words * 8), "trace buffer");
+              int* counter = nullptr;
+              check_cuda(cudaMalloc(&counter, treecp::cuda::detail::fwd_ws_workspace_bytes()), "counter");
+              treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 5, dtrace, counter);
+              check_cuda(cudaDeviceSynchronize(), "persistent trace");
+              check_cuda(cudaFree(counter), "counter");
+            }
+          }
+          check_cuda(cudaFree(dtrace), "trace buffer");
+        }
       }
       fp.mainloop = Mainloop::kDefault;  // the default, used below
       fp.rows_per_warp = 0;
-      r.fwd_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
-      r.fwdbwd_ms = time_ms(reps, [&] {
+      // The main table: each after half a second of back-to-back calls (sustained clocks; an idle H200 runs the first
+      // milliseconds 3-11% faster), as scripts/bench_flex.py times the peers.
+      auto fwd = [&] { attention_forward(fp, dplan); };
+      auto fwdbwd = [&] {
         // the contract accumulates into zeroed fp32 gradients: the zeroing is part of the cost
         check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset");
         check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
         check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
         attention_forward(fp, dplan);
         attention_backward(bp, dplan);
-      });
-      r.bwd_ms = time_ms(reps, [&] {
+      };
+      auto bwd = [&] {
         check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset");
         check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
         check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
         attention_backward(bp, dplan);
-      });
+      };
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      r.fwd_idle_ms = time_ms(reps, fwd);  // the same after a second of idle GPU, for comparison
+      sustain(500.0, fwd);
+      r.fwd_ms = time_ms(reps, fwd);
+      sustain(500.0, fwdbwd);
+      r.fwdbwd_ms = time_ms(reps, fwdbwd);
+      sustain(500.0, bwd);
+      r.bwd_ms = time_ms(reps, bwd);
       bp.mainloop = Mainloop::kMmaSync;  // the earlier backward, for comparison in the same run
       r.bwd_mma_ms = time_ms(reps, [&] {
         check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset");
@@ -426,7 +550,7 @@ int main(int argc, char** argv) {
         }
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
-      for (void* p : {q, k, v, o, d_o}) cudaFree(p);
+      for (void* p : {q, k, v, o, d_o, workspace}) cudaFree(p);
       for (float* p : {lse, dsum, dq, dk, dv}) cudaFree(p);
       results.push_back(r);
       std::fprintf(stderr, "%s done\n", name.c_str());
@@ -502,6 +626,19 @@ int main(int argc, char** argv) {
       std::printf("  %-12s %.3f / %.3f / %.3f / %.3f  (TMA %+.1f%%)\n", r.preset.c_str(), r.tmao_fwd[0], r.tmao_fwd[1],
                   r.tmao_fwd[2], r.tmao_fwd[3],
                   100.0 * ((r.tmao_fwd[1] + r.tmao_fwd[2]) / (r.tmao_fwd[0] + r.tmao_fwd[3]) - 1.0));
+    std::printf("\ndefault forward (persistent, with a workspace), ms: after 1 s idle / the table's (after 0.5 s of back-to-back calls)\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f / %.3f  (%+.1f%%)\n", r.preset.c_str(), r.fwd_idle_ms, r.fwd_ms,
+                  100.0 * (r.fwd_ms / r.fwd_idle_ms - 1.0));
+    std::printf("\nwarp-specialised forward kernel (one block per item), ms: after 1 s idle / after 0.5 s of back-to-back launches\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f / %.3f  (%+.1f%%)\n", r.preset.c_str(), r.cold_fwd_ms, r.warm_fwd_ms,
+                  100.0 * (r.warm_fwd_ms / r.cold_fwd_ms - 1.0));
+    std::printf("\nwarp-specialised forward kernel, ms: one block per item (A) / persistent (B: one block per SM, items from a "
+                "counter), launched alternately (median of each, median of B / A of adjacent launches; O bitwise equal: 0)\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f / %.3f  (persistent %+.1f%%; check %.0f)\n", r.preset.c_str(), r.persist_fwd[0],
+                  r.persist_fwd[1], 100.0 * (r.persist_fwd[2] - 1.0), r.persist_check);
     std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by dK/dV epilogue, ms: read-add-write / TMA bulk "
                 "reductions / TMA / read-add-write, timed A B B A in the rule's order (relative change of sum |dK| + |dV|)\n");
     for (const Result& r : results)
@@ -509,9 +646,9 @@ int main(int argc, char** argv) {
                   r.dkdv_bwd[1], r.dkdv_bwd[2], r.dkdv_bwd[3],
                   100.0 * ((r.dkdv_bwd[1] + r.dkdv_bwd[2]) / (r.dkdv_bwd[0] + r.dkdv_bwd[3]) - 1.0), r.dkdv_check);
     for (const Result& r : results)
-      if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3) || !(r.seg_check < 1e-3) || !(r.dkdv_check < 1e-3)) {
-        std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e, block orders %.2e, dK/dV epilogues %.2e)\n",
-                     r.preset.c_str(), r.err_o, r.err_lse, r.seg_check, r.dkdv_check);
+      if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3) || !(r.seg_check < 1e-3) || !(r.dkdv_check < 1e-3) || r.persist_check != 0.0) {
+        std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e, block orders %.2e, dK/dV epilogues %.2e, persistent forward %.0f)\n",
+                     r.preset.c_str(), r.err_o, r.err_lse, r.seg_check, r.dkdv_check, r.persist_check);
         return 1;
       }
   } catch (const std::exception& e) {
