@@ -7,6 +7,7 @@
 #   BIN_DIR=.gpu_bin scripts/gpu_check.sh  use prebuilt treecp_cuda_tests and bench_attention
 #   SKIP_FLEX=1 / SKIP_SANITIZER=1 / SKIP_SDPA=1 / BENCH_REPS=N   trim the run (SKIP_SDPA: no torch SDPA
 #   peers on gathered paths)
+#   EXPERIMENTS=0  the benchmark skips the timings of earlier, decided experiments (about half its GPU time)
 #   PROFILE=1   also Nsight Compute sections of the first forward and backward launch on fixed5k (the defaults)
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -45,7 +46,7 @@ if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
 fi
 
 echo "== benchmark"
-"$bench" --out "$rows" --reps "${BENCH_REPS:-20}" 2>&1 | tee "$out/bench_treecp.log" || status=1
+"$bench" --out "$rows" --reps "${BENCH_REPS:-20}" --experiments "${EXPERIMENTS:-1}" 2>&1 | tee "$out/bench_treecp.log" || status=1
 if [ -z "${SKIP_FLEX:-}" ]; then
   PYTHONUNBUFFERED=1 python3 "$root/scripts/bench_flex.py" --rows "$rows" --treecp "$rows/treecp_results.json" \
     --reps "${BENCH_REPS:-20}" ${SKIP_SDPA:+--no-sdpa} 2>&1 | tee "$out/bench_flex.log" || status=1

@@ -5,7 +5,8 @@
 // back-to-back calls: sustained clocks, as scripts/bench_flex.py times the peers).
 // FLOPs count visible pairs only: forward 4 A D Hq, backward 2.5x, forward+backward 3.5x that.
 // Backward and forward+backward include zeroing the fp32 gradients (the contract accumulates).
-// Usage: bench_attention [--out DIR] [--reps N] [--presets a,b,c]
+// Usage: bench_attention [--out DIR] [--reps N] [--presets a,b,c] [--experiments 0|1]
+//   --experiments 0 skips the timings of the earlier experiments (decided ones; they print as nan), not their checks.
 //   DIR receives <preset>.json (the row, for scripts/bench_flex.py) and treecp_results.json, and the forward's phase
 //   stamps (launch.hpp, launch variants 4 and 5 with a trace): <preset>_fwdtrace.bin per block of the one-block-per-
 //   item kernel, <preset>_fwdptrace.bin per item of the persistent one (kFwdTraceWords uint64 each).
@@ -94,6 +95,14 @@ double time_ms(int reps, Fn&& fn) {
 
 // A and B launched alternately, `pairs` times, each timed alone: the median time of each, and the median of the ratios
 // B / A of adjacent launches (the GPU's clock drifts with its load; alternation cancels most of it).
+// --experiments 0: the earlier experiments' timings (the blocks below this table's, decided in docs/benchmarks-gpu.md)
+// are skipped and print as nan; their correctness checks still run. Saves about half of a call's GPU time.
+bool g_experiments = true;
+template <class Fn>
+double time_exp(int reps, Fn&& fn) {
+  return g_experiments ? time_ms(reps, fn) : std::nan("");
+}
+
 struct AbTimes {
   double a_ms, b_ms, ratio;
 };
@@ -165,6 +174,7 @@ int main(int argc, char** argv) {
     if (a == "--out") out_dir = argv[i + 1];
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--presets") presets_arg = argv[i + 1];
+    else if (a == "--experiments") g_experiments = std::stoi(argv[i + 1]) != 0;
     else {
       std::fprintf(stderr, "bench_attention: unknown argument %s\n", a.c_str());
       return 2;
@@ -322,12 +332,12 @@ int main(int argc, char** argv) {
 
       using Mainloop = AttentionForwardParams::Mainloop;
       fp.mainloop = Mainloop::kWgmma;
-      r.fwdwg_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
+      r.fwdwg_ms = time_exp(reps, [&] { attention_forward(fp, dplan); });
       fp.mainloop = Mainloop::kMmaSync;
       fp.rows_per_warp = 16;
-      r.fwd16_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
+      r.fwd16_ms = time_exp(reps, [&] { attention_forward(fp, dplan); });
       fp.rows_per_warp = 32;
-      r.fwd32_ms = time_ms(reps, [&] { attention_forward(fp, dplan); });
+      r.fwd32_ms = time_exp(reps, [&] { attention_forward(fp, dplan); });
       {
         // the wgmma forward's variants (attention_fwd_wgmma.cuh), each timed twice for the spread:
         // barriers kTwo / kOne with the generic loads, then kOne with per-thread loads
@@ -336,7 +346,7 @@ int main(int argc, char** argv) {
         const treecp::cuda::detail::FwdArgs fargs{fp, dplan.fwd, dplan.slices, static_cast<int32_t>(S),
                                                   static_cast<int32_t>(S), kHq / kHkv};
         auto time_fwd = [&](auto b, auto l) {
-          return time_ms(reps, [&] {
+          return time_exp(reps, [&] {
             treecp::cuda::detail::launch_fwd_wgmma<kD, decltype(b)::value, decltype(l)::value>(fargs, nullptr);
           });
         };
@@ -352,7 +362,7 @@ int main(int argc, char** argv) {
         r.fwd_lean2_ms = time_fwd(One{}, PerThread{});
         // the warp-specialised TMA experiment (attention_fwd_ws.cu), alternating with the default
         auto time_ws = [&](int variant) {
-          return time_ms(reps, [&] { treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, variant); });
+          return time_exp(reps, [&] { treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, variant); });
         };
         r.fwd_ws_ms = time_ws(0);
         r.fwd_wsq_ms = time_ws(1);
@@ -442,7 +452,7 @@ int main(int argc, char** argv) {
       sustain(500.0, bwd);
       r.bwd_ms = time_ms(reps, bwd);
       bp.mainloop = Mainloop::kMmaSync;  // the earlier backward, for comparison in the same run
-      r.bwd_mma_ms = time_ms(reps, [&] {
+      r.bwd_mma_ms = time_exp(reps, [&] {
         check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset");
         check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
         check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
@@ -455,15 +465,15 @@ int main(int argc, char** argv) {
         nodq.dsum_ready = true;
         const treecp::cuda::detail::BwdArgs args{nodq, dplan.bwd, dplan.slices, static_cast<int32_t>(S), static_cast<int32_t>(S),
                                    kHq / kHkv};
-        r.bwd_kernel_ms = time_ms(reps, [&] {
+        r.bwd_kernel_ms = time_exp(reps, [&] {
           check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
           check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
           treecp::cuda::detail::launch_bwd_wgmma<kD, true>(args, nullptr);
         });
         // the rest of the backward's total: zeroing dQ (the caller's, in this contract) and the Dsum kernel
-        r.memset_dq_ms = time_ms(reps, [&] { check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset"); });
-        r.dsum_ms = time_ms(reps, [&] { treecp::cuda::detail::launch_bwd_dsum(args, nullptr); });
-        r.bwd_nodq_ms = time_ms(reps, [&] {
+        r.memset_dq_ms = time_exp(reps, [&] { check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset"); });
+        r.dsum_ms = time_exp(reps, [&] { treecp::cuda::detail::launch_bwd_dsum(args, nullptr); });
+        r.bwd_nodq_ms = time_exp(reps, [&] {
           check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
           check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
           treecp::cuda::detail::launch_bwd_wgmma<kD, false>(args, nullptr);
@@ -471,7 +481,7 @@ int main(int argc, char** argv) {
         // the overlap variants of the same kernel (attention_bwd_wgmma.cuh), kNone twice for the spread
         using treecp::cuda::detail::BwdOverlap;
         auto time_variant = [&](auto variant) {
-          return time_ms(reps, [&] {
+          return time_exp(reps, [&] {
             check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
             check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
             treecp::cuda::detail::launch_bwd_wgmma<kD, true, decltype(variant)::value>(args, nullptr);
@@ -483,14 +493,14 @@ int main(int argc, char** argv) {
         // the wgmma kernel (kDkvDq, the default before change Q) against the warp-specialised one
         // (attention_bwd_ws.cu) with dQ by red.global.add (ws) and by TMA bulk reductions (wsr), alternating
         auto time_wg = [&] {
-          return time_ms(reps, [&] {
+          return time_exp(reps, [&] {
             check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
             check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
             treecp::cuda::detail::launch_bwd_wgmma<kD, true, BwdOverlap::kDkvDq>(args, nullptr);
           });
         };
         auto time_ws = [&](int variant) {
-          return time_ms(reps, [&] {
+          return time_exp(reps, [&] {
             check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
             check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
             treecp::cuda::detail::launch_bwd_ws_d128(args, nullptr, variant);
