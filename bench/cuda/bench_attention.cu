@@ -72,29 +72,43 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// One call of fn timed alone with CUDA events (the pair is created once and reused).
+class EventTimer {
+ public:
+  EventTimer() {
+    check_cuda(cudaEventCreate(&a_), "event");
+    check_cuda(cudaEventCreate(&b_), "event");
+  }
+  ~EventTimer() {
+    cudaEventDestroy(a_);
+    cudaEventDestroy(b_);
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  template <class Fn>
+  double ms(Fn&& fn) {
+    check_cuda(cudaEventRecord(a_), "record");
+    fn();
+    check_cuda(cudaEventRecord(b_), "record");
+    check_cuda(cudaEventSynchronize(b_), "sync");
+    float t = 0;
+    check_cuda(cudaEventElapsedTime(&t, a_, b_), "elapsed");
+    return t;
+  }
+
+ private:
+  cudaEvent_t a_, b_;
+};
+
 template <class Fn>
 double time_ms(int reps, Fn&& fn) {
-  cudaEvent_t a, b;
-  check_cuda(cudaEventCreate(&a), "event");
-  check_cuda(cudaEventCreate(&b), "event");
+  EventTimer timer;
   for (int i = 0; i < 3; ++i) fn();
   std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    check_cuda(cudaEventRecord(a), "record");
-    fn();
-    check_cuda(cudaEventRecord(b), "record");
-    check_cuda(cudaEventSynchronize(b), "sync");
-    float ms = 0;
-    check_cuda(cudaEventElapsedTime(&ms, a, b), "elapsed");
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  for (int i = 0; i < reps; ++i) t.push_back(timer.ms(fn));
   return median(t);
 }
 
-// A and B launched alternately, `pairs` times, each timed alone: the median time of each, and the median of the ratios
-// B / A of adjacent launches (the GPU's clock drifts with its load; alternation cancels most of it).
 // --experiments 0: the earlier experiments' timings (the blocks below this table's, decided in docs/benchmarks-gpu.md)
 // are skipped and print as nan; their correctness checks still run. Saves about half of a call's GPU time.
 bool g_experiments = true;
@@ -103,57 +117,36 @@ double time_exp(int reps, Fn&& fn) {
   return g_experiments ? time_ms(reps, fn) : std::nan("");
 }
 
+// A and B launched alternately, `pairs` times, each timed alone: the median time of each, and the median of the ratios
+// B / A of adjacent launches (the GPU's clock drifts with its load; alternation cancels most of it).
 struct AbTimes {
   double a_ms, b_ms, ratio;
 };
 template <class FnA, class FnB>
 AbTimes time_ab(int pairs, FnA&& fa, FnB&& fb) {
-  cudaEvent_t e0, e1;
-  check_cuda(cudaEventCreate(&e0), "event");
-  check_cuda(cudaEventCreate(&e1), "event");
-  auto one = [&](auto& fn) {
-    check_cuda(cudaEventRecord(e0), "record");
-    fn();
-    check_cuda(cudaEventRecord(e1), "record");
-    check_cuda(cudaEventSynchronize(e1), "sync");
-    float ms = 0;
-    check_cuda(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-    return static_cast<double>(ms);
-  };
+  EventTimer timer;
   for (int i = 0; i < 3; ++i) {
     fa();
     fb();
   }
   std::vector<double> ta, tb, ratio;
   for (int i = 0; i < pairs; ++i) {
-    const double x = i % 2 == 0 ? one(fa) : one(fb);
-    const double y = i % 2 == 0 ? one(fb) : one(fa);
+    const double x = i % 2 == 0 ? timer.ms(fa) : timer.ms(fb);
+    const double y = i % 2 == 0 ? timer.ms(fb) : timer.ms(fa);
     ta.push_back(i % 2 == 0 ? x : y);
     tb.push_back(i % 2 == 0 ? y : x);
     ratio.push_back(tb.back() / ta.back());
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   return {median(ta), median(tb), median(ratio)};
 }
 
 // Runs fn back to back for about `ms` milliseconds of GPU time (clocks settle under sustained load).
 template <class Fn>
 void sustain(double ms, Fn&& fn) {
-  cudaEvent_t a, b;
-  check_cuda(cudaEventCreate(&a), "event");
-  check_cuda(cudaEventCreate(&b), "event");
-  check_cuda(cudaEventRecord(a), "record");
-  fn();
-  check_cuda(cudaEventRecord(b), "record");
-  check_cuda(cudaEventSynchronize(b), "sync");
-  float one = 0;
-  check_cuda(cudaEventElapsedTime(&one, a, b), "elapsed");
-  const int n = static_cast<int>(ms / std::max(one, 0.01f));
+  const double one = EventTimer().ms(fn);
+  const int n = static_cast<int>(ms / std::max(one, 0.01));
   for (int i = 0; i < n; ++i) fn();
   check_cuda(cudaDeviceSynchronize(), "sustain");
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
 }
 
 struct Result {
