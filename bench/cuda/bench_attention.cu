@@ -153,7 +153,7 @@ struct Result {
   std::string preset;
   int64_t tokens, pairs;
   bool seg_rule;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, tmao_fwd[4], persist_fwd[3], persist_check, cold_fwd_ms, warm_fwd_ms, fwd_idle_ms, dkdv_bwd[4], dkdv_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, tmao_fwd[4], persist_fwd[3], prefetch_fwd[3], persist_check, cold_fwd_ms, warm_fwd_ms, fwd_idle_ms, dkdv_bwd[4], dkdv_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -381,6 +381,12 @@ int main(int argc, char** argv) {
           r.persist_fwd[0] = ab.a_ms;
           r.persist_fwd[1] = ab.b_ms;
           r.persist_fwd[2] = ab.ratio;
+          // the item published one item ahead (launch variant 6) against 5 and against 3
+          const AbTimes ab65 = time_ab(4 * reps, [&] { run(5); }, [&] { run(6); });
+          const AbTimes ab63 = time_ab(4 * reps, [&] { run(3); }, [&] { run(6); });
+          r.prefetch_fwd[0] = ab65.b_ms;
+          r.prefetch_fwd[1] = ab65.ratio;
+          r.prefetch_fwd[2] = ab63.ratio;
           // the persistent forward's output against the default's (bitwise: same arithmetic per item)
           std::vector<uint16_t> o3(static_cast<size_t>(S) * kHq * kD), o5(o3.size());
           treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 3);
@@ -389,6 +395,10 @@ int main(int argc, char** argv) {
           treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 5, nullptr, counter);
           check_cuda(cudaMemcpy(o5.data(), fp.o, o5.size() * 2, cudaMemcpyDeviceToHost), "copy O");
           r.persist_check = o3 == o5 ? 0.0 : 1.0;
+          check_cuda(cudaMemset(fp.o, 0xff, o3.size() * 2), "poison O");
+          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 6, nullptr, counter);
+          check_cuda(cudaMemcpy(o5.data(), fp.o, o5.size() * 2, cudaMemcpyDeviceToHost), "copy O");
+          if (o3 != o5) r.persist_check += 2.0;
           check_cuda(cudaFree(counter), "counter");
         }
         {
@@ -638,10 +648,16 @@ int main(int argc, char** argv) {
       std::printf("  %-12s %.3f / %.3f  (%+.1f%%)\n", r.preset.c_str(), r.cold_fwd_ms, r.warm_fwd_ms,
                   100.0 * (r.warm_fwd_ms / r.cold_fwd_ms - 1.0));
     std::printf("\nwarp-specialised forward kernel, ms: one block per item (A) / persistent (B: one block per SM, items from a "
-                "counter), launched alternately (median of each, median of B / A of adjacent launches; O bitwise equal: 0)\n");
+                "counter), launched alternately (median of each, median of B / A of adjacent launches; O bitwise equal: 0; "
+                "+1: variant 5 differs, +2: variant 6 differs)\n");
     for (const Result& r : results)
       std::printf("  %-12s %.3f / %.3f  (persistent %+.1f%%; check %.0f)\n", r.preset.c_str(), r.persist_fwd[0],
                   r.persist_fwd[1], 100.0 * (r.persist_fwd[2] - 1.0), r.persist_check);
+    std::printf("\npersistent forward with the item published one item ahead (launch variant 6), alternated: ms, against "
+                "variant 5, against one block per item (3)\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f  (%+.1f%% vs 5, %+.1f%% vs 3)\n", r.preset.c_str(), r.prefetch_fwd[0],
+                  100.0 * (r.prefetch_fwd[1] - 1.0), 100.0 * (r.prefetch_fwd[2] - 1.0));
     std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by dK/dV epilogue, ms: read-add-write / TMA bulk "
                 "reductions / TMA / read-add-write, timed A B B A in the rule's order (relative change of sum |dK| + |dV|)\n");
     for (const Result& r : results)

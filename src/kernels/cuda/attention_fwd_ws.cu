@@ -279,9 +279,12 @@ __device__ __forceinline__ void fwd_store_empty(const FwdArgs& args, const int (
   }
 }
 
-constexpr int kWspSmem = (2 * kWsRows + 2 * kWsStages * kWsKeys) * kWsD * 2 + 8 * (2 + 2 * kWsStages) + 1024;
+constexpr int kWspSmem = (2 * kWsRows + 2 * kWsStages * kWsKeys) * kWsD * 2 + 8 * (4 + 2 * kWsStages) + 1024;
 
-template <bool kTrace = false>
+// kPrefetch (launch variant 6): the producer publishes each item one item ahead, into two alternating slots of the
+// block's scratch with an mbarrier per slot (itemfull), and the consumers read item j + 1 during item j's first step,
+// so that the read's L2 round trip is off the item boundary. Without it (variant 5) the item is read at the boundary.
+template <bool kTrace = false, bool kPrefetch = false>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_kernel(const __grid_constant__ FwdWsArgs w) {
   constexpr int D = kWsD, BM = kWsRows, BN = kWsKeys;
   const FwdArgs& args = w.a;
@@ -292,10 +295,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
   const uint32_t sO = sQ + BM * D * 2;                  // the epilogue's staging panels
   const uint32_t sK = sO + BM * D * 2;                  // [stage][BN x D panels]
   const uint32_t sV = sK + kWsStages * BN * D * 2;      // [stage][BN x D panels]
-  const uint32_t bars = sV + kWsStages * BN * D * 2;    // qfull, qempty, full[kWsStages], empty[kWsStages]
+  // qfull, qempty, full[kWsStages], empty[kWsStages], kPrefetch: itemfull[2]
+  const uint32_t bars = sV + kWsStages * BN * D * 2;
   const uint32_t qfull = bars, qempty = bars + 8;
   auto full = [&](int s) { return bars + 16 + 8 * s; };
   auto empty = [&](int s) { return bars + 16 + 8 * kWsStages + 8 * s; };
+  auto itemfull = [&](int i) { return bars + 16 + 16 * kWsStages + 8 * (i & 1); };  // item i's slot, phase (i / 2) & 1
 
   const AttentionForwardParams& p = args.p;
   const auto& L = args.lists;
@@ -308,6 +313,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       mbar_init(full(s), 1);
       mbar_init(empty(s), 8);
     }
+    if constexpr (kPrefetch) {
+      mbar_init(itemfull(0), 1);
+      mbar_init(itemfull(1), 1);
+    }
     mbar_init_fence();
   }
   __syncthreads();
@@ -317,11 +326,51 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
   // that phase has completed (the mbarrier's release and acquire order the global accesses as well), and arrives on
   // qempty once it holds Q in registers and has read the scratch, before the producer rewrites either. (Shared memory
   // here would be ordered by the same mbarriers, which compute-sanitizer's racecheck does not follow.)
-  int4* scratch = reinterpret_cast<int4*>(w.counter) + 2 + 2 * blockIdx.x;
+  int4* scratch = reinterpret_cast<int4*>(w.counter) + 2 + 4 * blockIdx.x;  // kPrefetch: item i in scratch + 2 (i % 2)
   if (threadIdx.x >= 256) {
     setmaxnreg_dec<24>();
     if (threadIdx.x != 256) return;
     const int items = L.num_major * p.hkv;
+    if constexpr (kPrefetch) {
+      // item i's words into its slot, then its itemfull phase (the release orders the stores before it)
+      auto publish = [&](int i, int item) {
+        int4* slot = scratch + 2 * (i & 1);
+        if (item >= items) {
+          st_volatile(slot, make_int4(-1, 0, 0, 0));
+        } else {
+          const int tile = L.order[item / p.hkv];
+          const int e_begin = L.offsets[tile], e_end = L.offsets[tile + 1];
+          st_volatile(slot, make_int4(tile, item % p.hkv, e_begin, e_end));
+          st_volatile(slot + 1, make_int4(e_begin < e_end ? L.entries[e_begin].tile_begin : 0, item, 0, 0));
+        }
+        mbar_arrive(itemfull(i));
+      };
+      publish(0, blockIdx.x);
+      int n = 0;
+      for (int j = 0;; ++j) {
+        if (j > 0) mbar_wait(qempty, (j - 1) & 1);  // the consumers hold Q(j - 1) and have read item j + 1's slot's last
+        const int4 q = ld_volatile(scratch + 2 * (j & 1));  // this thread's own words for item j
+        if (q.x < 0) break;
+        mbar_expect_tx(qfull, BM * D * 2);
+        for (int pnl = 0; pnl < D / 64; ++pnl)
+          tma_load_3d(sQ + pnl * BM * 128, &w.tq, pnl * 64, q.y * G, q.x * L.major_tile_rows, qfull);
+        publish(j + 1, atomicAdd(w.counter, 1) + static_cast<int>(gridDim.x));
+        const int4 it = ld_volatile(scratch + 2 * (j & 1));  // again: fewer live registers across publish (24 here)
+        const int first = ld_volatile(scratch + 2 * (j & 1) + 1).x;
+        const int kvh = it.y, e_begin = it.z, e_end = it.w;
+        for (RunCursor cur{e_begin, first}; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
+          const int s = n % kWsStages;
+          if (n >= kWsStages) mbar_wait(empty(s), ((n / kWsStages) - 1) & 1);
+          mbar_expect_tx(full(s), 2 * BN * D * 2);
+          const int k0 = L.minor_start[cur.tile];
+          for (int pnl = 0; pnl < D / 64; ++pnl) {
+            tma_load_3d(sK + s * BN * D * 2 + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, full(s));
+            tma_load_3d(sV + s * BN * D * 2 + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, full(s));
+          }
+        }
+      }
+      return;
+    }
     int item = blockIdx.x, n = 0;
     for (int j = 0;; ++j) {
       if (j > 0) mbar_wait(qempty, (j - 1) & 1);
@@ -412,11 +461,28 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       due = false;
     }
   };
+  // kPrefetch: this item's words (read during the previous item's first step) and the next item's
+  int4 item = make_int4(0, 0, 0, 0), item2 = item, next_item = item, next_item2 = item;
+  auto read_next = [&](int j) {  // item j + 1's words, once published
+    mbar_wait(itemfull(j + 1), ((j + 1) >> 1) & 1);
+    next_item = ld_volatile(scratch + 2 * ((j + 1) & 1));
+    next_item2 = ld_volatile(scratch + 2 * ((j + 1) & 1) + 1);
+  };
+  if constexpr (kPrefetch) {
+    read_next(-1);
+    item = next_item;
+    item2 = next_item2;
+  }
   for (int j = 0;; ++j) {
-    mbar_wait(qfull, j & 1);
-    const int4 item = ld_volatile(scratch);       // tile (-1: no more), KV head, runs [begin, end)
-    const int4 item2 = ld_volatile(scratch + 1);  // the first run's first tile, the item's index
-    if (item.x < 0) break;
+    if constexpr (kPrefetch) {
+      if (item.x < 0) break;
+      mbar_wait(qfull, j & 1);
+    } else {
+      mbar_wait(qfull, j & 1);
+      item = ld_volatile(scratch);       // tile (-1: no more), KV head, runs [begin, end)
+      item2 = ld_volatile(scratch + 1);  // the first run's first tile, the item's index
+      if (item.x < 0) break;
+    }
     const int tile = item.x, kvh = item.y, e_begin = item.z, e_end = item.w;
     unsigned long long* trace = nullptr;
     if constexpr (kTrace) {
@@ -444,6 +510,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     if (e_begin == e_end) {  // no visible key: O = 0 and LSE = -inf, stored directly; pending work stays pending
       fwd_store_empty(args, row, tok, kvh, lane);
+      if constexpr (kPrefetch) {
+        read_next(j);
+        item = next_item;
+        item2 = next_item2;
+      }
       continue;
     }
     // One step; the item's first (kFirst) may find no P V pending (the block's first item) and does the previous
@@ -463,6 +534,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       wgmma_commit();
       if (!kFirst || pending) fwd_issue_pv<D, BN>(o, pa, prev_vs16);
       wgmma_commit();
+      if constexpr (kPrefetch && kFirst) read_next(j);  // under the GEMMs; used at the next item's start
       wgmma_wait<1>();  // S(n) only: P V(n - 1), maybe the previous item's last, stays in flight under the softmax
       wgmma_fence_operands(sc);
       if constexpr (kTrace && kFirst)
@@ -505,6 +577,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
         trace[12] = globaltimer();
         trace[6] = n;  // steps so far, all items of this block
       }
+    if constexpr (kPrefetch) {
+      item = next_item;
+      item2 = next_item2;
+    }
     due = true;  // this item's last P V is pending
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -537,10 +613,12 @@ bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant, unsi
   if (variant >= 3)
     w.to = tensor_map_d128(kWho, a.p.o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
                            static_cast<uint32_t>(a.group), static_cast<uint32_t>(64 / a.group));
-  if (variant == 5) {
+  if (variant == 5 || variant == 6) {
     require(counter != nullptr, kWho, "the persistent forward needs a counter");
     check_cuda(cudaMemsetAsync(counter, 0, sizeof(int), stream), "attention_forward (ws): zero the item counter");
-    auto* pk = trace != nullptr ? attention_fwd_ws_persistent_kernel<true> : attention_fwd_ws_persistent_kernel<false>;
+    auto* pk = variant == 6        ? attention_fwd_ws_persistent_kernel<false, true>
+               : trace != nullptr ? attention_fwd_ws_persistent_kernel<true>
+                                  : attention_fwd_ws_persistent_kernel<false>;
     check_cuda(cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, kWspSmem),
                "attention_forward (ws): shared memory limit");
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, sm_count()));

@@ -37,7 +37,8 @@ void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);
 // [5] the previous item's epilogue done, [6] the block's steps so far.
 constexpr int kFwdTraceWords = 16;
 // 5: the persistent form of 3, one block per SM taking items from a counter; `counter` is a workspace of
-// fwd_ws_workspace_bytes() (its counter is zeroed here on `stream`; each block passes its items through the rest).
+// fwd_ws_workspace_bytes() (its counter is zeroed here on `stream`; each block passes its items through the rest);
+// 6: 5 with each item published one item ahead (attention_fwd_ws.cu, kPrefetch).
 bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant, unsigned long long* trace = nullptr,
                         int* counter = nullptr);
 // The warp-specialised TMA backward (attention_bwd_ws.cu); false when it does not apply: head dim 128, G
@@ -54,7 +55,7 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant);
 
 // SMs of the current device, cached per device (attention_bwd_ws.cu).
 int sm_count();
-// Bytes of the persistent forward's workspace on the current device: 32 for the item counter, 32 per block.
-inline size_t fwd_ws_workspace_bytes() { return 32 + 32 * static_cast<size_t>(sm_count()); }
+// Bytes of the persistent forward's workspace on the current device: 32 for the item counter, 64 per block.
+inline size_t fwd_ws_workspace_bytes() { return 32 + 64 * static_cast<size_t>(sm_count()); }
 
 }  // namespace treecp::cuda::detail
