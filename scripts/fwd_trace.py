@@ -7,7 +7,8 @@ forward (launch variant 4), kFwdTraceWords = 16 uint64 (src/kernels/cuda/launch.
 stores done, [11] / [12] %globaltimer at [1] / [5]). This prints, per preset, the mean of each phase in SM cycles,
 the gap between consecutive blocks on one SM, the share of SM time outside the steps, and how a static order
 (round robin or snake over the launch order, one block per SM) would balance the measured block costs against a
-greedy one (the hardware's, or a persistent kernel's counter).
+greedy one (the hardware's, or a persistent kernel's counter). Where <preset>_fwdtrace_cold.bin is there too (the
+same launch after a second of idle GPU), it prints that one as well.
 
   python3 scripts/fwd_trace.py DIR [preset ...]     (standard library only)
 """
@@ -90,9 +91,12 @@ def main():
     for name in names:
         path = os.path.join(d, f"{name}_fwdtrace.bin")
         if os.path.exists(path):
-            report(name, load(path))
+            report(f"{name} (sustained)", load(path))
         else:
             print(f"{name}: {path} not found")
+        cold = os.path.join(d, f"{name}_fwdtrace_cold.bin")
+        if os.path.exists(cold):
+            report(f"{name} (after 1 s idle)", load(cold))
 
 
 if __name__ == "__main__":

@@ -245,8 +245,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
 
 // The persistent form: one block per SM takes items (query tile, KV head) in the order of the one-block-per-item
 // grid, blockIdx.x first, then one at a time from a global counter, so an SM that finishes early takes the next.
-// The producer walks the items back to back: it publishes each item in shared memory with its Q load (one Q
-// buffer, refilled once the consumers hold Q in registers) and the K/V ring runs on across items, so the next
+// The producer walks the items back to back: it publishes each item in the block's global scratch (below) with its Q
+// load (one Q buffer, refilled once the consumers hold Q in registers) and the K/V ring runs on across items, so the next
 // item's Q and first tiles are loaded under the current one's last steps. The consumers carry the overlap
 // across the item boundary: a new item's first S GEMM is issued with the previous item's last P V, and the
 // previous item's epilogue runs once that P V has retired, its O staged in a buffer of its own and stored by TMA
@@ -284,7 +284,7 @@ constexpr int kWspSmem = (2 * kWsRows + 2 * kWsStages * kWsKeys) * kWsD * 2 + 8 
 // kPrefetch (launch variant 6): the producer publishes each item one item ahead, into two alternating slots of the
 // block's scratch with an mbarrier per slot (itemfull), and the consumers read item j + 1 during item j's first step,
 // so that the read's L2 round trip is off the item boundary. Without it (variant 5) the item is read at the boundary.
-template <bool kTrace = false, bool kPrefetch = false>
+template <bool kPrefetch>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_kernel(const __grid_constant__ FwdWsArgs w) {
   constexpr int D = kWsD, BM = kWsRows, BN = kWsKeys;
   const FwdArgs& args = w.a;
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
   }
   __syncthreads();
 
-  // The item reaches the consumers through this block's 32 bytes of global scratch in the workspace: the producer
+  // Without kPrefetch the item reaches the consumers through this block's first 32 bytes of global scratch: the producer
   // writes it, then arrives on qfull (with Q's bytes, or alone for the end mark: tile -1); a consumer reads it once
   // that phase has completed (the mbarrier's release and acquire order the global accesses as well), and arrives on
   // qempty once it holds Q in registers and has read the scratch, before the producer rewrites either. (Shared memory
@@ -484,17 +484,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       if (item.x < 0) break;
     }
     const int tile = item.x, kvh = item.y, e_begin = item.z, e_end = item.w;
-    unsigned long long* trace = nullptr;
-    if constexpr (kTrace) {
-      trace = w.trace + static_cast<size_t>(item2.y) * kFwdTraceWords;
-      if (threadIdx.x == 0) {
-        unsigned sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        trace[0] = sm;
-        trace[1] = clock64();
-        trace[11] = globaltimer();
-      }
-    }
     {
       const int mi = lane / 8, rr = wg * 64 + (warp % 4) * 16 + (mi % 2) * 8 + lane % 8;
 #pragma unroll
@@ -537,8 +526,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       if constexpr (kPrefetch && kFirst) read_next(j);  // under the GEMMs; used at the next item's start
       wgmma_wait<1>();  // S(n) only: P V(n - 1), maybe the previous item's last, stays in flight under the softmax
       wgmma_fence_operands(sc);
-      if constexpr (kTrace && kFirst)
-        if (threadIdx.x == 0) trace[3] = clock64();
       float corrs[2];
       const bool rescale = fwd_tile_softmax<BN>(sc, args, cur, lane, tok, m, l, sl2, corrs);
       uint32_t pn[BN / 16][4];
@@ -554,8 +541,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
         if (due) {  // O holds the previous item's result; this step's corrs are 0 (m was -inf)
           epilogue(pm, pl, ptok, pkvh, pt0);
           due = false;
-          if constexpr (kTrace)
-            if (threadIdx.x == 0) trace[5] = clock64();
         }
       }
       fwd_rescale_o<D>(o, rescale, corrs);
@@ -571,12 +556,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
     };
     step(std::true_type{});
     while (cur.entry < e_end) step(std::false_type{});
-    if constexpr (kTrace)
-      if (threadIdx.x == 0) {
-        trace[4] = clock64();
-        trace[12] = globaltimer();
-        trace[6] = n;  // steps so far, all items of this block
-      }
     if constexpr (kPrefetch) {
       item = next_item;
       item2 = next_item2;
@@ -616,9 +595,7 @@ bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant, unsi
   if (variant == 5 || variant == 6) {
     require(counter != nullptr, kWho, "the persistent forward needs a counter");
     check_cuda(cudaMemsetAsync(counter, 0, sizeof(int), stream), "attention_forward (ws): zero the item counter");
-    auto* pk = variant == 6        ? attention_fwd_ws_persistent_kernel<false, true>
-               : trace != nullptr ? attention_fwd_ws_persistent_kernel<true>
-                                  : attention_fwd_ws_persistent_kernel<false>;
+    auto* pk = variant == 6 ? attention_fwd_ws_persistent_kernel<true> : attention_fwd_ws_persistent_kernel<false>;
     check_cuda(cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, kWspSmem),
                "attention_forward (ws): shared memory limit");
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, sm_count()));

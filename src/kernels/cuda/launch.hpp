@@ -33,8 +33,7 @@ void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);
 // 4 (bench only): 3 writing kFwdTraceWords clock64 values per block into `trace` (blocks x words):
 // [0] SM, [1] start, [2] Q ready, [10] first K/V ready, [3] first S ready, [4] last P V retired, [6] steps,
 // [5] / [7] warpgroup 0 / 1's O stores have read shared memory, [8] / [9] producer: Q / first K/V issued,
-// [11] / [12] %globaltimer (ns) at [1] / [5]. With 5, per item: [0], [1] (its Q is ready), [3], [4], [11], [12] (at [4]),
-// [5] the previous item's epilogue done, [6] the block's steps so far.
+// [11] / [12] %globaltimer (ns) at [1] / [5].
 constexpr int kFwdTraceWords = 16;
 // 5: the persistent form of 3, one block per SM taking items from a counter; `counter` is a workspace of
 // fwd_ws_workspace_bytes() (its counter is zeroed here on `stream`; each block passes its items through the rest);
