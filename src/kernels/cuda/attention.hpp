@@ -187,10 +187,11 @@ struct AttentionForwardParams {
   using Mainloop = cuda::Mainloop;
   Mainloop mainloop = Mainloop::kDefault;
   // Optional device workspace of attention_forward_workspace_bytes() bytes. With it, the warp-specialised forward runs
-  // persistent (one block per SM taking query tiles from a counter in the workspace: the next tile's loads overlap
-  // the current one's end; run 83 measured it 2.6-3.6% faster on fixed5k and varied5k and within +-2% on dominant and
-  // art-fixed5k, docs/benchmarks-gpu.md); without it, one block per tile. A workspace given must be 16-byte aligned and large enough (else the call throws). The call zeroes what it
-  // uses on `stream`; two calls in flight at once need two workspaces.
+  // persistent (one block per SM taking query tiles from a counter in the workspace, which also carries each tile's
+  // description one tile ahead: the next tile's loads overlap the current one's end; runs 84-85 measured it 8.5%
+  // faster on fixed5k and varied5k and 0.8-3.4% on dominant and art-fixed5k, docs/benchmarks-gpu.md); without it, one
+  // block per tile. A workspace given must be 16-byte aligned and large enough (else the call throws). The call
+  // zeroes its counter on `stream`; two calls in flight at once need two workspaces.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
