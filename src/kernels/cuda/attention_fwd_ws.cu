@@ -331,6 +331,19 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
     setmaxnreg_dec<24>();
     if (threadIdx.x != 256) return;
     const int items = L.num_major * p.hkv;
+    int n = 0;  // K/V tiles loaded so far, all items: the ring runs across them
+    auto load_runs = [&](int e_begin, int first, int e_end, int kvh) {  // an item's K/V tiles into the ring
+      for (RunCursor cur{e_begin, first}; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
+        const int s = n % kWsStages;
+        if (n >= kWsStages) mbar_wait(empty(s), ((n / kWsStages) - 1) & 1);
+        mbar_expect_tx(full(s), 2 * BN * D * 2);
+        const int k0 = L.minor_start[cur.tile];
+        for (int pnl = 0; pnl < D / 64; ++pnl) {
+          tma_load_3d(sK + s * BN * D * 2 + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, full(s));
+          tma_load_3d(sV + s * BN * D * 2 + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, full(s));
+        }
+      }
+    };
     if constexpr (kPrefetch) {
       // item i's words into its slot, then its itemfull phase (the release orders the stores before it)
       auto publish = [&](int i, int item) {
@@ -346,7 +359,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
         mbar_arrive(itemfull(i));
       };
       publish(0, blockIdx.x);
-      int n = 0;
       for (int j = 0;; ++j) {
         if (j > 0) mbar_wait(qempty, (j - 1) & 1);  // the consumers hold Q(j - 1) and have read item j + 1's slot's last
         const int4 q = ld_volatile(scratch + 2 * (j & 1));  // this thread's own words for item j
@@ -358,20 +370,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
         const int4 it = ld_volatile(scratch + 2 * (j & 1));  // again: fewer live registers across publish (24 here)
         const int first = ld_volatile(scratch + 2 * (j & 1) + 1).x;
         const int kvh = it.y, e_begin = it.z, e_end = it.w;
-        for (RunCursor cur{e_begin, first}; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
-          const int s = n % kWsStages;
-          if (n >= kWsStages) mbar_wait(empty(s), ((n / kWsStages) - 1) & 1);
-          mbar_expect_tx(full(s), 2 * BN * D * 2);
-          const int k0 = L.minor_start[cur.tile];
-          for (int pnl = 0; pnl < D / 64; ++pnl) {
-            tma_load_3d(sK + s * BN * D * 2 + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, full(s));
-            tma_load_3d(sV + s * BN * D * 2 + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, full(s));
-          }
-        }
+        load_runs(e_begin, first, e_end, kvh);
       }
       return;
     }
-    int item = blockIdx.x, n = 0;
+    int item = blockIdx.x;
     for (int j = 0;; ++j) {
       if (j > 0) mbar_wait(qempty, (j - 1) & 1);
       if (item >= items) {
@@ -388,16 +391,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       mbar_expect_tx(qfull, BM * D * 2);
       for (int pnl = 0; pnl < D / 64; ++pnl)
         tma_load_3d(sQ + pnl * BM * 128, &w.tq, pnl * 64, kvh * G, tile * L.major_tile_rows, qfull);
-      for (RunCursor cur{e_begin, first}; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
-        const int s = n % kWsStages;
-        if (n >= kWsStages) mbar_wait(empty(s), ((n / kWsStages) - 1) & 1);
-        mbar_expect_tx(full(s), 2 * BN * D * 2);
-        const int k0 = L.minor_start[cur.tile];
-        for (int pnl = 0; pnl < D / 64; ++pnl) {
-          tma_load_3d(sK + s * BN * D * 2 + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, full(s));
-          tma_load_3d(sV + s * BN * D * 2 + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, full(s));
-        }
-      }
+      load_runs(e_begin, first, e_end, kvh);
       item = next;
     }
     return;
