@@ -37,6 +37,27 @@ __device__ __forceinline__ unsigned long long globaltimer() {  // kTrace: nanose
   return t;
 }
 
+// The producer's K/V loads for the runs [e_begin, e_end) of an item (the first run from tile `first`), KV head kvh:
+// tile n (counted across the block's items: the ring runs on) goes to stage n % kWsStages once the consumers have
+// released that stage's previous tile; full / empty are the stages' mbarriers. on_tile(n) runs before each tile.
+template <class Full, class Empty, class OnTile>
+__device__ __forceinline__ void fwd_ws_load_runs(const FwdWsArgs& w, uint32_t sK, uint32_t sV, Full full, Empty empty,
+                                                 int e_begin, int first, int e_end, int kvh, int& n, OnTile on_tile) {
+  constexpr int D = kWsD, BN = kWsKeys;
+  const auto& L = w.a.lists;
+  for (RunCursor cur{e_begin, first}; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
+    const int s = n % kWsStages;
+    on_tile(n);
+    if (n >= kWsStages) mbar_wait(empty(s), ((n / kWsStages) - 1) & 1);
+    mbar_expect_tx(full(s), 2 * BN * D * 2);
+    const int k0 = L.minor_start[cur.tile];  // BN rows from the tile's start, whatever its length
+    for (int pnl = 0; pnl < D / 64; ++pnl) {
+      tma_load_3d(sK + s * BN * D * 2 + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, full(s));
+      tma_load_3d(sV + s * BN * D * 2 + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, full(s));
+    }
+  }
+}
+
 // kQReg: Q in registers (ldmatrix once per block) as the A operand of S = Q K^T, so that GEMM reads only K
 // from shared memory (half its operand traffic); costs 32 of the consumers' 240 registers.
 // kOverlap: FA3's intra-warpgroup overlap. Tile n issues S(n) and then P V of tile n - 1; it waits only
@@ -99,18 +120,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     mbar_expect_tx(qfull, BM * D * 2);
     for (int pnl = 0; pnl < D / 64; ++pnl) tma_load_3d(sQ + pnl * BM * 128, &w.tq, pnl * 64, kvh * G, t0, qfull);
     stamp(8);
-    RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
-    for (int n = 0; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
-      const int s = n % kWsStages;
-      if (n == 1) stamp(9);  // the first K/V tile's loads are issued
-      if (n >= kWsStages) mbar_wait(empty(s), ((n / kWsStages) - 1) & 1);
-      mbar_expect_tx(full(s), 2 * BN * D * 2);
-      const int k0 = L.minor_start[cur.tile];  // BN rows from the tile's start, whatever its length
-      for (int pnl = 0; pnl < D / 64; ++pnl) {
-        tma_load_3d(sK + s * BN * D * 2 + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, full(s));
-        tma_load_3d(sV + s * BN * D * 2 + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, full(s));
-      }
-    }
+    const RunCursor first = RunCursor::first(L.entries, L.offsets[tile], e_end);
+    int n = 0;
+    fwd_ws_load_runs(w, sK, sV, full, empty, first.entry, first.tile, e_end, kvh, n, [&](int t) {
+      if (t == 1) stamp(9);  // the first K/V tile's loads are issued
+    });
     return;
   }
   setmaxnreg_inc<240>();
@@ -332,17 +346,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
     if (threadIdx.x != 256) return;
     const int items = L.num_major * p.hkv;
     int n = 0;  // K/V tiles loaded so far, all items: the ring runs across them
-    auto load_runs = [&](int e_begin, int first, int e_end, int kvh) {  // an item's K/V tiles into the ring
-      for (RunCursor cur{e_begin, first}; cur.entry < e_end; ++n, cur = cur.next(L.entries, e_end)) {
-        const int s = n % kWsStages;
-        if (n >= kWsStages) mbar_wait(empty(s), ((n / kWsStages) - 1) & 1);
-        mbar_expect_tx(full(s), 2 * BN * D * 2);
-        const int k0 = L.minor_start[cur.tile];
-        for (int pnl = 0; pnl < D / 64; ++pnl) {
-          tma_load_3d(sK + s * BN * D * 2 + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, full(s));
-          tma_load_3d(sV + s * BN * D * 2 + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, full(s));
-        }
-      }
+    auto load_runs = [&](int e_begin, int first, int e_end, int kvh) {
+      fwd_ws_load_runs(w, sK, sV, full, empty, e_begin, first, e_end, kvh, n, [](int) {});
     };
     if constexpr (kPrefetch) {
       // item i's words into its slot, then its itemfull phase (the release orders the stores before it)
