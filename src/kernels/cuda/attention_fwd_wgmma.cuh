@@ -251,10 +251,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
   using S = FwdWgmmaShape<D>;
   constexpr bool kOne = kBarriers == FwdBarriers::kOne;
   constexpr int BM = S::kRows, BN = S::kKeys;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  // round the dynamic shared-memory base up to the 1024-byte swizzle atom
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr));
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(dynamic_smem_1024());
   __nv_bfloat16* sK = sQ + BM * D;        // [2][BN x D panels]
   __nv_bfloat16* sV = sK + 2 * BN * D;    // [2][BN x D panels]
 

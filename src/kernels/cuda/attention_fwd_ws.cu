@@ -84,9 +84,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     }
   }
   const FwdArgs& args = w.a;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  unsigned char* base = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+  unsigned char* base = dynamic_smem_1024();
   const uint32_t sQ = smem_addr(base);
   const uint32_t sK = sQ + BM * D * 2;                  // [stage][BN x D panels]
   const uint32_t sV = sK + kWsStages * BN * D * 2;      // [stage][BN x D panels]
@@ -302,9 +300,7 @@ template <bool kPrefetch>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_kernel(const __grid_constant__ FwdWsArgs w) {
   constexpr int D = kWsD, BM = kWsRows, BN = kWsKeys;
   const FwdArgs& args = w.a;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  unsigned char* base = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+  unsigned char* base = dynamic_smem_1024();
   const uint32_t sQ = smem_addr(base);
   const uint32_t sO = sQ + BM * D * 2;                  // the epilogue's staging panels
   const uint32_t sK = sO + BM * D * 2;                  // [stage][BN x D panels]

@@ -26,6 +26,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The kernel's dynamic shared memory from its first 1024-byte boundary (the 128-byte swizzle's atom); the launches
+// that use it allocate 1024 bytes more than their layout.
+__device__ __forceinline__ unsigned char* dynamic_smem_1024() {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  return smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+}
+
 // 16-byte global->shared copy; src_bytes = 0 writes zeros (rows past the buffer).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
