@@ -154,7 +154,7 @@ struct Result {
   std::string preset;
   int64_t tokens, pairs;
   bool seg_rule;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, tmao_fwd[4], persist_fwd[3], prefetch_fwd[3], persist_check, cold_fwd_ms, warm_fwd_ms, fwd_idle_ms, dkdv_bwd[4], dkdv_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, tmao_fwd[4], persist_fwd[3], prefetch_fwd[3], held_fwd[2], held_check, persist_check, cold_fwd_ms, warm_fwd_ms, fwd_idle_ms, dkdv_bwd[4], dkdv_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -400,6 +400,22 @@ int main(int argc, char** argv) {
           treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 6, nullptr, counter);
           check_cuda(cudaMemcpy(o5.data(), fp.o, o5.size() * 2, cudaMemcpyDeviceToHost), "copy O");
           if (o3 != o5) r.persist_check += 2.0;
+          // the held-offset softmax (launch variant 7) against 6: time, alternated, and O's relative L2 difference
+          const AbTimes ab67 = time_ab(4 * reps, [&] { run(6); }, [&] { run(7); });
+          r.held_fwd[0] = ab67.b_ms;
+          r.held_fwd[1] = ab67.ratio;
+          check_cuda(cudaMemset(fp.o, 0xff, o3.size() * 2), "poison O");
+          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 7, nullptr, counter);
+          check_cuda(cudaMemcpy(o5.data(), fp.o, o5.size() * 2, cudaMemcpyDeviceToHost), "copy O");
+          {
+            double num = 0, den = 0;
+            for (size_t i = 0; i < o3.size(); ++i) {
+              const double a = bf(o3[i]), b = bf(o5[i]);
+              num += (a - b) * (a - b);
+              den += a * a;
+            }
+            r.held_check = std::sqrt(num / den);  // NaN in either (a poisoned row left unwritten) fails the check
+          }
           check_cuda(cudaFree(counter), "counter");
         }
         {
@@ -655,6 +671,11 @@ int main(int argc, char** argv) {
     for (const Result& r : results)
       std::printf("  %-12s %.3f  (%+.1f%% vs 5, %+.1f%% vs 3)\n", r.preset.c_str(), r.prefetch_fwd[0],
                   100.0 * (r.prefetch_fwd[1] - 1.0), 100.0 * (r.prefetch_fwd[2] - 1.0));
+    std::printf("\npersistent forward with the held-offset softmax (launch variant 7) against 6, alternated: ms, change, "
+                "relative L2 difference of O\n");
+    for (const Result& r : results)
+      std::printf("  %-12s %.3f  (%+.1f%% vs 6; O differs by %.1e)\n", r.preset.c_str(), r.held_fwd[0],
+                  100.0 * (r.held_fwd[1] - 1.0), r.held_check);
     std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by dK/dV epilogue, ms: read-add-write / TMA bulk "
                 "reductions / TMA / read-add-write, timed A B B A in the rule's order (relative change of sum |dK| + |dV|)\n");
     for (const Result& r : results)
@@ -662,9 +683,10 @@ int main(int argc, char** argv) {
                   r.dkdv_bwd[1], r.dkdv_bwd[2], r.dkdv_bwd[3],
                   100.0 * ((r.dkdv_bwd[1] + r.dkdv_bwd[2]) / (r.dkdv_bwd[0] + r.dkdv_bwd[3]) - 1.0), r.dkdv_check);
     for (const Result& r : results)
-      if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3) || !(r.seg_check < 1e-3) || !(r.dkdv_check < 1e-3) || r.persist_check != 0.0) {
-        std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e, block orders %.2e, dK/dV epilogues %.2e, persistent forward %.0f)\n",
-                     r.preset.c_str(), r.err_o, r.err_lse, r.seg_check, r.dkdv_check, r.persist_check);
+      if (!(r.err_o < 1e-2) || !(r.err_lse < 1e-3) || !(r.seg_check < 1e-3) || !(r.dkdv_check < 1e-3) || r.persist_check != 0.0 ||
+          !(r.held_check < 1e-2)) {
+        std::fprintf(stderr, "bench_attention: %s check failed (O %.2e, LSE %.2e, block orders %.2e, dK/dV epilogues %.2e, persistent forward %.0f, held offset %.2e)\n",
+                     r.preset.c_str(), r.err_o, r.err_lse, r.seg_check, r.dkdv_check, r.persist_check, r.held_check);
         return 1;
       }
   } catch (const std::exception& e) {

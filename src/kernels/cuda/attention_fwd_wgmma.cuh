@@ -107,28 +107,25 @@ __device__ __forceinline__ bool fwd_softmax_tile(float (&s)[BN / 2], float (&m)[
   return rescale;
 }
 
+// A listed tile's mask: keys no listed slice makes visible from the row, and where the key tile is shorter than BN
+// the keys past its end, get -inf.
+template <int BN>
+__device__ __forceinline__ void fwd_tile_mask(float (&s)[BN / 2], const FwdArgs& args, const RunCursor& cur, int lane,
+                                              const int (&tok)[2]) {
+  const auto& L = args.lists;
+  const TileEntry e = L.entries[cur.entry];
+  const int ka = L.minor_start[cur.tile], kb = L.minor_start[cur.tile + 1];
+  if (e.mask_count > 0 || kb - ka < BN) fwd_mask_tile<BN>(s, args, e, ka, kb, lane, tok);
+}
+
 // A listed tile's scores to probabilities: the mask where its run is partial or its key tile shorter than BN,
 // then the online softmax. Returns whether O needs its rows rescaled by corrs.
 template <int BN>
 __device__ __forceinline__ bool fwd_tile_softmax(float (&s)[BN / 2], const FwdArgs& args, const RunCursor& cur, int lane,
                                                  const int (&tok)[2], float (&m)[2], float (&l)[2], float sl2,
                                                  float (&corrs)[2]) {
-  const auto& L = args.lists;
-  const TileEntry e = L.entries[cur.entry];
-  const int ka = L.minor_start[cur.tile], kb = L.minor_start[cur.tile + 1];
-  if (e.mask_count > 0 || kb - ka < BN) fwd_mask_tile<BN>(s, args, e, ka, kb, lane, tok);
+  fwd_tile_mask<BN>(s, args, cur, lane, tok);
   return fwd_softmax_tile<BN>(s, m, l, sl2, corrs);
-}
-
-// O's rows times their factors, skipped when no row of the warp moved its max.
-template <int D>
-__device__ __forceinline__ void fwd_rescale_o(float (&o)[D / 2], bool rescale, const float (&corrs)[2]) {
-  if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) o[4 * j + c] *= corrs[c / 2];
-  }
 }
 
 // P as the A operands of O += P V: k16 step kk takes keys 16 kk .. +16 (accumulator blocks 2 kk, 2 kk + 1).
@@ -140,6 +137,70 @@ __device__ __forceinline__ void fwd_pack_p(const float (&s)[BN / 2], uint32_t (&
     pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
     pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
     pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// The held-offset softmax (launch variant 7). Once every row of the warp has seen a key, its offset m[h] is a score
+// of the row, and any offset gives the same O and LSE as the running max provided the exponentials neither overflow
+// nor underflow where it matters: scores far below m[h] underflow exactly as they would against the true max (m[h] is
+// a real score of the row), and scores above it are safe while 2^(s - m) stays far from fp32's (and bf16's) range.
+// So the tile is exponentiated against m[h] as it stands, without the max tree, its shuffles or O's rescale; when a
+// row's partial sum of P passes kHeldLimit (a score more than 16 above the offset, in base-2 units) the warp keeps the
+// raw scores and returns false, and the caller runs fwd_softmax_tile on them, which moves the offset. So P <= 2^16:
+// O and l keep all but 16 bits of the fp32 headroom they have under the running max (P <= 1).
+constexpr float kHeldLimit = 65536.f;  // 2^16
+// On success P goes straight into the A operands of O += P V (pn, as fwd_pack_p) and l[h] grows by the rows' sums; on
+// failure s still holds the raw scores and pn, l are untouched. (P is packed here rather than copied back into s so
+// that both of the caller's paths write pn and no register copies join them.)
+template <int BN>
+__device__ __forceinline__ bool fwd_softmax_held(const float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
+                                                 float sl2, uint32_t (&pn)[BN / 16][4]) {
+  float e[BN / 2], t[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float u[BN / 8];
+#pragma unroll
+    for (int nb = 0; nb < BN / 8; ++nb) {
+      e[4 * nb + 2 * h] = exp2_fast(fmaf(s[4 * nb + 2 * h], sl2, -m[h]));
+      e[4 * nb + 2 * h + 1] = exp2_fast(fmaf(s[4 * nb + 2 * h + 1], sl2, -m[h]));
+      u[nb] = e[4 * nb + 2 * h] + e[4 * nb + 2 * h + 1];
+    }
+#pragma unroll
+    for (int w = BN / 16; w >= 1; w /= 2)
+#pragma unroll
+      for (int i = 0; i < w; ++i) u[i] += u[i + w];
+    t[h] = u[0];
+  }
+  if (!__all_sync(0xffffffffu, t[0] <= kHeldLimit && t[1] <= kHeldLimit)) return false;  // also catches inf
+  fwd_pack_p<BN>(e, pn);
+  l[0] += t[0];
+  l[1] += t[1];
+  return true;
+}
+
+// A listed tile's P into pn: the held offset once `held` (every row of the warp has an offset; false at an item's
+// start), else, or where it does not hold, the online softmax, after which `held` is set once every row has an offset.
+// Returns whether O needs its rows rescaled by corrs (never on the held path).
+template <int BN>
+__device__ __forceinline__ bool fwd_tile_p_held(float (&s)[BN / 2], const FwdArgs& args, const RunCursor& cur, int lane,
+                                                const int (&tok)[2], float (&m)[2], float (&l)[2], float sl2,
+                                                float (&corrs)[2], bool& held, uint32_t (&pn)[BN / 16][4]) {
+  fwd_tile_mask<BN>(s, args, cur, lane, tok);
+  if (held && fwd_softmax_held<BN>(s, m, l, sl2, pn)) return false;
+  const bool rescale = fwd_softmax_tile<BN>(s, m, l, sl2, corrs);
+  held = __all_sync(0xffffffffu, m[0] > -INFINITY && m[1] > -INFINITY);
+  fwd_pack_p<BN>(s, pn);
+  return rescale;
+}
+
+// O's rows times their factors, skipped when no row of the warp moved its max.
+template <int D>
+__device__ __forceinline__ void fwd_rescale_o(float (&o)[D / 2], bool rescale, const float (&corrs)[2]) {
+  if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[4 * j + c] *= corrs[c / 2];
   }
 }
 

@@ -296,7 +296,8 @@ constexpr int kWspSmem = (2 * kWsRows + 2 * kWsStages * kWsKeys) * kWsD * 2 + 8 
 // kPrefetch (launch variant 6): the producer publishes each item one item ahead, into two alternating slots of the
 // block's scratch with an mbarrier per slot (itemfull), and the consumers read item j + 1 during item j's first step,
 // so that the read's L2 round trip is off the item boundary. Without it (variant 5) the item is read at the boundary.
-template <bool kPrefetch>
+// kHeld (launch variant 7): the held-offset softmax (fwd_tile_p_held) after each item's first step.
+template <bool kPrefetch, bool kHeld = false>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_kernel(const __grid_constant__ FwdWsArgs w) {
   constexpr int D = kWsD, BM = kWsRows, BN = kWsKeys;
   const FwdArgs& args = w.a;
@@ -504,6 +505,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
     // One step; the item's first (kFirst) may find no P V pending (the block's first item) and does the previous
     // item's epilogue. The loop over the other steps holds neither, like the one-block-per-item kernel's.
     RunCursor cur{e_begin, item2.x};
+    bool held = false;  // kHeld: every row of the warp has its offset
     auto step = [&](auto first) {
       constexpr bool kFirst = decltype(first)::value;
       const int s = n % kWsStages;
@@ -521,10 +523,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       if constexpr (kPrefetch && kFirst) read_next(j);  // under the GEMMs; used at the next item's start
       wgmma_wait<1>();  // S(n) only: P V(n - 1), maybe the previous item's last, stays in flight under the softmax
       wgmma_fence_operands(sc);
-      float corrs[2];
-      const bool rescale = fwd_tile_softmax<BN>(sc, args, cur, lane, tok, m, l, sl2, corrs);
+      float corrs[2] = {1.f, 1.f};
+      bool rescale;
       uint32_t pn[BN / 16][4];
-      fwd_pack_p<BN>(sc, pn);
+      if constexpr (kHeld) {
+        rescale = fwd_tile_p_held<BN>(sc, args, cur, lane, tok, m, l, sl2, corrs, held, pn);
+      } else {
+        rescale = fwd_tile_softmax<BN>(sc, args, cur, lane, tok, m, l, sl2, corrs);
+        fwd_pack_p<BN>(sc, pn);
+      }
       wgmma_wait<0>();
       wgmma_fence_operands(o);
       wgmma_fence_operands(pa);
@@ -587,10 +594,12 @@ bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant, unsi
   if (variant >= 3)
     w.to = tensor_map_d128(kWho, a.p.o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
                            static_cast<uint32_t>(a.group), static_cast<uint32_t>(64 / a.group));
-  if (variant == 5 || variant == 6) {
+  if (variant >= 5 && variant <= 7) {
     require(counter != nullptr, kWho, "the persistent forward needs a counter");
     check_cuda(cudaMemsetAsync(counter, 0, sizeof(int), stream), "attention_forward (ws): zero the item counter");
-    auto* pk = variant == 6 ? attention_fwd_ws_persistent_kernel<true> : attention_fwd_ws_persistent_kernel<false>;
+    auto* pk = variant == 7   ? attention_fwd_ws_persistent_kernel<true, true>
+               : variant == 6 ? attention_fwd_ws_persistent_kernel<true>
+                              : attention_fwd_ws_persistent_kernel<false>;
     check_cuda(cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, kWspSmem),
                "attention_forward (ws): shared memory limit");
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, sm_count()));
