@@ -6,7 +6,7 @@
 
 namespace treecp::cuda::test {
 
-int fwd_wgmma_variant_count() { return 11; }
+int fwd_wgmma_variant_count() { return 12; }
 
 namespace {
 template <int D>
@@ -23,8 +23,8 @@ void launch_fwd_wgmma_d(const detail::FwdArgs& a, int variant) {
 void launch_fwd_wgmma_variant(const detail::FwdArgs& a, int head_dim, int variant) {
   // variants 4-7: the warp-specialised TMA forward (attention_fwd_ws.cu) with its launch variants 0-3 (5: Q in
   // registers, 6: also the intra-warpgroup overlap, 7: also O stored by TMA) where it applies, else the default
-  // 8-10: its persistent forms (launch variants 5-7)
-  if (variant >= 8 && variant <= 10) {
+  // 8-11: its persistent forms (launch variants 5-8)
+  if (variant >= 8 && variant <= 11) {
     static int* counter = nullptr;  // one workspace for the test process, its counter zeroed by each launch
     if (counter == nullptr) check_cuda(cudaMalloc(&counter, detail::fwd_ws_workspace_bytes()), "test workspace");
     if (head_dim == 128 && detail::launch_fwd_ws_d128(a, nullptr, variant - 3, nullptr, counter)) return;

@@ -16,7 +16,7 @@ constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
 constexpr int kBwdWsVariant = 1 | 64;
 // the warp-specialised forward: Q in registers, the intra-warpgroup overlap, O stored by TMA
 constexpr int kFwdWsVariant = 3;
-constexpr int kFwdWsPersistentVariant = 7;  // with a workspace (AttentionForwardParams::workspace)
+constexpr int kFwdWsPersistentVariant = 8;  // with a workspace (AttentionForwardParams::workspace)
 
 // The warp-specialised backward's launch variant for this plan: the segment order with every walk reversed
 // where the plan says it shares more through the L2 cache (DeviceTilePlan::bwd_segment_order), else the

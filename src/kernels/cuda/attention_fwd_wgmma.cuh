@@ -152,7 +152,8 @@ constexpr float kHeldLimit = 65536.f;  // 2^16
 // On success P goes straight into the A operands of O += P V (pn, as fwd_pack_p) and l[h] grows by the rows' sums; on
 // failure s still holds the raw scores and pn, l are untouched. (P is packed here rather than copied back into s so
 // that both of the caller's paths write pn and no register copies join them.)
-template <int BN>
+// kEarlyPack (launch variant 8): P packed before the vote, so the packs need not wait for it (the fallback packs again).
+template <int BN, bool kEarlyPack = false>
 __device__ __forceinline__ bool fwd_softmax_held(const float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
                                                  float sl2, uint32_t (&pn)[BN / 16][4]) {
   float e[BN / 2], t[2];
@@ -171,8 +172,9 @@ __device__ __forceinline__ bool fwd_softmax_held(const float (&s)[BN / 2], const
       for (int i = 0; i < w; ++i) u[i] += u[i + w];
     t[h] = u[0];
   }
+  if constexpr (kEarlyPack) fwd_pack_p<BN>(e, pn);
   if (!__all_sync(0xffffffffu, t[0] <= kHeldLimit && t[1] <= kHeldLimit)) return false;  // also catches inf
-  fwd_pack_p<BN>(e, pn);
+  if constexpr (!kEarlyPack) fwd_pack_p<BN>(e, pn);
   l[0] += t[0];
   l[1] += t[1];
   return true;
@@ -181,12 +183,12 @@ __device__ __forceinline__ bool fwd_softmax_held(const float (&s)[BN / 2], const
 // A listed tile's P into pn: the held offset once `held` (every row of the warp has an offset; false at an item's
 // start), else, or where it does not hold, the online softmax, after which `held` is set once every row has an offset.
 // Returns whether O needs its rows rescaled by corrs (never on the held path).
-template <int BN>
+template <int BN, bool kEarlyPack = false>
 __device__ __forceinline__ bool fwd_tile_p_held(float (&s)[BN / 2], const FwdArgs& args, const RunCursor& cur, int lane,
                                                 const int (&tok)[2], float (&m)[2], float (&l)[2], float sl2,
                                                 float (&corrs)[2], bool& held, uint32_t (&pn)[BN / 16][4]) {
   fwd_tile_mask<BN>(s, args, cur, lane, tok);
-  if (held && fwd_softmax_held<BN>(s, m, l, sl2, pn)) return false;
+  if (held && fwd_softmax_held<BN, kEarlyPack>(s, m, l, sl2, pn)) return false;
   const bool rescale = fwd_softmax_tile<BN>(s, m, l, sl2, corrs);
   held = __all_sync(0xffffffffu, m[0] > -INFINITY && m[1] > -INFINITY);
   fwd_pack_p<BN>(s, pn);

@@ -296,8 +296,9 @@ constexpr int kWspSmem = (2 * kWsRows + 2 * kWsStages * kWsKeys) * kWsD * 2 + 8 
 // kPrefetch (launch variant 6): the producer publishes each item one item ahead, into two alternating slots of the
 // block's scratch with an mbarrier per slot (itemfull), and the consumers read item j + 1 during item j's first step,
 // so that the read's L2 round trip is off the item boundary. Without it (variant 5) the item is read at the boundary.
-// kHeld (launch variant 7): the held-offset softmax (fwd_tile_p_held) after each item's first step.
-template <bool kPrefetch, bool kHeld = false>
+// kHeld (launch variant 7): the held-offset softmax (fwd_tile_p_held) after each item's first step; 2 (variant 8, the
+// default): with P packed before the guard's vote.
+template <bool kPrefetch, int kHeld = 0>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_kernel(const __grid_constant__ FwdWsArgs w) {
   constexpr int D = kWsD, BM = kWsRows, BN = kWsKeys;
   const FwdArgs& args = w.a;
@@ -527,7 +528,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       bool rescale;
       uint32_t pn[BN / 16][4];
       if constexpr (kHeld) {
-        rescale = fwd_tile_p_held<BN>(sc, args, cur, lane, tok, m, l, sl2, corrs, held, pn);
+        rescale = fwd_tile_p_held<BN, kHeld == 2>(sc, args, cur, lane, tok, m, l, sl2, corrs, held, pn);
       } else {
         rescale = fwd_tile_softmax<BN>(sc, args, cur, lane, tok, m, l, sl2, corrs);
         fwd_pack_p<BN>(sc, pn);
@@ -594,10 +595,11 @@ bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant, unsi
   if (variant >= 3)
     w.to = tensor_map_d128(kWho, a.p.o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
                            static_cast<uint32_t>(a.group), static_cast<uint32_t>(64 / a.group));
-  if (variant >= 5 && variant <= 7) {
+  if (variant >= 5 && variant <= 8) {
     require(counter != nullptr, kWho, "the persistent forward needs a counter");
     check_cuda(cudaMemsetAsync(counter, 0, sizeof(int), stream), "attention_forward (ws): zero the item counter");
-    auto* pk = variant == 7   ? attention_fwd_ws_persistent_kernel<true, true>
+    auto* pk = variant == 8   ? attention_fwd_ws_persistent_kernel<true, 2>
+               : variant == 7 ? attention_fwd_ws_persistent_kernel<true, 1>
                : variant == 6 ? attention_fwd_ws_persistent_kernel<true>
                               : attention_fwd_ws_persistent_kernel<false>;
     check_cuda(cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, kWspSmem),

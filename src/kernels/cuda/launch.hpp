@@ -38,7 +38,7 @@ constexpr int kFwdTraceWords = 16;
 // 5: the persistent form of 3, one block per SM taking items from a counter; `counter` is a workspace of
 // fwd_ws_workspace_bytes() (its counter is zeroed here on `stream`; each block passes its items through the rest);
 // 6: 5 with each item published one item ahead (attention_fwd_ws.cu, kPrefetch); 7: 6 with the held-offset softmax
-// (attention_fwd_wgmma.cuh, fwd_tile_p_held).
+// (attention_fwd_wgmma.cuh, fwd_tile_p_held); 8: 7 with P packed before the held path's vote.
 bool launch_fwd_ws_d128(const FwdArgs& a, cudaStream_t stream, int variant, unsigned long long* trace = nullptr,
                         int* counter = nullptr);
 // The warp-specialised TMA backward (attention_bwd_ws.cu); false when it does not apply: head dim 128, G
