@@ -190,7 +190,7 @@ struct AttentionForwardParams {
   // persistent (one block per SM taking query tiles from a counter in the workspace, which also carries each tile's
   // description one tile ahead: the next tile's loads overlap the current one's end; runs 84-85 measured it 8.5%
   // faster on fixed5k and varied5k and 0.8-3.4% on dominant and art-fixed5k, docs/benchmarks-gpu.md), and its softmax
-  // holds each row's offset instead of a running max (9-11% faster again, runs 98-104; O then differs from the
+  // holds each row's offset instead of a running max (about 15% faster again, runs 98-106; O then differs from the
   // workspace-less call's by bf16 rounding, ~2e-3 relative); without it, one block per tile. A workspace given must be
   // 16-byte aligned and large enough (else the call throws). The call zeroes its counter on `stream`; two calls in
   // flight at once need two workspaces.
