@@ -58,6 +58,16 @@ __device__ __forceinline__ void fwd_ws_load_runs(const FwdWsArgs& w, uint32_t sK
   }
 }
 
+// A consumer thread's two packed rows of its warpgroup's accumulators (row[h]: warp * 16 + lane / 4 + 8 h) and their
+// tokens, first + row[h] / G.
+__device__ __forceinline__ void fwd_ws_rows(int warp, int lane, int G, int first, int (&row)[2], int (&tok)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row[h] = warp * 16 + lane / 4 + 8 * h;
+    tok[h] = first + row[h] / G;
+  }
+}
+
 // kQReg: Q in registers (ldmatrix once per block) as the A operand of S = Q K^T, so that GEMM reads only K
 // from shared memory (half its operand traffic); costs 32 of the consumers' 240 registers.
 // kOverlap: FA3's intra-warpgroup overlap. Tile n issues S(n) and then P V of tile n - 1; it waits only
@@ -130,11 +140,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4;
   int row[2], tok[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row[h] = warp * 16 + lane / 4 + 8 * h;
-    tok[h] = t0 + row[h] / G;
-  }
+  fwd_ws_rows(warp, lane, G, t0, row, tok);
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
@@ -404,11 +410,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4;
   int row[2], rq[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row[h] = warp * 16 + lane / 4 + 8 * h;
-    rq[h] = row[h] / G;
-  }
+  fwd_ws_rows(warp, lane, G, 0, row, rq);
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
