@@ -215,6 +215,17 @@ __device__ __forceinline__ void fwd_issue_pv(float (&o)[D / 2], const uint32_t (
     wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
 }
 
+// O += P V issued and waited for: O and P are the thread's again once it returns.
+template <int D, int BN>
+__device__ __forceinline__ void fwd_pv_waited(float (&o)[D / 2], uint32_t (&pa)[BN / 16][4], uint32_t vs16) {
+  wgmma_fence();
+  fwd_issue_pv<D, BN>(o, pa, vs16);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(o);
+  wgmma_fence_operands(pa);
+}
+
 // O / l in bf16 and the natural-log LSE = max ln 2 + ln(sum) (max in base-2 units); -inf and O = 0 for
 // a row that saw no key.
 template <int D>
@@ -429,12 +440,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     fwd_rescale_o<D>(o, rescale, corrs);
     uint32_t pa[BN / 16][4];
     fwd_pack_p<BN>(s, pa);
-    wgmma_fence();
-    fwd_issue_pv<D, BN>(o, pa, vs16);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(o);
-    wgmma_fence_operands(pa);
+    fwd_pv_waited<D, BN>(o, pa, vs16);
     if constexpr (!kOne) __syncthreads();  // the next iteration's prefetch overwrites this stage
     cur = next;
   }

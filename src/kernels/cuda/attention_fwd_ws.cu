@@ -216,25 +216,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
       cur = cur.next(L.entries, e_end);
       continue;
     }
-    wgmma_fence();
-    fwd_issue_pv<D, BN>(o, pa, vs16);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(o);
-    wgmma_fence_operands(pa);
+    fwd_pv_waited<D, BN>(o, pa, vs16);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty(s));  // this warp's reads of stage s are done
     cur = cur.next(L.entries, e_end);
   }
   if constexpr (kOverlap) {
-    if (n > 0) {  // the last tile's P V
-      wgmma_fence();
-      fwd_issue_pv<D, BN>(o, pa, prev_vs16);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operands(o);
-      wgmma_fence_operands(pa);
-    }
+    if (n > 0) fwd_pv_waited<D, BN>(o, pa, prev_vs16);  // the last tile's P V
   }
   if (threadIdx.x == 0) {
     stamp(4);
@@ -445,12 +433,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
   uint32_t prev_vs16 = 0;
   auto flush = [&] {  // the pending P V, then the previous item's epilogue
     if (pending) {
-      wgmma_fence();
-      fwd_issue_pv<D, BN>(o, pa, prev_vs16);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operands(o);
-      wgmma_fence_operands(pa);
+      fwd_pv_waited<D, BN>(o, pa, prev_vs16);
       __syncwarp();
       if (lane == 0) mbar_arrive(empty(prev_s));
       pending = false;
