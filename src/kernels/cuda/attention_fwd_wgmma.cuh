@@ -263,20 +263,24 @@ __device__ __forceinline__ void fwd_quad_sums(const float (&l)[2], float (&sum)[
     sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
   }
 }
+// One of the thread's rows (h, packed row r, its quad's sum of P) as bf16 pairs O / sum into the panel tile at sO.
+template <int D>
+__device__ __forceinline__ void fwd_stage_o_row(const float (&o)[D / 2], int h, float sum, int r, int lane, uint32_t sO,
+                                                int BM) {
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  const uint32_t line = sO + r * 128 + (lane % 4) * 4;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    const uint32_t addr = line + (j / 8) * BM * 128 + (((j % 8) ^ (r % 8)) << 4);
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv))
+                 : "memory");
+  }
+}
 template <int D>
 __device__ __forceinline__ void fwd_stage_o(const float (&o)[D / 2], const float (&sum)[2], const int (&row)[2], int lane,
                                             uint32_t sO, int BM) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float inv = sum[h] > 0.f ? 1.f / sum[h] : 0.f;
-    const uint32_t line = sO + row[h] * 128 + (lane % 4) * 4;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const uint32_t addr = line + (j / 8) * BM * 128 + (((j % 8) ^ (row[h] % 8)) << 4);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv))
-                   : "memory");
-    }
-  }
+  for (int h = 0; h < 2; ++h) fwd_stage_o_row<D>(o, h, sum[h], row[h], lane, sO, BM);
 }
 __device__ __forceinline__ void fwd_store_lse(const FwdArgs& args, const float (&m)[2], const float (&sum)[2],
                                               const int (&row)[2], const int (&tok)[2], int kvh, int lane) {
@@ -304,14 +308,7 @@ __device__ __forceinline__ void fwd_stage_o_lse(const FwdArgs& args, const float
     float sum = l[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const uint32_t line = sO + row[h] * 128 + (lane % 4) * 4;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const uint32_t addr = line + (j / 8) * BM * 128 + (((j % 8) ^ (row[h] % 8)) << 4);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv))
-                   : "memory");
-    }
+    fwd_stage_o_row<D>(o, h, sum, row[h], lane, sO, BM);
     if (lane % 4 == 0 && row[h] < valid_rows && tok[h] < args.q_rows) {
       const int head = kvh * G + row[h] % G;
       p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = sum > 0.f ? m[h] * kLn2 + logf(sum) : -INFINITY;
