@@ -53,10 +53,11 @@ Slice cut_slice(const Slice& s, int64_t q_begin, int64_t q_end, int64_t k_begin,
 // Pairs (q, k) with q in [q0, q1), k in [k0, k1) and q - k < d (closed form).
 int64_t pairs_below_diagonal(int64_t q0, int64_t q1, int64_t k0, int64_t k1, int64_t d);
 
-// The slice decomposition of a row's visibility (DESIGN.md): per segment, one slice against each
-// strict ancestor (full, or windowed) and one against itself (causal, or banded with a window).
-// window <= 0 means no window. Slices with no visible pair are dropped. Ordered by query segment,
-// then by key segment from the root down. Sum of areas == visible pairs.
+// The slice decomposition of a row's visibility (DESIGN.md): per segment, one slice against each run of
+// consecutive ancestors that are contiguous in the packed row (full, or windowed; a chain of segments
+// is one run) and one against itself (causal, or banded with a window). window <= 0 means no window.
+// Slices with no visible pair are dropped. Ordered by query segment, then by key run from the root
+// down. Sum of areas == visible pairs; time and memory linear in the slices (row.slice_count() at most).
 std::vector<Slice> row_slices(const Row& row, int64_t window = 0);
 
 // Cuts every slice at the given boundaries (sorted, starting at 0 and ending at the row length);
