@@ -12,7 +12,7 @@ static_assert(std::endian::native == std::endian::little, "treecp assumes a litt
 
 int64_t NpyArray::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) n *= d;  // load_npy refuses shapes whose product overflows
   return n;
 }
 
@@ -26,86 +26,193 @@ std::string NpyArray::shape_string() const { return treecp::shape_string(shape);
 
 namespace {
 
-// Finds the value text of 'key' in the header dict, e.g. "'descr': '<f4'" -> "'<f4'".
-std::string header_field(const std::string& header, const std::string& key, const std::string& path) {
-  const std::string needle = "'" + key + "'";
-  const size_t k = header.find(needle);
-  require(k != std::string::npos, path, ": .npy header has no '", key, "'");
-  size_t v = header.find(':', k + needle.size());
-  require(v != std::string::npos, path, ": malformed .npy header");
-  ++v;
-  while (v < header.size() && header[v] == ' ') ++v;
-  size_t e = v;
-  if (header[v] == '(') {
-    e = header.find(')', v);
-    require(e != std::string::npos, path, ": malformed .npy shape");
-    ++e;
-  } else {
-    while (e < header.size() && header[e] != ',' && header[e] != '}') ++e;
+// The header dict of a .npy file, a Python literal such as
+// {'descr': '<f4', 'fortran_order': False, 'shape': (4, 2), }: exactly these three keys, each once.
+class NpyHeader {
+ public:
+  NpyHeader(std::string_view text, const std::string& name) : text_(text), name_(name) {}
+
+  void parse(std::string& descr, bool& fortran_order, std::vector<int64_t>& shape) {
+    bool has_descr = false, has_order = false, has_shape = false;
+    space();
+    expect('{');
+    for (;;) {
+      space();
+      if (peek() == '}') break;
+      const std::string key = quoted();
+      space();
+      expect(':');
+      space();
+      if (key == "descr") {
+        once(has_descr, key);
+        descr = quoted();
+      } else if (key == "fortran_order") {
+        once(has_order, key);
+        fortran_order = boolean();
+      } else if (key == "shape") {
+        once(has_shape, key);
+        shape = tuple();
+      } else {
+        fail(name_, ": .npy header has the key '", printable(key),
+             "' (expected exactly 'descr', 'fortran_order' and 'shape')");
+      }
+      space();
+      if (peek() == ',') {
+        ++pos_;
+        continue;
+      }
+      space();
+      if (peek() != '}') bad("expected ',' or '}'");
+    }
+    ++pos_;
+    space();
+    if (pos_ != text_.size()) bad("text after the header's closing '}'");
+    for (auto [has, key] : {std::pair{has_descr, "descr"}, {has_order, "fortran_order"}, {has_shape, "shape"}}) {
+      require(has, name_, ": .npy header has no '", key, "'");
+    }
   }
-  return header.substr(v, e - v);
-}
+
+ private:
+  [[noreturn]] void bad(const char* what) const {
+    fail(name_, ": malformed .npy header at byte ", pos_, ": ", what, " (header: ", printable(text_, 96), ")");
+  }
+  char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
+  void space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n')) ++pos_;
+  }
+  void expect(char c) {
+    if (peek() != c) bad(c == '{' ? "expected '{'" : c == ':' ? "expected ':'" : "unexpected character");
+    ++pos_;
+  }
+  void once(bool& seen, const std::string& key) {
+    require(!seen, name_, ": .npy header has the key '", key, "' twice");
+    seen = true;
+  }
+  std::string quoted() {
+    const char q = peek();
+    if (q != '\'' && q != '"') bad("expected a quoted string");
+    const size_t end = text_.find(q, pos_ + 1);
+    if (end == std::string_view::npos) bad("unterminated string");
+    std::string out(text_.substr(pos_ + 1, end - pos_ - 1));
+    pos_ = end + 1;
+    return out;
+  }
+  bool boolean() {
+    for (auto [word, value] : {std::pair{std::string_view("True"), true}, {std::string_view("False"), false}}) {
+      if (text_.substr(pos_, word.size()) == word) {
+        pos_ += word.size();
+        return value;
+      }
+    }
+    bad("fortran_order must be True or False");
+  }
+  // (), (4,), (4, 2) or (4, 2,): Python's tuple of non-negative integers.
+  std::vector<int64_t> tuple() {
+    expect_tuple('(');
+    std::vector<int64_t> dims;
+    bool comma = false;
+    for (;;) {
+      space();
+      if (peek() == ')') break;
+      if (!(peek() >= '0' && peek() <= '9')) bad("shape must be a tuple of non-negative integers");
+      int64_t d = 0;
+      const size_t first = pos_;
+      while (peek() >= '0' && peek() <= '9') {
+        // Every dimension is a token, head or channel count: int32 everywhere it is used.
+        if (d > (kMaxDim - (peek() - '0')) / 10) {
+          size_t end = pos_;
+          while (end < text_.size() && text_[end] >= '0' && text_[end] <= '9') ++end;
+          fail(name_, ": .npy shape has the dimension ", printable(text_.substr(first, end - first)),
+               ", more than 2^31-1");
+        }
+        d = d * 10 + (peek() - '0');
+        ++pos_;
+      }
+      dims.push_back(d);
+      space();
+      comma = peek() == ',';
+      if (comma) {
+        ++pos_;
+      } else if (peek() != ')') {
+        bad("shape must be a tuple of non-negative integers");
+      }
+    }
+    if (dims.size() == 1 && !comma) bad("a one-dimensional shape is written (n,)");
+    ++pos_;
+    return dims;
+  }
+  void expect_tuple(char c) {
+    if (peek() != c) bad("shape must be a tuple of non-negative integers");
+    ++pos_;
+  }
+
+  static constexpr int64_t kMaxDim = 2147483647;
+  std::string_view text_;
+  const std::string& name_;
+  size_t pos_ = 0;
+};
 
 }  // namespace
 
-NpyArray load_npy(const std::string& path) {
-  const std::string bytes = json::read_file(path);
-  require(bytes.size() >= 10 && bytes.compare(0, 6, "\x93NUMPY") == 0, path, ": not a .npy file (bad magic)");
+NpyArray npy_from_bytes(std::string_view bytes, const std::string& name) {
+  require(bytes.size() >= 10 && bytes.substr(0, 6) == "\x93NUMPY", name, ": not a .npy file (bad magic)");
   const auto major = static_cast<unsigned char>(bytes[6]);
   size_t header_len = 0, offset = 0;
   if (major == 1) {
     header_len = static_cast<unsigned char>(bytes[8]) | (static_cast<size_t>(static_cast<unsigned char>(bytes[9])) << 8);
     offset = 10;
   } else if (major == 2 || major == 3) {
-    require(bytes.size() >= 12, path, ": truncated .npy header");
+    require(bytes.size() >= 12, name, ": truncated .npy header");
     uint32_t len = 0;
     std::memcpy(&len, bytes.data() + 8, 4);
     header_len = len;
     offset = 12;
   } else {
-    fail(path, ": unsupported .npy format version ", static_cast<int>(major));
+    fail(name, ": unsupported .npy format version ", static_cast<int>(major));
   }
-  require(bytes.size() >= offset + header_len, path, ": truncated .npy header");
-  const std::string header = bytes.substr(offset, header_len);
+  require(bytes.size() - offset >= header_len, name, ": truncated .npy header (", header_len, " bytes announced, ",
+          bytes.size() - offset, " present)");
+  std::string_view header = bytes.substr(offset, header_len);
   offset += header_len;
+  require(!header.empty() && header.back() == '\n', name, ": malformed .npy header (it must end with a newline)");
 
   NpyArray arr;
-  const std::string descr = header_field(header, "descr", path);
-  if (descr == "'<f4'") {
+  std::string descr;
+  bool fortran_order = false;
+  NpyHeader(header, name).parse(descr, fortran_order, arr.shape);
+  if (descr == "<f4") {
     arr.dtype = DType::F32;
-  } else if (descr == "'<f8'") {
+  } else if (descr == "<f8") {
     arr.dtype = DType::F64;
   } else {
-    fail(path, ": dtype ", descr, " is not supported (expected little-endian float32 '<f4' or float64 '<f8')");
+    fail(name, ": dtype '", printable(descr), "' is not supported (expected little-endian float32 '<f4' or float64 '<f8')");
   }
-  const std::string order = header_field(header, "fortran_order", path);
-  require(order == "False", path, ": Fortran-ordered arrays are not supported (expected C order)");
-  const std::string shape = header_field(header, "shape", path);
-  require(shape.size() >= 2 && shape.front() == '(' && shape.back() == ')', path, ": malformed .npy shape ", shape);
-  size_t p = 1;
-  while (p < shape.size() - 1) {
-    while (p < shape.size() - 1 && (shape[p] == ' ' || shape[p] == ',')) ++p;
-    if (p >= shape.size() - 1) break;
-    size_t q = p;
-    while (q < shape.size() - 1 && shape[q] >= '0' && shape[q] <= '9') ++q;
-    require(q > p, path, ": malformed .npy shape ", shape);
-    arr.shape.push_back(std::stoll(shape.substr(p, q - p)));
-    p = q;
-  }
-  const int64_t n = arr.numel();
-  const size_t elem = arr.dtype == DType::F32 ? 4 : 8;
-  require(bytes.size() - offset == static_cast<size_t>(n) * elem, path, ": data size ", bytes.size() - offset,
-          " bytes does not match shape ", arr.shape_string(), " (", n * static_cast<int64_t>(elem), " bytes)");
+  require(!fortran_order, name, ": Fortran-ordered arrays are not supported (expected C order)");
+  const int64_t elem = arr.dtype == DType::F32 ? 4 : 8;
+  const auto data_bytes = static_cast<int64_t>(bytes.size() - offset);
+  // The element count, checked against the data before anything is allocated: a product past 2^63
+  // bytes (which int64 arithmetic would wrap to a small count) or any the data does not hold is refused.
+  int64_t n = 1;
+  bool overflow = false;
+  for (int64_t d : arr.shape) overflow = overflow || __builtin_mul_overflow(n, d, &n);
+  overflow = overflow || __builtin_mul_overflow(n, elem, &n);
+  require(!overflow && data_bytes == n, name, ": data size ", data_bytes, " bytes does not match shape ",
+          arr.shape_string(), overflow ? " (more than 2^63 bytes)" : " (" + std::to_string(n) + " bytes)");
+  n /= elem;
   arr.data.resize(static_cast<size_t>(n));
   if (arr.dtype == DType::F32) {
-    std::vector<float> tmp(static_cast<size_t>(n));
-    std::memcpy(tmp.data(), bytes.data() + offset, tmp.size() * 4);
-    for (size_t i = 0; i < tmp.size(); ++i) arr.data[i] = tmp[i];
+    for (size_t i = 0; i < arr.data.size(); ++i) {
+      float x;
+      std::memcpy(&x, bytes.data() + offset + i * 4, 4);
+      arr.data[i] = x;
+    }
   } else {
     std::memcpy(arr.data.data(), bytes.data() + offset, arr.data.size() * 8);
   }
   return arr;
 }
+
+NpyArray load_npy(const std::string& path) { return npy_from_bytes(json::read_file(path), path); }
 
 namespace {
 std::string npy_header(const std::vector<int64_t>& shape, const char* descr) {

@@ -1,9 +1,11 @@
 // NumPy .npy files: little-endian float32 ('<f4') or float64 ('<f8'), C order, format 1.0/2.0/3.0.
-// Anything else (big-endian, Fortran order, other dtypes, truncated data) is refused by name.
+// Anything else (big-endian, Fortran order, other dtypes, other header keys, truncated data) is
+// refused in one printable line naming the file.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace treecp {
@@ -20,6 +22,10 @@ struct NpyArray {
 };
 
 NpyArray load_npy(const std::string& path);
+// The same from a file's bytes; `name` (the path) starts every message. The header must hold exactly
+// 'descr', 'fortran_order' and 'shape'; every dimension is at most 2^31-1 and the element count
+// is checked for overflow and against the data before anything is allocated.
+NpyArray npy_from_bytes(std::string_view bytes, const std::string& name);
 // Serialises to the bytes of a .npy file (written by the caller, so that nothing is written on error).
 std::string npy_bytes(const std::vector<int64_t>& shape, const double* data, DType dtype);
 std::string npy_bytes(const std::vector<int64_t>& shape, const float* data);
