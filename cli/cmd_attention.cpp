@@ -10,11 +10,13 @@
 #include <utility>
 #include <vector>
 
+#include "checks.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "launcher.hpp"
+#include "output_dir.hpp"
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
 #include "runtime/cpu_backend.hpp"
@@ -26,21 +28,10 @@
 namespace treecp::cli {
 namespace {
 
-const char* dtype_name(DType t) { return t == DType::F32 ? "float32" : "float64"; }
-
 // Requires a 3-d array [rows, *, *]; `expected` names the dimensions for the message.
 void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, const std::string& expected) {
   require(a.shape.size() == 3 && a.shape[0] == rows, name, ": expected shape ", expected, " with S = ", rows,
           ", got ", a.shape_string());
-}
-
-// NaN or infinity in an input would propagate silently into every output that reads it.
-void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf = false) {
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double x = a.data[i];
-    const bool ok = std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity());
-    require(ok, name, ": element ", i, " is ", x, " (expected finite values", allow_neg_inf ? " or -inf" : "", ")");
-  }
 }
 
 template <class T>
@@ -58,13 +49,22 @@ std::string npy_of(const std::vector<int64_t>& shape, const std::vector<T>& data
 }
 
 struct Inputs {
+  RankOptions ranks;
+  std::string out_dir;
+  PlanOptions plan;
+  CostModel costs;
+  Plan cp_plan;  // the plan for ranks.count > 1 ranks
   Row row;
   NpyArray q, k, v, sink, dout;
+  DType dtype = DType::F32;
   bool has_sink = false, has_dout = false;
   int64_t window = 0;
   double scale = 0;  // 0: 1/sqrt(D)
   int hq = 0, hkv = 0, d = 0, dv = 0;
 };
+
+// Every file the command may write; those a run does not write are removed from --out at commit.
+const std::vector<std::string> kOutputs = {"o.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy", "dsink.npy"};
 
 // Computes everything and returns (file name, bytes) pairs; writes nothing.
 template <class T>
@@ -144,25 +144,24 @@ std::vector<std::pair<std::string, std::string>> compute_cp(const Inputs& in, Co
   return files;
 }
 
-int attention_cmd(const std::vector<std::string>& argv) {
-  Args args("attention", argv);
+void declare_options(Args& args) {
+  declare_rank_options(args);
   args.value("--tree").value("--q").value("--k").value("--v").value("--window").value("--sink").value("--scale");
-  args.value("--dout").value("--out").value("--ranks").value("--layout").value("--costs").value("--chunk");
-  args.parse();
-  const int64_t ranks = args.get_int_or("--ranks", 1);
-  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
-  PlanOptions plan_options;
-  plan_options.layout = args.get_or("--layout", "searched");
-  require(std::find(layout_names().begin(), layout_names().end(), plan_options.layout) != layout_names().end(),
-          "--layout must be one of searched, contiguous, zigzag, perdoc, family; got '", plan_options.layout, "'");
-  plan_options.chunk_tokens = args.get_int_or("--chunk", 0);
-  require(plan_options.chunk_tokens >= 0, "--chunk must be >= 0 (0 = chosen by the planner)");
-  const std::string out_dir = args.get("--out");
+  args.value("--dout").value("--out").value("--layout").value("--costs").value("--chunk");
+}
 
+// Every input and option checked, in this process: the launcher calls it before any rank starts, and
+// every rank again on the same files.
+Inputs prepare(const Args& args) {
   Inputs in;
+  in.ranks = rank_options(args, 1);
+  in.plan.layout = args.get_choice("--layout", "searched", layout_names());
+  in.plan.chunk_tokens = args.get_int_or("--chunk", 0);
+  require_chunk(in.plan.chunk_tokens);
+  in.out_dir = args.get("--out");
   in.row = load_row(args.get("--tree"));
-  in.window = args.get_int_or("--window", 0);
-  require(in.window >= 0, "--window must be >= 0 (0 = none), got ", in.window);
+  in.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
+  in.plan.window = in.window;
   in.q = load_npy(args.get("--q"));
   in.k = load_npy(args.get("--k"));
   in.v = load_npy(args.get("--v"));
@@ -171,87 +170,86 @@ int attention_cmd(const std::vector<std::string>& argv) {
   if (in.has_sink) in.sink = load_npy(args.get("--sink"));
   if (in.has_dout) in.dout = load_npy(args.get("--dout"));
 
-  // One precision for every array: float64 computes in double, float32 in float.
-  const DType dtype = in.q.dtype;
-  auto same_dtype = [&](const NpyArray& a, const char* name) {
-    require(a.dtype == dtype, name, " is ", dtype_name(a.dtype), " but q is ", dtype_name(dtype),
-            ": mixing dtypes is refused (give every array the same dtype)");
-  };
-  same_dtype(in.k, "k");
-  same_dtype(in.v, "v");
-  if (in.has_sink) same_dtype(in.sink, "sink");
-  if (in.has_dout) same_dtype(in.dout, "dout");
+  in.dtype = in.q.dtype;
+  require_dtype(in.k, "k", in.dtype, "q");
+  require_dtype(in.v, "v", in.dtype, "q");
+  if (in.has_sink) require_dtype(in.sink, "sink", in.dtype, "q");
+  if (in.has_dout) require_dtype(in.dout, "dout", in.dtype, "q");
 
   const int64_t S = in.row.tokens();
   require_rank3(in.q, "q", S, "[S, Hq, D]");
   require_rank3(in.k, "k", S, "[S, Hkv, D]");
   require_rank3(in.v, "v", S, "[S, Hkv, Dv]");
-  const int64_t hq = in.q.shape[1], d = in.q.shape[2], hkv = in.k.shape[1], dv = in.v.shape[2];
-  require(hq > 0 && d > 0 && hkv > 0 && dv > 0, "q, k, v: head counts and head dims must be > 0");
-  require(hq <= 65536 && d <= 65536 && dv <= 65536, "q, v: head counts and head dims must be <= 65536");
-  require_shape(in.k, "k", {S, hkv, d});
-  require_shape(in.v, "v", {S, hkv, dv});
-  require(hq % hkv == 0, "q: Hq = ", hq, " must be a multiple of k's Hkv = ", hkv);
-  if (in.has_sink) require_shape(in.sink, "sink", {hq});
-  if (in.has_dout) require_shape(in.dout, "dout", {S, hq, dv});
-  in.hq = static_cast<int>(hq);
-  in.hkv = static_cast<int>(hkv);
-  in.d = static_cast<int>(d);
-  in.dv = static_cast<int>(dv);
+  in.hq = require_dim(in.q, "q", 1, "Hq", 1, 65536);
+  in.d = require_dim(in.q, "q", 2, "D", 1, 65536);
+  in.hkv = require_dim(in.k, "k", 1, "Hkv", 1, 65536);
+  in.dv = require_dim(in.v, "v", 2, "Dv", 1, 65536);
+  require_shape(in.k, "k", {S, in.hkv, in.d});
+  require_shape(in.v, "v", {S, in.hkv, in.dv});
+  require(in.hq % in.hkv == 0, "q: Hq = ", in.hq, " must be a multiple of k's Hkv = ", in.hkv);
+  if (in.has_sink) require_shape(in.sink, "sink", {in.hq});
+  if (in.has_dout) require_shape(in.dout, "dout", {S, in.hq, in.dv});
 
   require_finite(in.q, "q");
   require_finite(in.k, "k");
   require_finite(in.v, "v");
   if (in.has_sink) require_finite(in.sink, "sink", true);
   if (in.has_dout) require_finite(in.dout, "dout");
-  in.scale = args.get_double_or("--scale", 1.0 / std::sqrt(static_cast<double>(d)));
-  require(std::isfinite(in.scale) && in.scale > 0, "--scale must be a finite number > 0, got ", in.scale);
+  in.scale = args.get_double_or("--scale", 1.0 / std::sqrt(static_cast<double>(in.d)));
+  require(std::isfinite(in.scale) && in.scale > 0, "option --scale must be a finite number > 0, got ", in.scale);
+  in.costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
+  in.costs.shape.hq = in.hq;
+  in.costs.shape.hkv = in.hkv;
+  in.costs.shape.d = in.d;
+  in.costs.shape.dv = in.dv;
 
-  // Every input (the cost file too) is checked above, in this process, before any rank starts.
-  CostModel costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
-  if (int rc = 0; relaunch_under_mpi("attention", static_cast<int>(ranks), argv, &rc)) return rc;
-  std::vector<std::pair<std::string, std::string>> files;
-  std::string how = "one process";
-  if (ranks == 1) {
-    files = dtype == DType::F64 ? compute<double>(in) : compute<float>(in);
-  } else {
-    RankGroup group(ranks);
-    const bool writer = group.run([&](Communicator& comm) {
-      costs.shape.hq = in.hq;
-      costs.shape.hkv = in.hkv;
-      costs.shape.d = in.d;
-      costs.shape.dv = in.dv;
-      plan_options.window = in.window;
-      const Plan plan = make_plan(in.row, comm.size(), costs, plan_options);
-      files = dtype == DType::F64 ? compute_cp<double>(in, comm, plan) : compute_cp<float>(in, comm, plan);
-      how = std::to_string(ranks) + " ranks, " + plan.layout + " plan with " + std::to_string(plan.num_waves) + " waves";
-      return comm.rank() == 0 ? 1 : 0;  // rank 0 holds the gathered results and writes them
-    });
-    if (!writer) return 0;
-  }
+  const int64_t inputs = in.q.numel() + in.k.numel() + in.v.numel() + in.sink.numel() + in.dout.numel();
+  const int64_t outputs = S * in.hq * (in.dv + 1) + (in.has_dout ? in.q.numel() + in.k.numel() + in.v.numel() + in.hq : 0);
+  const int elem = in.dtype == DType::F64 ? 8 : 4;
+  const double plans = in.ranks.count > 1 ? static_cast<double>(in.ranks.count) *
+                                                plan_memory_estimate_bytes(in.row, in.window, in.plan.chunk_tokens,
+                                                                           static_cast<int>(in.ranks.count))
+                                          : 0.0;
+  require_memory(arrays_memory_bytes(in.ranks.count, inputs, outputs, elem) + plans,
+                 count_of(in.ranks.count, "rank") + " of attention on " + count_of(S, "token"));
+  // The plan of the ranks (each makes the same one): a row it cannot plan is refused here.
+  if (in.ranks.count > 1) in.cp_plan = make_plan(in.row, static_cast<int>(in.ranks.count), in.costs, in.plan);
+  return in;
+}
 
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  require(!ec && std::filesystem::is_directory(out_dir), "--out: cannot create directory '", out_dir, "'",
-          ec ? ": " + ec.message() : std::string());
-  for (const auto& [name, bytes] : files) write_output((std::filesystem::path(out_dir) / name).string(), bytes);
-  // Outputs an earlier run left in DIR that this run does not produce (e.g. gradients of a run with
-  // --dout, now without) would be read as this run's: remove them.
-  for (const char* name : {"dq.npy", "dk.npy", "dv.npy", "dsink.npy"}) {
-    const bool written = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.first == name; });
-    if (!written) std::filesystem::remove(std::filesystem::path(out_dir) / name, ec);
-  }
-  std::printf("attention: %lld tokens, Hq %lld, Hkv %lld, D %lld, Dv %lld, %s%s, %s: wrote %zu files to %s\n",
-              static_cast<long long>(S), static_cast<long long>(hq), static_cast<long long>(hkv),
-              static_cast<long long>(d), static_cast<long long>(dv), dtype_name(dtype),
-              in.has_dout ? ", with backward" : "", how.c_str(), files.size(), out_dir.c_str());
+void print_summary(const Inputs& in, size_t files, const std::string& how) {
+  std::printf("attention: %s, Hq %d, Hkv %d, D %d, Dv %d, %s%s, %s: wrote %s to %s\n",
+              count_of(in.row.tokens(), "token").c_str(), in.hq, in.hkv, in.d, in.dv, dtype_name(in.dtype),
+              in.has_dout ? ", with backward" : "", how.c_str(), count_of(static_cast<int64_t>(files), "file").c_str(),
+              in.out_dir.c_str());
+}
+
+int execute(Communicator& comm, const Inputs& in, OutputDir* out) {
+  const Plan& plan = in.cp_plan;
+  const bool one = comm.size() == 1;
+  const auto files = in.dtype == DType::F64 ? (one ? compute<double>(in) : compute_cp<double>(in, comm, plan))
+                                            : (one ? compute<float>(in) : compute_cp<float>(in, comm, plan));
+  if (comm.rank() != 0) return 0;
+  for (const auto& [name, bytes] : files) out->write(name, bytes);
+  out->commit();
+  print_summary(in, files.size(),
+                one ? "one process"
+                    : count_of(comm.size(), "rank") + ", " + plan.layout + " plan with " + count_of(plan.num_waves, "wave"));
   return 0;
+}
+
+int attention_cmd(const std::vector<std::string>& argv) {
+  Args args(argv);
+  declare_options(args);
+  args.parse();
+  return run_file_command<Inputs>("attention", argv, args, kOutputs, prepare, execute);
 }
 
 const Register kAttention("attention",
                           "--tree T.json --q Q.npy --k K.npy --v V.npy [--window W] [--sink SINK.npy] [--scale X] "
-                          "[--dout DO.npy] [--ranks N] [--layout L] --out DIR: tree attention, in one process or as CP "
-                          "over N ranks (o, lse; dq, dk, dv, dsink)",
+                          "[--dout DO.npy] [--ranks N] [--timeout S] [--layout L] [--chunk C] [--costs FILE] --out DIR",
+                          "tree attention, in one process or as CP over N ranks; writes o, lse (and dq, dk, dv, dsink "
+                          "with --dout)",
                           attention_cmd);
 
 }  // namespace

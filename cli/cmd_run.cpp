@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "checks.hpp"
 #include "command.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
@@ -34,14 +36,100 @@
 namespace treecp::cli {
 namespace {
 
+// Every option of `treecp run`, read and checked in one place: a new option is one line in
+// declare_options() and one in read_options().
 struct RunConfig {
+  RankOptions ranks;
+  std::string preset, tree;  // one of them; the preset by default
+  int64_t scale = 64;
   int hq = 8, hkv = 2, d = 64;
   int64_t window = 0;
   bool sink = false;
   uint64_t seed = 0;
   bool json = false;
+  std::string dtype = "float";
   std::string costs_path;
+  PlanOptions plan;
 };
+
+void declare_options(Args& args) {
+  declare_rank_options(args);
+  args.value("--preset").value("--tree").value("--window").value("--layout").value("--scale").value("--seed")
+      .value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype").flag("--sink")
+      .flag("--json");
+}
+
+RunConfig read_options(const Args& args) {
+  RunConfig cfg;
+  cfg.ranks = rank_options(args, 4);
+  require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");
+  cfg.tree = args.get_or("--tree", "");
+  std::vector<std::string> names;
+  for (const PresetInfo& p : presets()) names.push_back(p.name);
+  cfg.preset = cfg.tree.empty() ? args.get_choice("--preset", "longchain", names) : "";
+  cfg.scale = args.get_int_in("--scale", 64, 1, Row::kMaxTokens);
+  cfg.seed = static_cast<uint64_t>(args.get_int_in("--seed", 0, 0, INT64_MAX));
+  cfg.hq = static_cast<int>(args.get_int_in("--hq", 8, 1, 65536));
+  cfg.hkv = static_cast<int>(args.get_int_in("--hkv", 2, 1, cfg.hq));
+  require(cfg.hq % cfg.hkv == 0, "option --hq (", cfg.hq, ") must be a multiple of --hkv (", cfg.hkv, ")");
+  cfg.d = static_cast<int>(args.get_int_in("--d", 64, 1, 512));
+  cfg.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
+  cfg.sink = args.get_flag("--sink");
+  cfg.json = args.get_flag("--json");
+  cfg.dtype = args.get_choice("--dtype", "float", {"float", "double"});
+  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json), unless --costs.
+  cfg.costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + "/costs_cpu.json");
+  cfg.plan.layout = args.get_choice("--layout", "searched", layout_names());
+  cfg.plan.window = cfg.window;
+  cfg.plan.chunk_tokens = args.get_int_or("--chunk", 0);
+  require_chunk(cfg.plan.chunk_tokens);
+  return cfg;
+}
+
+// What every rank runs: the checked options, the row, the coefficients and the plan for the ranks.
+struct RunJob {
+  RunConfig cfg;
+  Row row;
+  std::string source;
+  CostModel costs;
+  Plan plan;
+  PlanReport report;
+};
+
+// Memory of the whole job on this machine: every rank's shards, redistributed copies, outputs and
+// received KV, rank 0's single-process reference (with double copies in float), and the plans.
+double job_memory_bytes(const RunJob& job) {
+  const RunConfig& c = job.cfg;
+  const double S = static_cast<double>(job.row.tokens()), qw = double(c.hq) * c.d, kw = double(c.hkv) * c.d;
+  const double full = S * (2 * qw + 2 * kw);  // q, k, v and dO (and as many outputs)
+  const double elem = c.dtype == "double" ? 8 : 4, ranks = static_cast<double>(c.ranks.count);
+  const double cp = elem * (3 * full + ranks * S * 2 * kw), reference = elem * 3 * full + (elem == 4 ? 16 * full : 0);
+  return cp + reference + ranks * plan_memory_estimate_bytes(job.row, c.window, c.plan.chunk_tokens, static_cast<int>(ranks));
+}
+
+// Everything a rank would check, checked here: the launcher calls it before any rank starts, and
+// every rank again (the same files, the same deterministic planning).
+RunJob prepare(const Args& args) {
+  RunJob job;
+  job.cfg = read_options(args);
+  const RunConfig& c = job.cfg;
+  if (!c.tree.empty()) {
+    job.row = load_row(c.tree);
+    job.source = c.tree;
+  } else {
+    job.row = scale_row(make_preset(c.preset, static_cast<int>(c.ranks.count), c.seed), c.scale);
+    job.source = c.preset + " (cp " + std::to_string(c.ranks.count) + ", lengths / " + std::to_string(c.scale) + ")";
+  }
+  job.costs = load_costs(c.costs_path);
+  job.costs.shape.hq = c.hq;
+  job.costs.shape.hkv = c.hkv;
+  job.costs.shape.d = job.costs.shape.dv = c.d;
+  require_memory(job_memory_bytes(job), count_of(c.ranks.count, "rank") + " of attention forward and backward and the reference, " +
+                                            std::to_string(job.row.tokens()) + " tokens, Hq " + std::to_string(c.hq) +
+                                            ", Hkv " + std::to_string(c.hkv) + ", D " + std::to_string(c.d));
+  job.plan = make_plan(job.row, static_cast<int>(c.ranks.count), job.costs, c.plan, &job.report);
+  return job;
+}
 
 // Per-rank figures gathered on rank 0, one fixed-size record each.
 enum Field { kTokens, kPairs, kPredFwd, kPredBwd, kFwd, kBwd, kSent, kRecv, kPeakMiB, kFields };
@@ -205,17 +293,18 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       out.set("ok", status == 0);
       std::cout << json::dump(out, 2) << "\n";
     } else {
-      std::printf("treecp run: %s, %d ranks, %s\n", source.c_str(), n, sizeof(T) == 8 ? "double" : "float");
-      std::printf("row: %lld tokens, %lld segments, %lld families, depth %d, %lld visible pairs%s\n",
-                  static_cast<long long>(S), static_cast<long long>(st.segments), static_cast<long long>(st.families),
-                  st.depth, static_cast<long long>(st.visible_pairs),
+      std::printf("treecp run: %s, %s, %s\n", source.c_str(), count_of(n, "rank").c_str(), sizeof(T) == 8 ? "double" : "float");
+      std::printf("row: %s, %s, %s, depth %d, %s%s\n", count_of(S, "token").c_str(),
+                  count_of(st.segments, "segment").c_str(), count_of(st.families, "family", "families").c_str(),
+                  st.depth, count_of(st.visible_pairs, "visible pair").c_str(),
                   cfg.window > 0 ? (" (window " + std::to_string(cfg.window) + ")").c_str() : "");
       std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.hq, cfg.hkv, cfg.d, cfg.sink ? ", learned sink" : "");
-      std::printf("costs: %s; %u hardware threads for %d ranks\n", cfg.costs_path.c_str(),
-                  std::thread::hardware_concurrency(), n);
-      std::printf("plan: %s, %zu chunks of %lld tokens, %d waves, predicted makespan %.3f ms, planned in %.2f ms\n",
-                  plan.layout.c_str(), plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
-                  plan.num_waves, plan.predicted_makespan_ms, report.planning_ms);
+      std::printf("costs: %s; %s for %s\n", cfg.costs_path.c_str(),
+                  count_of(std::thread::hardware_concurrency(), "hardware thread").c_str(), count_of(n, "rank").c_str());
+      std::printf("plan: %s, %s of %s, %s, predicted makespan %.3f ms, planned in %.2f ms\n", plan.layout.c_str(),
+                  count_of(static_cast<int64_t>(plan.chunk_owner.size()), "chunk").c_str(),
+                  count_of(report.chunk_tokens, "token").c_str(), count_of(plan.num_waves, "wave").c_str(),
+                  plan.predicted_makespan_ms, report.planning_ms);
       std::printf("  layouts (predicted makespan ms):");
       for (const auto& l : report.layouts) std::printf("  %s %.3f", l.layout.c_str(), l.makespan_ms);
       std::printf("\n\n%4s %9s %12s %10s %10s %10s %10s %12s %12s %9s\n", "rank", "tokens", "pairs", "pred_fwd", "fwd_ms",
@@ -237,68 +326,35 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   return verdict == 0 ? 0 : 3;
 }
 
+int execute(Communicator& comm, const RunJob& job) {
+  return job.cfg.dtype == "double" ? run_typed<double>(comm, job.row, job.plan, job.report, job.cfg, job.source)
+                                   : run_typed<float>(comm, job.row, job.plan, job.report, job.cfg, job.source);
+}
+
 int run_main(const std::vector<std::string>& argv) {
-  Args args("run", argv);
-  args.value("--preset").value("--tree").value("--ranks").value("--window").value("--layout").value("--scale")
-      .value("--seed").value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype")
-      .flag("--sink").flag("--json");
+  Args args(argv);
+  declare_options(args);
   args.parse();
-  const int64_t ranks = args.get_int_or("--ranks", 4);
-  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
-  if (int rc = 0; relaunch_under_mpi("run", static_cast<int>(ranks), argv, &rc)) return rc;
-
-  RunConfig cfg;
-  cfg.hq = static_cast<int>(args.get_int_or("--hq", 8));
-  cfg.hkv = static_cast<int>(args.get_int_or("--hkv", 2));
-  cfg.d = static_cast<int>(args.get_int_or("--d", 64));
-  require(cfg.hq >= 1 && cfg.hkv >= 1 && cfg.hq % cfg.hkv == 0, "--hq must be a positive multiple of --hkv");
-  require(cfg.d >= 1 && cfg.d <= 512, "--d must be in [1, 512]");
-  cfg.window = args.get_int_or("--window", 0);
-  require(cfg.window >= 0, "--window must be >= 0 (0 = none)");
-  cfg.sink = args.get_flag("--sink");
-  cfg.seed = static_cast<uint64_t>(args.get_int_or("--seed", 0));
-  cfg.json = args.get_flag("--json");
-  const std::string dtype = args.get_or("--dtype", "float");
-  require(dtype == "float" || dtype == "double", "--dtype must be float or double, got '", dtype, "'");
-  require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");
-
-  // Every rank builds the same row and the same plan (planning is deterministic).
-  std::string source;
-  Row row;
-  if (args.has("--tree")) {
-    row = load_row(args.get("--tree"));
-    source = args.get("--tree");
-  } else {
-    const std::string preset = args.get_or("--preset", "longchain");
-    const int64_t scale = args.get_int_or("--scale", 64);
-    row = scale_row(make_preset(preset, static_cast<int>(ranks), cfg.seed), scale);
-    source = preset + " (cp " + std::to_string(ranks) + ", lengths / " + std::to_string(scale) + ")";
+  if (started_under_mpi()) {
+    RankGroup group(rank_options(args, 4));
+    return group.run([&](Communicator& comm) {
+      RunJob job;
+      agree(comm, [&] { job = prepare(args); });
+      return execute(comm, job);
+    });
   }
-  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json), unless --costs.
-  const std::string costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + "/costs_cpu.json");
-  CostModel costs = load_costs(costs_path);
-  costs.shape.hq = cfg.hq;
-  costs.shape.hkv = cfg.hkv;
-  costs.shape.d = costs.shape.dv = cfg.d;
-  PlanOptions opt;
-  opt.layout = args.get_or("--layout", "searched");
-  opt.window = cfg.window;
-  opt.chunk_tokens = args.get_int_or("--chunk", 0);
-  PlanReport report;
-
-  RankGroup group(ranks);
-  return group.run([&](Communicator& world) {
-    Communicator* comm = &world;
-    const Plan plan = make_plan(row, comm->size(), costs, opt, &report);
-    cfg.costs_path = costs_path;
-    return dtype == "double" ? run_typed<double>(*comm, row, plan, report, cfg, source)
-                             : run_typed<float>(*comm, row, plan, report, cfg, source);
-  });
+  const RunJob job = prepare(args);  // the boundary: what every rank would check, before any starts
+  if (job.cfg.ranks.count > 1) return run_under_mpirun("run", job.cfg.ranks, argv);
+  RankGroup group(job.cfg.ranks);
+  return group.run([&](Communicator& comm) { return execute(comm, job); });
 }
 
 const Register kRun("run",
-                    "[--preset NAME | --tree FILE] [--ranks N] [--window W] [--sink] [--layout L] [--dtype float|double]: "
-                    "plan, run dense attention CP forward+backward on N ranks, check against one process, report",
+                    "[--preset NAME | --tree FILE] [--ranks N] [--timeout S] [--window W] [--sink] [--layout L] "
+                    "[--dtype float|double] [--scale F] [--seed S] [--hq H] [--hkv H] [--d D] [--chunk C] [--costs FILE] "
+                    "[--json]",
+                    "the main job: plan, run dense attention CP forward+backward on N ranks, check against one "
+                    "process, report",
                     run_main);
 
 }  // namespace

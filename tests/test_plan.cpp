@@ -576,7 +576,7 @@ TEST(PlanCli, PrintsEveryLayoutAndJson) {
   const Plan plan = plan_from_json(v);
   validate_plan(plan, make_preset("varied5k", 3, 0), 0, 3);
 
-  const std::string text_cmd = std::string(TREECP_CLI_PATH) + " plan --preset fixed5k --cp 2 2>&1";
+  const std::string text_cmd = std::string(TREECP_CLI_PATH) + " plan --preset fixed5k --ranks 2 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> text(popen(text_cmd.c_str(), "r"), pclose);
   out.clear();
   while ((got = fread(buf, 1, sizeof buf, text.get())) > 0) out.append(buf, got);
@@ -587,7 +587,9 @@ TEST(PlanCli, PrintsEveryLayoutAndJson) {
   std::unique_ptr<FILE, int (*)(FILE*)> bad(popen(bad_cmd.c_str(), "r"), pclose);
   out.clear();
   while ((got = fread(buf, 1, sizeof buf, bad.get())) > 0) out.append(buf, got);
-  EXPECT_NE(out.find("unknown layout"), std::string::npos) << out;
+  EXPECT_NE(out.find("option --layout must be one of contiguous, zigzag, perdoc, family, searched; got 'spiral'"),
+            std::string::npos)
+      << out;
   EXPECT_NE(pclose(bad.release()), 0);
 }
 

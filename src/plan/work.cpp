@@ -8,7 +8,6 @@
 namespace treecp {
 
 namespace {
-constexpr int64_t kTile = 128;  // kernel tile: chunk sizes are multiples of it when grown by the budget
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The element of sorted `v` nearest to `target` inside [lo, hi], or -1.
@@ -30,7 +29,7 @@ int64_t default_chunk_tokens(int64_t tokens, int cp) {
   if (tokens <= 0) return 1;
   int64_t chunk = 512;
   const int64_t budget = chunk_budget(cp);
-  if (ceil_div(tokens, chunk) > budget) chunk = ceil_div(ceil_div(tokens, budget), kTile) * kTile;
+  if (ceil_div(tokens, chunk) > budget) chunk = ceil_div(ceil_div(tokens, budget), kKernelTileTokens) * kKernelTileTokens;
   if (ceil_div(tokens, chunk) < cp) chunk = std::max<int64_t>(1, tokens / cp);
   return chunk;
 }
