@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "gpu.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -241,16 +242,27 @@ int run_main(const std::vector<std::string>& argv) {
   Args args("run", argv);
   args.value("--preset").value("--tree").value("--ranks").value("--window").value("--layout").value("--scale")
       .value("--seed").value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype")
-      .flag("--sink").flag("--json");
+      .value("--device").value("--reps").value("--backward-kv").flag("--sink").flag("--json").flag("--full");
   args.parse();
+  const std::string device = args.get_or("--device", "cpu");
+  require(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
+  const bool gpu = device == "cuda";
+  if (gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
+  require(gpu || (!args.has("--reps") && !args.has("--full") && !args.has("--backward-kv")),
+          "--reps, --full and --backward-kv go with --device cuda");
+  const std::string backward_kv = args.get_or("--backward-kv", "keep");
+  require(backward_kv == "keep" || backward_kv == "refetch", "--backward-kv must be keep or refetch, got '",
+          backward_kv, "'");
+  require(!gpu || !args.has("--dtype"), "--dtype goes with --device cpu (GPU ranks compute in bf16)");
   const int64_t ranks = args.get_int_or("--ranks", 4);
   require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
   if (int rc = 0; relaunch_under_mpi("run", static_cast<int>(ranks), argv, &rc)) return rc;
 
   RunConfig cfg;
-  cfg.hq = static_cast<int>(args.get_int_or("--hq", 8));
-  cfg.hkv = static_cast<int>(args.get_int_or("--hkv", 2));
-  cfg.d = static_cast<int>(args.get_int_or("--d", 64));
+  cfg.hq = static_cast<int>(args.get_int_or("--hq", gpu ? 32 : 8));
+  cfg.hkv = static_cast<int>(args.get_int_or("--hkv", gpu ? 4 : 2));
+  cfg.d = static_cast<int>(args.get_int_or("--d", gpu ? 128 : 64));
+  if (gpu) require(cfg.d == 64 || cfg.d == 128, "--d must be 64 or 128 on GPUs, got ", cfg.d);
   require(cfg.hq >= 1 && cfg.hkv >= 1 && cfg.hq % cfg.hkv == 0, "--hq must be a positive multiple of --hkv");
   require(cfg.d >= 1 && cfg.d <= 512, "--d must be in [1, 512]");
   cfg.window = args.get_int_or("--window", 0);
@@ -270,12 +282,14 @@ int run_main(const std::vector<std::string>& argv) {
     source = args.get("--tree");
   } else {
     const std::string preset = args.get_or("--preset", "longchain");
-    const int64_t scale = args.get_int_or("--scale", 64);
+    const int64_t scale = args.get_int_or("--scale", gpu && args.get_flag("--full") ? 1 : 64);
     row = scale_row(make_preset(preset, static_cast<int>(ranks), cfg.seed), scale);
     source = preset + " (cp " + std::to_string(ranks) + ", lengths / " + std::to_string(scale) + ")";
   }
-  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json), unless --costs.
-  const std::string costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + "/costs_cpu.json");
+  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
+  // rank (config/costs_default.json); --costs overrides either.
+  const std::string costs_path = args.get_or(
+      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_default.json" : "/costs_cpu.json"));
   CostModel costs = load_costs(costs_path);
   costs.shape.hq = cfg.hq;
   costs.shape.hkv = cfg.hkv;
@@ -287,6 +301,17 @@ int run_main(const std::vector<std::string>& argv) {
   PlanReport report;
 
   RankGroup group(ranks);
+  if (gpu) {
+    GpuRunConfig g;
+    g.hq = cfg.hq, g.hkv = cfg.hkv, g.d = cfg.d, g.sink = cfg.sink, g.seed = cfg.seed, g.json = cfg.json;
+    g.full = args.get_flag("--full");
+    g.reps = static_cast<int>(args.get_int_or("--reps", 5));
+    require(g.reps >= 1 && g.reps <= 1000, "--reps must be in [1, 1000], got ", g.reps);
+    g.backward_kv = backward_kv;
+    g.costs_path = costs_path;
+    g.source = source;
+    return group.run([&](Communicator& world) { return run_on_gpus(world, row, costs, opt, g); });
+  }
   return group.run([&](Communicator& world) {
     Communicator* comm = &world;
     const Plan plan = make_plan(row, comm->size(), costs, opt, &report);
@@ -297,8 +322,9 @@ int run_main(const std::vector<std::string>& argv) {
 }
 
 const Register kRun("run",
-                    "[--preset NAME | --tree FILE] [--ranks N] [--window W] [--sink] [--layout L] [--dtype float|double]: "
-                    "plan, run dense attention CP forward+backward on N ranks, check against one process, report",
+                    "[--preset NAME | --tree FILE] [--ranks N] [--device cpu|cuda] [--window W] [--sink] [--layout L] "
+                    "[--dtype float|double] [--full] [--reps N] [--backward-kv keep|refetch]: plan, run dense attention "
+                    "CP forward+backward on N ranks (CPU processes or GPUs), check against one process, report",
                     run_main);
 
 }  // namespace
