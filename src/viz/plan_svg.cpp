@@ -160,14 +160,14 @@ int draw_tree(Svg& svg, const Row& row, const std::vector<OwnedRun>& runs, doubl
         const int owner = runs[k].owner;
         const double w = x_of(e) - x_of(b);
         if (w >= min_px) {
-          svg.element("rect",
-                      {{"class", "piece"}, {"data-segment", std::to_string(s)}, {"data-owner", std::to_string(owner)},
-                       {"data-begin", std::to_string(b)}, {"data-end", std::to_string(e)}, {"x", px(x_of(b))},
-                       {"y", px(y)}, {"width", px(w)}, {"height", px(kTreeRowPx)}, {"fill", rank_colour(owner)},
-                       {"stroke", "#ffffff"}, {"stroke-width", w >= 3 * min_px ? "0.6" : "0"}},
-                      {}, "segment " + std::to_string(s) + " (depth " + std::to_string(d) + ", " +
-                              std::to_string(se - sb) + " tokens): [" + std::to_string(b) + ", " +
-                              std::to_string(e) + ") on rank " + std::to_string(owner));
+          Attrs a = {{"class", "piece"}, {"data-segment", std::to_string(s)}, {"data-owner", std::to_string(owner)},
+                     {"data-begin", std::to_string(b)}, {"data-end", std::to_string(e)}, {"x", px(x_of(b))},
+                     {"y", px(y)}, {"width", px(w)}, {"height", px(kTreeRowPx)}, {"fill", rank_colour(owner)}};
+          // A white edge between neighbouring segments, where there is room for it.
+          if (w >= 3 * min_px) a.insert(a.end(), {{"stroke", "#ffffff"}, {"stroke-width", "0.6"}});
+          svg.element("rect", a, {},
+                      "segment " + std::to_string(s) + ", depth " + std::to_string(d) + ": [" + std::to_string(b) +
+                          ", " + std::to_string(e) + ") on rank " + std::to_string(owner));
         } else {
           narrow = true;
           const auto col = static_cast<int64_t>(std::floor((x_of(b) + x_of(e)) / 2));
