@@ -308,10 +308,12 @@ std::string plan_svg(const Row& row, const Plan& plan, const Timeline& timeline,
     const double y = lane_y[static_cast<size_t>(r)];
     const std::string colour = rank_colour(r), light = lighten(colour, kBackwardLighten);
     const double fwd = pred.forward_ms[static_cast<size_t>(r)], total = fwd + pred.backward_ms[static_cast<size_t>(r)];
-    svg.element("rect", {{"x", px(kLeftPx - 24)}, {"y", px(y + 2)}, {"width", "10"}, {"height", px(compute_px - 4)},
-                         {"fill", colour}});
-    svg.element("text", {{"x", px(kLeftPx - 28)}, {"y", px(y + compute_px - 4)}, {"text-anchor", "end"},
-                         {"font-size", "10"}},
+    // The label centred on the compute row; smaller where many ranks make the rows thin.
+    const double label_px = std::min(10.0, compute_px + 2);
+    svg.element("rect", {{"x", px(kLeftPx - 24)}, {"y", px(y + compute_px * 0.15)}, {"width", "10"},
+                         {"height", px(compute_px * 0.7)}, {"fill", colour}});
+    svg.element("text", {{"x", px(kLeftPx - 28)}, {"y", px(y + compute_px / 2 + 0.35 * label_px)},
+                         {"text-anchor", "end"}, {"font-size", px(label_px)}},
                 "rank " + std::to_string(r));
     svg.open("g", {{"class", "lane"}, {"data-rank", std::to_string(r)}, {"data-lane", "compute"},
                    {"data-forward-ms", value(fwd)}, {"data-total-ms", value(total)}});
