@@ -300,8 +300,11 @@ def run_trace(treecp, ranks):
         check_trace(path, ranks)
         # The predicted spans are the plan's: each rank's predicted forward lasts its predicted forward ms.
         doc = json.load(open(path))
+        threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+                   if e.get("ph") == "M" and e["name"] == "thread_name"}
         for r, rank in enumerate(report["per_rank"]):
-            fwd = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["pid"] == r and e["tid"] >= 1000 and e["name"] == "forward"]
+            fwd = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["pid"] == r and e["name"] == "forward"
+                   and threads[(r, e["tid"])] == "predicted"]
             check(len(fwd) == 1 and close(fwd[0]["dur"] / 1000.0, rank["predicted_forward_ms"], rel=1e-6, abs_=1e-9),
                   "rank", r, "predicted forward", fwd, "!=", rank["predicted_forward_ms"])
 

@@ -89,7 +89,8 @@ TEST(Trace, ChromeTraceHasAProcessPerRankAndNestsOrSplitsSpans) {
       {"forward", "pass", 0, kMeasuredTrack, 0.0, 10.0},
       {"stage 0", "stage", 0, kMeasuredTrack, 1.0, 3.0},   // inside forward
       {"stage 1", "stage", 0, kMeasuredTrack, 3.0, 9.0},   // inside forward, after stage 0
-      {"KV wave 1", "transfer", 0, kMeasuredTrack, 2.0, 5.0},  // overlaps both stages: another thread
+      {"KV wave 1", "transfer", 0, kMeasuredTrack, 2.0, 5.0},  // a transfer: the transfers thread
+      {"merge", "stage", 0, kMeasuredTrack, 2.5, 4.0},         // overlaps both stages: a second thread
       {"forward", "pass", 0, kPredictedTrack, 0.0, 8.0},
       {"forward", "pass", 2, kMeasuredTrack, 0.5, 7.0},  // rank 1 has no spans
   };
@@ -119,11 +120,12 @@ TEST(Trace, ChromeTraceHasAProcessPerRankAndNestsOrSplitsSpans) {
   };
   const Event fwd = find("forward", 0, "measured"), s0 = find("stage 0", 0, "measured"),
               s1 = find("stage 1", 0, "measured"), kv = find("KV wave 1", 0, "measured"),
-              pred = find("forward", 0, "predicted");
+              merge = find("merge", 0, "measured"), pred = find("forward", 0, "predicted");
   EXPECT_EQ(s0.tid, fwd.tid);
   EXPECT_EQ(s1.tid, fwd.tid);
-  EXPECT_NE(kv.tid, fwd.tid);
-  EXPECT_EQ(thread_names[std::make_pair(0, kv.tid)], "measured 2");
+  EXPECT_EQ(thread_names[std::make_pair(0, fwd.tid)], "measured");
+  EXPECT_EQ(thread_names[std::make_pair(0, kv.tid)], "measured transfers");
+  EXPECT_EQ(thread_names[std::make_pair(0, merge.tid)], "measured 2");
   EXPECT_NE(pred.tid, fwd.tid);
   EXPECT_EQ(thread_names[std::make_pair(0, pred.tid)], "predicted");
   // Microseconds.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <tuple>
 #include <utility>
 
 #include "core/error.hpp"
@@ -42,6 +43,10 @@ namespace {
 
 const char* track_name(int track) { return track == kMeasuredTrack ? "measured" : "predicted"; }
 
+// Transfers run beside the compute they overlap, not inside it: they get threads of their own.
+constexpr int kTransferGroup = 1;
+int group_of(const Span& s) { return s.category == "transfer" ? kTransferGroup : 0; }
+
 }  // namespace
 
 std::string chrome_trace_json(const std::vector<Span>& spans) {
@@ -63,13 +68,13 @@ std::string chrome_trace_json(const std::vector<Span>& spans) {
     if (x.begin_ms != y.begin_ms) return x.begin_ms < y.begin_ms;
     return x.end_ms > y.end_ms;
   });
-  // Threads of one (rank, track): each holds spans that are disjoint or nested; a span goes to the
-  // first thread whose open spans it fits inside (or after).
+  // Threads of one (rank, track, group): each holds spans that are disjoint or nested; a span goes to
+  // the first thread whose open spans it fits inside (or after).
   std::vector<int> thread_of(spans.size());
-  std::map<std::pair<int, int>, std::vector<std::vector<double>>> open;  // (rank, track) -> per thread: open ends
+  std::map<std::tuple<int, int, int>, std::vector<std::vector<double>>> open;  // -> per thread: open ends
   for (size_t i : order) {
     const Span& s = spans[i];
-    auto& threads = open[{s.rank, s.track}];
+    auto& threads = open[{s.rank, s.track, group_of(s)}];
     size_t t = 0;
     for (; t < threads.size(); ++t) {
       std::vector<double>& ends = threads[t];
@@ -93,11 +98,11 @@ std::string chrome_trace_json(const std::vector<Span>& spans) {
     e.set("args", args);
     events.push_back(e);
   };
-  // Thread ids within a rank: the measured track's threads first, then the predicted one's.
-  auto tid = [](int track, int thread) { return track * 1000 + thread; };
+  // Thread ids within a rank, in display order: measured, measured transfers, predicted, predicted transfers.
+  auto tid = [](int track, int group, int thread) { return track * 100000 + group * 10000 + thread; };
   int last_rank = -1;
   for (const auto& [key, threads] : open) {
-    const auto [rank, track] = key;
+    const auto [rank, track, group] = key;
     if (rank != last_rank) {
       metadata("process_name", rank, -1, "name", "rank " + std::to_string(rank));
       metadata("process_sort_index", rank, -1, "sort_index", rank);
@@ -105,9 +110,11 @@ std::string chrome_trace_json(const std::vector<Span>& spans) {
     }
     for (size_t t = 0; t < threads.size(); ++t) {
       std::string name = track_name(track);
+      if (group == kTransferGroup) name += " transfers";
       if (t > 0) name += ' ' + std::to_string(t + 1);
-      metadata("thread_name", rank, tid(track, static_cast<int>(t)), "name", name);
-      metadata("thread_sort_index", rank, tid(track, static_cast<int>(t)), "sort_index", tid(track, static_cast<int>(t)));
+      const int id = tid(track, group, static_cast<int>(t));
+      metadata("thread_name", rank, id, "name", name);
+      metadata("thread_sort_index", rank, id, "sort_index", id);
     }
   }
   for (size_t i : order) {
@@ -119,7 +126,7 @@ std::string chrome_trace_json(const std::vector<Span>& spans) {
     e.set("ts", s.begin_ms * 1000.0);
     e.set("dur", (s.end_ms - s.begin_ms) * 1000.0);
     e.set("pid", s.rank);
-    e.set("tid", tid(s.track, thread_of[i]));
+    e.set("tid", tid(s.track, group_of(s), thread_of[i]));
     events.push_back(e);
   }
   json::Value doc = json::Value::object();

@@ -40,11 +40,12 @@ class SpanRecorder {
   std::vector<Span> spans_;
 };
 
-// The Chrome trace event format (JSON object form): one process per rank ("rank R"), one thread per
-// track ("measured", "predicted"). Spans of one track that overlap without nesting (a transfer under
-// a stage) go to further threads of that track ("predicted 2", ...), since a viewer stacks only
-// nested events on one thread. Timestamps are microseconds. Throws treecp::Error on a span that ends
-// before it begins, a negative rank or an unknown track.
+// The Chrome trace event format (JSON object form): one process per rank ("rank R"), per track a
+// thread for compute ("measured", "predicted") and one for spans of category "transfer" ("measured
+// transfers", ...). Spans of one thread that overlap without nesting go to further threads of it
+// ("predicted 2", ...), since a viewer stacks only nested events on one thread. Timestamps are
+// microseconds. Throws treecp::Error on a span that ends before it begins, a negative rank or an
+// unknown track.
 std::string chrome_trace_json(const std::vector<Span>& spans);
 // Writes chrome_trace_json(spans) to `path` (atomically; nothing is written on failure).
 void write_chrome_trace(const std::vector<Span>& spans, const std::string& path);
