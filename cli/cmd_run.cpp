@@ -77,6 +77,14 @@ double rel_error(const std::vector<double>& got, const std::vector<double>& ref)
   return err / scale;
 }
 
+// The runtime's stage names ("fwd wave 2", "bwd wait 1", "bwd return 1", "fwd merge+sink") as trace categories.
+const char* measured_category(const std::string& name) {
+  if (name.find(" wait ") != std::string::npos) return "wait";
+  if (name.find(" return ") != std::string::npos) return "return";  // waiting for dK/dV, then adding them
+  if (name.find("merge") != std::string::npos || name.find("prep") != std::string::npos) return "merge";
+  return "stage";
+}
+
 template <class T>
 int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanReport& report, const RunConfig& cfg,
               const std::string& source) {
@@ -102,7 +110,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   const int64_t rows = cp.owned_rows();
   std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * cfg.hq)), dq(static_cast<size_t>(rows * qw)),
       dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * kw)), dsink(static_cast<size_t>(cfg.hq), T(0));
-  // Measured spans: the calls this command makes; the per-stage spans come from the runtime's own hook.
+  // Measured spans: the calls this command makes, and the runtime's stages inside them.
   SpanRecorder spans(me);
   comm.barrier();
   spans.reset_origin();  // t = 0 on every rank as the barrier releases them
@@ -112,9 +120,20 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   comm.barrier();
   const double backward_begin = spans.now_ms();
   cp.backward(dy, dq, dk, dv, cfg.sink ? &dsink : nullptr);
+  const double backward_end = spans.now_ms();
   spans.record("forward", "pass", forward_begin, forward_end);
   spans.record("barrier", "wait", forward_end, backward_begin);
-  spans.record("backward", "pass", backward_begin, spans.now_ms());
+  spans.record("backward", "pass", backward_begin, backward_end);
+  if (!cfg.trace_path.empty()) {
+    // The runtime times its stages from its own first mark, taken just after forward_begin; clamping
+    // into the pass absorbs that gap so that the stages nest in their pass.
+    for (const StageSpan& st : cp.spans()) {
+      const bool fwd = st.name.rfind("fwd", 0) == 0;
+      const double lo = fwd ? forward_begin : backward_begin, hi = fwd ? forward_end : backward_end;
+      const double b = std::clamp(forward_begin + st.begin_ms, lo, hi), e = std::clamp(forward_begin + st.end_ms, b, hi);
+      spans.record(st.name, measured_category(st.name), b, e);
+    }
+  }
   comm.all_reduce_sum(dsink.data(), cfg.hq, CpuBackend<T>::comm_type);  // the sink is a replicated weight
 
   std::vector<double> mine_stats(kFields, 0.0), all_stats(static_cast<size_t>(kFields * n));

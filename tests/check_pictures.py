@@ -307,6 +307,14 @@ def run_trace(treecp, ranks):
                    and threads[(r, e["tid"])] == "predicted"]
             check(len(fwd) == 1 and close(fwd[0]["dur"] / 1000.0, rank["predicted_forward_ms"], rel=1e-6, abs_=1e-9),
                   "rank", r, "predicted forward", fwd, "!=", rank["predicted_forward_ms"])
+            # The runtime's stages are measured too, each inside its pass.
+            measured = {e["name"]: e for e in doc["traceEvents"] if e.get("ph") == "X" and e["pid"] == r
+                        and threads[(r, e["tid"])] == "measured"}
+            for stage, passname in (("fwd local", "forward"), ("bwd local", "backward")):
+                check(stage in measured, "rank", r, "has no measured", stage, "span")
+                st, p = measured[stage], measured[passname]
+                check(p["ts"] <= st["ts"] and st["ts"] + st["dur"] <= p["ts"] + p["dur"] + 1e-6,
+                      "rank", r, stage, "is not inside its measured", passname)
 
 
 def render(svg_path):

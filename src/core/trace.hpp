@@ -1,7 +1,8 @@
 // Timed spans of a run and their Chrome trace form (chrome://tracing, https://ui.perfetto.dev).
 // A span is one named interval on one rank: measured (track 0, what a rank saw its clock do) or
-// predicted (track 1, what the cost model's simulator says). The runtime records measured spans into a
-// SpanRecorder; `treecp run --trace` gathers every rank's spans and writes them as one trace.
+// predicted (track 1, what the cost model's simulator says). `treecp run --trace` records each rank's
+// calls and the runtime's stage spans into a SpanRecorder, gathers every rank's spans and writes them
+// as one trace.
 #pragma once
 
 #include <chrono>
