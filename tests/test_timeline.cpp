@@ -11,36 +11,21 @@
 
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
+#include "schedule_case.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
 namespace {
 
-// The schedule of Costs.SimulatorFollowsTheScheduleModel (test_plan.cpp), span by span.
+// The schedule of Costs.SimulatorFollowsTheScheduleModel (test_plan.cpp), with token-local work, span by span.
 TEST(Timeline, HandWorkedSchedule) {
-  CostModel c;
-  c.stage_launch_ms = 0.0;
-  c.range_ms = 0.0;
-  c.merge_ms_per_query_token = 0.0;
-  c.underfill_pairs = 0;
-  c.token_local_forward_ms_per_token = 0.25;
-  c.token_local_backward_ms_per_token = 0.5;
-  c.local_forward_pairs_per_ms = c.remote_forward_pairs_per_ms = 1.0;
-  c.local_backward_pairs_per_ms = c.remote_backward_pairs_per_ms = 0.5;
-  c.intra_node = {0.0, 1.0};
-  c.rank_bandwidth_bytes_per_ms = 1e9;
-  c.shape = AttentionShape{1, 1, 1, 1, 1, 1};  // 2 bytes per token both ways
-  const Links links(c, 2);
-  std::vector<RankLoad> loads(2);
-  loads[0].local = {3, 0, 0};
-  loads[0].waves = {{1, 0, 1}, {2, 0, 1}};
-  loads[0].owned_tokens = 4;  // token-local 1 ms forward, 2 ms backward
-  loads[1].waves = {{0, 0, 0}, {0, 0, 0}};
-  std::vector<WaveTraffic> waves(2, WaveTraffic(4, 0));
-  waves[0][1 * 2 + 0] = 2;  // 4 B at 1 B/ms
-  waves[1][1 * 2 + 0] = 1;  // 2 B
-  const Timeline t = simulate_timeline(c, links, loads, waves);
+  testing::ScheduleCase s = testing::hand_worked_schedule();
+  s.costs.token_local_forward_ms_per_token = 0.25;
+  s.costs.token_local_backward_ms_per_token = 0.5;
+  s.loads[0].owned_tokens = 4;  // token-local 1 ms forward, 2 ms backward
+  const Links links(s.costs, 2);
+  const Timeline t = simulate_timeline(s.costs, links, s.loads, s.waves);
   // Forward (after 1 ms of token-local work): local 0-3 while wave 0 lands at 4; wave 0 runs 4-5 and
   // issues wave 1's fetch (4-6); wave 1 runs 6-8. Backward from 9: wave 1 (4 ms), its return (2 ms),
   // wave 0 (2 ms), its return (4 ms, to 10 + 9), local (6 ms), token-local 2 ms.
@@ -60,13 +45,13 @@ TEST(Timeline, HandWorkedSchedule) {
   };
   ASSERT_EQ(t.spans.size(), want.size());  // rank 1 has nothing to do: no spans at all
   for (size_t i = 0; i < want.size(); ++i) {
-    const ScheduleSpan& s = t.spans[i];
-    EXPECT_EQ(s.rank, 0) << i;
-    EXPECT_EQ(s.kind, want[i].kind) << i;
-    EXPECT_EQ(s.pass, want[i].pass) << i;
-    EXPECT_EQ(s.wave, want[i].wave) << i;
-    EXPECT_DOUBLE_EQ(s.begin_ms, want[i].begin) << i;
-    EXPECT_DOUBLE_EQ(s.end_ms, want[i].end) << i;
+    const ScheduleSpan& got = t.spans[i];
+    EXPECT_EQ(got.rank, 0) << i;
+    EXPECT_EQ(got.kind, want[i].kind) << i;
+    EXPECT_EQ(got.pass, want[i].pass) << i;
+    EXPECT_EQ(got.wave, want[i].wave) << i;
+    EXPECT_DOUBLE_EQ(got.begin_ms, want[i].begin) << i;
+    EXPECT_DOUBLE_EQ(got.end_ms, want[i].end) << i;
   }
   EXPECT_DOUBLE_EQ(t.prediction.forward_ms[0], 9.0);
   EXPECT_DOUBLE_EQ(t.prediction.backward_ms[0], 14.0);
