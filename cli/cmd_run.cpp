@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -291,6 +292,13 @@ int run_main(const std::vector<std::string>& argv) {
   args.parse();
   const int64_t ranks = args.get_int_or("--ranks", 4);
   require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
+  // Checked before any rank starts: a trace that cannot be written would be found only after the run.
+  const std::string trace_path = args.get_or("--trace", "");
+  if (args.has("--trace")) {
+    require(!trace_path.empty() && trace_path != "-", "--trace needs a file path, got '", trace_path, "'");
+    const std::filesystem::path dir = std::filesystem::absolute(trace_path).parent_path();
+    require(std::filesystem::is_directory(dir), "--trace: directory '", dir.string(), "' does not exist");
+  }
   if (int rc = 0; relaunch_under_mpi("run", static_cast<int>(ranks), argv, &rc)) return rc;
 
   RunConfig cfg;
@@ -304,9 +312,7 @@ int run_main(const std::vector<std::string>& argv) {
   cfg.sink = args.get_flag("--sink");
   cfg.seed = static_cast<uint64_t>(args.get_int_or("--seed", 0));
   cfg.json = args.get_flag("--json");
-  cfg.trace_path = args.get_or("--trace", "");
-  require(!args.has("--trace") || (!cfg.trace_path.empty() && cfg.trace_path != "-"),
-          "--trace needs a file path, got '", cfg.trace_path, "'");
+  cfg.trace_path = trace_path;
   const std::string dtype = args.get_or("--dtype", "float");
   require(dtype == "float" || dtype == "double", "--dtype must be float or double, got '", dtype, "'");
   require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");

@@ -337,6 +337,17 @@ TEST(PlanSvg, BadArgumentsWriteNothing) {
   EXPECT_EQ(left, std::vector<std::string>{"log"});
 }
 
+TEST(RunTrace, BadPathsAreRefusedBeforeAnyRankStarts) {
+  TempDir dir("treecp_run_trace_bad");
+  for (const std::string& args : std::vector<std::string>{"run --ranks 2 --trace -", "run --ranks 2 --trace",
+                                                          "run --ranks 2 --trace " + (dir / "missing/t.json")}) {
+    const testing::CliRun r = run_treecp(args, dir / "log");
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_EQ(std::count(r.log.begin(), r.log.end(), '\n'), 1) << args << ": " << r.log;  // no mpirun output
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "missing"));
+}
+
 TEST(ScalingSvg, CurvesReadBack) {
   const std::vector<viz::ScalingSeries> series = {
       {"fixed5k", "treecp", {{1, 17.2}, {2, 19.4}, {4, 19.9}, {8, 20.3}}},
