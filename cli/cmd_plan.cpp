@@ -12,6 +12,7 @@
 #include "plan/planner.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
+#include "viz/plan_svg.hpp"
 
 namespace treecp::cli {
 namespace {
@@ -19,7 +20,7 @@ namespace {
 int plan_command(const std::vector<std::string>& argv) {
   Args args(argv);
   args.value("--tree").value("--preset").value("--ranks").alias("--cp", "--ranks").value("--seed").value("--window");
-  args.value("--layout").value("--costs").value("--chunk").value("--waves").value("--out").flag("--json");
+  args.value("--layout").value("--costs").value("--chunk").value("--waves").value("--out").value("--svg").flag("--json");
   args.parse();
   require(args.has("--tree") != args.has("--preset"), "give exactly one of --tree FILE or --preset NAME");
   const int64_t cp = args.get_int_in("--ranks", 0, 1, 4096);
@@ -32,6 +33,10 @@ int plan_command(const std::vector<std::string>& argv) {
   options.max_waves = static_cast<int>(args.get_int_in("--waves", options.max_waves, 1, 16));
   const std::string out = args.get_or("--out", "-");
   check_output_file(out);
+  const std::string svg_path = args.get_or("--svg", "");
+  require(!args.has("--svg") || (!svg_path.empty() && svg_path != "-"), "option --svg needs a file path, got '",
+          printable(svg_path), "'");
+  if (!svg_path.empty()) check_output_file(svg_path);
   const CostModel costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
   const Row row = args.has("--tree")
                       ? load_row(args.get("--tree"))
@@ -42,6 +47,15 @@ int plan_command(const std::vector<std::string>& argv) {
   PlanReport report;
   const Plan plan = make_plan(row, static_cast<int>(cp), costs, options, &report);
   validate_plan(plan, row, options.window, static_cast<int>(cp));
+  if (!svg_path.empty()) {
+    viz::PlanPicture picture;
+    picture.title = args.has("--tree") ? args.get("--tree")
+                                       : args.get("--preset") + " (seed " + std::to_string(seed) + ")";
+    picture.title += ", cp " + std::to_string(cp) + ", layout " + plan.layout;
+    picture.subtitle = "cost coefficients: " + (args.has("--costs") ? args.get("--costs")
+                                                                      : std::string("built-in defaults (one H200 per rank)"));
+    write_output(svg_path, viz::plan_svg(row, plan, simulate_plan_timeline(plan, costs), picture));
+  }
 
   if (args.get_flag("--json")) {
     json::Value v = plan_to_json(plan);
@@ -113,8 +127,8 @@ int plan_command(const std::vector<std::string>& argv) {
 
 const Register kPlan("plan",
                      "(--tree FILE | --preset NAME) --ranks N [--seed S] [--window W] [--layout L] [--costs FILE] "
-                     "[--chunk C] [--waves MAX] [--json] [--out FILE]",
-                     "ownership, waves and predicted milliseconds of every layout for one row",
+                     "[--chunk C] [--waves MAX] [--json] [--out FILE] [--svg FILE]",
+                     "ownership, waves and predicted milliseconds of every layout for one row (and its picture)",
                      plan_command);
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -17,10 +18,12 @@
 
 #include "checks.hpp"
 #include "command.hpp"
+#include "gpu.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "core/random.hpp"
+#include "core/trace.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "launcher.hpp"
 #include "plan/cost.hpp"
@@ -28,18 +31,21 @@
 #include "runtime/cpu_backend.hpp"
 #include "runtime/dense_attention.hpp"
 #include "runtime/redistribute.hpp"
+#include "runtime/span_gather.hpp"
 #include "tree/accounting.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
+#include "viz/schedule.hpp"
 
 
 namespace treecp::cli {
 namespace {
 
 // Every option of `treecp run`, read and checked in one place: a new option is one line in
-// declare_options() and one in read_options().
+// declare_options() and its check in read_options().
 struct RunConfig {
   RankOptions ranks;
+  bool gpu = false;          // --device cuda
   std::string preset, tree;  // one of them; the preset by default
   int64_t scale = 64;
   int hq = 8, hkv = 2, d = 64;
@@ -50,39 +56,63 @@ struct RunConfig {
   std::string dtype = "float";
   std::string costs_path;
   PlanOptions plan;
+  // --trace FILE: every rank's measured spans and the plan's predicted ones, written by rank 0.
+  std::string trace_path;
+  std::vector<Span> predicted;
+  // GPU ranks only.
+  bool full = false;
+  int reps = 5;
+  std::string backward_kv = "keep";
 };
 
 void declare_options(Args& args) {
   declare_rank_options(args);
   args.value("--preset").value("--tree").value("--window").value("--layout").value("--scale").value("--seed")
-      .value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype").flag("--sink")
-      .flag("--json");
+      .value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype").value("--device")
+      .value("--reps").value("--backward-kv").value("--trace").flag("--sink").flag("--json").flag("--full");
 }
 
 RunConfig read_options(const Args& args) {
   RunConfig cfg;
   cfg.ranks = rank_options(args, 4);
+  cfg.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
+  if (cfg.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
+  require(cfg.gpu || (!args.has("--reps") && !args.get_flag("--full") && !args.has("--backward-kv")),
+          "--reps, --full and --backward-kv go with --device cuda");
+  require(!cfg.gpu || !args.has("--dtype"), "--dtype goes with --device cpu (GPU ranks compute in bf16)");
   require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");
   cfg.tree = args.get_or("--tree", "");
   std::vector<std::string> names;
   for (const PresetInfo& p : presets()) names.push_back(p.name);
   cfg.preset = cfg.tree.empty() ? args.get_choice("--preset", "longchain", names) : "";
-  cfg.scale = args.get_int_in("--scale", 64, 1, Row::kMaxTokens);
+  cfg.full = args.get_flag("--full");
+  cfg.scale = args.get_int_in("--scale", cfg.gpu && cfg.full ? 1 : 64, 1, Row::kMaxTokens);
   cfg.seed = static_cast<uint64_t>(args.get_int_in("--seed", 0, 0, INT64_MAX));
-  cfg.hq = static_cast<int>(args.get_int_in("--hq", 8, 1, 65536));
-  cfg.hkv = static_cast<int>(args.get_int_in("--hkv", 2, 1, cfg.hq));
+  cfg.hq = static_cast<int>(args.get_int_in("--hq", cfg.gpu ? 32 : 8, 1, 65536));
+  cfg.hkv = static_cast<int>(args.get_int_in("--hkv", cfg.gpu ? 4 : 2, 1, cfg.hq));
   require(cfg.hq % cfg.hkv == 0, "option --hq (", cfg.hq, ") must be a multiple of --hkv (", cfg.hkv, ")");
-  cfg.d = static_cast<int>(args.get_int_in("--d", 64, 1, 512));
+  cfg.d = static_cast<int>(args.get_int_in("--d", cfg.gpu ? 128 : 64, 1, 512));
+  if (cfg.gpu) require(cfg.d == 64 || cfg.d == 128, "option --d must be 64 or 128 on GPUs, got ", cfg.d);
   cfg.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
   cfg.sink = args.get_flag("--sink");
   cfg.json = args.get_flag("--json");
   cfg.dtype = args.get_choice("--dtype", "float", {"float", "double"});
-  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json), unless --costs.
-  cfg.costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + "/costs_cpu.json");
+  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
+  // rank (config/costs_default.json); --costs overrides either.
+  cfg.costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + (cfg.gpu ? "/costs_default.json" : "/costs_cpu.json"));
   cfg.plan.layout = args.get_choice("--layout", "searched", layout_names());
   cfg.plan.window = cfg.window;
   cfg.plan.chunk_tokens = args.get_int_or("--chunk", 0);
   require_chunk(cfg.plan.chunk_tokens);
+  // Checked before any rank starts: a trace that cannot be written would be found only after the run.
+  cfg.trace_path = args.get_or("--trace", "");
+  if (args.has("--trace")) {
+    require(!cfg.trace_path.empty() && cfg.trace_path != "-", "option --trace needs a file path, got '",
+            printable(cfg.trace_path), "'");
+    check_output_file(cfg.trace_path);
+  }
+  cfg.reps = static_cast<int>(args.get_int_in("--reps", 5, 1, 1000));
+  cfg.backward_kv = args.get_choice("--backward-kv", "keep", {"keep", "refetch"});
   return cfg;
 }
 
@@ -96,8 +126,8 @@ struct RunJob {
   PlanReport report;
 };
 
-// Memory of the whole job on this machine: every rank's shards, redistributed copies, outputs and
-// received KV, rank 0's single-process reference (with double copies in float), and the plans.
+// Host memory of the whole CPU job on this machine: every rank's shards, redistributed copies, outputs
+// and received KV, rank 0's single-process reference (with double copies in float), and the plans.
 double job_memory_bytes(const RunJob& job) {
   const RunConfig& c = job.cfg;
   const double S = static_cast<double>(job.row.tokens()), qw = double(c.hq) * c.d, kw = double(c.hkv) * c.d;
@@ -124,9 +154,12 @@ RunJob prepare(const Args& args) {
   job.costs.shape.hq = c.hq;
   job.costs.shape.hkv = c.hkv;
   job.costs.shape.d = job.costs.shape.dv = c.d;
-  require_memory(job_memory_bytes(job), count_of(c.ranks.count, "rank") + " of attention forward and backward and the reference, " +
-                                            std::to_string(job.row.tokens()) + " tokens, Hq " + std::to_string(c.hq) +
-                                            ", Hkv " + std::to_string(c.hkv) + ", D " + std::to_string(c.d));
+  if (!c.gpu) {
+    require_memory(job_memory_bytes(job), count_of(c.ranks.count, "rank") +
+                                              " of attention forward and backward and the reference, " +
+                                              count_of(job.row.tokens(), "token") + ", Hq " + std::to_string(c.hq) +
+                                              ", Hkv " + std::to_string(c.hkv) + ", D " + std::to_string(c.d));
+  }
   job.plan = make_plan(job.row, static_cast<int>(c.ranks.count), job.costs, c.plan, &job.report);
   return job;
 }
@@ -159,6 +192,14 @@ double rel_error(const std::vector<double>& got, const std::vector<double>& ref)
   return err / scale;
 }
 
+// The runtime's stage names ("fwd wave 2", "bwd wait 1", "bwd return 1", "fwd merge+sink") as trace categories.
+const char* measured_category(const std::string& name) {
+  if (name.find(" wait ") != std::string::npos) return "wait";
+  if (name.find(" return ") != std::string::npos) return "return";  // waiting for dK/dV, then adding them
+  if (name.find("merge") != std::string::npos || name.find("prep") != std::string::npos) return "merge";
+  return "stage";
+}
+
 template <class T>
 int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanReport& report, const RunConfig& cfg,
               const std::string& source) {
@@ -184,10 +225,30 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   const int64_t rows = cp.owned_rows();
   std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * cfg.hq)), dq(static_cast<size_t>(rows * qw)),
       dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * kw)), dsink(static_cast<size_t>(cfg.hq), T(0));
+  // Measured spans: the calls this command makes, and the runtime's stages inside them.
+  SpanRecorder spans(me);
   comm.barrier();
+  spans.reset_origin();  // t = 0 on every rank as the barrier releases them
+  const double forward_begin = spans.now_ms();
   cp.forward(q, k, v, cfg.sink ? &sink : nullptr, y, lse);
+  const double forward_end = spans.now_ms();
   comm.barrier();
+  const double backward_begin = spans.now_ms();
   cp.backward(dy, dq, dk, dv, cfg.sink ? &dsink : nullptr);
+  const double backward_end = spans.now_ms();
+  spans.record("forward", "pass", forward_begin, forward_end);
+  spans.record("barrier", "wait", forward_end, backward_begin);
+  spans.record("backward", "pass", backward_begin, backward_end);
+  if (!cfg.trace_path.empty()) {
+    // The runtime times its stages from its own first mark, taken just after forward_begin; clamping
+    // into the pass absorbs that gap so that the stages nest in their pass.
+    for (const StageSpan& st : cp.spans()) {
+      const bool fwd = st.name.rfind("fwd", 0) == 0;
+      const double lo = fwd ? forward_begin : backward_begin, hi = fwd ? forward_end : backward_end;
+      const double b = std::clamp(forward_begin + st.begin_ms, lo, hi), e = std::clamp(forward_begin + st.end_ms, b, hi);
+      spans.record(st.name, measured_category(st.name), b, e);
+    }
+  }
   comm.all_reduce_sum(dsink.data(), cfg.hq, CpuBackend<T>::comm_type);  // the sink is a replicated weight
 
   std::vector<double> mine_stats(kFields, 0.0), all_stats(static_cast<size_t>(kFields * n));
@@ -202,6 +263,8 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   mine_stats[kRecv] = static_cast<double>(cp.traffic().bytes_received);
   mine_stats[kPeakMiB] = peak_rss_mib();
   comm.all_gather(mine_stats.data(), all_stats.data(), kFields, CommType::F64);
+  std::vector<Span> trace;
+  if (!cfg.trace_path.empty()) trace = gather_spans(comm, spans.spans(), 0);
 
   // Everything back on rank 0 in packed order, then the single-process reference there.
   const auto gathered = gathered_layout(S, n, 0);
@@ -254,6 +317,11 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
     check("dv", dv0, ref.dv, ref64.dv);
     if (cfg.sink) check("dsink", dsink, ref.dsink, ref64.dsink);
     for (const Check& e : errors) status = e.error <= e.bound ? status : 3;
+    // A run that does not match writes nothing.
+    if (status == 0 && !cfg.trace_path.empty()) {
+      trace.insert(trace.end(), cfg.predicted.begin(), cfg.predicted.end());
+      write_chrome_trace(trace, cfg.trace_path);
+    }
 
     const RowStats st = row_stats(row, cfg.window);
     if (cfg.json) {
@@ -291,6 +359,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       out.set("max_rel_error", errs);
       out.set("error_bound", bounds);
       out.set("ok", status == 0);
+      if (status == 0 && !cfg.trace_path.empty()) out.set("trace", cfg.trace_path);
       std::cout << json::dump(out, 2) << "\n";
     } else {
       std::printf("treecp run: %s, %s, %s\n", source.c_str(), count_of(n, "rank").c_str(), sizeof(T) == 8 ? "double" : "float");
@@ -319,6 +388,10 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       std::printf("max relative error vs the double-precision reference (bound):\n ");
       for (const Check& e : errors) std::printf("  %s %.2e (%.1e)", e.name.c_str(), e.error, e.bound);
       std::printf("\n%s\n", status == 0 ? "OK: every output and gradient matches" : "MISMATCH");
+      if (status == 0 && !cfg.trace_path.empty()) {
+        std::printf("trace: %s (%zu spans; open in https://ui.perfetto.dev or chrome://tracing)\n",
+                    cfg.trace_path.c_str(), trace.size());
+      }
     }
   }
   int64_t verdict = status;
@@ -327,8 +400,22 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
 }
 
 int execute(Communicator& comm, const RunJob& job) {
-  return job.cfg.dtype == "double" ? run_typed<double>(comm, job.row, job.plan, job.report, job.cfg, job.source)
-                                   : run_typed<float>(comm, job.row, job.plan, job.report, job.cfg, job.source);
+  const RunConfig& c = job.cfg;
+  if (c.gpu) {
+    GpuRunConfig g;
+    g.hq = c.hq, g.hkv = c.hkv, g.d = c.d, g.sink = c.sink, g.seed = c.seed, g.json = c.json;
+    g.full = c.full;
+    g.reps = c.reps;
+    g.backward_kv = c.backward_kv;
+    g.costs_path = c.costs_path;
+    g.source = job.source;
+    g.timeout_s = c.ranks.timeout_s;
+    return run_on_gpus(comm, job.row, job.costs, c.plan, g);
+  }
+  RunConfig cfg = c;
+  if (!cfg.trace_path.empty() && comm.rank() == 0) cfg.predicted = viz::predicted_spans(simulate_plan_timeline(job.plan, job.costs));
+  return cfg.dtype == "double" ? run_typed<double>(comm, job.row, job.plan, job.report, cfg, job.source)
+                               : run_typed<float>(comm, job.row, job.plan, job.report, cfg, job.source);
 }
 
 int run_main(const std::vector<std::string>& argv) {
@@ -350,11 +437,11 @@ int run_main(const std::vector<std::string>& argv) {
 }
 
 const Register kRun("run",
-                    "[--preset NAME | --tree FILE] [--ranks N] [--timeout S] [--window W] [--sink] [--layout L] "
-                    "[--dtype float|double] [--scale F] [--seed S] [--hq H] [--hkv H] [--d D] [--chunk C] [--costs FILE] "
-                    "[--json]",
-                    "the main job: plan, run dense attention CP forward+backward on N ranks, check against one "
-                    "process, report",
+                    "[--preset NAME | --tree FILE] [--ranks N] [--timeout S] [--device cpu|cuda] [--window W] [--sink] "
+                    "[--layout L] [--dtype float|double] [--scale F] [--seed S] [--hq H] [--hkv H] [--d D] [--chunk C] "
+                    "[--costs FILE] [--trace FILE] [--full] [--reps N] [--backward-kv keep|refetch] [--json]",
+                    "the main job: plan, run dense attention CP forward+backward on N ranks (CPU processes or GPUs), "
+                    "check against one process, report",
                     run_main);
 
 }  // namespace

@@ -3,13 +3,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "core/error.hpp"
+#include "core/file.hpp"
 
 namespace treecp::cli {
 
@@ -151,23 +150,7 @@ void write_output(const std::string& path, const std::string& text) {
     std::cout.flush();
     return;
   }
-  const std::string tmp = path + ".tmp-treecp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    require(out.good(), "cannot write '", printable(path), "'");
-    out << text;
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      fail("error while writing '", printable(path), "'");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    fail("cannot write '", printable(path), "': ", ec.message());
-  }
+  write_file_atomic(path, text);
 }
 
 }  // namespace treecp::cli

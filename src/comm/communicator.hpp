@@ -4,9 +4,11 @@
 // the backend's tensors live (host memory for MPI, device memory for NCCL). Failures throw
 // treecp::Error naming the call; no implementation exits the process.
 //
-// Deadlines: no call waits for its peers longer than timeout_s() seconds. When the deadline passes
-// the call throws treecp::Error naming the call and the ranks that did not arrive (deadline_error());
-// the communicator is unusable afterwards, and the job should end (cli's RankGroup aborts it).
+// Deadlines: no call waits for its peers longer than its communicator's deadline. When it passes the
+// call throws treecp::Error naming the call and the ranks that did not arrive; the communicator is
+// unusable afterwards, and the job should end (cli's RankGroup aborts it). MpiCommunicator waits by
+// set_timeout_s() and words the error with deadline_error(); the NCCL and thread communicators take
+// their deadline from their options when they are made.
 #pragma once
 
 #include <cstddef>
@@ -67,7 +69,7 @@ class Communicator {
   // Agreement before any collective that could hang: true on every rank iff `ok` is true on every rank.
   bool all_ok(bool ok);
 
-  // The longest a call waits for its peers, in seconds; must be > 0. Every implementation honours it.
+  // The longest a call waits for its peers, in seconds; must be > 0.
   static constexpr double kDefaultTimeoutS = 300.0;
   void set_timeout_s(double seconds);
   double timeout_s() const { return timeout_s_; }
