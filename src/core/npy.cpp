@@ -74,7 +74,9 @@ class NpyHeader {
 
  private:
   [[noreturn]] void bad(const char* what) const {
-    fail(name_, ": malformed .npy header at byte ", pos_, ": ", what, " (header: ", printable(text_, 96), ")");
+    std::string_view shown = text_;
+    while (!shown.empty() && (shown.back() == ' ' || shown.back() == '\n')) shown.remove_suffix(1);  // NumPy's padding
+    fail(name_, ": malformed .npy header at byte ", pos_, ": ", what, " (header: ", printable(shown, 96), ")");
   }
   char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
   void space() {
@@ -138,6 +140,7 @@ class NpyHeader {
       }
     }
     if (dims.size() == 1 && !comma) bad("a one-dimensional shape is written (n,)");
+    require(dims.size() <= kMaxDims, name_, ": .npy shape has ", dims.size(), " dimensions, more than NumPy's ", kMaxDims);
     ++pos_;
     return dims;
   }
@@ -147,6 +150,7 @@ class NpyHeader {
   }
 
   static constexpr int64_t kMaxDim = 2147483647;
+  static constexpr size_t kMaxDims = 32;  // NPY_MAXDIMS: NumPy writes no more
   std::string_view text_;
   const std::string& name_;
   size_t pos_ = 0;
@@ -206,7 +210,7 @@ NpyArray npy_from_bytes(std::string_view bytes, const std::string& name) {
       std::memcpy(&x, bytes.data() + offset + i * 4, 4);
       arr.data[i] = x;
     }
-  } else {
+  } else if (!arr.data.empty()) {  // an empty vector's data() may be null, which memcpy may not get
     std::memcpy(arr.data.data(), bytes.data() + offset, arr.data.size() * 8);
   }
   return arr;
@@ -246,7 +250,7 @@ std::string npy_bytes(const std::vector<int64_t>& shape, const double* data, DTy
     std::vector<float> tmp(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) tmp[static_cast<size_t>(i)] = static_cast<float>(data[i]);
     out.append(reinterpret_cast<const char*>(tmp.data()), tmp.size() * 4);
-  } else {
+  } else if (n > 0) {
     out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n) * 8);
   }
   return out;
@@ -256,7 +260,7 @@ std::string npy_bytes(const std::vector<int64_t>& shape, const float* data) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   std::string out = npy_header(shape, "<f4");
-  out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n) * 4);
+  if (n > 0) out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n) * 4);
   return out;
 }
 
