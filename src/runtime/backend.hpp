@@ -33,9 +33,11 @@
 //        complete (o, lse) of this stage over its keys; every q row written (no key: O = 0, LSE = -inf)
 //   void merge_sink_forward(dims, rows, parts of (const Act* o, const Stat* lse), const Stat* sink,
 //                           Act& y, Act* o_merged, Stat& lse)      one fused LSE merge (+ sink)
-//   void merge_sink_backward(dims, rows, const Act& o, const Stat& lse, const Stat* sink, const Act& dy,
-//                            Act& d_o, Stat& dstat, Stat* dsink)   dsink +=; dstat is the backend's
-//        softmax-gradient statistic (CPU: dJ/dLSE; GPU: Dsum = dot(dO, O) - dJ/dLSE)
+//   const Act& merge_sink_backward(dims, rows, const Act& o, const Stat& lse, const Stat* sink, const Act& dy,
+//                                  Act& d_o, Stat& dstat, Stat* dsink)
+//        returns the buffer holding dO of the pre-sink output: d_o (allocated by the caller) with a sink, dy
+//        itself without one (d_o may then be empty); dsink +=; dstat is the backend's softmax-gradient
+//        statistic (CPU: dJ/dLSE; GPU: Dsum = dot(dO, O) - dJ/dLSE)
 //   void attention_backward(dims, const Geometry&, const Act& q, KvView<Elem>, const Act& o, const Stat& lse,
 //                           const Act& d_o, const Stat& dstat, Grad& dq, DkvView<G>)   all accumulate (+=)
 //   Mark mark(); double elapsed_ms(const Mark& a, const Mark& b);  timing that stays in stream order

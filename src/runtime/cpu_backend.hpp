@@ -154,13 +154,12 @@ class CpuBackend {
   }
 
   // dstat is dJ/dLSE here (zero without a sink).
-  void merge_sink_backward(const AttentionDims& sh, int64_t rows, const Buffer& o, const Buffer& lse, const Buffer* sink,
-                           const Buffer& dy, Buffer& d_o, Buffer& dlse, Buffer* dsink) {
+  const Buffer& merge_sink_backward(const AttentionDims& sh, int64_t rows, const Buffer& o, const Buffer& lse,
+                                    const Buffer* sink, const Buffer& dy, Buffer& d_o, Buffer& dlse, Buffer* dsink) {
     const int hq = sh.hq, dv = sh.dv;
     if (sink == nullptr) {  // no sink: the output is O itself
-      copy_rows(dy, {{0, 0, rows}}, int64_t{hq} * dv, d_o);
       zero(dlse);
-      return;
+      return dy;
     }
     cpu::SinkBackwardArgs<T> s;
     s.fwd.rows = rows;
@@ -180,6 +179,7 @@ class CpuBackend {
       s.dsink = scratch.data();
     }
     cpu::sink_backward(s);
+    return d_o;
   }
 
   void attention_backward(const AttentionDims& sh, const Geometry& slices, const Buffer& q, const KvView<T>& kv,
