@@ -71,7 +71,7 @@ struct RowSpan {
   int64_t ra, rz;
 };
 inline RowSpan rows_touching(const Slice& s, int64_t qb, int64_t qe, int64_t kb, int64_t ke, int G) {
-  // key_hi(q) > kb  <=>  q >= kb + diag_min;   key_lo(q) < ke  <=>  q < ke + diag_max - 1
+  // key_end(q) > kb  <=>  q >= kb + diag_min;   key_begin(q) < ke  <=>  q < ke + diag_max - 1
   const int64_t qa = std::max(qb, kb + s.diag_min), qz = std::min(qe, ke + s.diag_max - 1);
   if (qz <= qa) return {0, 0};
   return {(qa - qb) * G, (qz - qb) * G};
@@ -103,7 +103,7 @@ TREECP_TILE_INLINE void forward_slice(const AttnForwardArgs<T>& a, const Slice& 
       std::fill_n(w.m.data(), rows, kNegInf<T>);
       std::fill_n(w.l.data(), rows, T(0));
       std::fill_n(w.acc.data(), rows * dv, T(0));
-      const int64_t k_lo = key_lo(s, qb), k_hi = key_hi(s, qe - 1);
+      const int64_t k_lo = s.key_begin(qb), k_hi = s.key_end(qe - 1);
       for (int64_t kb = k_lo; kb < k_hi; kb += kKeyBlock) {
         const int64_t ke = std::min(kb + kKeyBlock, k_hi), nk = ke - kb;
         const auto [ra, rz] = rows_touching(s, qb, qe, kb, ke, G);
@@ -113,7 +113,7 @@ TREECP_TILE_INLINE void forward_slice(const AttnForwardArgs<T>& a, const Slice& 
         gemm_acc<Isa>(rz - ra, nk, d, w.qp.data() + ra * d, d, 1, w.kt.data(), nk, w.s.data() + ra * nk, nk);
         for (int64_t r = ra; r < rz; ++r) {
           const int64_t q = qb + r / G;
-          const int64_t j0 = std::max(kb, key_lo(s, q)) - kb, j1 = std::min(ke, key_hi(s, q)) - kb;
+          const int64_t j0 = std::max(kb, s.key_begin(q)) - kb, j1 = std::min(ke, s.key_end(q)) - kb;
           T* sr = w.s.data() + r * nk;
           T* pr = w.p.data() + r * nk;
           std::fill(pr, pr + nk, T(0));
@@ -171,7 +171,7 @@ TREECP_TILE_INLINE void backward_slice(const AttnBackwardArgs<T>& a, const Slice
         w.delta[r] = delta[static_cast<size_t>(q * sh.hq + h)];
       }
       std::fill_n(w.dqp.data(), rows * d, T(0));
-      const int64_t k_lo = key_lo(s, qb), k_hi = key_hi(s, qe - 1);
+      const int64_t k_lo = s.key_begin(qb), k_hi = s.key_end(qe - 1);
       for (int64_t kb = k_lo; kb < k_hi; kb += kKeyBlock) {
         const int64_t ke = std::min(kb + kKeyBlock, k_hi), nk = ke - kb;
         const auto [ra, rz] = rows_touching(s, qb, qe, kb, ke, G);
@@ -185,7 +185,7 @@ TREECP_TILE_INLINE void backward_slice(const AttnBackwardArgs<T>& a, const Slice
         gemm_acc<Isa>(rz - ra, nk, dv, w.dop.data() + ra * dv, dv, 1, w.vt.data(), nk, w.ds.data() + ra * nk, nk);
         for (int64_t r = ra; r < rz; ++r) {
           const int64_t q = qb + r / G;
-          const int64_t j0 = std::max(kb, key_lo(s, q)) - kb, j1 = std::min(ke, key_hi(s, q)) - kb;
+          const int64_t j0 = std::max(kb, s.key_begin(q)) - kb, j1 = std::min(ke, s.key_end(q)) - kb;
           const T* sr = w.s.data() + r * nk;
           T* pr = w.p.data() + r * nk;
           T* dsr = w.ds.data() + r * nk;

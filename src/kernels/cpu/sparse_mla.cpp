@@ -89,7 +89,7 @@ template <class Isa, class T>
 TREECP_TILE_INLINE void indexer_slice(const IndexerArgs<T>& a, const Slice& s, int64_t qb, int64_t qe,
                                       IndexerWork<T>& w) {
   const int hi = a.shape.hi, di = a.shape.di;
-  const int64_t k_lo = key_lo(s, qb), k_hi = key_hi(s, qe - 1);
+  const int64_t k_lo = s.key_begin(qb), k_hi = s.key_end(qe - 1);
   for (int64_t kb = k_lo; kb < k_hi; kb += kIndexerKeys) {
     const int64_t ke = std::min(kb + kIndexerKeys, k_hi), nk = ke - kb;
     const int64_t nkp = round_up(nk, kVecLen<T>);
@@ -106,7 +106,7 @@ TREECP_TILE_INLINE void indexer_slice(const IndexerArgs<T>& a, const Slice& s, i
     std::fill(w.s.data() + r0 * nkp, w.s.data() + r1 * nkp, T(0));
     gemm_acc<Isa>(r1 - r0, nkp, di, w.qp.data() + r0 * di, di, 1, w.kt.data(), nkp, w.s.data() + r0 * nkp, nkp);
     for (int64_t q = qa; q < qz; ++q) {
-      const int64_t j0 = std::max(kb, key_lo(s, q)) - kb, j1 = std::min(ke, key_hi(s, q)) - kb;
+      const int64_t j0 = std::max(kb, s.key_begin(q)) - kb, j1 = std::min(ke, s.key_end(q)) - kb;
       if (j0 >= j1) continue;
       std::fill_n(w.acc.data(), nkp, T(0));
       for (int h = 0; h < hi; ++h) {

@@ -1,6 +1,6 @@
 // The CPU kernels' shared inner pieces (kernels/cpu only, not a public header): 32-byte vector types,
-// the register-tiled GEMM, the vector exp, dot and axpy with fixed lane order, the instruction-set
-// dispatch, and the per-query key bounds of a slice.
+// the register-tiled GEMM, the vector exp, dot and axpy with fixed lane order, and the instruction-set
+// dispatch.
 //
 // Everything sits in an unnamed namespace on purpose: each kernel file compiles its own copies, once
 // per instruction set (force-inlined into its AVX2 and baseline entry points), so the linker can never
@@ -14,8 +14,6 @@
 #include <cstring>
 #include <limits>
 #include <string_view>
-
-#include "tree/slice.hpp"
 
 namespace treecp::cpu {
 namespace {
@@ -221,11 +219,6 @@ TREECP_TILE_INLINE void exp_inplace(T* x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
   }
 }
-
-// Keys of query row q in slice s: [key_lo(q), key_hi(q)), both nondecreasing in q
-// (from k_begin <= k < k_end and diag_min <= q - k < diag_max).
-inline int64_t key_lo(const Slice& s, int64_t q) { return std::max(s.k_begin, q - s.diag_max + 1); }
-inline int64_t key_hi(const Slice& s, int64_t q) { return std::min(s.k_end, q - s.diag_min + 1); }
 
 // The one place that picks an instruction set: x86-64 builds target the SSE2 baseline; every kernel's
 // loops have a second copy for AVX2 + FMA (about 3x faster), chosen at run time by this function.
