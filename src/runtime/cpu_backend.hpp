@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -19,7 +20,8 @@ class CpuBackend {
   using Real = T;
   using Buffer = std::vector<T>;
   using IndexBuffer = std::vector<int64_t>;
-  static constexpr CommType comm_type = sizeof(T) == 8 ? CommType::F64 : CommType::F32;
+  // int64 buffers (ids) travel as integers; float and double as themselves
+  static constexpr CommType comm_type = std::is_integral_v<T> ? CommType::I64 : sizeof(T) == 8 ? CommType::F64 : CommType::F32;
 
   Buffer alloc(int64_t n) { return Buffer(static_cast<size_t>(n), T(0)); }
   T* data(Buffer& b) { return b.data(); }
