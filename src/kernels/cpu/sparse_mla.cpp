@@ -16,6 +16,9 @@ namespace {
 // the packed qi rows (256 x Di) and the head scores (256 x 64) in L2.
 constexpr int64_t kIndexerRows = 256;
 constexpr int64_t kIndexerKeys = 64;
+// Keys per block of the GEMMs that sum over a query's list (P^T V, dS^T KV): 128 packed rows of Dqk = 576
+// floats are 288 KiB, so a block of B stays in L2 while every row tile of the output passes over it.
+constexpr int64_t kListBlock = 128;
 
 // The order of top-k lists: the higher score first, equal scores to the smaller canonical id.
 template <class T>
@@ -222,6 +225,15 @@ TREECP_TILE_INLINE void list_scores(const SparseShape& sh, int64_t n, SparseWork
   gemm_acc<Isa>(n, sh.h, sh.dqk, w.kvp.data(), sh.dqk, 1, w.qt.data(), sh.h, w.st.data(), sh.h);
 }
 
+// C[h][x] += sum_j A[j][h] B[j][x] over a list of n keys (A [n, H] heads contiguous, B the packed rows),
+// in blocks of kListBlock keys.
+template <class Isa, class T>
+TREECP_TILE_INLINE void list_gemm(int H, int N, int64_t n, const T* A, const T* B, int64_t ldb, T* C, int64_t ldc) {
+  for (int64_t j = 0; j < n; j += kListBlock) {
+    gemm_acc<Isa>(H, N, std::min(kListBlock, n - j), A + j * H, 1, H, B + j * ldb, ldb, C, ldc);
+  }
+}
+
 template <class Isa, class T>
 TREECP_TILE_INLINE void sparse_forward_run(const SparseForwardArgs<T>& a) {
   const SparseShape& sh = a.shape;
@@ -259,7 +271,7 @@ TREECP_TILE_INLINE void sparse_forward_run(const SparseForwardArgs<T>& a) {
     }
     // O = P^T V with V the first dv columns of the packed rows
     std::fill(w.oacc.begin(), w.oacc.end(), T(0));
-    gemm_acc<Isa>(H, sh.dv, n, w.st.data(), 1, H, w.kvp.data(), sh.dqk, w.oacc.data(), sh.dv);
+    list_gemm<Isa>(H, sh.dv, n, w.st.data(), w.kvp.data(), sh.dqk, w.oacc.data(), sh.dv);
     for (int hh = 0; hh < H; ++hh) {
       const T inv = T(1) / w.l[static_cast<size_t>(hh)];
       T* o = a.o.at(q, hh);
@@ -302,7 +314,7 @@ TREECP_TILE_INLINE void sparse_backward_run(const SparseBackwardArgs<T>& a) {
       T* dr = w.dpt.data() + j * H;
       for (int hh = 0; hh < H; ++hh) dr[hh] = pr[hh] * (dr[hh] - w.delta[static_cast<size_t>(hh)]) * a.scale;
     }
-    gemm_acc<Isa>(H, sh.dqk, n, w.dpt.data(), 1, H, w.kvp.data(), sh.dqk, a.dq.at(q, 0), a.dq.head_stride);
+    list_gemm<Isa>(H, sh.dqk, n, w.dpt.data(), w.kvp.data(), sh.dqk, a.dq.at(q, 0), a.dq.head_stride);
     std::fill_n(w.dkvp.data(), n * sh.dqk, T(0));
     gemm_acc<Isa>(n, sh.dqk, H, w.dpt.data(), H, 1, a.q.at(q, 0), a.q.head_stride, w.dkvp.data(), sh.dqk);
     gemm_acc<Isa>(n, sh.dv, H, w.st.data(), H, 1, a.dout.at(q, 0), a.dout.head_stride, w.dkvp.data(), sh.dqk);
