@@ -2,13 +2,15 @@
 // Dv 512, k 2,048) on a 40,960-token preset row, and reports the bytes CP moves at 2-8 ranks.
 //   1. check: float against double on a small row of the same shape (ids agreement, output error);
 //   2. the indexer over the whole row in one stage (scores + top-k), timed in full;
-//   3. the sparse attention forward and backward over every `stride`-th query's list (the work per query
-//      is independent, so the whole row's time is the sample's scaled by selected pairs; both printed);
+//   3. the merge of two stages' top-k lists per query, and the sparse attention forward and backward over
+//      every `stride`-th query's list (the work per query is independent, so the whole row's time is the
+//      sample's scaled by selected pairs; both printed);
 //   4. per rank count: the planner's bytes (an upper bound for every input) for KV in the waves and for
 //      selected rows only, and the bytes the runtime moves for this selection (its own layout function
 //      on the indexer's ids).
-// Times are this thread's CPU time (the machine is shared). FLOPs from one formula (SparseMlaShape): indexer 2 Hi Di per pair, sparse 2 H (Dqk + Dv) forward and
-// 2 H (3 Dqk + 2 Dv) backward per (query, selected key).
+// Times are this thread's CPU time (the machine is shared). FLOPs from one formula (SparseMlaShape):
+// indexer 2 Hi Di per pair, sparse 2 H (Dqk + Dv) forward and 2 H (3 Dqk + 2 Dv) backward per
+// (query, selected key).
 // Usage: bench_sparse_mla [preset] [stride] [max_cp] [all|sparse]   (defaults: art-fixed5k 32 8 all);
 // `sparse` skips 2 and 4 and selects only the sampled queries' keys (the indexer on their rows alone).
 #include <algorithm>
@@ -133,9 +135,9 @@ int main(int argc, char** argv) {
   int64_t pairs = 0;
   for (const Slice& sl : slices) pairs += sl.area();
   std::vector<int64_t> ids(static_cast<size_t>(S * s.topk));
+  std::vector<float> score(ids.size());
   {
     const Layer<float> l(s, S, 0);
-    std::vector<float> score(ids.size());
     std::vector<int64_t> key_ids(static_cast<size_t>(S));
     std::iota(key_ids.begin(), key_ids.end(), int64_t{0});
     IndexerArgs<float> a;
@@ -163,6 +165,23 @@ int main(int argc, char** argv) {
   for (int64_t i = 0; i < n; ++i) {
     std::copy_n(ids.begin() + sample[static_cast<size_t>(i)] * s.topk, s.topk, rows.begin() + i * s.topk);
     for (int64_t e = 0; e < s.topk; ++e) sample_pairs += rows[static_cast<size_t>(i * s.topk + e)] >= 0;
+  }
+  {
+    // The merge of two stages' lists, per query: the sample's lists against copies with other ids.
+    std::vector<float> acc_s(static_cast<size_t>(n * s.topk)), part_s(acc_s.size());
+    std::vector<int64_t> acc_i(acc_s.size()), part_i(acc_s.size());
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t e = 0; e < s.topk; ++e) {
+        const size_t from = static_cast<size_t>(sample[static_cast<size_t>(i)] * s.topk + e), to = static_cast<size_t>(i * s.topk + e);
+        acc_s[to] = part_s[to] = score[from];
+        acc_i[to] = ids[from];
+        part_i[to] = ids[from] < 0 ? -1 : ids[from] + S;
+      }
+    }
+    const double t0 = cpu_ms();
+    topk_merge(TopkMergeArgs<float>{n, s.topk, acc_s.data(), acc_i.data(), part_s.data(), part_i.data()});
+    const double ms = cpu_ms() - t0;
+    std::printf("top-k merge of two stages' lists: %.4f ms per query\n", ms / static_cast<double>(n));
   }
   {
     const Layer<float> l(s, S, n);

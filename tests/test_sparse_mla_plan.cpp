@@ -260,6 +260,9 @@ TEST(SparseMlaCosts, FilesMatchBuiltInDefaultsAndRoundTrip) {
   const SparseMlaCosts file = load_sparse_mla_costs(config_file("costs_sparse_mla_default.json").string());
   EXPECT_EQ(json::dump(to_json(file)), json::dump(to_json(SparseMlaCosts{})));
   EXPECT_EQ(json::dump(to_json(sparse_mla_costs_from_json(to_json(file)))), json::dump(to_json(file)));
+  const SparseMlaCosts cpu = load_sparse_mla_costs(config_file("costs_sparse_mla_cpu.json").string());
+  EXPECT_EQ(cpu.shape.bytes_per_element, 4);
+  EXPECT_LT(cpu.sparse.local_forward_pairs_per_ms, SparseMlaCosts{}.sparse.local_forward_pairs_per_ms);
   // a partial file keeps the sparse MLA defaults for the rest, not the dense ones
   const SparseMlaCosts part = sparse_mla_costs_from_json(json::parse(R"({"sparse": {"local_forward_pairs_per_ms": 5}})"));
   EXPECT_EQ(part.sparse.local_forward_pairs_per_ms, 5.0);

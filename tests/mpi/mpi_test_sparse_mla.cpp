@@ -255,6 +255,7 @@ TEST(SparseMlaCP, SharedIdsEqualOneProcess) {
   // without an indexer (only the selected rows travel).
   TREECP_SEED_TRACE;
   Communicator& comm = *g_comm;
+  int64_t remote_rows = 0;
   for (int t = 0; t < 4; ++t) {
     std::mt19937_64 rng(g_seed * 17 + static_cast<uint64_t>(t));
     const Row row = make_tree(static_cast<Shape>(t), rng);
@@ -264,6 +265,7 @@ TEST(SparseMlaCP, SharedIdsEqualOneProcess) {
     const std::vector<int64_t> ids = one_process<double>(row, d, topk, window, first, nullptr).ids;
     const cpu::SparseMlaResult<double> ref = one_process<double>(row, d, topk, window, second, &ids);
     SparseMlaPlanOptions opt;
+    opt.plan.layout = t % 2 ? "zigzag" : "contiguous";  // the searched plan may rightly keep a small row on one rank
     opt.plan.window = window;
     opt.plan.chunk_tokens = std::max<int64_t>(1, row.tokens() / 17);
     opt.topk = topk;
@@ -283,7 +285,11 @@ TEST(SparseMlaCP, SharedIdsEqualOneProcess) {
     EXPECT_LE(max_rel_error(dq, ref.dq, owned, qw), 1e-10) << "tree " << t;
     EXPECT_LE(max_rel_error(dkv, ref.dkv, owned, d.dqk), 1e-10) << "tree " << t;
     EXPECT_LE(cp.traffic().bytes_received, plan.prediction.ranks[static_cast<size_t>(comm.rank())].bytes_received);
+    remote_rows += cp.traffic().remote_rows;
   }
+  // the lists really read rows of other ranks (the deep chain cannot be split without)
+  comm.all_reduce_sum(&remote_rows, 1, CommType::I64);
+  if (comm.size() > 1) EXPECT_GT(remote_rows, 0);
 }
 
 TEST(SparseMlaCP, BadSharedIdsRefusedOnEveryRank) {
