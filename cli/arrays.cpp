@@ -17,6 +17,11 @@ void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, con
           ", got ", a.shape_string());
 }
 
+void require_same_dtype(const NpyArray& a, const std::string& name, const NpyArray& ref, const std::string& ref_name) {
+  require(a.dtype == ref.dtype, name, " is ", dtype_name(a.dtype), " but ", ref_name, " is ", dtype_name(ref.dtype),
+          ": mixing dtypes is refused (give every array the same dtype)");
+}
+
 void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf) {
   for (size_t i = 0; i < a.data.size(); ++i) {
     const double x = a.data[i];

@@ -143,14 +143,10 @@ int attention_cmd(const std::vector<std::string>& argv) {
 
   // One precision for every array: float64 computes in double, float32 in float.
   const DType dtype = in.q.dtype;
-  auto same_dtype = [&](const NpyArray& a, const char* name) {
-    require(a.dtype == dtype, name, " is ", dtype_name(a.dtype), " but q is ", dtype_name(dtype),
-            ": mixing dtypes is refused (give every array the same dtype)");
-  };
-  same_dtype(in.k, "k");
-  same_dtype(in.v, "v");
-  if (in.has_sink) same_dtype(in.sink, "sink");
-  if (in.has_dout) same_dtype(in.dout, "dout");
+  require_same_dtype(in.k, "k", in.q, "q");
+  require_same_dtype(in.v, "v", in.q, "q");
+  if (in.has_sink) require_same_dtype(in.sink, "sink", in.q, "q");
+  if (in.has_dout) require_same_dtype(in.dout, "dout", in.q, "q");
 
   const int64_t S = in.row.tokens();
   require_rank3(in.q, "q", S, "[S, Hq, D]");

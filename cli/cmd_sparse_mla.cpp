@@ -150,17 +150,13 @@ int sparse_mla_cmd(const std::vector<std::string>& argv) {
 
   // One precision for every float array: float64 computes in double, float32 in float.
   const DType dtype = in.q.dtype;
-  auto same_dtype = [&](const NpyArray& a, const char* name) {
-    require(a.dtype == dtype, name, " is ", dtype_name(a.dtype), " but q is ", dtype_name(dtype),
-            ": mixing dtypes is refused (give every array the same dtype)");
-  };
-  same_dtype(in.kv, "kv");
+  require_same_dtype(in.kv, "kv", in.q, "q");
   if (!in.has_ids) {
-    same_dtype(in.qi, "qi");
-    same_dtype(in.ki, "ki");
-    same_dtype(in.w, "w");
+    require_same_dtype(in.qi, "qi", in.q, "q");
+    require_same_dtype(in.ki, "ki", in.q, "q");
+    require_same_dtype(in.w, "w", in.q, "q");
   }
-  if (in.has_dout) same_dtype(in.dout, "dout");
+  if (in.has_dout) require_same_dtype(in.dout, "dout", in.q, "q");
 
   require_rank3(in.q, "q", S, "[S, H, Dqk]");
   const int64_t h = in.q.shape[1], dqk = in.q.shape[2];
