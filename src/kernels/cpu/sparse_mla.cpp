@@ -18,7 +18,7 @@ constexpr int64_t kIndexerRows = 256;
 constexpr int64_t kIndexerKeys = 64;
 // Keys per block of the GEMMs that sum over a query's list (P^T V, dS^T KV): 128 packed rows of Dqk = 576
 // floats are 288 KiB, so a block of B stays in L2 while every row tile of the output passes over it.
-constexpr int64_t kListBlock = 128;
+constexpr int64_t kListBlockKeys = 128;
 
 // The order of top-k lists: the higher score first, equal scores to the smaller canonical id.
 template <class T>
@@ -226,11 +226,11 @@ TREECP_TILE_INLINE void list_scores(const SparseShape& sh, int64_t n, SparseWork
 }
 
 // C[h][x] += sum_j A[j][h] B[j][x] over a list of n keys (A [n, H] heads contiguous, B the packed rows),
-// in blocks of kListBlock keys.
+// in blocks of kListBlockKeys keys.
 template <class Isa, class T>
 TREECP_TILE_INLINE void list_gemm(int H, int N, int64_t n, const T* A, const T* B, int64_t ldb, T* C, int64_t ldc) {
-  for (int64_t j = 0; j < n; j += kListBlock) {
-    gemm_acc<Isa>(H, N, std::min(kListBlock, n - j), A + j * H, 1, H, B + j * ldb, ldb, C, ldc);
+  for (int64_t j = 0; j < n; j += kListBlockKeys) {
+    gemm_acc<Isa>(H, N, std::min(kListBlockKeys, n - j), A + j * H, 1, H, B + j * ldb, ldb, C, ldc);
   }
 }
 
