@@ -19,7 +19,6 @@
 // Every rank calls every collective in the same order (the same plan and fetch mode everywhere).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -30,7 +29,7 @@
 #include "kernels/cpu/sparse_mla.hpp"
 #include "plan/sparse_mla_plan.hpp"
 #include "runtime/backend.hpp"
-#include "runtime/exchange.hpp"
+#include "runtime/rank_schedule.hpp"
 #include "runtime/row_map.hpp"
 #include "tree/row.hpp"
 
@@ -40,7 +39,7 @@ struct SparseMlaTraffic {
   int64_t bytes_sent = 0, bytes_received = 0;  // forward (waves, ids, rows) and backward (dKV), this rank
   int64_t combined_rows = 0;                   // rows of the last sparse call's KV buffer
   int64_t remote_rows = 0;                     // of which read from other ranks
-  double forward_ms = 0.0, backward_ms = 0.0;  // wall time of the last calls
+  double forward_ms = 0.0, backward_ms = 0.0;  // the last calls, measured by the backend's marks
 };
 
 // Host bookkeeping of one sparse call: which remote rows the owned queries' lists read, where they sit
@@ -66,9 +65,12 @@ std::vector<std::vector<RowCopy>> wave_copies(const CombinedLayout& layout, cons
 template <class Backend>
 class SparseMlaCP {
  public:
-  using Real = typename Backend::Real;
-  using Buffer = typename Backend::Buffer;
+  using Act = typename Backend::Act;
+  using Stat = typename Backend::Stat;
+  using Grad = typename Backend::Grad;
   using IndexBuffer = typename Backend::IndexBuffer;
+  using CopyList = typename Backend::CopyList;
+  using Mark = typename Backend::Mark;
 
   // Checks the plan against the row, the dims and the communicator on every rank and agrees on the
   // verdict before any data moves: a bad plan throws the same error everywhere, no collective hangs.
@@ -82,113 +84,128 @@ class SparseMlaCP {
       require(dims.dv > 0 && dims.dv <= dims.dqk, "sparse mla: dv must be in [1, dqk = ", dims.dqk, "], got ", dims.dv);
       require(dims.topk >= 1, "sparse mla: top-k must be >= 1, got ", dims.topk);
       require(plan.topk == dims.topk, "sparse mla: the plan was priced for top-k ", plan.topk, ", the layer has ", dims.topk);
+      s_ = make_rank_schedule(plan.plan, comm.rank());
     } catch (const Error& e) {
       problem = e.what();
     }
     if (!comm.all_ok(problem.empty())) fail(problem.empty() ? "plan refused on another rank" : problem);
-    const RankPlan& mine = plan.plan.ranks[static_cast<size_t>(comm.rank())];
-    owned_ = RowMap(mine.owned);
-    owned_ids_ = be_.index_from_host(canonical_ids(owned_));
-    stage0_slices_ = to_buffer(mine.stages[0].slices, owned_, owned_);
-    waves_.resize(static_cast<size_t>(plan.plan.num_waves));
+    owned_ids_ = be_.index_from_host(canonical_ids(s_.owned));
+    owned_rows_ = be_.upload(std::vector<RowCopy>{{0, 0, s_.owned_rows()}});
+    waves_.resize(s_.waves.size());
     for (size_t w = 0; w < waves_.size(); ++w) {
-      Wave& wave = waves_[w];
-      wave.rows = wave_rows(mine.stages[w + 1], owned_, comm.size());
-      wave.slices = to_buffer(mine.stages[w + 1].slices, owned_, wave.rows.fetched);
-      wave.key_ids = be_.index_from_host(canonical_ids(wave.rows.fetched));
+      waves_[w].key_ids = be_.index_from_host(canonical_ids(s_.waves[w].fetched));
+      waves_[w].pack = be_.upload(s_.waves[w].pack);
     }
+    for (Mark& m : marks_) m = be_.make_mark();
   }
 
-  int64_t owned_rows() const { return owned_.rows(); }
-  const RowMap& owned() const { return owned_; }
-  const SparseMlaTraffic& traffic() const { return traffic_; }
+  ~SparseMlaCP() { release_saved(); }
+  SparseMlaCP(const SparseMlaCP&) = delete;
+  SparseMlaCP& operator=(const SparseMlaCP&) = delete;
+
+  int64_t owned_rows() const { return s_.owned_rows(); }
+  const RowMap& owned() const { return s_.owned; }
+
+  // Bytes and rows of the last forward and backward; times by the backend's marks (may wait for the device).
+  SparseMlaTraffic traffic() {
+    SparseMlaTraffic t = traffic_;
+    if (fwd_timed_) t.forward_ms = be_.elapsed_ms(marks_[0], marks_[1]);
+    if (bwd_timed_) t.backward_ms = be_.elapsed_ms(marks_[2], marks_[3]);
+    return t;
+  }
 
   // Full-index layer. qi [owned, hi, di], ki [owned, di], w [owned, hi], q [owned, h, dqk], kv [owned, dqk].
   // Writes ids [owned, topk] (canonical, best first, -1 after the last), o [owned, h, dv], lse [owned, h].
-  // q must outlive backward().
-  void forward(const Buffer& qi, const Buffer& ki, const Buffer& w, const Buffer& q, const Buffer& kv, IndexBuffer& ids,
-               Buffer& o, Buffer& lse) {
-    const auto t0 = std::chrono::steady_clock::now();
-    traffic_.bytes_sent = traffic_.bytes_received = 0;
-    const int64_t rows = owned_.rows(), k = dims_.topk;
+  // q, o and lse must stay alive and unchanged until backward() returns.
+  void forward(const Act& qi, const Act& ki, const Act& w, const Act& q, const Act& kv, IndexBuffer& ids, Act& o,
+               Stat& lse) {
+    release_saved();
+    be_.record(marks_[0]);
+    traffic_ = SparseMlaTraffic{};
+    const int64_t rows = owned_rows(), k = dims_.topk;
     const bool kv_in_waves = plan_.fetch == KvFetch::Waves;
-    std::vector<std::unique_ptr<Communicator::Pending>> pending;
-    if (!waves_.empty()) pending = start_wave(waves_[0], ki, kv_in_waves ? &kv : nullptr);
-    Buffer score = be_.alloc(rows * k), part_score = be_.alloc(rows * k);
+    std::unique_ptr<Communicator::Pending> pending;
+    if (!waves_.empty()) pending = start_wave(0, ki, kv_in_waves ? &kv : nullptr);
+    Stat score = be_.alloc_stat(rows * k), part_score = be_.alloc_stat(rows * k);
     ids = be_.index_from_host(std::vector<int64_t>(static_cast<size_t>(rows * k), -1));
     IndexBuffer part_ids = ids;
-    be_.indexer_topk(dims_, qi, w, rows, ki, owned_ids_, rows, stage0_slices_, score, ids);
+    be_.indexer_topk(dims_, qi, w, rows, ki, owned_ids_, rows, s_.local_slices, score, ids);
     for (size_t i = 0; i < waves_.size(); ++i) {
-      for (auto& p : pending) p->wait();
-      pending.clear();
-      if (i + 1 < waves_.size()) pending = start_wave(waves_[i + 1], ki, kv_in_waves ? &kv : nullptr);
+      pending->wait();
       Wave& wave = waves_[i];
-      wave.send_ki = wave.send_kv = Buffer();
-      be_.indexer_topk(dims_, qi, w, rows, wave.ki, wave.key_ids, wave.rows.fetched.rows(), wave.slices, part_score,
-                       part_ids);
+      be_.release(wave.send_ki);
+      be_.release(wave.send_kv);
+      if (i + 1 < waves_.size()) pending = start_wave(i + 1, ki, kv_in_waves ? &kv : nullptr);
+      be_.indexer_topk(dims_, qi, w, rows, wave.ki, wave.key_ids, s_.waves[i].fetched.rows(), s_.waves[i].slices,
+                       part_score, part_ids);
       be_.topk_merge(score, ids, part_score, part_ids, rows, k);
-      wave.ki = Buffer();
+      be_.release(wave.ki);
     }
+    be_.release(score);
+    be_.release(part_score);
     attend(q, kv, ids, kv_in_waves, o, lse);
-    traffic_.forward_ms = ms_since(t0);
+    be_.record(marks_[1]);
+    fwd_timed_ = true;
+    bwd_timed_ = false;
   }
 
   // Shared-index layer (IndexShare): ids [owned, topk] of another layer, canonical, checked here on every
   // rank (each entry -1 or a key its query sees, no repeats) before any data moves.
-  void forward_shared(const IndexBuffer& ids, const Buffer& q, const Buffer& kv, Buffer& o, Buffer& lse) {
-    const auto t0 = std::chrono::steady_clock::now();
-    traffic_.bytes_sent = traffic_.bytes_received = 0;
+  void forward_shared(const IndexBuffer& ids, const Act& q, const Act& kv, Act& o, Stat& lse) {
+    release_saved();
     std::string problem;
     try {
       const std::vector<int64_t> host = be_.index_to_host(ids);
-      require(static_cast<int64_t>(host.size()) == owned_.rows() * dims_.topk, "ids: ", host.size(),
-              " entries for ", owned_.rows(), " owned queries x top-k ", dims_.topk);
-      for (size_t i = 0; i < owned_.ranges().size(); ++i) {
-        const TokenRange& t = owned_.ranges()[i];
+      require(static_cast<int64_t>(host.size()) == owned_rows() * dims_.topk, "ids: ", host.size(),
+              " entries for ", owned_rows(), " owned queries x top-k ", dims_.topk);
+      for (size_t i = 0; i < s_.owned.ranges().size(); ++i) {
+        const TokenRange& t = s_.owned.ranges()[i];
         cpu::check_selected_ids(row_, plan_.plan.window, dims_.topk, t.begin, t.end,
-                                host.data() + owned_.offset(i) * dims_.topk);
+                                host.data() + s_.owned.offset(i) * dims_.topk);
       }
     } catch (const Error& e) {
       problem = e.what();
     }
     if (!comm_.all_ok(problem.empty())) fail(problem.empty() ? "ids refused on another rank" : problem);
+    be_.record(marks_[0]);
+    traffic_ = SparseMlaTraffic{};
     attend(q, kv, ids, false, o, lse);
-    traffic_.forward_ms = ms_since(t0);
+    be_.record(marks_[1]);
+    fwd_timed_ = true;
+    bwd_timed_ = false;
   }
 
-  // dout [owned, h, dv] -> dq [owned, h, dqk], dkv [owned, dqk] (overwritten): this rank's dKV plus
-  // what the ranks that read its rows return.
-  void backward(const Buffer& dout, Buffer& dq, Buffer& dkv) {
+  // dout [owned, h, dv] -> dq [owned, h, dqk], dkv [owned, dqk] (overwritten): this rank's dKV plus what
+  // the ranks that read its rows return.
+  void backward(const Act& dout, Grad& dq, Grad& dkv) {
     require(q_ != nullptr, "backward() called before forward()");
-    const auto t0 = std::chrono::steady_clock::now();
-    const int64_t rows = owned_.rows(), width = dims_.dqk;
-    Buffer dcomb = be_.alloc(layout_.rows * width);
+    be_.record(marks_[2]);
+    const int64_t rows = owned_rows(), width = dims_.dqk;
+    Grad dcomb = be_.alloc_grad(layout_.rows * width);
+    be_.zero(dcomb);
     be_.zero(dq);
-    be_.sparse_backward(dims_, *q_, rows, combined_, layout_.rows, list_rows_, o_, lse_, dout, dq, dcomb);
-    be_.copy_rows(dcomb, {{0, 0, rows}}, width, dkv);
+    be_.sparse_backward(dims_, *q_, rows, combined_, layout_.rows, list_rows_, *o_, *lse_, dout, dq, dcomb);
+    be_.zero(dkv);
+    be_.add_rows(dcomb, width, 0, width, owned_rows_, dkv);
     // The mirror of the row flow: section p of the combined buffer goes back to peer p.
-    const RowExchange x = row_exchange(need_rows_, served_rows_, width, comm_.rank(), sizeof(Real));
-    std::vector<int64_t> send_displs = x.send_displs;
-    for (size_t p = 0; p < send_displs.size(); ++p) send_displs[p] = layout_.offset[p] * width;
-    Buffer returned = be_.alloc(served_total_ * width);
-    comm_.all_to_all_v(be_.data(dcomb), x.send_counts, send_displs, be_.data(returned), x.recv_counts, x.recv_displs,
-                       Backend::comm_type);
-    count(x);
-    be_.add_rows(returned, served_runs_, width, dkv);
-    traffic_.backward_ms = ms_since(t0);
+    ExchangeCounts x = exchange_counts(need_rows_, served_rows_, width);
+    for (size_t p = 0; p < x.send_displs.size(); ++p) x.send_displs[p] = layout_.offset[p] * width;
+    Grad returned = be_.alloc_grad(served_total_ * width);
+    start(be_.data(dcomb), be_.data(returned), x, Backend::grad_comm_type)->wait();
+    be_.release(dcomb);
+    be_.add_rows(returned, width, 0, width, served_runs_, dkv);
+    be_.release(returned);
+    release_saved();
+    be_.record(marks_[3]);
+    bwd_timed_ = true;
   }
 
  private:
   struct Wave {
-    WaveRows rows;
-    std::vector<Slice> slices;  // buffer coordinates: owned q x fetched k
-    IndexBuffer key_ids;        // canonical id of each fetched row
-    Buffer send_ki, send_kv, ki, kv;
+    IndexBuffer key_ids;  // canonical id of each fetched row
+    CopyList pack;        // owned rows -> the send buffer
+    Act send_ki, send_kv, ki, kv;
   };
-
-  static double ms_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
 
   static std::vector<int64_t> canonical_ids(const RowMap& map) {
     std::vector<int64_t> out;
@@ -199,97 +216,112 @@ class SparseMlaCP {
     return out;
   }
 
-  void count(const RowExchange& x) {
-    traffic_.bytes_sent += x.bytes_out;
-    traffic_.bytes_received += x.bytes_in;
-  }
-
-  std::unique_ptr<Communicator::Pending> start(const void* send, void* recv, const RowExchange& x, CommType type) {
-    count(x);
+  // Starts one all-to-all and counts what leaves and reaches this rank (its own part moves nothing).
+  std::unique_ptr<Communicator::Pending> start(const void* send, void* recv, const ExchangeCounts& x, CommType type) {
+    const auto es = static_cast<int64_t>(comm_type_size(type));
+    for (size_t p = 0; p < x.send_counts.size(); ++p) {
+      if (static_cast<int>(p) == comm_.rank()) continue;
+      traffic_.bytes_sent += x.send_counts[p] * es;
+      traffic_.bytes_received += x.recv_counts[p] * es;
+    }
     return comm_.start_all_to_all_v(send, x.send_counts, x.send_displs, recv, x.recv_counts, x.recv_displs, type);
   }
 
-  std::vector<std::unique_ptr<Communicator::Pending>> start_wave(Wave& wave, const Buffer& ki, const Buffer* kv) {
-    std::vector<std::unique_ptr<Communicator::Pending>> out;
-    const int me = comm_.rank();
-    auto send = [&](const Buffer& src, int64_t width, Buffer& packed, Buffer& recv) {
-      packed = be_.alloc(wave.rows.send_total * width);
-      be_.copy_rows(src, wave.rows.pack, width, packed);
-      recv = be_.alloc(wave.rows.fetched.rows() * width);
-      out.push_back(start(be_.data(packed), be_.data(recv),
-                          row_exchange(wave.rows.send_rows, wave.rows.recv_rows, width, me, sizeof(Real)),
-                          Backend::comm_type));
+  // Packs the ki (and kv) rows wave i sends and starts their exchanges; one Pending for both.
+  std::unique_ptr<Communicator::Pending> start_wave(size_t i, const Act& ki, const Act* kv) {
+    const WaveSchedule& ws = s_.waves[i];
+    Wave& wave = waves_[i];
+    std::vector<std::unique_ptr<Communicator::Pending>> parts;
+    auto send = [&](const Act& src, int64_t width, Act& packed, Act& recv) {
+      packed = be_.alloc_act(ws.send_total * width);
+      be_.pack_rows(src, width, wave.pack, packed, width, 0);
+      recv = be_.alloc_act(ws.fetched.rows() * width);
+      parts.push_back(start(be_.data(packed), be_.data(recv), exchange_counts(ws.send_rows, ws.recv_rows, width),
+                            Backend::act_comm_type));
     };
     send(ki, dims_.di, wave.send_ki, wave.ki);
     if (kv) send(*kv, dims_.dqk, wave.send_kv, wave.kv);
-    return out;
+    return std::make_unique<Both>(std::move(parts));
   }
+  struct Both : Communicator::Pending {
+    explicit Both(std::vector<std::unique_ptr<Communicator::Pending>> p) : parts(std::move(p)) {}
+    void wait() override {
+      for (auto& p : parts) p->wait();
+    }
+    std::vector<std::unique_ptr<Communicator::Pending>> parts;
+  };
 
   // The combined buffer and one sparse call over it. kv_in_waves: remote rows are in the waves' buffers;
   // otherwise they are requested from their owners. Either way the owners get the ids (for backward).
-  void attend(const Buffer& q, const Buffer& kv, const IndexBuffer& ids, bool kv_in_waves, Buffer& o, Buffer& lse) {
+  void attend(const Act& q, const Act& kv, const IndexBuffer& ids, bool kv_in_waves, Act& o, Stat& lse) {
     const int cp = comm_.size(), me = comm_.rank();
-    const int64_t rows = owned_.rows(), width = dims_.dqk;
-    layout_ = combine_selected(be_.index_to_host(ids), owned_, plan_.plan, me);
+    const int64_t rows = owned_rows(), width = dims_.dqk;
+    layout_ = combine_selected(be_.index_to_host(ids), s_.owned, plan_.plan, me);
     // How many ids each peer asks of this rank, then the ids themselves.
     need_rows_.assign(static_cast<size_t>(cp), 0);
     std::vector<int64_t> need_flat;
     for (int p = 0; p < cp; ++p) {
-      need_rows_[static_cast<size_t>(p)] = static_cast<int64_t>(layout_.need[static_cast<size_t>(p)].size());
-      need_flat.insert(need_flat.end(), layout_.need[static_cast<size_t>(p)].begin(), layout_.need[static_cast<size_t>(p)].end());
+      const std::vector<int64_t>& n = layout_.need[static_cast<size_t>(p)];
+      need_rows_[static_cast<size_t>(p)] = static_cast<int64_t>(n.size());
+      need_flat.insert(need_flat.end(), n.begin(), n.end());
     }
     const std::vector<int64_t> ones(static_cast<size_t>(cp), 1);
-    IndexBuffer counts_out = be_.index_from_host(need_rows_), counts_in = be_.index_from_host(std::vector<int64_t>(static_cast<size_t>(cp)));
-    start(be_.index_data(counts_out), be_.index_data(counts_in), row_exchange(ones, ones, 1, me, sizeof(int64_t)),
-          CommType::I64)->wait();
+    IndexBuffer counts_out = be_.index_from_host(need_rows_), counts_in = be_.index_from_host(ones);
+    start(be_.index_data(counts_out), be_.index_data(counts_in), exchange_counts(ones, ones, 1), CommType::I64)->wait();
     served_rows_ = be_.index_to_host(counts_in);
     served_total_ = 0;
     for (int64_t n : served_rows_) served_total_ += n;
-    IndexBuffer ids_out = be_.index_from_host(need_flat), ids_in = be_.index_from_host(std::vector<int64_t>(static_cast<size_t>(served_total_)));
-    start(be_.index_data(ids_out), be_.index_data(ids_in), row_exchange(need_rows_, served_rows_, 1, me, sizeof(int64_t)),
-          CommType::I64)->wait();
+    IndexBuffer ids_out = be_.index_from_host(need_flat),
+                ids_in = be_.index_from_host(std::vector<int64_t>(static_cast<size_t>(served_total_)));
+    start(be_.index_data(ids_out), be_.index_data(ids_in), exchange_counts(need_rows_, served_rows_, 1), CommType::I64)
+        ->wait();
     const std::vector<int64_t> served = be_.index_to_host(ids_in);
-    // served ids from peer p are sorted: rows of one peer's part map to runs of owned rows
-    served_runs_.clear();
+    // The ids each peer sent are sorted: its part of the served rows maps to runs of owned rows.
+    std::vector<RowCopy> served_runs;
     int64_t at = 0;
     for (int p = 0; p < cp; ++p) {
       const int64_t n = served_rows_[static_cast<size_t>(p)];
       const std::vector<int64_t> part(served.begin() + at, served.begin() + at + n);
-      for (const RowCopy& c : id_runs(part, owned_, at, true)) served_runs_.push_back(c);
+      for (const RowCopy& c : id_runs(part, s_.owned, at, true)) served_runs.push_back(c);
       at += n;
     }
-    combined_ = be_.alloc(layout_.rows * width);
-    be_.copy_rows(kv, {{0, 0, rows}}, width, combined_);
+    served_runs_ = be_.upload(served_runs);
+    combined_ = be_.alloc_act(layout_.rows * width);
+    be_.pack_rows(kv, width, owned_rows_, combined_, width, 0);
     if (kv_in_waves) {
       std::vector<const RowMap*> fetched;
-      for (const Wave& wave : waves_) fetched.push_back(&wave.rows.fetched);
+      for (const WaveSchedule& ws : s_.waves) fetched.push_back(&ws.fetched);
       const std::vector<std::vector<RowCopy>> copies = wave_copies(layout_, fetched);
       for (size_t i = 0; i < waves_.size(); ++i) {
-        be_.copy_rows(waves_[i].kv, copies[i], width, combined_);
-        waves_[i].kv = Buffer();
+        be_.pack_rows(waves_[i].kv, width, be_.upload(copies[i]), combined_, width, 0);
+        be_.release(waves_[i].kv);
       }
     } else {
       // Serve the rows peers asked for, and receive ours straight into their sections.
-      Buffer serve = be_.alloc(served_total_ * width);
       std::vector<RowCopy> gather;
-      for (const RowCopy& c : served_runs_) gather.push_back({c.dst_row, c.src_row, c.rows});
-      be_.copy_rows(kv, gather, width, serve);
-      const RowExchange x = row_exchange(served_rows_, need_rows_, width, me, sizeof(Real));
-      std::vector<int64_t> recv_displs = x.recv_displs;
-      for (size_t p = 0; p < recv_displs.size(); ++p) recv_displs[p] = layout_.offset[p] * width;
-      comm_.all_to_all_v(be_.data(serve), x.send_counts, x.send_displs, be_.data(combined_), x.recv_counts, recv_displs,
-                         Backend::comm_type);
-      count(x);
+      for (const RowCopy& c : served_runs) gather.push_back({c.dst_row, c.src_row, c.rows});
+      Act serve = be_.alloc_act(served_total_ * width);
+      be_.pack_rows(kv, width, be_.upload(gather), serve, width, 0);
+      ExchangeCounts x = exchange_counts(served_rows_, need_rows_, width);
+      for (size_t p = 0; p < x.recv_displs.size(); ++p) x.recv_displs[p] = layout_.offset[p] * width;
+      start(be_.data(serve), be_.data(combined_), x, Backend::act_comm_type)->wait();
+      be_.release(serve);
     }
     list_rows_ = be_.index_from_host(layout_.list_rows);
-    o_ = be_.alloc(rows * dims_.h * dims_.dv);
-    lse_ = be_.alloc(rows * dims_.h);
-    be_.sparse_forward(dims_, q, rows, combined_, layout_.rows, list_rows_, o_, lse_);
-    be_.copy_rows(o_, {{0, 0, rows}}, int64_t{dims_.h} * dims_.dv, o);
-    be_.copy_rows(lse_, {{0, 0, rows}}, dims_.h, lse);
+    be_.sparse_forward(dims_, q, rows, combined_, layout_.rows, list_rows_, o, lse);
     q_ = &q;
+    o_ = &o;
+    lse_ = &lse;
     traffic_.combined_rows = layout_.rows;
     traffic_.remote_rows = layout_.rows - rows;
+  }
+
+  // Forgets what a forward kept for its backward.
+  void release_saved() {
+    be_.release(combined_);
+    for (Wave& w : waves_) be_.release(w.kv);
+    q_ = o_ = nullptr;
+    lse_ = nullptr;
   }
 
   SparseMlaPlan plan_;
@@ -297,19 +329,22 @@ class SparseMlaCP {
   SparseMlaDims dims_;
   Communicator& comm_;
   Backend& be_;
-  RowMap owned_;
+  RankSchedule s_;
   IndexBuffer owned_ids_;
-  std::vector<Slice> stage0_slices_;
+  CopyList owned_rows_;  // rows [0, owned) onto rows [0, owned)
   std::vector<Wave> waves_;
   // the last forward, kept for backward
-  const Buffer* q_ = nullptr;
+  const Act *q_ = nullptr, *o_ = nullptr;
+  const Stat* lse_ = nullptr;
   CombinedLayout layout_;
-  Buffer combined_, o_, lse_;
+  Act combined_;
   IndexBuffer list_rows_;
   std::vector<int64_t> need_rows_, served_rows_;  // per peer: rows read from it, rows it read here
   int64_t served_total_ = 0;
-  std::vector<RowCopy> served_runs_;  // rows of the ids peers read here (packed in peer order) <-> owned rows
+  CopyList served_runs_;  // rows of the ids peers read here (packed in peer order) -> owned rows
   SparseMlaTraffic traffic_;
+  Mark marks_[4];  // forward begin/end, backward begin/end
+  bool fwd_timed_ = false, bwd_timed_ = false;
 };
 
 }  // namespace treecp

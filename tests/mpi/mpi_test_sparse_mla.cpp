@@ -289,7 +289,9 @@ TEST(SparseMlaCP, SharedIdsEqualOneProcess) {
   }
   // the lists really read rows of other ranks (the deep chain cannot be split without)
   comm.all_reduce_sum(&remote_rows, 1, CommType::I64);
-  if (comm.size() > 1) EXPECT_GT(remote_rows, 0);
+  if (comm.size() > 1) {
+    EXPECT_GT(remote_rows, 0);
+  }
 }
 
 TEST(SparseMlaCP, BadSharedIdsRefusedOnEveryRank) {
