@@ -4,9 +4,6 @@ namespace treecp {
 namespace affine_detail {
 namespace {
 
-int holder(const GdnPlan& plan, int32_t s) { return plan.chained[s] ? plan.ranks - 1 : plan.owner[s]; }
-int step_of(const GdnPlan& plan, int32_t s) { return plan.chained[s] ? 2 * plan.phase[s] - 1 : 2 * plan.phase[s]; }
-
 // (A, B) <- (A, B) ∘ (A1, B1) for H blocks.
 template <class T>
 void compose_after(int heads, int dk, int dv, T* item, const T* earlier) {
@@ -26,12 +23,12 @@ Schedule make_schedule(const Row& row, const GdnPlan& plan) {
   sc.transfers.resize(static_cast<size_t>(sc.steps));
   sc.segments.resize(static_cast<size_t>(sc.steps));
   for (int32_t s = 0; s < row.num_segments(); ++s) {
-    const int st = step_of(plan, s);
+    const int st = plan.step_of(s);
     sc.segments[st].push_back(s);
     const int32_t p = row.parent(s);
     // A local child of a local parent runs in the parent's unit, on its rank, in the same step.
     if (p >= 0 && (plan.chained[s] || plan.chained[p])) {
-      sc.transfers[st].push_back({s, holder(plan, p), plan.chained[s] ? 0 : plan.owner[s]});
+      sc.transfers[st].push_back({s, plan.holder(p), plan.starter(s)});
     }
   }
   return sc;
