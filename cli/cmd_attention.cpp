@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <memory>
 #include <filesystem>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,21 +25,10 @@
 namespace treecp::cli {
 namespace {
 
-const char* dtype_name(DType t) { return t == DType::F32 ? "float32" : "float64"; }
-
 // Requires a 3-d array [rows, *, *]; `expected` names the dimensions for the message.
 void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, const std::string& expected) {
   require(a.shape.size() == 3 && a.shape[0] == rows, name, ": expected shape ", expected, " with S = ", rows,
           ", got ", a.shape_string());
-}
-
-// NaN or infinity in an input would propagate silently into every output that reads it.
-void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf = false) {
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double x = a.data[i];
-    const bool ok = std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity());
-    require(ok, name, ": element ", i, " is ", x, " (expected finite values", allow_neg_inf ? " or -inf" : "", ")");
-  }
 }
 
 template <class T>
