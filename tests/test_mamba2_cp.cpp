@@ -114,6 +114,24 @@ TEST(Mamba2Plan, ChoiceFollowsTheShape) {
   EXPECT_EQ(many.price().ms, std::min(many.transpose_price.ms, many.summary_price.ms));
 }
 
+// Aligned with contiguous owners, every chained piece and local unit is where its tokens already
+// are; make_gdn_plan's balanced placement moves some.
+TEST(Mamba2Plan, OwnerAlignedPlanMovesNothingOnContiguousOwners) {
+  const Row row = testing::random_tree(4, 12, 5, 60, 4);
+  for (int n : {2, 3, 5}) {
+    const RankLayout tokens = contiguous_layout(row, n);
+    for (int mode = 0; mode < 3; ++mode) {
+      std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
+      for (size_t s = 0; s < chained.size(); ++s) chained[s] = mode == 0 ? 0 : mode == 1 ? 1 : s % 2;
+      const GdnPlan aligned = mamba2_owner_aligned_plan(row, tokens, chained);
+      validate_gdn_plan(row, aligned);
+      if (mode != 1) continue;
+      EXPECT_FALSE(tokens_move(tokens, mamba2_chain_layout(row, aligned))) << n;
+      EXPECT_TRUE(tokens_move(tokens, mamba2_chain_layout(row, make_gdn_plan(row, n, chained)))) << n;
+    }
+  }
+}
+
 TEST(Mamba2Plan, ForcedStrategyAndRefusals) {
   const Row row(std::vector<Segment>{{-1, 12}, {0, 4}});
   const RankLayout two = contiguous_layout(row, 2);

@@ -158,8 +158,7 @@ GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& cha
   plan.num_phases = n == 0 ? 1 : *std::max_element(plan.phase.begin(), plan.phase.end()) + 1;
   plan.owner.assign(static_cast<size_t>(n), -1);
   plan.cuts.assign(static_cast<size_t>(n), {});
-  // Units: a local segment whose parent is a root slot or chained starts one.
-  std::vector<int32_t> unit_of(static_cast<size_t>(n), -1);
+  const std::vector<int32_t> unit_of = gdn_local_units(row, plan.chained);
   std::vector<int64_t> unit_tokens(static_cast<size_t>(n), 0);
   for (int32_t s = 0; s < n; ++s) {
     if (plan.chained[s]) {
@@ -168,8 +167,6 @@ GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& cha
       for (int r = 0; r <= ranks; ++r) cuts.push_back(b + len * r / ranks);
       continue;
     }
-    const int32_t p = row.parent(s);
-    unit_of[s] = (p < 0 || plan.chained[p]) ? s : unit_of[p];
     unit_tokens[unit_of[s]] += row.length(s);
   }
   // Longest unit first onto the least loaded rank of its phase.
@@ -189,6 +186,19 @@ GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& cha
   for (int32_t s = 0; s < n; ++s)
     if (!plan.chained[s]) plan.owner[s] = unit_owner[unit_of[s]];
   return plan;
+}
+
+std::vector<int32_t> gdn_local_units(const Row& row, const std::vector<uint8_t>& chained) {
+  require(chained.size() == static_cast<size_t>(row.num_segments()), "gdn plan: one chained flag per segment expected (",
+          row.num_segments(), "), got ", chained.size());
+  // A local segment whose parent is absent or chained starts a unit.
+  std::vector<int32_t> unit_of(chained.size(), -1);
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    if (chained[s]) continue;
+    const int32_t p = row.parent(s);
+    unit_of[s] = (p < 0 || chained[p]) ? s : unit_of[p];
+  }
+  return unit_of;
 }
 
 void validate_gdn_plan(const Row& row, const GdnPlan& plan) {
@@ -304,24 +314,30 @@ int64_t affine_plan_bytes(const Row& row, const GdnPlan& plan, const AffinePlanC
 }
 
 GdnPlan search_affine_plan(const Row& row, int ranks, const AffinePlanCosts& costs, const GdnCostModel& model,
-                           const std::function<double(const GdnPlan&)>& extra_ms) {
+                           const std::function<double(const GdnPlan&)>& extra_ms, const GdnPlanVariants& variants) {
   const int32_t n = row.num_segments();
   std::vector<int32_t> by_length(static_cast<size_t>(n));
   std::iota(by_length.begin(), by_length.end(), 0);
   std::stable_sort(by_length.begin(), by_length.end(),
                    [&](int32_t a, int32_t b) { return row.length(a) > row.length(b); });
   auto price = [&](GdnPlan& p) { return predict_affine_plan(row, p, costs, model) + (extra_ms ? extra_ms(p) : 0.0); };
+  auto plans = [&](const std::vector<uint8_t>& chained) {
+    return variants ? variants(chained) : std::vector<GdnPlan>{make_gdn_plan(row, ranks, chained)};
+  };
   std::vector<uint8_t> chained(static_cast<size_t>(n), 0);
-  GdnPlan best = make_gdn_plan(row, ranks, chained);
-  double best_ms = price(best);
-  const int kmax = std::min<int32_t>(n, 32);
-  for (int k = 1; k <= kmax && ranks > 1; ++k) {
-    chained[by_length[k - 1]] = 1;
-    GdnPlan cand = make_gdn_plan(row, ranks, chained);
-    const double ms = price(cand);
-    if (ms < best_ms) {
-      best = std::move(cand);
-      best_ms = ms;
+  GdnPlan best;
+  double best_ms = 0;
+  bool have = false;
+  const int kmax = ranks > 1 ? std::min<int32_t>(n, 32) : 0;
+  for (int k = 0; k <= kmax; ++k) {
+    if (k > 0) chained[by_length[k - 1]] = 1;
+    for (GdnPlan& cand : plans(chained)) {
+      const double ms = price(cand);
+      if (!have || ms < best_ms) {
+        best = std::move(cand);
+        best_ms = ms;
+        have = true;
+      }
     }
   }
   return best;

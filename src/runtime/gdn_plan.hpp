@@ -78,6 +78,9 @@ std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int
 // A plan with the given chained set: chained segments split evenly over the ranks, local units placed
 // longest first on the least loaded rank of their phase. Throws on size mismatch.
 GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& chained);
+// Per segment, the local unit it belongs to (the unit's first segment: a local segment whose parent
+// is absent or chained); -1 for a chained segment.
+std::vector<int32_t> gdn_local_units(const Row& row, const std::vector<uint8_t>& chained);
 // Validates a plan against its row (cuts cover each chained segment, owners in range, phases).
 void validate_gdn_plan(const Row& row, const GdnPlan& plan);
 
@@ -105,9 +108,12 @@ int64_t affine_plan_bytes(const Row& row, const GdnPlan& plan, const AffinePlanC
 
 // Bounded search: candidate chained sets are the k longest segments, k = 0 .. min(segments, 32);
 // the cheapest prediction plus extra_ms(candidate) (what the caller adds, e.g. moving tokens into
-// the plan's layout) wins, ties keep fewer chains.
+// the plan's layout) wins, ties keep fewer chains. `variants(chained)` gives the plans tried for
+// one chained set (make_gdn_plan's alone by default; the first wins ties).
+using GdnPlanVariants = std::function<std::vector<GdnPlan>(const std::vector<uint8_t>& chained)>;
 GdnPlan search_affine_plan(const Row& row, int ranks, const AffinePlanCosts& costs, const GdnCostModel& model,
-                           const std::function<double(const GdnPlan&)>& extra_ms = nullptr);
+                           const std::function<double(const GdnPlan&)>& extra_ms = nullptr,
+                           const GdnPlanVariants& variants = nullptr);
 GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model = GdnCostModel::defaults());
 
 }  // namespace treecp

@@ -65,6 +65,39 @@ void price_redistribution(const RankLayout& from, const RankLayout& to, const Ma
   add_exchanges(xs, s.element_bytes, m, price, comm_ms);
 }
 
+}  // namespace
+
+GdnPlan mamba2_owner_aligned_plan(const Row& row, const RankLayout& tokens, const std::vector<uint8_t>& chained) {
+  const int n = static_cast<int>(tokens.size());
+  GdnPlan plan = make_gdn_plan(row, n, chained);
+  std::vector<int32_t> owner_of(static_cast<size_t>(row.tokens()), 0);
+  for (int r = 0; r < n; ++r)
+    for (const TokenRange& t : tokens[static_cast<size_t>(r)])
+      std::fill(owner_of.begin() + t.begin, owner_of.begin() + t.end, r);
+  const std::vector<int32_t> unit_of = gdn_local_units(row, chained);
+  std::vector<std::vector<int64_t>> held(static_cast<size_t>(row.num_segments()));
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    const int64_t b = row.start(s), e = row.end(s);
+    if (!chained[s]) {
+      auto& h = held[static_cast<size_t>(unit_of[s])];
+      h.resize(static_cast<size_t>(n), 0);
+      for (int64_t t = b; t < e; ++t) ++h[static_cast<size_t>(owner_of[t])];
+      continue;
+    }
+    if (!std::is_sorted(owner_of.begin() + b, owner_of.begin() + e)) continue;
+    auto& cuts = plan.cuts[static_cast<size_t>(s)];
+    for (int r = 1; r < n; ++r) cuts[static_cast<size_t>(r)] = std::lower_bound(owner_of.begin() + b, owner_of.begin() + e, r) - owner_of.begin();
+  }
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    if (chained[s]) continue;
+    const auto& h = held[static_cast<size_t>(unit_of[s])];
+    plan.owner[s] = static_cast<int32_t>(std::max_element(h.begin(), h.end()) - h.begin());
+  }
+  return plan;
+}
+
+namespace {
+
 // Measured by bench_mamba2 (float, N = 128, P = 64, chunk 64, one core of the development
 // container): the backward recomputes the chunk-start states and the intra-chunk products; the
 // summary is the forward without outputs; the state-only backward only carries dH through.
@@ -214,12 +247,17 @@ Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Sha
   plan.head_cuts = mamba2_head_cuts(s.heads, plan.ranks);
   plan.transpose_price = price_mamba2_transpose(row, tokens, plan.head_cuts, s, m);
   // The chain plan that is cheapest including the move into its layout.
-  plan.chains = search_affine_plan(row, plan.ranks, mamba2_plan_costs(s, m), m, [&](const GdnPlan& cand) {
-    Mamba2Price p;
-    double ms = 0;
-    price_redistribution(tokens, mamba2_chain_layout(row, cand), s, m, p, ms);
-    return ms;
-  });
+  plan.chains = search_affine_plan(
+      row, plan.ranks, mamba2_plan_costs(s, m), m,
+      [&](const GdnPlan& cand) {
+        Mamba2Price p;
+        double ms = 0;
+        price_redistribution(tokens, mamba2_chain_layout(row, cand), s, m, p, ms);
+        return ms;
+      },
+      [&](const std::vector<uint8_t>& chained) {
+        return std::vector<GdnPlan>{make_gdn_plan(row, plan.ranks, chained), mamba2_owner_aligned_plan(row, tokens, chained)};
+      });
   plan.summary_price = price_mamba2_summary(row, tokens, plan.chains, s, m);
   if (force) plan.strategy = forced;
   else plan.strategy = plan.summary_price.ms < plan.transpose_price.ms ? Mamba2Strategy::Summary : Mamba2Strategy::Transpose;

@@ -93,6 +93,12 @@ struct Mamba2Plan {
 Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Shape& shape, const GdnCostModel& model,
                        bool force = false, Mamba2Strategy forced = Mamba2Strategy::Transpose);
 
+// The chain plan for `chained` whose pieces follow the token owners where they can: each local unit
+// on the rank that owns most of its tokens, a chained segment cut where its owners change when they
+// ascend along it (otherwise evenly). It moves fewer tokens than make_gdn_plan's, which balances the
+// ranks instead; plan_mamba2's search prices both.
+GdnPlan mamba2_owner_aligned_plan(const Row& row, const RankLayout& tokens, const std::vector<uint8_t>& chained);
+
 // The two prices on their own (plan_mamba2 uses them; benchmarks print them).
 Mamba2Price price_mamba2_transpose(const Row& row, const RankLayout& tokens, const std::vector<int32_t>& head_cuts,
                                    const Mamba2Shape& shape, const GdnCostModel& model);

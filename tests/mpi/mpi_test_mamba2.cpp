@@ -45,8 +45,9 @@ RankLayout owners(const Row& row, int ranks, const std::string& layout) {
   return attention_ownership(make_plan(row, ranks, CostModel{}, o));
 }
 
-// The strategies each case runs: the transpose, the planner's summary plan, a summary plan with
-// every segment chained, one with a random chained set, and the planner's own choice.
+// The strategies each case runs: the transpose, the planner's summary plan, summary plans with
+// every segment chained and with a random chained set (evenly cut and aligned with the token
+// owners), and the planner's own choice.
 std::vector<Mamba2Plan> plans_for(const Row& row, const RankLayout& tokens, const Mamba2Shape& shape, uint64_t seed) {
   const GdnCostModel m = mamba2_cost_defaults();
   std::vector<Mamba2Plan> out;
@@ -57,9 +58,11 @@ std::vector<Mamba2Plan> plans_for(const Row& row, const RankLayout& tokens, cons
     Mamba2Plan p = out.back();
     std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
     for (auto& c : chained) c = mode == 1 ? 1 : static_cast<uint8_t>(rng() % 2);
-    p.chains = make_gdn_plan(row, p.ranks, chained);
-    p.summary_price = price_mamba2_summary(row, tokens, p.chains, shape, m);
-    out.push_back(p);
+    for (bool aligned : {false, true}) {
+      p.chains = aligned ? mamba2_owner_aligned_plan(row, tokens, chained) : make_gdn_plan(row, p.ranks, chained);
+      p.summary_price = price_mamba2_summary(row, tokens, p.chains, shape, m);
+      out.push_back(p);
+    }
   }
   out.push_back(plan_mamba2(row, tokens, shape, m));
   return out;
