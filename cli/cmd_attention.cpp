@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -218,17 +217,7 @@ int attention_cmd(const std::vector<std::string>& argv) {
     if (!writer) return 0;
   }
 
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  require(!ec && std::filesystem::is_directory(out_dir), "--out: cannot create directory '", out_dir, "'",
-          ec ? ": " + ec.message() : std::string());
-  for (const auto& [name, bytes] : files) write_output((std::filesystem::path(out_dir) / name).string(), bytes);
-  // Outputs an earlier run left in DIR that this run does not produce (e.g. gradients of a run with
-  // --dout, now without) would be read as this run's: remove them.
-  for (const char* name : {"dq.npy", "dk.npy", "dv.npy", "dsink.npy"}) {
-    const bool written = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.first == name; });
-    if (!written) std::filesystem::remove(std::filesystem::path(out_dir) / name, ec);
-  }
+  write_outputs(out_dir, files, {"dq.npy", "dk.npy", "dv.npy", "dsink.npy"});
   std::printf("attention: %lld tokens, Hq %lld, Hkv %lld, D %lld, Dv %lld, %s%s, %s: wrote %zu files to %s\n",
               static_cast<long long>(S), static_cast<long long>(hq), static_cast<long long>(hkv),
               static_cast<long long>(d), static_cast<long long>(dv), dtype_name(dtype),

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -183,16 +182,7 @@ int mamba2_cmd(const std::vector<std::string>& argv) {
   });
   if (!writer) return 0;
 
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  require(!ec && std::filesystem::is_directory(out_dir), "--out: cannot create directory '", out_dir, "'",
-          ec ? ": " + ec.message() : std::string());
-  for (const auto& [name, bytes] : files) write_output((std::filesystem::path(out_dir) / name).string(), bytes);
-  // Outputs an earlier run left in DIR that this run does not produce would be read as this run's.
-  for (const char* name : {"dx.npy", "ddt.npy", "da.npy", "db.npy", "dc.npy", "dd.npy"}) {
-    const bool written = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.first == name; });
-    if (!written) std::filesystem::remove(std::filesystem::path(out_dir) / name, ec);
-  }
+  write_outputs(out_dir, files, {"dx.npy", "ddt.npy", "da.npy", "db.npy", "dc.npy", "dd.npy"});
   const Mamba2Shape& s = in.shape;
   std::printf("mamba2: %lld tokens, H %d, P %d, G %d, N %d, %s%s, %s: wrote %zu files to %s\n",
               static_cast<long long>(in.row.tokens()), s.heads, s.head_dim, s.groups, s.state_dim, dtype_name(in.dtype),

@@ -1,5 +1,6 @@
 #include "command.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -121,6 +122,19 @@ void write_output(const std::string& path, const std::string& text) {
   if (ec) {
     std::remove(tmp.c_str());
     fail("cannot write '", path, "': ", ec.message());
+  }
+}
+
+void write_outputs(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files,
+                   const std::vector<std::string>& optional) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  require(!ec && std::filesystem::is_directory(dir), "--out: cannot create directory '", dir, "'",
+          ec ? ": " + ec.message() : std::string());
+  for (const auto& [name, bytes] : files) write_output((std::filesystem::path(dir) / name).string(), bytes);
+  for (const std::string& name : optional) {
+    const bool written = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.first == name; });
+    if (!written) std::filesystem::remove(std::filesystem::path(dir) / name, ec);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace treecp::cli {
@@ -53,5 +54,11 @@ struct Register {
 
 // Writes `text` to `path` atomically (a temporary file renamed into place), or to stdout for "-".
 void write_output(const std::string& path, const std::string& text);
+
+// Writes every (file name, bytes) into `dir` (created if needed), each with write_output, and
+// removes the files named in `optional` that this run did not produce: an earlier run's outputs
+// left there (gradients of a run with --dout, now without) would be read as this run's.
+void write_outputs(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files,
+                   const std::vector<std::string>& optional);
 
 }  // namespace treecp::cli

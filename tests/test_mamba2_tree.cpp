@@ -86,15 +86,8 @@ TEST(Mamba2Tree, GradientsThroughSharedStatesMatchFiniteDifferences) {
     for (size_t i = 0; i < f.y.size(); ++i) j += f.y[i] * x.dy[i];
     return j;
   };
-  const double eps = 1e-6;
   auto fd_check = [&](std::vector<double> Mamba2Data::*field, const std::vector<double>& analytic, const char* name) {
-    for (size_t i = 0; i < analytic.size(); ++i) {
-      Mamba2Data xp = base, xm = base;
-      (xp.*field)[i] += eps;
-      (xm.*field)[i] -= eps;
-      const double fd = (loss(xp) - loss(xm)) / (2 * eps);
-      ASSERT_NEAR(analytic[i], fd, 1e-7 * (1 + std::abs(fd))) << name << "[" << i << "]";
-    }
+    testing::expect_finite_differences(base, field, analytic, loss, name);
   };
   fd_check(&Mamba2Data::x, r.dx, "dx");
   fd_check(&Mamba2Data::dt, r.ddt, "ddt");

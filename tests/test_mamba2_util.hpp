@@ -3,6 +3,8 @@
 // tolerance rule. Random trees and row slicing come from test_gdn_util.hpp.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -161,6 +163,21 @@ inline Mamba2Result mamba2_flattened_reference(const Row& row, const Mamba2Data&
     for (int64_t t : token) seen[t] = 1;
   }
   return r;
+}
+
+// Every element of base.*field against central differences of loss(inputs) (a double).
+template <class Loss>
+void expect_finite_differences(const Mamba2Data& base, std::vector<double> Mamba2Data::*field,
+                               const std::vector<double>& analytic, Loss loss, const char* name) {
+  const double eps = 1e-6;
+  ASSERT_EQ(analytic.size(), (base.*field).size()) << name;
+  for (size_t i = 0; i < analytic.size(); ++i) {
+    Mamba2Data xp = base, xm = base;
+    (xp.*field)[i] += eps;
+    (xm.*field)[i] -= eps;
+    const double fd = (loss(xp) - loss(xm)) / (2 * eps);
+    ASSERT_NEAR(analytic[i], fd, 1e-7 * (1 + std::abs(fd))) << name << "[" << i << "]";
+  }
 }
 
 inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {

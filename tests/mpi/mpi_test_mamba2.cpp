@@ -116,46 +116,40 @@ std::string describe(const MpiCommunicator& comm, const Case& c, const Mamba2Pla
          std::to_string(p.chains.chained_segments());
 }
 
+// Every plan of plans_for on one case: this rank's rows of the double reference (double: to
+// rounding; float: within 4x the float recurrence's own error), and the bytes on the wire equal
+// to the plan's count.
+template <class T>
+void check_case(MpiCommunicator& comm, const Case& c, bool with_d, uint64_t data_seed) {
+  const Row row = testing::random_tree(c.seed, c.max_segments, c.min_len, c.max_len, c.depth);
+  const Mamba2Data d = testing::random_mamba2_data(row.tokens(), c.H, 3, c.G, 4, with_d, data_seed);
+  const Mamba2Result ref = testing::mamba2_tree_reference(row, d);
+  const bool is_double = sizeof(T) == 8;
+  const auto same = is_double ? std::vector<double>(7, 0.0)
+                              : errors(testing::mamba2_tree_reference<float>(row, d), ref, d, {{0, row.tokens()}});
+  const auto mag = magnitudes(ref);
+  const Mamba2Shape shape{c.H, d.P, c.G, d.N, static_cast<int>(sizeof(T)), c.max_len >= 40 ? 16 : 4};
+  const RankLayout tokens = owners(row, comm.size(), c.layout);
+  for (const Mamba2Plan& plan : plans_for(row, tokens, shape, c.seed)) {
+    int64_t bytes = 0;
+    const Mamba2Result r = run_cp<T>(comm, row, plan, shape, d, &bytes);
+    const auto err = errors(r, ref, d, tokens[static_cast<size_t>(comm.rank())]);
+    for (size_t i = 0; i < err.size(); ++i) {
+      const double bound = is_double ? 1e-10 * (1 + mag[i]) : 4 * same[i] + 1e-6 * (1 + mag[i]);
+      EXPECT_LE(err[i], bound) << kFields[i] << " " << describe(comm, c, plan);
+    }
+    EXPECT_EQ(bytes, plan.price().bytes) << "bytes moved vs planned, " << describe(comm, c, plan);
+  }
+}
+
 TEST(MpiMamba2, DoubleEqualsReferenceEveryStrategy) {
   MpiCommunicator comm;
-  for (const Case& c : kCases) {
-    const Row row = testing::random_tree(c.seed, c.max_segments, c.min_len, c.max_len, c.depth);
-    const Mamba2Data d = testing::random_mamba2_data(row.tokens(), c.H, 3, c.G, 4, c.seed % 2 == 1, c.seed + 40);
-    const Mamba2Result ref = testing::mamba2_tree_reference(row, d);
-    const Mamba2Shape shape{c.H, d.P, c.G, d.N, 8, c.max_len >= 40 ? 16 : 4};
-    const RankLayout tokens = owners(row, comm.size(), c.layout);
-    for (const Mamba2Plan& plan : plans_for(row, tokens, shape, c.seed)) {
-      int64_t bytes = 0;
-      const Mamba2Result r = run_cp<double>(comm, row, plan, shape, d, &bytes);
-      const auto err = errors(r, ref, d, tokens[static_cast<size_t>(comm.rank())]);
-      const auto mag = magnitudes(ref);
-      for (size_t i = 0; i < err.size(); ++i)
-        EXPECT_LE(err[i], 1e-10 * (1 + mag[i])) << kFields[i] << " " << describe(comm, c, plan);
-      EXPECT_EQ(bytes, plan.price().bytes) << "bytes moved vs planned, " << describe(comm, c, plan);
-    }
-  }
+  for (const Case& c : kCases) check_case<double>(comm, c, c.seed % 2 == 1, c.seed + 40);
 }
 
 TEST(MpiMamba2, FloatWithinTheFloatReferenceError) {
   MpiCommunicator comm;
-  for (int i : {1, 2, 4}) {
-    const Case& c = kCases[i];
-    const Row row = testing::random_tree(c.seed, c.max_segments, c.min_len, c.max_len, c.depth);
-    const Mamba2Data d = testing::random_mamba2_data(row.tokens(), c.H, 3, c.G, 4, true, c.seed + 41);
-    const Mamba2Result ref = testing::mamba2_tree_reference(row, d);
-    const auto same = errors(testing::mamba2_tree_reference<float>(row, d), ref, d, {{0, row.tokens()}});
-    const Mamba2Shape shape{c.H, d.P, c.G, d.N, 4, 16};
-    const RankLayout tokens = owners(row, comm.size(), c.layout);
-    for (const Mamba2Plan& plan : plans_for(row, tokens, shape, c.seed)) {
-      int64_t bytes = 0;
-      const Mamba2Result r = run_cp<float>(comm, row, plan, shape, d, &bytes);
-      const auto err = errors(r, ref, d, tokens[static_cast<size_t>(comm.rank())]);
-      const auto mag = magnitudes(ref);
-      for (size_t k = 0; k < err.size(); ++k)
-        EXPECT_LE(err[k], 4 * same[k] + 1e-6 * (1 + mag[k])) << kFields[k] << " " << describe(comm, c, plan);
-      EXPECT_EQ(bytes, plan.price().bytes) << describe(comm, c, plan);
-    }
-  }
+  for (int i : {1, 2, 4}) check_case<float>(comm, kCases[i], true, kCases[i].seed + 41);
 }
 
 // Each deliberate bug, where the configuration exposes it (at one rank none can show), makes some
