@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -37,26 +39,44 @@ std::vector<double> random_vec(size_t n, uint64_t seed, double sd = 1.0) {
   return x;
 }
 
-TEST(Mamba2Kernel, ChunkedEqualsRecurrentDouble) {
-  for (int64_t S : {1, 5, 64, 131}) {
-    for (int chunk : {1, 7, 16, 64}) {
-      for (bool with_d : {false, true}) {
-        const Mamba2Data d = testing::random_mamba2_data(S, 4, 6, 2, 5, with_d, 100 + S * 7 + chunk);
-        const auto b = testing::mamba2_buffers<double>(d, {{0, S}});
-        const auto p = b.params(d, chunk);
-        std::vector<double> s_rec = random_vec(static_cast<size_t>(4 * 5 * 6), 5, 0.3), s_chk = s_rec;
-        std::vector<double> y_rec(d.x.size()), y_chk(d.x.size());
-        run_heads(p, false, 0, S, s_rec, y_rec);
-        run_heads(p, true, 0, S, s_chk, y_chk);
-        EXPECT_LT(max_abs_diff(y_rec, y_chk), 1e-12 * (1 + testing::max_abs(y_rec))) << "S " << S << " chunk " << chunk;
-        EXPECT_LT(max_abs_diff(s_rec, s_chk), 1e-12 * (1 + testing::max_abs(s_rec))) << "S " << S << " chunk " << chunk;
-        EXPECT_GT(testing::max_abs(y_rec), 0.1);  // not a comparison of zeros
+// Both copies of the chunked kernel: the one chosen at run time (AVX2 + FMA where the CPU has
+// them) and the SSE2 baseline.
+class Mamba2Isa : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (std::string(GetParam()) == "baseline") ::setenv("TREECP_CPU_ISA", "baseline", 1);
+  }
+  void TearDown() override { ::unsetenv("TREECP_CPU_ISA"); }
+};
+
+// Small dimensions (the GEMM's scalar edges) and wider ones (its full register tiles, 4 rows x 8
+// or 16 columns).
+struct Dims {
+  int H, P, G, N;
+};
+const Dims kDims[] = {{4, 6, 2, 5}, {2, 24, 1, 20}};
+
+TEST_P(Mamba2Isa, ChunkedEqualsRecurrentDouble) {
+  for (const Dims& dm : kDims)
+    for (int64_t S : {1, 5, 64, 131}) {
+      for (int chunk : {1, 7, 16, 64}) {
+        for (bool with_d : {false, true}) {
+          const Mamba2Data d = testing::random_mamba2_data(S, dm.H, dm.P, dm.G, dm.N, with_d, 100 + S * 7 + chunk);
+          const auto b = testing::mamba2_buffers<double>(d, {{0, S}});
+          const auto p = b.params(d, chunk);
+          std::vector<double> s_rec = random_vec(static_cast<size_t>(dm.H * dm.N * dm.P), 5, 0.3), s_chk = s_rec;
+          std::vector<double> y_rec(d.x.size()), y_chk(d.x.size());
+          run_heads(p, false, 0, S, s_rec, y_rec);
+          run_heads(p, true, 0, S, s_chk, y_chk);
+          EXPECT_LT(max_abs_diff(y_rec, y_chk), 1e-12 * (1 + testing::max_abs(y_rec))) << "S " << S << " chunk " << chunk;
+          EXPECT_LT(max_abs_diff(s_rec, s_chk), 1e-12 * (1 + testing::max_abs(s_rec))) << "S " << S << " chunk " << chunk;
+          EXPECT_GT(testing::max_abs(y_rec), 0.1);  // not a comparison of zeros
+        }
       }
     }
-  }
 }
 
-TEST(Mamba2Kernel, ChunkedFloatWithinFloatRecurrenceError) {
+TEST_P(Mamba2Isa, ChunkedFloatWithinFloatRecurrenceError) {
   const int64_t S = 300;
   const Mamba2Data d = testing::random_mamba2_data(S, 4, 16, 2, 32, true, 77);
   const auto bd = testing::mamba2_buffers<double>(d, {{0, S}});
@@ -191,30 +211,33 @@ TEST(Mamba2Kernel, GradientsMatchFiniteDifferences) {
 }
 
 // Chunked backward against the recurrence at several chunk sizes, longer runs.
-TEST(Mamba2Kernel, ChunkedBackwardEqualsRecurrentBackward) {
-  const int64_t S = 97;
-  const Mamba2Data d = testing::random_mamba2_data(S, 2, 5, 1, 7, true, 21);
-  const auto b = testing::mamba2_buffers<double>(d, {{0, S}});
-  const int64_t sz = 7 * 5;
-  const std::vector<double> s_in = random_vec(static_cast<size_t>(2 * sz), 2, 0.4), ds_out = random_vec(s_in.size(), 3);
-  auto run = [&](bool chunked, int chunk) {
-    const auto p = b.params(d, chunk);
-    testing::Mamba2Result r = testing::zero_result(d);
-    r.y = ds_out;
-    Mamba2Grads<double> g{r.dx.data(), r.ddt.data(), r.dA.data(), r.dB.data(), r.dC.data(), r.dD.data()};
-    for (int h = 0; h < 2; ++h) {
-      if (chunked) mamba2_chunked_backward(p, h, 3, S, s_in.data() + h * sz, d.dy.data(), r.y.data() + h * sz, g);
-      else mamba2_recurrent_backward(p, h, 3, S, s_in.data() + h * sz, d.dy.data(), r.y.data() + h * sz, g);
+TEST_P(Mamba2Isa, ChunkedBackwardEqualsRecurrentBackward) {
+  for (const Dims& dm : kDims) {
+    const int64_t S = 97;
+    const Mamba2Data d = testing::random_mamba2_data(S, dm.H, dm.P, dm.G, dm.N, true, 21);
+    const auto b = testing::mamba2_buffers<double>(d, {{0, S}});
+    const int64_t sz = int64_t{dm.N} * dm.P;
+    const std::vector<double> s_in = random_vec(static_cast<size_t>(dm.H * sz), 2, 0.4),
+                              ds_out = random_vec(s_in.size(), 3);
+    auto run = [&](bool chunked, int chunk) {
+      const auto p = b.params(d, chunk);
+      testing::Mamba2Result r = testing::zero_result(d);
+      r.y = ds_out;
+      Mamba2Grads<double> g{r.dx.data(), r.ddt.data(), r.dA.data(), r.dB.data(), r.dC.data(), r.dD.data()};
+      for (int h = 0; h < dm.H; ++h) {
+        if (chunked) mamba2_chunked_backward(p, h, 3, S, s_in.data() + h * sz, d.dy.data(), r.y.data() + h * sz, g);
+        else mamba2_recurrent_backward(p, h, 3, S, s_in.data() + h * sz, d.dy.data(), r.y.data() + h * sz, g);
+      }
+      return r;
+    };
+    const auto rec = run(false, 1);
+    for (int chunk : {1, 8, 30, 64}) {
+      const auto chk = run(true, chunk);
+      for (auto [a, c, name] : {std::tuple{&rec.dx, &chk.dx, "dx"}, {&rec.ddt, &chk.ddt, "ddt"}, {&rec.dA, &chk.dA, "dA"},
+                                {&rec.dB, &chk.dB, "dB"}, {&rec.dC, &chk.dC, "dC"}, {&rec.dD, &chk.dD, "dD"},
+                                {&rec.y, &chk.y, "dH_in"}})
+        EXPECT_LT(max_abs_diff(*a, *c), 1e-12 * (1 + testing::max_abs(*a))) << name << " chunk " << chunk << " P " << dm.P;
     }
-    return r;
-  };
-  const auto rec = run(false, 1);
-  for (int chunk : {1, 8, 30, 64}) {
-    const auto chk = run(true, chunk);
-    for (auto [a, c, name] : {std::tuple{&rec.dx, &chk.dx, "dx"}, {&rec.ddt, &chk.ddt, "ddt"}, {&rec.dA, &chk.dA, "dA"},
-                              {&rec.dB, &chk.dB, "dB"}, {&rec.dC, &chk.dC, "dC"}, {&rec.dD, &chk.dD, "dD"},
-                              {&rec.y, &chk.y, "dH_in"}})
-      EXPECT_LT(max_abs_diff(*a, *c), 1e-12 * (1 + testing::max_abs(*a))) << name << " chunk " << chunk;
   }
 }
 
@@ -246,6 +269,9 @@ TEST(Mamba2Kernel, RefusesBadParams) {
   EXPECT_THROW(mamba2_chunked_forward(p, 2, 0, 4, s.data(), y.data()), Error);
   EXPECT_THROW(mamba2_chunked_forward(p, 0, 0, 5, s.data(), y.data()), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(Copies, Mamba2Isa, ::testing::Values("default", "baseline"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace treecp

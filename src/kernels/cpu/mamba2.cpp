@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cpu/simd.hpp"
 
 namespace treecp {
 namespace {
@@ -33,19 +34,6 @@ void check_run(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1) {
   require(0 <= t0 && t0 <= t1 && t1 <= p.tokens, "mamba2: run [", t0, ", ", t1, ") outside [0, ", p.tokens, ")");
 }
 
-// y[:] += a * x[:] over n values (the loop every product below reduces to).
-template <class T>
-inline void axpy(int n, T a, const T* __restrict x, T* __restrict y) {
-  for (int i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-template <class T>
-inline T dot(int n, const T* __restrict a, const T* __restrict b) {
-  T s = 0;
-  for (int i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 // out[c][r] = in[r][c] for an r x c block.
 template <class T>
 void transpose(int rows, int cols, const T* in, T* out) {
@@ -53,102 +41,278 @@ void transpose(int rows, int cols, const T* in, T* out) {
     for (int c = 0; c < cols; ++c) out[static_cast<size_t>(c) * rows + r] = in[static_cast<size_t>(r) * cols + c];
 }
 
-// One chunk of one head, prepared independently of its incoming state. Workspaces keep their
-// capacity from chunk to chunk.
+// One chunk of one head, prepared independently of its incoming state. Every product below is a
+// GEMM on the shared register tile (kernels/cpu/simd.hpp); token rows are read in place with their
+// strides (x: H·P, B and C: G·N). Workspaces keep their capacity from chunk to chunk.
 template <class T>
 struct Chunk {
   int c = 0, N = 0, P = 0;
+  int64_t xs = 0, bs = 0;  // row strides of x and of B, C
+  const T *X = nullptr, *Bp = nullptr, *Cp = nullptr;
   std::vector<T> l;      // [c] A Σ_{k≤i} dt_k
   std::vector<T> el;     // [c] e^{l_i}
   std::vector<T> ed;     // [c] e^{l_last - l_j}
   std::vector<T> ew;     // [c] e^{l_last - l_j} dt_j: token j's weight in the chunk's end state
+  std::vector<T> dtv;    // [c] dt_j
   std::vector<T> Bt;     // [N][c] the chunk's B, transposed
-  std::vector<T> G;      // [c][c] lower with diagonal: C_i·B_j
+  std::vector<T> G;      // [c][c] C_i·B_j
   std::vector<T> decay;  // [c][c] lower: e^{l_i - l_j}
-  std::vector<T> Sw;     // [c][c] lower: e^{l_i - l_j} dt_j (C_i·B_j), the intra-chunk mixing
+  std::vector<T> Sw;     // [c][c] lower: e^{l_i - l_j} dt_j (C_i·B_j), the intra-chunk mixing; 0 above
+  std::vector<T> Ce;     // [c][N] e^{l_i} C_i: how token i reads the incoming state
+  std::vector<T> Wb;     // [c][N] ew_j B_j: how token j writes the outgoing state
 
-  void prepare_decays(const HeadView<T>& hv, int64_t t, int len) {
+  TREECP_TILE_INLINE void prepare_decays(const HeadView<T>& hv, int64_t t, int len) {
     c = len;
     N = hv.p.state_dim;
     P = hv.p.head_dim;
-    l.resize(static_cast<size_t>(c));
-    el.resize(static_cast<size_t>(c));
-    ed.resize(static_cast<size_t>(c));
-    ew.resize(static_cast<size_t>(c));
+    xs = int64_t{hv.p.heads} * P;
+    bs = int64_t{hv.p.groups} * N;
+    X = hv.x(t);
+    Bp = hv.B(t);
+    Cp = hv.C(t);
+    for (auto* v : {&l, &el, &ed, &ew, &dtv}) v->resize(static_cast<size_t>(c));
     const T A = hv.A();
     T acc = 0;
     for (int i = 0; i < c; ++i) {
-      acc += A * hv.dt(t + i);
+      dtv[i] = hv.dt(t + i);
+      acc += A * dtv[i];
       l[i] = acc;
     }
     for (int i = 0; i < c; ++i) {
       el[i] = std::exp(l[i]);
       ed[i] = std::exp(l[c - 1] - l[i]);
-      ew[i] = ed[i] * hv.dt(t + i);
+      ew[i] = ed[i] * dtv[i];
     }
   }
 
-  void prepare_mixing(const HeadView<T>& hv, int64_t t) {
+  TREECP_TILE_INLINE void prepare_read() {
+    Ce.resize(static_cast<size_t>(c) * N);
+    for (int i = 0; i < c; ++i)
+      for (int n = 0; n < N; ++n) Ce[static_cast<size_t>(i) * N + n] = el[i] * Cp[i * bs + n];
+  }
+
+  TREECP_TILE_INLINE void prepare_write() {
+    Wb.resize(static_cast<size_t>(c) * N);
+    for (int j = 0; j < c; ++j)
+      for (int n = 0; n < N; ++n) Wb[static_cast<size_t>(j) * N + n] = ew[j] * Bp[j * bs + n];
+  }
+
+  template <class Isa>
+  TREECP_TILE_INLINE void prepare_mixing() {
+    const size_t cc = static_cast<size_t>(c) * c;
     Bt.resize(static_cast<size_t>(N) * c);
-    for (int j = 0; j < c; ++j) {
-      const T* bj = hv.B(t + j);
-      for (int n = 0; n < N; ++n) Bt[static_cast<size_t>(n) * c + j] = bj[n];
-    }
-    G.assign(static_cast<size_t>(c) * c, T(0));
-    decay.assign(static_cast<size_t>(c) * c, T(0));
-    Sw.assign(static_cast<size_t>(c) * c, T(0));
-    for (int i = 0; i < c; ++i) {
-      const T* ci = hv.C(t + i);
-      T* gi = G.data() + static_cast<size_t>(i) * c;
-      for (int n = 0; n < N; ++n) axpy(i + 1, ci[n], Bt.data() + static_cast<size_t>(n) * c, gi);
+    for (int j = 0; j < c; ++j)
+      for (int n = 0; n < N; ++n) Bt[static_cast<size_t>(n) * c + j] = Bp[j * bs + n];
+    G.assign(cc, T(0));
+    cpu::gemm_acc<Isa>(c, c, N, Cp, bs, 1, Bt.data(), c, G.data(), c);  // G[i][j] = Σ_n C_i[n] B_j[n]
+    decay.assign(cc, T(0));
+    Sw.assign(cc, T(0));
+    for (int i = 0; i < c; ++i)
       for (int j = 0; j <= i; ++j) {
-        const T w = std::exp(l[i] - l[j]);
-        decay[static_cast<size_t>(i) * c + j] = w;
-        Sw[static_cast<size_t>(i) * c + j] = w * hv.dt(t + j) * gi[j];
+        const size_t ij = static_cast<size_t>(i) * c + j;
+        decay[ij] = std::exp(l[i] - l[j]);
+        Sw[ij] = decay[ij] * dtv[j] * G[ij];
       }
-    }
   }
 };
 
 // H <- e^{l_last} H + Σ_j ew_j B_j ⊗ x_j (the end state of the chunk from H = its start state).
-template <class T>
-void chunk_advance(const Chunk<T>& ch, const HeadView<T>& hv, int64_t t, T* S) {
-  const int c = ch.c, N = ch.N, P = ch.P;
-  const T e = ch.el[c - 1];
-  for (int64_t i = 0; i < static_cast<int64_t>(N) * P; ++i) S[i] *= e;
-  for (int j = 0; j < c; ++j) {
-    const T* xj = hv.x(t + j);
-    const T* bj = hv.B(t + j);
-    const T w = ch.ew[j];
-    for (int n = 0; n < N; ++n) axpy(P, w * bj[n], xj, S + static_cast<int64_t>(n) * P);
+template <class Isa, class T>
+TREECP_TILE_INLINE void chunk_advance(Chunk<T>& ch, T* S) {
+  const T e = ch.el[ch.c - 1];
+  for (int64_t i = 0; i < int64_t{ch.N} * ch.P; ++i) S[i] *= e;
+  ch.prepare_write();
+  // S[n][p] += Σ_j Wb[j][n] x_j[p]
+  cpu::gemm_acc<Isa>(ch.N, ch.P, ch.c, ch.Wb.data(), 1, ch.N, ch.X, ch.xs, S, ch.P);
+}
+
+template <class Isa, class T>
+TREECP_TILE_INLINE void forward_run(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1, T* S, T* y) {
+  const HeadView<T> hv(p, h);
+  const int P = p.head_dim;
+  Chunk<T> ch;
+  std::vector<T> Y;
+  for (int64_t t = t0; t < t1; t += p.chunk) {
+    const int c = static_cast<int>(std::min<int64_t>(p.chunk, t1 - t));
+    ch.prepare_decays(hv, t, c);
+    if (y) {
+      ch.template prepare_mixing<Isa>();
+      ch.prepare_read();
+      Y.assign(static_cast<size_t>(c) * P, T(0));
+      cpu::gemm_acc<Isa>(c, P, c, ch.Sw.data(), c, 1, ch.X, ch.xs, Y.data(), P);     // Σ_j Sw_ij x_j
+      cpu::gemm_acc<Isa>(c, P, ch.N, ch.Ce.data(), ch.N, 1, S, P, Y.data(), P);     // e^{l_i} H_0 C_i
+      const T D = hv.D();
+      for (int i = 0; i < c; ++i) {
+        const T* xi = ch.X + i * ch.xs;
+        T* yi = y + hv.x_at(t + i);
+        for (int q = 0; q < P; ++q) yi[q] = Y[static_cast<size_t>(i) * P + q] + D * xi[q];
+      }
+    }
+    chunk_advance<Isa>(ch, S);
   }
 }
 
+// Workspaces of the chunked backward, reused across its chunks.
 template <class T>
-void forward_run(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1, T* S, T* y) {
-  const HeadView<T> hv(p, h);
-  const int N = p.state_dim, P = p.head_dim;
-  Chunk<T> ch;
-  std::vector<T> row(static_cast<size_t>(P));
-  for (int64_t t = t0; t < t1; t += p.chunk) {
-    const int len = static_cast<int>(std::min<int64_t>(p.chunk, t1 - t));
-    ch.prepare_decays(hv, t, len);
-    if (y) {
-      ch.prepare_mixing(hv, t);
-      const T D = hv.D();
-      for (int i = 0; i < len; ++i) {
-        std::fill(row.begin(), row.end(), T(0));
-        const T* swi = ch.Sw.data() + static_cast<size_t>(i) * len;
-        for (int j = 0; j <= i; ++j) axpy(P, swi[j], hv.x(t + j), row.data());
-        const T* ci = hv.C(t + i);
-        for (int n = 0; n < N; ++n) axpy(P, ch.el[i] * ci[n], S + static_cast<int64_t>(n) * P, row.data());
-        const T* xi = hv.x(t + i);
-        T* yi = y + hv.x_at(t + i);
-        for (int q = 0; q < P; ++q) yi[q] = row[q] + D * xi[q];
+struct BackwardWork {
+  std::vector<T> g0, S0t, gS1t, xt, dM, dG, dl, ddt, dxc, dBc, dCc, U, V, tmp;
+};
+
+// One chunk of the backward: `S0` its start state, `gS` dL/dH_end on entry and dL/dH_0 on return.
+template <class Isa, class T>
+TREECP_TILE_INLINE void backward_chunk(const HeadView<T>& hv, int64_t t, int c, const T* S0, const T* dy, T* gS,
+                                       const Mamba2Grads<T>& gr, Chunk<T>& ch, BackwardWork<T>& w) {
+  const int N = hv.p.state_dim, P = hv.p.head_dim;
+  const int64_t sz = int64_t{N} * P, xs = int64_t{hv.p.heads} * P;
+  const T* gY = dy + hv.x_at(t);  // dy rows of the chunk, stride H·P
+  ch.prepare_decays(hv, t, c);
+  ch.prepare_read();
+  // dH_0 = e^{l_last} dH_c + Σ_i e^{l_i} C_i ⊗ dy_i:  g0[n][p] += Σ_i Ce[i][n] dy_i[p]
+  w.g0.resize(static_cast<size_t>(sz));
+  for (int64_t i = 0; i < sz; ++i) w.g0[i] = ch.el[c - 1] * gS[i];
+  cpu::gemm_acc<Isa>(N, P, c, ch.Ce.data(), 1, N, gY, xs, w.g0.data(), P);
+  if (gr.any()) {
+    ch.template prepare_mixing<Isa>();
+    const size_t cc = static_cast<size_t>(c) * c;
+    w.dl.assign(static_cast<size_t>(c), T(0));
+    w.ddt.assign(static_cast<size_t>(c), T(0));
+    w.dxc.assign(static_cast<size_t>(c) * P, T(0));
+    w.dBc.assign(static_cast<size_t>(c) * N, T(0));
+    w.dCc.assign(static_cast<size_t>(c) * N, T(0));
+    // Intra-chunk, y_i += Σ_j Sw_ij x_j: dM[i][j] = dy_i · x_j; dx_j += Σ_i Sw_ij dy_i.
+    w.xt.resize(static_cast<size_t>(P) * c);
+    for (int j = 0; j < c; ++j)
+      for (int q = 0; q < P; ++q) w.xt[static_cast<size_t>(q) * c + j] = ch.X[j * xs + q];
+    w.dM.assign(cc, T(0));
+    cpu::gemm_acc<Isa>(c, c, P, gY, xs, 1, w.xt.data(), c, w.dM.data(), c);
+    cpu::gemm_acc<Isa>(c, P, c, ch.Sw.data(), 1, c, gY, xs, w.dxc.data(), P);
+    // Sw_ij = e^{l_i - l_j} dt_j G_ij: through G to C and B, through dt_j, and through l_i, l_j.
+    w.dG.assign(cc, T(0));
+    for (int i = 0; i < c; ++i)
+      for (int j = 0; j <= i; ++j) {
+        const size_t ij = static_cast<size_t>(i) * c + j;
+        const T m = w.dM[ij], dec = ch.decay[ij];
+        w.dG[ij] = m * dec * ch.dtv[j];
+        w.ddt[j] += m * dec * ch.G[ij];
+        const T q = m * ch.Sw[ij];
+        w.dl[i] += q;
+        w.dl[j] -= q;
       }
+    cpu::gemm_acc<Isa>(c, N, c, w.dG.data(), c, 1, ch.Bp, ch.bs, w.dCc.data(), N);  // dC_i += Σ_j dG_ij B_j
+    cpu::gemm_acc<Isa>(c, N, c, w.dG.data(), 1, c, ch.Cp, ch.bs, w.dBc.data(), N);  // dB_j += Σ_i dG_ij C_i
+    // From the incoming state, y_i += e^{l_i} H_0 C_i: dC_i += e^{l_i} H_0ᵀ dy_i, and through l_i.
+    w.S0t.resize(static_cast<size_t>(sz));
+    transpose(N, P, S0, w.S0t.data());  // [P][N]
+    w.tmp.assign(static_cast<size_t>(c) * N, T(0));
+    cpu::gemm_acc<Isa>(c, N, P, gY, xs, 1, w.S0t.data(), N, w.tmp.data(), N);
+    for (int i = 0; i < c; ++i) {
+      T* ti = w.tmp.data() + static_cast<size_t>(i) * N;
+      for (int n = 0; n < N; ++n) ti[n] *= ch.el[i];
+      cpu::axpy(w.dCc.data() + static_cast<size_t>(i) * N, T(1), ti, N);
+      w.dl[i] += cpu::dot(ch.Cp + i * ch.bs, ti, N);
     }
-    chunk_advance(ch, hv, t, S);
+    // The skip term y_i += D x_i.
+    const T D = hv.D();
+    T dD = 0;
+    for (int i = 0; i < c; ++i) {
+      const T* gi = gY + i * xs;
+      dD += cpu::dot(gi, ch.X + i * xs, P);
+      cpu::axpy(w.dxc.data() + static_cast<size_t>(i) * P, D, gi, P);
+    }
+    // Into the end state, H_c = e^{l_last} H_0 + Σ_j ew_j B_j ⊗ x_j:
+    //   u_j = Σ_n B_j[n] dH_c[n][:]  (dx_j += ew_j u_j),  v_j = Σ_p x_j[p] dH_c[:][p]  (dB_j += ew_j v_j).
+    w.dl[c - 1] += ch.el[c - 1] * cpu::dot(gS, S0, static_cast<int>(sz));
+    w.U.assign(static_cast<size_t>(c) * P, T(0));
+    cpu::gemm_acc<Isa>(c, P, N, ch.Bp, ch.bs, 1, gS, P, w.U.data(), P);
+    w.gS1t.resize(static_cast<size_t>(sz));
+    transpose(N, P, gS, w.gS1t.data());  // [P][N]
+    w.V.assign(static_cast<size_t>(c) * N, T(0));
+    cpu::gemm_acc<Isa>(c, N, P, ch.X, xs, 1, w.gS1t.data(), N, w.V.data(), N);
+    for (int j = 0; j < c; ++j) {
+      const T* uj = w.U.data() + static_cast<size_t>(j) * P;
+      const T ewj = ch.ew[j];
+      cpu::axpy(w.dxc.data() + static_cast<size_t>(j) * P, ewj, uj, P);
+      cpu::axpy(w.dBc.data() + static_cast<size_t>(j) * N, ewj, w.V.data() + static_cast<size_t>(j) * N, N);
+      const T dw = cpu::dot(ch.X + j * xs, uj, P);
+      w.ddt[j] += dw * ch.ed[j];
+      w.dl[c - 1] += dw * ewj;
+      w.dl[j] -= dw * ewj;
+    }
+    // l_i = A Σ_{k≤i} dt_k: R_k = Σ_{i≥k} dl_i.
+    const T A = hv.A();
+    T R = 0, dA = 0;
+    for (int j = c - 1; j >= 0; --j) {
+      R += w.dl[j];
+      w.ddt[j] += A * R;
+      dA += ch.dtv[j] * R;
+    }
+    for (int j = 0; j < c; ++j) {
+      if (gr.dx) cpu::axpy(gr.dx + hv.x_at(t + j), T(1), w.dxc.data() + static_cast<size_t>(j) * P, P);
+      if (gr.ddt) gr.ddt[hv.dt_at(t + j)] += w.ddt[j];
+      if (gr.dB) cpu::axpy(gr.dB + hv.bc_at(t + j), T(1), w.dBc.data() + static_cast<size_t>(j) * N, N);
+      if (gr.dC) cpu::axpy(gr.dC + hv.bc_at(t + j), T(1), w.dCc.data() + static_cast<size_t>(j) * N, N);
+    }
+    if (gr.dA) gr.dA[hv.h] += dA;
+    if (gr.dD) gr.dD[hv.h] += dD;
   }
+  std::copy(w.g0.begin(), w.g0.end(), gS);
+}
+
+template <class Isa, class T>
+TREECP_TILE_INLINE void backward_run(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1, const T* state_in,
+                                     const T* dy, T* gS, const Mamba2Grads<T>& gr) {
+  const HeadView<T> hv(p, h);
+  const int64_t sz = p.state_size();
+  const int64_t n_chunks = (t1 - t0 + p.chunk - 1) / p.chunk;
+  Chunk<T> ch;
+  // Chunk-start states, recomputed.
+  std::vector<T> starts(static_cast<size_t>(n_chunks * sz));
+  {
+    std::vector<T> S(state_in, state_in + sz);
+    for (int64_t k = 0; k < n_chunks; ++k) {
+      const int64_t t = t0 + k * p.chunk;
+      std::copy(S.begin(), S.end(), starts.begin() + k * sz);
+      ch.prepare_decays(hv, t, static_cast<int>(std::min<int64_t>(p.chunk, t1 - t)));
+      chunk_advance<Isa>(ch, S.data());
+    }
+  }
+  BackwardWork<T> w;
+  for (int64_t k = n_chunks - 1; k >= 0; --k) {
+    const int64_t t = t0 + k * p.chunk;
+    backward_chunk<Isa>(hv, t, static_cast<int>(std::min<int64_t>(p.chunk, t1 - t)), starts.data() + k * sz, dy, gS,
+                        gr, ch, w);
+  }
+}
+
+// One copy of the chunked passes per instruction set, chosen at run time (cpu::use_avx2).
+#if TREECP_X86_DISPATCH
+template <class T>
+__attribute__((target("avx2,fma"))) void forward_avx2(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1, T* S,
+                                                       T* y) {
+  forward_run<cpu::IsaAvx2>(p, h, t0, t1, S, y);
+}
+template <class T>
+__attribute__((target("avx2,fma"))) void backward_avx2(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1,
+                                                        const T* s_in, const T* dy, T* gS, const Mamba2Grads<T>& gr) {
+  backward_run<cpu::IsaAvx2>(p, h, t0, t1, s_in, dy, gS, gr);
+}
+#endif
+template <class T>
+void forward_baseline(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1, T* S, T* y) {
+  forward_run<cpu::IsaBaseline>(p, h, t0, t1, S, y);
+}
+template <class T>
+void backward_baseline(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1, const T* s_in, const T* dy, T* gS,
+                       const Mamba2Grads<T>& gr) {
+  backward_run<cpu::IsaBaseline>(p, h, t0, t1, s_in, dy, gS, gr);
+}
+
+template <class T>
+void chunked_forward(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1, T* S, T* y) {
+#if TREECP_X86_DISPATCH
+  if (cpu::use_avx2()) return forward_avx2(p, h, t0, t1, S, y);
+#endif
+  forward_baseline(p, h, t0, t1, S, y);
 }
 
 }  // namespace
@@ -244,7 +408,7 @@ void mamba2_recurrent_backward(const Mamba2Params<T>& p, int h, int64_t t0, int6
 template <class T>
 void mamba2_chunked_forward(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1, T* S, T* y) {
   check_run(p, h, t0, t1);
-  forward_run(p, h, t0, t1, S, y);
+  chunked_forward(p, h, t0, t1, S, y);
 }
 
 template <class T>
@@ -255,145 +419,17 @@ void mamba2_chunked_summary(const Mamba2Params<T>& p, int h, int64_t t0, int64_t
   for (int64_t t = t0; t < t1; ++t) log_a += hv.A() * hv.dt(t);
   *a = std::exp(log_a);
   std::fill(E, E + p.state_size(), T(0));
-  forward_run(p, h, t0, t1, E, static_cast<T*>(nullptr));
+  chunked_forward(p, h, t0, t1, E, static_cast<T*>(nullptr));
 }
 
 template <class T>
 void mamba2_chunked_backward(const Mamba2Params<T>& p, int h, int64_t t0, int64_t t1, const T* state_in,
                              const T* dy, T* gS, const Mamba2Grads<T>& gr) {
   check_run(p, h, t0, t1);
-  const HeadView<T> hv(p, h);
-  const int N = p.state_dim, P = p.head_dim;
-  const int64_t sz = p.state_size();
-  const int64_t n_chunks = (t1 - t0 + p.chunk - 1) / p.chunk;
-  // Chunk-start states, recomputed.
-  std::vector<T> starts(static_cast<size_t>(n_chunks * sz));
-  {
-    std::vector<T> S(state_in, state_in + sz);
-    Chunk<T> ch;
-    for (int64_t k = 0; k < n_chunks; ++k) {
-      const int64_t t = t0 + k * p.chunk;
-      std::copy(S.begin(), S.end(), starts.begin() + k * sz);
-      ch.prepare_decays(hv, t, static_cast<int>(std::min<int64_t>(p.chunk, t1 - t)));
-      chunk_advance(ch, hv, t, S.data());
-    }
-  }
-  const bool full = gr.any();
-  const T A = hv.A(), D = hv.D();
-  Chunk<T> ch;
-  std::vector<T> g0(static_cast<size_t>(sz)), S0t, gS1t, xt, dM, dG, dl, dxc, dBc, dCc, u, tmp;
-  for (int64_t k = n_chunks - 1; k >= 0; --k) {
-    const int64_t t = t0 + k * p.chunk;
-    const int c = static_cast<int>(std::min<int64_t>(p.chunk, t1 - t));
-    const T* S0 = starts.data() + k * sz;
-    ch.prepare_decays(hv, t, c);
-    // dH_0 = e^{l_last} dH_c + Σ_i e^{l_i} C_i ⊗ dy_i
-    for (int64_t i = 0; i < sz; ++i) g0[i] = ch.el[c - 1] * gS[i];
-    for (int i = 0; i < c; ++i) {
-      const T* ci = hv.C(t + i);
-      const T* gi = dy + hv.x_at(t + i);
-      for (int n = 0; n < N; ++n) axpy(P, ch.el[i] * ci[n], gi, g0.data() + static_cast<int64_t>(n) * P);
-    }
-    if (full) {
-      ch.prepare_mixing(hv, t);
-      const size_t cc = static_cast<size_t>(c) * c;
-      dl.assign(static_cast<size_t>(c), T(0));
-      dxc.assign(static_cast<size_t>(c) * P, T(0));
-      dBc.assign(static_cast<size_t>(c) * N, T(0));
-      dCc.assign(static_cast<size_t>(c) * N, T(0));
-      std::vector<T> ddtc(static_cast<size_t>(c), T(0));
-      T dA = 0, dD = 0;
-      // dM[i][j] = dy_i · x_j (j ≤ i), through xᵀ so that every product is a row update.
-      xt.resize(static_cast<size_t>(P) * c);
-      for (int j = 0; j < c; ++j) {
-        const T* xj = hv.x(t + j);
-        for (int q = 0; q < P; ++q) xt[static_cast<size_t>(q) * c + j] = xj[q];
-      }
-      dM.assign(cc, T(0));
-      for (int i = 0; i < c; ++i) {
-        const T* gi = dy + hv.x_at(t + i);
-        T* mi = dM.data() + static_cast<size_t>(i) * c;
-        for (int q = 0; q < P; ++q) axpy(i + 1, gi[q], xt.data() + static_cast<size_t>(q) * c, mi);
-      }
-      // Intra-chunk: y_i += Σ_j Sw_ij x_j, Sw_ij = e^{l_i - l_j} dt_j G_ij.
-      dG.assign(cc, T(0));
-      for (int i = 0; i < c; ++i) {
-        const T* gi = dy + hv.x_at(t + i);
-        for (int j = 0; j <= i; ++j) {
-          const size_t ij = static_cast<size_t>(i) * c + j;
-          const T m = dM[ij], w = ch.decay[ij], dtj = hv.dt(t + j);
-          axpy(P, ch.Sw[ij], gi, dxc.data() + static_cast<size_t>(j) * P);
-          dG[ij] = m * w * dtj;
-          ddtc[j] += m * w * ch.G[ij];
-          const T q = m * ch.Sw[ij];
-          dl[i] += q;
-          dl[j] -= q;
-        }
-      }
-      for (int i = 0; i < c; ++i) {
-        const T* ci = hv.C(t + i);
-        T* dci = dCc.data() + static_cast<size_t>(i) * N;
-        for (int j = 0; j <= i; ++j) {
-          const T g = dG[static_cast<size_t>(i) * c + j];
-          axpy(N, g, hv.B(t + j), dci);
-          axpy(N, g, ci, dBc.data() + static_cast<size_t>(j) * N);
-        }
-      }
-      // From the incoming state: y_i += e^{l_i} H_0 C_i.
-      S0t.resize(static_cast<size_t>(sz));
-      transpose(N, P, S0, S0t.data());  // [P][N]
-      tmp.resize(static_cast<size_t>(N));
-      for (int i = 0; i < c; ++i) {
-        const T* gi = dy + hv.x_at(t + i);
-        std::fill(tmp.begin(), tmp.end(), T(0));
-        for (int q = 0; q < P; ++q) axpy(N, gi[q], S0t.data() + static_cast<size_t>(q) * N, tmp.data());
-        for (int n = 0; n < N; ++n) tmp[n] *= ch.el[i];
-        axpy(N, T(1), tmp.data(), dCc.data() + static_cast<size_t>(i) * N);
-        dl[i] += dot(N, hv.C(t + i), tmp.data());
-      }
-      // The skip term.
-      for (int i = 0; i < c; ++i) {
-        const T* gi = dy + hv.x_at(t + i);
-        dD += dot(P, gi, hv.x(t + i));
-        axpy(P, D, gi, dxc.data() + static_cast<size_t>(i) * P);
-      }
-      // Into the end state: H_c = e^{l_last} H_0 + Σ_j ew_j x_j B_jᵀ.
-      dl[c - 1] += ch.el[c - 1] * dot(static_cast<int>(sz), gS, S0);
-      gS1t.resize(static_cast<size_t>(sz));
-      transpose(N, P, gS, gS1t.data());  // [P][N]
-      u.resize(static_cast<size_t>(P));
-      for (int j = 0; j < c; ++j) {
-        const T* xj = hv.x(t + j);
-        const T* bj = hv.B(t + j);
-        std::fill(u.begin(), u.end(), T(0));
-        for (int n = 0; n < N; ++n) axpy(P, bj[n], gS + static_cast<int64_t>(n) * P, u.data());
-        const T w = ch.ew[j];
-        axpy(P, w, u.data(), dxc.data() + static_cast<size_t>(j) * P);
-        T* dbj = dBc.data() + static_cast<size_t>(j) * N;
-        for (int q = 0; q < P; ++q) axpy(N, w * xj[q], gS1t.data() + static_cast<size_t>(q) * N, dbj);
-        const T dw = dot(P, xj, u.data());
-        ddtc[j] += dw * ch.ed[j];
-        dl[c - 1] += dw * w;
-        dl[j] -= dw * w;
-      }
-      // l_i = A Σ_{k≤i} dt_k: R_k = Σ_{i≥k} dl_i.
-      T R = 0;
-      for (int j = c - 1; j >= 0; --j) {
-        R += dl[j];
-        ddtc[j] += A * R;
-        dA += hv.dt(t + j) * R;
-      }
-      for (int j = 0; j < c; ++j) {
-        if (gr.dx) axpy(P, T(1), dxc.data() + static_cast<size_t>(j) * P, gr.dx + hv.x_at(t + j));
-        if (gr.ddt) gr.ddt[hv.dt_at(t + j)] += ddtc[j];
-        if (gr.dB) axpy(N, T(1), dBc.data() + static_cast<size_t>(j) * N, gr.dB + hv.bc_at(t + j));
-        if (gr.dC) axpy(N, T(1), dCc.data() + static_cast<size_t>(j) * N, gr.dC + hv.bc_at(t + j));
-      }
-      if (gr.dA) gr.dA[h] += dA;
-      if (gr.dD) gr.dD[h] += dD;
-    }
-    std::copy(g0.begin(), g0.end(), gS);
-  }
+#if TREECP_X86_DISPATCH
+  if (cpu::use_avx2()) return backward_avx2(p, h, t0, t1, state_in, dy, gS, gr);
+#endif
+  backward_baseline(p, h, t0, t1, state_in, dy, gS, gr);
 }
 
 #define TREECP_MAMBA2_INSTANTIATE(T)                                                                              \
