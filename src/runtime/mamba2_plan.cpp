@@ -99,11 +99,11 @@ GdnPlan mamba2_owner_aligned_plan(const Row& row, const RankLayout& tokens, cons
 namespace {
 
 // Measured by bench_mamba2 (float, N = 128, P = 64, chunk 64, one core of the development
-// container): the backward recomputes the chunk-start states and the intra-chunk products; the
-// summary is the forward without outputs; the state-only backward only carries dH through.
-constexpr double kBackwardPerForward = 3.1;
-constexpr double kSummaryPerForward = 0.45;
-constexpr double kStateOnlyBackwardPerForward = 0.9;
+// container, CPU time): the backward recomputes the chunk-start states and the intra-chunk
+// products; the summary is the forward without outputs; the state-only backward only carries dH.
+constexpr double kBackwardPerForward = 2.5;
+constexpr double kSummaryPerForward = 0.33;
+constexpr double kStateOnlyBackwardPerForward = 0.7;
 
 }  // namespace
 
@@ -138,7 +138,7 @@ AffinePlanCosts mamba2_plan_costs(const Mamba2Shape& s, const GdnCostModel& m) {
 
 GdnCostModel mamba2_cost_defaults() {
   GdnCostModel m;
-  m.ns_per_madd = 0.13;
+  m.ns_per_madd = 0.06;
   m.message_latency_us = 1.1;
   m.link_bandwidth_bytes_per_s = 0.67e9;
   m.step_overhead_us = 5.0;
