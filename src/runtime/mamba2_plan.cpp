@@ -138,7 +138,7 @@ AffinePlanCosts mamba2_plan_costs(const Mamba2Shape& s, const GdnCostModel& m) {
 
 GdnCostModel mamba2_cost_defaults() {
   GdnCostModel m;
-  m.ns_per_madd = 0.06;
+  m.ns_per_madd = 0.067;
   m.message_latency_us = 1.1;
   m.link_bandwidth_bytes_per_s = 0.67e9;
   m.step_overhead_us = 5.0;
