@@ -230,7 +230,7 @@ void cp_table(Communicator& world, const Opts& o) {
     const RankLayout tokens = attention_ownership(make_plan(row, N, CostModel{}, PlanOptions{}));
     const Data<float> d = make_data<float>(o, row.tokens(), 3);
     for (Mamba2Strategy s : {Mamba2Strategy::Transpose, Mamba2Strategy::Summary}) {
-      const Mamba2Plan plan = plan_mamba2(row, tokens, shape, model, true, s);
+      const Mamba2Plan plan = plan_mamba2(row, tokens, shape, model, s);
       const auto& mine = tokens[static_cast<size_t>(me)];
       auto take = [&](const std::vector<float>& full, int64_t w) { return rows_of<float>(full, w, mine); };
       const auto x = take(d.x, o.heads * o.p), dt = take(d.dt, o.heads), B = take(d.B, o.groups * o.n),

@@ -151,8 +151,7 @@ int mamba2_cmd(const std::vector<std::string>& argv) {
   args.parse();
   const int64_t ranks = args.get_int_or("--ranks", 1);
   require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
-  Mamba2Strategy forced = Mamba2Strategy::Transpose;
-  const bool force = parse_mamba2_strategy(args.get_or("--strategy", "auto"), &forced);
+  const std::optional<Mamba2Strategy> force = parse_mamba2_strategy(args.get_or("--strategy", "auto"));
   PlanOptions attention;
   attention.layout = args.get_or("--layout", "searched");
   require(std::find(layout_names().begin(), layout_names().end(), attention.layout) != layout_names().end(),
@@ -170,7 +169,7 @@ int mamba2_cmd(const std::vector<std::string>& argv) {
   RankGroup group(ranks);
   const bool writer = group.run([&](Communicator& comm) {
     const RankLayout tokens = attention_ownership(make_plan(in.row, comm.size(), CostModel{}, attention));
-    const Mamba2Plan plan = plan_mamba2(in.row, tokens, in.shape, costs, force, forced);
+    const Mamba2Plan plan = plan_mamba2(in.row, tokens, in.shape, costs, force);
     files = in.dtype == DType::F64 ? compute<double>(in, comm, plan) : compute<float>(in, comm, plan);
     char line[256];
     std::snprintf(line, sizeof line, "%d rank%s, %s (predicted %.3f ms; transpose %.3f ms, %lld bytes; summary %.3f ms, %lld bytes)",

@@ -29,7 +29,7 @@ template <class T>
 Mamba2Result run_one_rank(const Row& row, const Mamba2Data& d, Mamba2Strategy strategy, int chunk) {
   auto comm = make_self_communicator();
   const Mamba2Shape shape = shape_of(d, chunk, sizeof(T));
-  const Mamba2Plan plan = plan_mamba2(row, {{{0, row.tokens()}}}, shape, mamba2_cost_defaults(), true, strategy);
+  const Mamba2Plan plan = plan_mamba2(row, {{{0, row.tokens()}}}, shape, mamba2_cost_defaults(), strategy);
   Mamba2CP<T> cp(plan, row, shape, *comm);
   const auto b = testing::mamba2_buffers<T>(d, {{0, row.tokens()}});
   std::vector<T> y(d.x.size()), dx(d.x.size()), ddt(d.dt.size()), dA(d.A.size()), dB(d.B.size()), dC(d.C.size()),
@@ -136,15 +136,13 @@ TEST(Mamba2Plan, ForcedStrategyAndRefusals) {
   const Row row(std::vector<Segment>{{-1, 12}, {0, 4}});
   const RankLayout two = contiguous_layout(row, 2);
   const Mamba2Shape s{4, 2, 2, 3, 8, 8};
-  EXPECT_EQ(plan_mamba2(row, two, s, mamba2_cost_defaults(), true, Mamba2Strategy::Summary).strategy,
+  EXPECT_EQ(plan_mamba2(row, two, s, mamba2_cost_defaults(), Mamba2Strategy::Summary).strategy,
             Mamba2Strategy::Summary);
   EXPECT_THROW(plan_mamba2(row, two, Mamba2Shape{6, 2, 4, 3, 8, 8}, mamba2_cost_defaults()), Error);  // 6 % 4
   EXPECT_THROW(plan_mamba2(row, {{{0, 10}}, {{11, 16}}}, s, mamba2_cost_defaults()), Error);         // token 10 lost
-  Mamba2Strategy st;
-  EXPECT_FALSE(parse_mamba2_strategy("auto", &st));
-  EXPECT_TRUE(parse_mamba2_strategy("summary", &st));
-  EXPECT_EQ(st, Mamba2Strategy::Summary);
-  EXPECT_THROW(parse_mamba2_strategy("heads", &st), Error);
+  EXPECT_FALSE(parse_mamba2_strategy("auto").has_value());
+  EXPECT_EQ(parse_mamba2_strategy("summary"), Mamba2Strategy::Summary);
+  EXPECT_THROW(parse_mamba2_strategy("heads"), Error);
   // A plan for two ranks on one.
   auto comm = make_self_communicator();
   const Mamba2Plan plan = plan_mamba2(row, two, s, mamba2_cost_defaults());

@@ -42,7 +42,8 @@ enum class Mamba2Fault {
 template <class T>
 class Mamba2CP {
  public:
-  // Checks the plan against the row, the shape and the communicator on every rank.
+  // Checks the plan against the row, the shape and the communicator on every rank. The plan, the
+  // row and the communicator must outlive the object.
   Mamba2CP(const Mamba2Plan& plan, const Row& row, const Mamba2Shape& shape, Communicator& comm,
            Mamba2Fault fault = Mamba2Fault::None);
 

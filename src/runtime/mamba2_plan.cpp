@@ -149,12 +149,11 @@ GdnCostModel load_mamba2_costs(const std::string& path) { return GdnCostModel::f
 
 const char* strategy_name(Mamba2Strategy s) { return s == Mamba2Strategy::Transpose ? "transpose" : "summary"; }
 
-bool parse_mamba2_strategy(const std::string& name, Mamba2Strategy* out) {
-  if (name == "auto") return false;
-  if (name == "transpose") *out = Mamba2Strategy::Transpose;
-  else if (name == "summary") *out = Mamba2Strategy::Summary;
-  else fail("strategy must be transpose, summary or auto; got '", name, "'");
-  return true;
+std::optional<Mamba2Strategy> parse_mamba2_strategy(const std::string& name) {
+  if (name == "transpose") return Mamba2Strategy::Transpose;
+  if (name == "summary") return Mamba2Strategy::Summary;
+  require(name == "auto", "strategy must be transpose, summary or auto; got '", name, "'");
+  return std::nullopt;
 }
 
 std::vector<int32_t> mamba2_head_cuts(int heads, int ranks) {
@@ -233,8 +232,8 @@ Mamba2Price price_mamba2_summary(const Row& row, const RankLayout& tokens, GdnPl
   return price;
 }
 
-Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Shape& s, const GdnCostModel& m, bool force,
-                       Mamba2Strategy forced) {
+Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Shape& s, const GdnCostModel& m,
+                       std::optional<Mamba2Strategy> force) {
   require(s.heads >= 1 && s.groups >= 1 && s.heads % s.groups == 0, "mamba2 plan: heads (", s.heads,
           ") must be a positive multiple of groups (", s.groups, ")");
   require(s.head_dim >= 1 && s.state_dim >= 1 && s.chunk >= 1 && s.element_bytes >= 1,
@@ -259,8 +258,9 @@ Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Sha
         return std::vector<GdnPlan>{make_gdn_plan(row, plan.ranks, chained), mamba2_owner_aligned_plan(row, tokens, chained)};
       });
   plan.summary_price = price_mamba2_summary(row, tokens, plan.chains, s, m);
-  if (force) plan.strategy = forced;
-  else plan.strategy = plan.summary_price.ms < plan.transpose_price.ms ? Mamba2Strategy::Summary : Mamba2Strategy::Transpose;
+  plan.strategy = force ? *force
+                        : plan.summary_price.ms < plan.transpose_price.ms ? Mamba2Strategy::Summary
+                                                                          : Mamba2Strategy::Transpose;
   return plan;
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,8 +56,8 @@ GdnCostModel load_mamba2_costs(const std::string& path);
 
 enum class Mamba2Strategy { Transpose, Summary };
 const char* strategy_name(Mamba2Strategy s);
-// "transpose", "summary" or "auto" (returns false for auto); throws naming the choices otherwise.
-bool parse_mamba2_strategy(const std::string& name, Mamba2Strategy* out);
+// "transpose", "summary", or "auto" (nullopt: the planner chooses); throws naming the choices otherwise.
+std::optional<Mamba2Strategy> parse_mamba2_strategy(const std::string& name);
 
 // Rank r holds heads [cuts[r], cuts[r + 1]): ranks + 1 near-equal cut points.
 std::vector<int32_t> mamba2_head_cuts(int heads, int ranks);
@@ -87,11 +88,11 @@ struct Mamba2Plan {
   const Mamba2Price& price() const { return strategy == Mamba2Strategy::Transpose ? transpose_price : summary_price; }
 };
 
-// Prices both strategies for `tokens` (validated against the row) and picks the cheaper, or the
-// forced one. The summary's chain plan is searched (search_affine_plan) with the cost of moving the
-// tokens into its layout added.
+// Prices both strategies for `tokens` (validated against the row) and picks the cheaper, unless
+// `force` names one. The summary's chain plan is searched (search_affine_plan) with the cost of
+// moving the tokens into its layout added.
 Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Shape& shape, const GdnCostModel& model,
-                       bool force = false, Mamba2Strategy forced = Mamba2Strategy::Transpose);
+                       std::optional<Mamba2Strategy> force = std::nullopt);
 
 // The chain plan for `chained` whose pieces follow the token owners where they can: each local unit
 // on the rank that owns most of its tokens, a chained segment cut where its owners change when they

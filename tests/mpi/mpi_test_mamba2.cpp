@@ -51,8 +51,8 @@ RankLayout owners(const Row& row, int ranks, const std::string& layout) {
 std::vector<Mamba2Plan> plans_for(const Row& row, const RankLayout& tokens, const Mamba2Shape& shape, uint64_t seed) {
   const GdnCostModel m = mamba2_cost_defaults();
   std::vector<Mamba2Plan> out;
-  out.push_back(plan_mamba2(row, tokens, shape, m, true, Mamba2Strategy::Transpose));
-  out.push_back(plan_mamba2(row, tokens, shape, m, true, Mamba2Strategy::Summary));
+  out.push_back(plan_mamba2(row, tokens, shape, m, Mamba2Strategy::Transpose));
+  out.push_back(plan_mamba2(row, tokens, shape, m, Mamba2Strategy::Summary));
   std::mt19937_64 rng(seed);
   for (int mode : {1, 2}) {
     Mamba2Plan p = out.back();
@@ -171,8 +171,8 @@ TEST(MpiMamba2, DeliberateBugsAreCaught) {
     for (int h = h0; h < h1; ++h) misread = misread || (h / 4 - h0 / 4 != (h - h0) / 4);
     if (h0 > 0 && h0 < h1 && (h0 - 1) / 4 == h0 / 4) shared_group = true;
   }
-  Mamba2Plan transpose = plan_mamba2(row, tokens, shape, mamba2_cost_defaults(), true, Mamba2Strategy::Transpose);
-  Mamba2Plan summary = plan_mamba2(row, tokens, shape, mamba2_cost_defaults(), true, Mamba2Strategy::Summary);
+  Mamba2Plan transpose = plan_mamba2(row, tokens, shape, mamba2_cost_defaults(), Mamba2Strategy::Transpose);
+  Mamba2Plan summary = plan_mamba2(row, tokens, shape, mamba2_cost_defaults(), Mamba2Strategy::Summary);
   summary.chains = make_gdn_plan(row, n, {0, 1, 0, 0});  // the 30-token child split over every rank
   summary.summary_price = price_mamba2_summary(row, tokens, summary.chains, shape, mamba2_cost_defaults());
   struct Bug {

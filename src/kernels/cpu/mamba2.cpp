@@ -323,6 +323,8 @@ void mamba2_check_params(const Mamba2Params<T>& p) {
   require(p.heads >= 1 && p.head_dim >= 1 && p.state_dim >= 1 && p.groups >= 1,
           "mamba2: heads, head_dim, groups and state_dim must be >= 1, got ", p.heads, ", ", p.head_dim, ", ",
           p.groups, ", ", p.state_dim);
+  require(p.state_size() <= 2147483647, "mamba2: state_dim x head_dim = ", p.state_size(),
+          " elements per head's state is more than a 32-bit count");
   require(p.heads_per_group >= 1 && p.first_head >= 0, "mamba2: heads_per_group must be >= 1 and first_head >= 0");
   require(p.group_of(p.heads - 1) < p.groups, "mamba2: heads [", p.first_head, ", ", p.first_head + p.heads,
           ") read ", p.group_of(p.heads - 1) + 1, " groups, only ", p.groups, " given");
