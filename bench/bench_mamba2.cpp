@@ -176,7 +176,8 @@ void kernel_table(const Opts& o) {
   });
   const Mamba2Shape shape = shape_of(o, sizeof(T));
   const double token_heads = static_cast<double>(S) * o.heads;
-  const double fwd_madds = mamba2_forward_madds(shape) * token_heads, all_madds = mamba2_token_madds(shape) * token_heads;
+  const double fwd_madds = mamba2_forward_madds(shape) * token_heads,
+               all_madds = mamba2_token_madds(shape) * token_heads;
   std::printf("  %-15s CPU %10.1f ms (wall %10.1f)  %7.3f us per token-head  %6.2f GFLOP/s\n", "tree forward",
               fwd.cpu, fwd.wall, fwd.cpu * 1e3 / token_heads, 2 * fwd_madds / (fwd.cpu * 1e6));
   std::printf("  %-15s CPU %10.1f ms (wall %10.1f)  %7.3f us per token-head\n", "tree backward", bwd.cpu, bwd.wall,
@@ -194,21 +195,22 @@ void kernel_table(const Opts& o) {
 void bytes_table(const Opts& o) {
   const Mamba2Shape shape = shape_of(o, 4);
   const GdnCostModel model = mamba2_cost_defaults();
-  std::printf("\nbytes moved per layer, forward + backward, summed over ranks (float on the wire), H %d, P %d, G %d, N %d;\n"
-              "predicted ms with the CPU coefficients (config/mamba2_costs_cpu.json)\n",
-              o.heads, o.p, o.groups, o.n);
-  std::printf("  %-13s %3s %9s %12s %12s %10s %10s %7s %6s %9s\n", "preset", "CP", "tokens", "transpose_MB", "summary_MB",
-              "transp_ms", "summary_ms", "chains", "moves", "choice");
+  std::printf(
+      "\nbytes moved per layer, forward + backward, summed over ranks (float on the wire), H %d, P %d, G %d, N %d;\n"
+      "predicted ms with the CPU coefficients (config/mamba2_costs_cpu.json)\n",
+      o.heads, o.p, o.groups, o.n);
+  std::printf("  %-13s %3s %9s %12s %12s %10s %10s %7s %6s %9s\n", "preset", "CP", "tokens", "transpose_MB",
+              "summary_MB", "transp_ms", "summary_ms", "chains", "moves", "choice");
   for (const char* name : {"fixed5k", "varied5k", "dominant", "longchain", "deep", "art-fixed5k", "art-long8k"}) {
     for (int cp = 2; cp <= 8; ++cp) {
       const Row row = make_preset(name, cp);
       const RankLayout tokens = attention_ownership(make_plan(row, cp, CostModel{}, PlanOptions{}));
       const Mamba2Plan plan = plan_mamba2(row, tokens, shape, model);
-      std::printf("  %-13s %3d %9lld %12.1f %12.1f %10.1f %10.1f %7d %6s %9s\n", name, cp,
-                  static_cast<long long>(row.tokens()), plan.transpose_price.bytes / 1e6, plan.summary_price.bytes / 1e6,
-                  plan.transpose_price.ms, plan.summary_price.ms, plan.chains.chained_segments(),
-                  tokens_move(tokens, mamba2_chain_layout(row, plan.chains)) ? "yes" : "no",
-                  strategy_name(plan.strategy));
+      std::printf(
+          "  %-13s %3d %9lld %12.1f %12.1f %10.1f %10.1f %7d %6s %9s\n", name, cp, static_cast<long long>(row.tokens()),
+          plan.transpose_price.bytes / 1e6, plan.summary_price.bytes / 1e6, plan.transpose_price.ms,
+          plan.summary_price.ms, plan.chains.chained_segments(),
+          tokens_move(tokens, mamba2_chain_layout(row, plan.chains)) ? "yes" : "no", strategy_name(plan.strategy));
     }
   }
 }
@@ -220,8 +222,9 @@ void cp_table(Communicator& world, const Opts& o) {
   const Mamba2Shape shape = shape_of(o, 4);
   const GdnCostModel model = mamba2_cost_defaults();
   if (me == 0) {
-    std::printf("\nCP on %d ranks, float, H %d, P %d, G %d, N %d, presets / %lld: predicted vs measured forward+backward\n",
-                N, o.heads, o.p, o.groups, o.n, static_cast<long long>(o.scale));
+    std::printf(
+        "\nCP on %d ranks, float, H %d, P %d, G %d, N %d, presets / %lld: predicted vs measured forward+backward\n", N,
+        o.heads, o.p, o.groups, o.n, static_cast<long long>(o.scale));
     std::printf("  %-11s %7s %-9s %12s %12s %14s %14s\n", "preset", "tokens", "strategy", "predicted_ms",
                 "measured_ms", "bytes_planned", "bytes_counted");
   }

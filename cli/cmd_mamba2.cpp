@@ -115,7 +115,8 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in, Commu
   Mamba2CP<T> cp(plan, in.row, s, comm);
   const int64_t rows = cp.owned_rows();
   std::vector<T> y(static_cast<size_t>(rows * H * P));
-  cp.forward(Mamba2Inputs<T>{x.data(), dt.data(), b.data(), c.data(), a.data(), in.has_d ? d.data() : nullptr}, y.data());
+  cp.forward(Mamba2Inputs<T>{x.data(), dt.data(), b.data(), c.data(), a.data(), in.has_d ? d.data() : nullptr},
+             y.data());
   std::vector<T> dx(x.size()), ddt(dt.size()), db(b.size()), dc(c.size()), da(static_cast<size_t>(H)),
       dd(static_cast<size_t>(H));
   if (in.has_dout) {
@@ -127,7 +128,9 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in, Commu
   }
   CpuBackend<T> be;
   const auto root = gathered_layout(S, comm.size(), 0);
-  auto gather = [&](const std::vector<T>& v, int64_t width) { return redistribute(comm, be, v, plan.tokens, root, width); };
+  auto gather = [&](const std::vector<T>& v, int64_t width) {
+    return redistribute(comm, be, v, plan.tokens, root, width);
+  };
   std::vector<std::pair<std::string, std::string>> files;
   const auto y0 = gather(y, H * P);
   files.emplace_back("y.npy", npy_of<T>({S, H, P}, y0));
@@ -172,7 +175,8 @@ int mamba2_cmd(const std::vector<std::string>& argv) {
     const Mamba2Plan plan = plan_mamba2(in.row, tokens, in.shape, costs, force);
     files = in.dtype == DType::F64 ? compute<double>(in, comm, plan) : compute<float>(in, comm, plan);
     char line[256];
-    std::snprintf(line, sizeof line, "%d rank%s, %s (predicted %.3f ms; transpose %.3f ms, %lld bytes; summary %.3f ms, %lld bytes)",
+    std::snprintf(line, sizeof line,
+                  "%d rank%s, %s (predicted %.3f ms; transpose %.3f ms, %lld bytes; summary %.3f ms, %lld bytes)",
                   comm.size(), comm.size() == 1 ? "" : "s", strategy_name(plan.strategy), plan.price().ms,
                   plan.transpose_price.ms, static_cast<long long>(plan.transpose_price.bytes), plan.summary_price.ms,
                   static_cast<long long>(plan.summary_price.bytes));
@@ -189,11 +193,12 @@ int mamba2_cmd(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Register kMamba2("mamba2",
-                       "--tree T.json --x X.npy --dt DT.npy --a A.npy --b B.npy --c C.npy [--d D.npy] [--dout DO.npy] "
-                       "[--ranks N] [--strategy transpose|summary|auto] [--layout L] [--chunk C] [--costs FILE] --out DIR: "
-                       "the Mamba-2 scan over the tree, in one process or as CP over N ranks (y; dx, ddt, da, db, dc, dd)",
-                       mamba2_cmd);
+const Register kMamba2(
+    "mamba2",
+    "--tree T.json --x X.npy --dt DT.npy --a A.npy --b B.npy --c C.npy [--d D.npy] [--dout DO.npy] "
+    "[--ranks N] [--strategy transpose|summary|auto] [--layout L] [--chunk C] [--costs FILE] --out DIR: "
+    "the Mamba-2 scan over the tree, in one process or as CP over N ranks (y; dx, ddt, da, db, dc, dd)",
+    mamba2_cmd);
 
 }  // namespace
 }  // namespace treecp::cli

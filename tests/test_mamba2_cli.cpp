@@ -28,8 +28,9 @@ const int kRanks = 1;
 class Mamba2Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    testing::write_file(dir / "t.json", R"({"segments":[{"parent":-1,"length":30},{"parent":0,"length":7},)"
-                                        R"({"parent":1,"length":2},{"parent":0,"length":12},{"parent":-1,"length":5}]})");
+    testing::write_file(dir / "t.json",
+                        R"({"segments":[{"parent":-1,"length":30},{"parent":0,"length":7},)"
+                        R"({"parent":1,"length":2},{"parent":0,"length":12},{"parent":-1,"length":5}]})");
     row = load_row(dir / "t.json");
     d = testing::random_mamba2_data(row.tokens(), 4, 3, 2, 5, true, 5);
   }
@@ -91,7 +92,8 @@ TEST_F(Mamba2Cli, FloatInputsComputeInFloatAndStaleOutputsGo) {
   const auto r = run(inputs() + " --ranks " + std::to_string(kRanks) + " --out " + out);
   ASSERT_EQ(r.status, 0) << r.log;
   EXPECT_TRUE(fs::exists(out + "/y.npy"));
-  for (const char* name : {"dx.npy", "ddt.npy", "da.npy", "db.npy", "dc.npy", "dd.npy"}) EXPECT_FALSE(fs::exists(out + "/" + name)) << name;
+  for (const char* name : {"dx.npy", "ddt.npy", "da.npy", "db.npy", "dc.npy", "dd.npy"})
+    EXPECT_FALSE(fs::exists(out + "/" + name)) << name;
   // Float against the double reference within the float recurrence's own error.
   d.D.clear();
   d.with_d = false;

@@ -34,8 +34,9 @@ Mamba2Result run_one_rank(const Row& row, const Mamba2Data& d, Mamba2Strategy st
   const auto b = testing::mamba2_buffers<T>(d, {{0, row.tokens()}});
   std::vector<T> y(d.x.size()), dx(d.x.size()), ddt(d.dt.size()), dA(d.A.size()), dB(d.B.size()), dC(d.C.size()),
       dD(static_cast<size_t>(d.H));
-  cp.forward(Mamba2Inputs<T>{b.x.data(), b.dt.data(), b.B.data(), b.C.data(), b.A.data(), d.with_d ? b.D.data() : nullptr},
-             y.data());
+  cp.forward(
+      Mamba2Inputs<T>{b.x.data(), b.dt.data(), b.B.data(), b.C.data(), b.A.data(), d.with_d ? b.D.data() : nullptr},
+      y.data());
   cp.backward(b.dy.data(), Mamba2Grads<T>{dx.data(), ddt.data(), dA.data(), dB.data(), dC.data(), dD.data()});
   using testing::widen;
   return {widen(y), widen(dx), widen(ddt), widen(dA), widen(dB), widen(dC), widen(dD)};

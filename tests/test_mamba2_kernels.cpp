@@ -23,7 +23,8 @@ using testing::widen;
 
 // Forward over all heads of [t0, t1) from per-head states (updated); writes y.
 template <class T>
-void run_heads(const Mamba2Params<T>& p, bool chunked, int64_t t0, int64_t t1, std::vector<T>& states, std::vector<T>& y) {
+void run_heads(const Mamba2Params<T>& p, bool chunked, int64_t t0, int64_t t1, std::vector<T>& states,
+               std::vector<T>& y) {
   const int64_t sz = p.state_size();
   for (int h = 0; h < p.heads; ++h) {
     if (chunked) mamba2_chunked_forward(p, h, t0, t1, states.data() + h * sz, y.data());
@@ -68,8 +69,10 @@ TEST_P(Mamba2Isa, ChunkedEqualsRecurrentDouble) {
           std::vector<double> y_rec(d.x.size()), y_chk(d.x.size());
           run_heads(p, false, 0, S, s_rec, y_rec);
           run_heads(p, true, 0, S, s_chk, y_chk);
-          EXPECT_LT(max_abs_diff(y_rec, y_chk), 1e-12 * (1 + testing::max_abs(y_rec))) << "S " << S << " chunk " << chunk;
-          EXPECT_LT(max_abs_diff(s_rec, s_chk), 1e-12 * (1 + testing::max_abs(s_rec))) << "S " << S << " chunk " << chunk;
+          EXPECT_LT(max_abs_diff(y_rec, y_chk), 1e-12 * (1 + testing::max_abs(y_rec)))
+              << "S " << S << " chunk " << chunk;
+          EXPECT_LT(max_abs_diff(s_rec, s_chk), 1e-12 * (1 + testing::max_abs(s_rec)))
+              << "S " << S << " chunk " << chunk;
           EXPECT_GT(testing::max_abs(y_rec), 0.1);  // not a comparison of zeros
         }
       }
@@ -87,7 +90,8 @@ TEST_P(Mamba2Isa, ChunkedFloatWithinFloatRecurrenceError) {
   run_heads(bf.params(d, 64), false, 0, S, s_rec, y_rec);
   run_heads(bf.params(d, 64), true, 0, S, s_chk, y_chk);
   const double err_rec = max_abs_diff(widen(y_rec), y_ref);
-  EXPECT_LE(max_abs_diff(widen(y_chk), y_ref), testing::tolerance(err_rec, y_ref)) << "recurrent float error " << err_rec;
+  EXPECT_LE(max_abs_diff(widen(y_chk), y_ref), testing::tolerance(err_rec, y_ref))
+      << "recurrent float error " << err_rec;
   EXPECT_LE(max_abs_diff(widen(s_chk), s_ref), testing::tolerance(max_abs_diff(widen(s_rec), s_ref), s_ref));
 }
 
@@ -233,10 +237,15 @@ TEST_P(Mamba2Isa, ChunkedBackwardEqualsRecurrentBackward) {
     const auto rec = run(false, 1);
     for (int chunk : {1, 8, 30, 64}) {
       const auto chk = run(true, chunk);
-      for (auto [a, c, name] : {std::tuple{&rec.dx, &chk.dx, "dx"}, {&rec.ddt, &chk.ddt, "ddt"}, {&rec.dA, &chk.dA, "dA"},
-                                {&rec.dB, &chk.dB, "dB"}, {&rec.dC, &chk.dC, "dC"}, {&rec.dD, &chk.dD, "dD"},
+      for (auto [a, c, name] : {std::tuple{&rec.dx, &chk.dx, "dx"},
+                                {&rec.ddt, &chk.ddt, "ddt"},
+                                {&rec.dA, &chk.dA, "dA"},
+                                {&rec.dB, &chk.dB, "dB"},
+                                {&rec.dC, &chk.dC, "dC"},
+                                {&rec.dD, &chk.dD, "dD"},
                                 {&rec.y, &chk.y, "dH_in"}})
-        EXPECT_LT(max_abs_diff(*a, *c), 1e-12 * (1 + testing::max_abs(*a))) << name << " chunk " << chunk << " P " << dm.P;
+        EXPECT_LT(max_abs_diff(*a, *c), 1e-12 * (1 + testing::max_abs(*a)))
+            << name << " chunk " << chunk << " P " << dm.P;
     }
   }
 }

@@ -24,8 +24,9 @@ Mamba2Result run_tree(const Row& row, const Mamba2Data& d, int chunk) {
   std::vector<T> y(d.x.size()), dx(d.x.size()), ddt(d.dt.size()), dA(d.A.size()), dB(d.B.size()), dC(d.C.size()),
       dD(static_cast<size_t>(d.H));
   const auto saved = mamba2_tree_forward(row, p, y.data());
-  mamba2_tree_backward(row, p, saved, b.dy.data(),
-                       Mamba2Grads<T>{dx.data(), ddt.data(), dA.data(), dB.data(), dC.data(), d.with_d ? dD.data() : nullptr});
+  mamba2_tree_backward(
+      row, p, saved, b.dy.data(),
+      Mamba2Grads<T>{dx.data(), ddt.data(), dA.data(), dB.data(), dC.data(), d.with_d ? dD.data() : nullptr});
   using testing::widen;
   return {widen(y), widen(dx), widen(ddt), widen(dA), widen(dB), widen(dC), widen(dD)};
 }
@@ -58,7 +59,8 @@ TEST(Mamba2Tree, ChunkedTreeEqualsRecurrenceReference) {
     const Row row = testing::random_tree(seed, 10, 1, 40, 4);
     const Mamba2Data d = testing::random_mamba2_data(row.tokens(), 4, 3, 2, 5, seed % 2 == 0, seed * 31);
     const Mamba2Result ref = testing::mamba2_tree_reference(row, d);
-    for (int chunk : {1, 6, 64}) expect_all_close(run_tree<double>(row, d, chunk), ref, 1e-12, "seed " + std::to_string(seed));
+    for (int chunk : {1, 6, 64})
+      expect_all_close(run_tree<double>(row, d, chunk), ref, 1e-12, "seed " + std::to_string(seed));
   }
 }
 

@@ -104,7 +104,8 @@ Mamba2Result mamba2_tree_reference(const Row& row, const Mamba2Data& d) {
     const int32_t par = row.parent(s);
     s_in[s] = par < 0 ? std::vector<T>(static_cast<size_t>(state), T(0)) : s_out[par];
     s_out[s] = s_in[s];
-    for (int h = 0; h < d.H; ++h) mamba2_recurrent_forward(p, h, row.start(s), row.end(s), s_out[s].data() + h * ssz, y.data());
+    for (int h = 0; h < d.H; ++h)
+      mamba2_recurrent_forward(p, h, row.start(s), row.end(s), s_out[s].data() + h * ssz, y.data());
   }
   Mamba2Grads<T> g{dx.data(), ddt.data(), dA.data(), dB.data(), dC.data(), d.with_d ? dD.data() : nullptr};
   std::vector<std::vector<T>> ds(static_cast<size_t>(n), std::vector<T>(static_cast<size_t>(state), T(0)));
@@ -139,8 +140,8 @@ inline Mamba2Result mamba2_flattened_reference(const Row& row, const Mamba2Data&
     for (int64_t i = 0; i < L; ++i)
       if (seen[token[i]]) std::fill(b.dy.begin() + i * d.H * d.P, b.dy.begin() + (i + 1) * d.H * d.P, 0.0);
     const Mamba2Params<double> p = b.params(d, 1);
-    std::vector<double> y(static_cast<size_t>(L * d.H * d.P)), dx(y.size(), 0.0), ddt(static_cast<size_t>(L * d.H), 0.0),
-        dB(static_cast<size_t>(L * d.G * d.N), 0.0), dC(dB.size(), 0.0);
+    std::vector<double> y(static_cast<size_t>(L * d.H * d.P)), dx(y.size(), 0.0),
+        ddt(static_cast<size_t>(L * d.H), 0.0), dB(static_cast<size_t>(L * d.G * d.N), 0.0), dC(dB.size(), 0.0);
     Mamba2Grads<double> g{dx.data(), ddt.data(), r.dA.data(), dB.data(), dC.data(), d.with_d ? r.dD.data() : nullptr};
     for (int h = 0; h < d.H; ++h) {
       std::vector<double> S(static_cast<size_t>(ssz), 0.0), dS(static_cast<size_t>(ssz), 0.0);

@@ -20,12 +20,6 @@ std::vector<int32_t> compute_phases(const Row& row, const std::vector<uint8_t>& 
   return phase;
 }
 
-int ceil_log2(int n) {
-  int r = 0;
-  while ((1 << r) < n) ++r;
-  return r;
-}
-
 }  // namespace
 
 json::Value GdnCostModel::to_json() const {
@@ -240,7 +234,7 @@ double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts&
   const int N = plan.ranks;
   const int32_t n = row.num_segments();
   const double state_bytes = c.state_elements * c.element_bytes;
-  const int rounds = ceil_log2(N);
+  const int rounds = affine_scan_rounds(N);
   const int steps = 2 * plan.num_phases - 1;  // local 0, chain 1, local 1, ...
   std::vector<std::vector<double>> busy(static_cast<size_t>(steps), std::vector<double>(static_cast<size_t>(N), 0.0));
   // Parent-state traffic per step: bytes each rank sends / receives (both directions: forward state,
@@ -292,6 +286,12 @@ double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts&
 
 double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const GdnCostModel& m) {
   return predict_affine_plan(row, plan, gdn_plan_costs(shape, m), m);
+}
+
+int affine_scan_rounds(int ranks) {
+  int r = 0;
+  while ((1 << r) < ranks) ++r;
+  return r;
 }
 
 int64_t affine_plan_bytes(const Row& row, const GdnPlan& plan, const AffinePlanCosts& c) {

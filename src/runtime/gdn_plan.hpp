@@ -102,6 +102,9 @@ AffinePlanCosts gdn_plan_costs(const GdnShape& shape, const GdnCostModel& model)
 double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts& costs, const GdnCostModel& model);
 double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const GdnCostModel& model);
 
+// Rounds of the exclusive scan over `ranks` ranks in one direction: ceil(log2 ranks).
+int affine_scan_rounds(int ranks);
+
 // Bytes the protocol moves between ranks, forward + backward, summed over ranks: parent states
 // (and their gradients) crossing ranks, and every scan round's summaries.
 int64_t affine_plan_bytes(const Row& row, const GdnPlan& plan, const AffinePlanCosts& costs);

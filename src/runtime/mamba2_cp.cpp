@@ -87,12 +87,6 @@ struct Mamba2Recurrence {
   }
 };
 
-int64_t rows_of(const std::vector<TokenRange>& ranges) {
-  int64_t n = 0;
-  for (const TokenRange& r : ranges) n += r.size();
-  return n;
-}
-
 }  // namespace
 
 template <class T>
@@ -107,7 +101,7 @@ Mamba2CP<T>::Mamba2CP(const Mamba2Plan& plan, const Row& row, const Mamba2Shape&
   validate_layout(row, plan.tokens);
   require(plan.head_cuts == mamba2_head_cuts(shape.heads, plan.ranks), "mamba2: the plan's head cuts are not for ",
           shape.heads, " heads");
-  owned_rows_ = rows_of(plan.tokens[static_cast<size_t>(comm.rank())]);
+  owned_rows_ = tokens_in(plan.tokens[static_cast<size_t>(comm.rank())]);
   if (plan.strategy == Mamba2Strategy::Summary) {
     validate_gdn_plan(row, plan.chains);
     require(plan.chains.ranks == plan.ranks, "mamba2: the chain plan is for ", plan.chains.ranks, " ranks");
@@ -117,7 +111,8 @@ Mamba2CP<T>::Mamba2CP(const Mamba2Plan& plan, const Row& row, const Mamba2Shape&
 
 template <class T>
 void Mamba2CP<T>::forward(const Mamba2Inputs<T>& in, T* y) {
-  require(in.A && (owned_rows_ == 0 || (in.x && in.dt && in.B && in.C && y)), "mamba2: x, dt, A, B, C and y must be given");
+  require(in.A && (owned_rows_ == 0 || (in.x && in.dt && in.B && in.C && y)),
+          "mamba2: x, dt, A, B, C and y must be given");
   A_.assign(in.A, in.A + shape_.heads);
   if (in.D) D_.assign(in.D, in.D + shape_.heads);
   else D_.clear();
@@ -171,11 +166,11 @@ void exchange_records(Communicator& comm, const Mamba2Plan& plan, const Mamba2Sh
     const GroupRange g = mamba2_groups_of(shape, h0, h1);
     return at_owner ? RecordShape{h0, h1 - h0, g.begin, g.size(), full} : RecordShape{0, h1 - h0, 0, g.size(), full};
   };
-  const int64_t my_rows = rows_of(plan.tokens[static_cast<size_t>(me)]);
+  const int64_t my_rows = tokens_in(plan.tokens[static_cast<size_t>(me)]);
   std::vector<int64_t> sc(static_cast<size_t>(n)), sd(sc), rc(sc), rd(sc);
   int64_t send_total = 0, recv_total = 0;
   for (int p = 0; p < n; ++p) {
-    const int64_t peer_rows = rows_of(plan.tokens[static_cast<size_t>(p)]);
+    const int64_t peer_rows = tokens_in(plan.tokens[static_cast<size_t>(p)]);
     const int64_t to_peer = my_rows * record(p, true).size(P, N), from_peer = peer_rows * record(me, false).size(P, N);
     sd[p] = send_total;
     rd[p] = recv_total;
@@ -205,7 +200,9 @@ void exchange_records(Communicator& comm, const Mamba2Plan& plan, const Mamba2Sh
   comm.all_to_all_v(sbuf.data(), sc, sd, rbuf.data(), rc, rd, CpuBackend<T>::comm_type);
   for (int p = 0; p < n; ++p) {
     const T* in = rbuf.data() + rd[p];
-    auto write = [&](int64_t r, const RecordShape& s, int64_t at) { write_record(dst, r, s, P, N, in + at, mode, group_mode); };
+    auto write = [&](int64_t r, const RecordShape& s, int64_t at) {
+      write_record(dst, r, s, P, N, in + at, mode, group_mode);
+    };
     if (to_shards) shard_rows(p, write);
     else owner_rows(p, write);
   }
@@ -264,7 +261,7 @@ Mamba2Params<T> Mamba2CP<T>::chain_params() const {
   p.x = xl_.data(); p.dt = dtl_.data(); p.B = Bl_.data(); p.C = Cl_.data();
   p.A = A_.data();
   p.D = D_.empty() ? nullptr : D_.data();
-  p.tokens = rows_of(chain_layout_[static_cast<size_t>(comm_.rank())]);
+  p.tokens = tokens_in(chain_layout_[static_cast<size_t>(comm_.rank())]);
   p.heads = shape_.heads;
   p.head_dim = shape_.head_dim;
   p.groups = shape_.groups;
@@ -291,7 +288,8 @@ template <class T>
 void unpack_rows(const std::vector<T>& packed, int64_t rows, const Mamba2Shape& s, const Columns<T>& c, Io mode) {
   const RecordShape all{0, s.heads, 0, s.groups, true};
   const int64_t w = all.size(s.head_dim, s.state_dim);
-  for (int64_t r = 0; r < rows; ++r) write_record(c, r, all, s.head_dim, s.state_dim, packed.data() + r * w, mode, mode);
+  for (int64_t r = 0; r < rows; ++r)
+    write_record(c, r, all, s.head_dim, s.state_dim, packed.data() + r * w, mode, mode);
 }
 
 // Rows between two layouts; a copy when no token changes rank (every rank knows both layouts, so
@@ -309,7 +307,7 @@ std::vector<T> move_rows(Communicator& comm, const std::vector<T>& src, const Ra
 template <class T>
 void Mamba2CP<T>::summary_forward(const Mamba2Inputs<T>& in, T* y) {
   const Mamba2Shape& s = shape_;
-  const int64_t rows = rows_of(chain_layout_[static_cast<size_t>(comm_.rank())]);
+  const int64_t rows = tokens_in(chain_layout_[static_cast<size_t>(comm_.rank())]);
   const int64_t w = s.input_elements(0, s.heads), yw = int64_t{s.heads} * s.head_dim;
   const Columns<const T> owner{in.x, in.dt, in.B, in.C, s.heads, s.groups};
   const std::vector<T> moved = move_rows(comm_, pack_rows(owner, owned_rows_, s), plan_.tokens, chain_layout_, w);
@@ -317,7 +315,8 @@ void Mamba2CP<T>::summary_forward(const Mamba2Inputs<T>& in, T* y) {
   dtl_.assign(static_cast<size_t>(rows * s.heads), T(0));
   Bl_.assign(static_cast<size_t>(rows * s.groups * s.state_dim), T(0));
   Cl_.assign(Bl_.size(), T(0));
-  unpack_rows(moved, rows, s, Columns<T>{xl_.data(), dtl_.data(), Bl_.data(), Cl_.data(), s.heads, s.groups}, Io::Assign);
+  unpack_rows(moved, rows, s, Columns<T>{xl_.data(), dtl_.data(), Bl_.data(), Cl_.data(), s.heads, s.groups},
+              Io::Assign);
   const Mamba2Params<T> p = chain_params();
   std::vector<T> yl(xl_.size(), T(0));
   chain_saved_ = affine_cp_forward(comm_, row_, plan_.chains,
@@ -334,9 +333,10 @@ void Mamba2CP<T>::summary_backward(const T* dy, const Mamba2Grads<T>& grads) {
   const std::vector<T> dyl = move_rows(comm_, dy_own, plan_.tokens, chain_layout_, yw);
   const Mamba2Params<T> p = chain_params();
   std::vector<T> dxl(xl_.size(), T(0)), ddtl(dtl_.size(), T(0)), dBl(Bl_.size(), T(0)), dCl(Cl_.size(), T(0));
-  affine_cp_backward(comm_, row_, plan_.chains, Mamba2Recurrence<T>{p, fault_ == Mamba2Fault::SummaryWithoutDecay},
-                     chain_saved_, dyl.data(),
-                     Mamba2Grads<T>{dxl.data(), ddtl.data(), grads.dA, dBl.data(), dCl.data(), D_.empty() ? nullptr : grads.dD});
+  affine_cp_backward(
+      comm_, row_, plan_.chains, Mamba2Recurrence<T>{p, fault_ == Mamba2Fault::SummaryWithoutDecay}, chain_saved_,
+      dyl.data(),
+      Mamba2Grads<T>{dxl.data(), ddtl.data(), grads.dA, dBl.data(), dCl.data(), D_.empty() ? nullptr : grads.dD});
   const Columns<const T> local{dxl.data(), ddtl.data(), dBl.data(), dCl.data(), s.heads, s.groups};
   const std::vector<T> home = move_rows(comm_, pack_rows(local, p.tokens, s), chain_layout_, plan_.tokens, w);
   unpack_rows(home, owned_rows_, s, Columns<T>{grads.dx, grads.ddt, grads.dB, grads.dC, s.heads, s.groups}, Io::Add);

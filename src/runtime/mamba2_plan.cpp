@@ -9,17 +9,12 @@
 namespace treecp {
 namespace {
 
-int ceil_log2(int n) {
-  int r = 0;
-  while ((1 << r) < n) ++r;
-  return r;
-}
-
-int64_t tokens_of(const std::vector<TokenRange>& ranges) {
-  int64_t n = 0;
-  for (const TokenRange& r : ranges) n += r.size();
-  return n;
-}
+// Measured by bench_mamba2 (float, N = 128, P = 64, chunk 64, one core of the development
+// container, CPU time): the backward recomputes the chunk-start states and the intra-chunk
+// products; the summary is the forward without outputs; the state-only backward only carries dH.
+constexpr double kBackwardPerForward = 2.5;
+constexpr double kSummaryPerForward = 0.33;
+constexpr double kStateOnlyBackwardPerForward = 0.7;
 
 // One all-to-all's elements per rank, and the four exchanges of a layer (forward in and out,
 // backward in and out) summed into a price.
@@ -41,7 +36,8 @@ void add_exchanges(const std::vector<Exchange>& xs, int element_bytes, const Gdn
       price.bytes += x.sent[r] * element_bytes;
       busiest = std::max({busiest, x.sent[r], x.recvd[r]});
     }
-    comm_ms += m.message_latency_us * 1e-3 + static_cast<double>(busiest * element_bytes) / m.link_bandwidth_bytes_per_s * 1e3;
+    comm_ms +=
+        m.message_latency_us * 1e-3 + static_cast<double>(busiest * element_bytes) / m.link_bandwidth_bytes_per_s * 1e3;
     ++price.rounds;
   }
 }
@@ -56,7 +52,7 @@ void price_redistribution(const RankLayout& from, const RankLayout& to, const Ma
   if (!tokens_move(from, to)) return;
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {
-      const int64_t t = tokens_of(intersect(from[static_cast<size_t>(i)], to[static_cast<size_t>(j)]));
+      const int64_t t = tokens_in(intersect(from[static_cast<size_t>(i)], to[static_cast<size_t>(j)]));
       xs[0].move(i, j, t * in);
       xs[1].move(j, i, t * out);
       xs[2].move(i, j, t * out);
@@ -67,48 +63,9 @@ void price_redistribution(const RankLayout& from, const RankLayout& to, const Ma
 
 }  // namespace
 
-GdnPlan mamba2_owner_aligned_plan(const Row& row, const RankLayout& tokens, const std::vector<uint8_t>& chained) {
-  const int n = static_cast<int>(tokens.size());
-  GdnPlan plan = make_gdn_plan(row, n, chained);
-  std::vector<int32_t> owner_of(static_cast<size_t>(row.tokens()), 0);
-  for (int r = 0; r < n; ++r)
-    for (const TokenRange& t : tokens[static_cast<size_t>(r)])
-      std::fill(owner_of.begin() + t.begin, owner_of.begin() + t.end, r);
-  const std::vector<int32_t> unit_of = gdn_local_units(row, chained);
-  std::vector<std::vector<int64_t>> held(static_cast<size_t>(row.num_segments()));
-  for (int32_t s = 0; s < row.num_segments(); ++s) {
-    const int64_t b = row.start(s), e = row.end(s);
-    if (!chained[s]) {
-      auto& h = held[static_cast<size_t>(unit_of[s])];
-      h.resize(static_cast<size_t>(n), 0);
-      for (int64_t t = b; t < e; ++t) ++h[static_cast<size_t>(owner_of[t])];
-      continue;
-    }
-    if (!std::is_sorted(owner_of.begin() + b, owner_of.begin() + e)) continue;
-    auto& cuts = plan.cuts[static_cast<size_t>(s)];
-    for (int r = 1; r < n; ++r) cuts[static_cast<size_t>(r)] = std::lower_bound(owner_of.begin() + b, owner_of.begin() + e, r) - owner_of.begin();
-  }
-  for (int32_t s = 0; s < row.num_segments(); ++s) {
-    if (chained[s]) continue;
-    const auto& h = held[static_cast<size_t>(unit_of[s])];
-    plan.owner[s] = static_cast<int32_t>(std::max_element(h.begin(), h.end()) - h.begin());
-  }
-  return plan;
-}
-
-namespace {
-
-// Measured by bench_mamba2 (float, N = 128, P = 64, chunk 64, one core of the development
-// container, CPU time): the backward recomputes the chunk-start states and the intra-chunk
-// products; the summary is the forward without outputs; the state-only backward only carries dH.
-constexpr double kBackwardPerForward = 2.5;
-constexpr double kSummaryPerForward = 0.33;
-constexpr double kStateOnlyBackwardPerForward = 0.7;
-
-}  // namespace
-
 int64_t Mamba2Shape::input_elements(int h0, int h1) const {
-  return static_cast<int64_t>(h1 - h0) * (head_dim + 1) + 2 * static_cast<int64_t>(mamba2_groups_of(*this, h0, h1).size()) * state_dim;
+  return static_cast<int64_t>(h1 - h0) * (head_dim + 1) +
+         2 * static_cast<int64_t>(mamba2_groups_of(*this, h0, h1).size()) * state_dim;
 }
 
 // Per chunk of c tokens and one head: C·B ~c² N/2, the intra-chunk mix ~c² P/2, the read of the
@@ -145,7 +102,9 @@ GdnCostModel mamba2_cost_defaults() {
   return m;
 }
 
-GdnCostModel load_mamba2_costs(const std::string& path) { return GdnCostModel::from_json(json::parse(json::read_file(path))); }
+GdnCostModel load_mamba2_costs(const std::string& path) {
+  return GdnCostModel::from_json(json::parse(json::read_file(path)));
+}
 
 const char* strategy_name(Mamba2Strategy s) { return s == Mamba2Strategy::Transpose ? "transpose" : "summary"; }
 
@@ -188,6 +147,36 @@ bool tokens_move(const RankLayout& from, const RankLayout& to) {
   return false;
 }
 
+GdnPlan mamba2_owner_aligned_plan(const Row& row, const RankLayout& tokens, const std::vector<uint8_t>& chained) {
+  const int n = static_cast<int>(tokens.size());
+  GdnPlan plan = make_gdn_plan(row, n, chained);
+  std::vector<int32_t> owner_of(static_cast<size_t>(row.tokens()), 0);
+  for (int r = 0; r < n; ++r)
+    for (const TokenRange& t : tokens[static_cast<size_t>(r)])
+      std::fill(owner_of.begin() + t.begin, owner_of.begin() + t.end, r);
+  const std::vector<int32_t> unit_of = gdn_local_units(row, chained);
+  std::vector<std::vector<int64_t>> held(static_cast<size_t>(row.num_segments()));
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    const int64_t b = row.start(s), e = row.end(s);
+    if (!chained[s]) {
+      auto& h = held[static_cast<size_t>(unit_of[s])];
+      h.resize(static_cast<size_t>(n), 0);
+      for (int64_t t = b; t < e; ++t) ++h[static_cast<size_t>(owner_of[t])];
+      continue;
+    }
+    if (!std::is_sorted(owner_of.begin() + b, owner_of.begin() + e)) continue;
+    auto& cuts = plan.cuts[static_cast<size_t>(s)];
+    for (int r = 1; r < n; ++r)
+      cuts[static_cast<size_t>(r)] = std::lower_bound(owner_of.begin() + b, owner_of.begin() + e, r) - owner_of.begin();
+  }
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    if (chained[s]) continue;
+    const auto& h = held[static_cast<size_t>(unit_of[s])];
+    plan.owner[s] = static_cast<int32_t>(std::max_element(h.begin(), h.end()) - h.begin());
+  }
+  return plan;
+}
+
 Mamba2Price price_mamba2_transpose(const Row& row, const RankLayout& tokens, const std::vector<int32_t>& cuts,
                                    const Mamba2Shape& s, const GdnCostModel& m) {
   const int n = static_cast<int>(tokens.size());
@@ -200,7 +189,7 @@ Mamba2Price price_mamba2_transpose(const Row& row, const RankLayout& tokens, con
     const int h0 = cuts[static_cast<size_t>(j)], h1 = cuts[static_cast<size_t>(j) + 1];
     const int64_t in = s.input_elements(h0, h1), out = static_cast<int64_t>(h1 - h0) * s.head_dim;
     for (int i = 0; i < n; ++i) {
-      const int64_t t = tokens_of(tokens[static_cast<size_t>(i)]);
+      const int64_t t = tokens_in(tokens[static_cast<size_t>(i)]);
       xs[0].move(i, j, t * in);   // x, dt, B, C to the head owner
       xs[1].move(j, i, t * out);  // y home
       xs[2].move(i, j, t * out);  // dy to the head owner
@@ -227,7 +216,7 @@ Mamba2Price price_mamba2_summary(const Row& row, const RankLayout& tokens, GdnPl
   price.steps = 2 * chains.num_phases - 1;
   int chain_steps = 0;
   for (int st = 1; st < price.steps; st += 2) ++chain_steps;
-  price.rounds += 2 * price.steps + 2 * chain_steps * ceil_log2(chains.ranks);
+  price.rounds += 2 * price.steps + 2 * chain_steps * affine_scan_rounds(chains.ranks);
   price.ms = affine_ms + comm_ms;
   return price;
 }
@@ -255,7 +244,8 @@ Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Sha
         return ms;
       },
       [&](const std::vector<uint8_t>& chained) {
-        return std::vector<GdnPlan>{make_gdn_plan(row, plan.ranks, chained), mamba2_owner_aligned_plan(row, tokens, chained)};
+        return std::vector<GdnPlan>{make_gdn_plan(row, plan.ranks, chained),
+                                    mamba2_owner_aligned_plan(row, tokens, chained)};
       });
   plan.summary_price = price_mamba2_summary(row, tokens, plan.chains, s, m);
   plan.strategy = force ? *force

@@ -79,8 +79,9 @@ Mamba2Result run_cp(MpiCommunicator& world, const Row& row, const Mamba2Plan& pl
   Mamba2CP<T> cp(plan, row, shape, comm, fault);
   std::vector<T> y(b.x.size()), dx(b.x.size()), ddt(b.dt.size()), dB(b.B.size()), dC(b.C.size()), dA(d.A.size()),
       dD(static_cast<size_t>(d.H));
-  cp.forward(Mamba2Inputs<T>{b.x.data(), b.dt.data(), b.B.data(), b.C.data(), b.A.data(), d.with_d ? b.D.data() : nullptr},
-             y.data());
+  cp.forward(
+      Mamba2Inputs<T>{b.x.data(), b.dt.data(), b.B.data(), b.C.data(), b.A.data(), d.with_d ? b.D.data() : nullptr},
+      y.data());
   cp.backward(b.dy.data(), Mamba2Grads<T>{dx.data(), ddt.data(), dA.data(), dB.data(), dC.data(), dD.data()});
   world.all_reduce_sum(dA.data(), d.H, CpuBackend<T>::comm_type);
   world.all_reduce_sum(dD.data(), d.H, CpuBackend<T>::comm_type);
