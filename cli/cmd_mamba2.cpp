@@ -187,9 +187,10 @@ int mamba2_cmd(const std::vector<std::string>& argv) {
 
   write_outputs(out_dir, files, {"dx.npy", "ddt.npy", "da.npy", "db.npy", "dc.npy", "dd.npy"});
   const Mamba2Shape& s = in.shape;
-  std::printf("mamba2: %lld tokens, H %d, P %d, G %d, N %d, %s%s, %s: wrote %zu files to %s\n",
+  std::printf("mamba2: %lld tokens, H %d, P %d, G %d, N %d, %s%s, %s: wrote %zu file%s to %s\n",
               static_cast<long long>(in.row.tokens()), s.heads, s.head_dim, s.groups, s.state_dim, dtype_name(in.dtype),
-              in.has_dout ? ", with backward" : "", how.c_str(), files.size(), out_dir.c_str());
+              in.has_dout ? ", with backward" : "", how.c_str(), files.size(), files.size() == 1 ? "" : "s",
+              out_dir.c_str());
   return 0;
 }
 
