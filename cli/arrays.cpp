@@ -10,8 +10,6 @@
 
 namespace treecp::cli {
 
-const char* dtype_name(DType t) { return t == DType::F32 ? "float32" : "float64"; }
-
 void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, const std::string& expected) {
   require(a.shape.size() == 3 && a.shape[0] == rows, name, ": expected shape ", expected, " with S = ", rows,
           ", got ", a.shape_string());
@@ -20,14 +18,6 @@ void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, con
 void require_same_dtype(const NpyArray& a, const std::string& name, const NpyArray& ref, const std::string& ref_name) {
   require(a.dtype == ref.dtype, name, " is ", dtype_name(a.dtype), " but ", ref_name, " is ", dtype_name(ref.dtype),
           ": mixing dtypes is refused (give every array the same dtype)");
-}
-
-void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf) {
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double x = a.data[i];
-    const bool ok = std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity());
-    require(ok, name, ": element ", i, " is ", x, " (expected finite values", allow_neg_inf ? " or -inf" : "", ")");
-  }
 }
 
 void write_files(const std::string& out_dir, const OutputFiles& files, const std::vector<std::string>& optional) {

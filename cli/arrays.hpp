@@ -1,5 +1,6 @@
-// Input checks and output files the array subcommands share (attention, sparse-mla): dtype names, shapes,
-// finite values, typed copies, .npy encoding, and writing a command's files into its --out directory.
+// Input checks and output files the array subcommands share (attention, sparse-mla, mamba2): shapes, one
+// dtype, typed copies, .npy encoding, and writing a command's files into its --out directory (dtype names and
+// the finite-value check are core/npy.hpp's).
 #pragma once
 
 #include <cstdint>
@@ -12,16 +13,11 @@
 
 namespace treecp::cli {
 
-const char* dtype_name(DType t);  // "float32", "float64"
-
 // Requires a 3-d array [rows, *, *]; `expected` names the dimensions for the message.
 void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, const std::string& expected);
 
 // One precision for every array of a command: `a` must have the dtype of `ref` (named `ref_name`).
 void require_same_dtype(const NpyArray& a, const std::string& name, const NpyArray& ref, const std::string& ref_name);
-
-// NaN or infinity in an input would propagate silently into every output that reads it.
-void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf = false);
 
 template <class T>
 std::vector<T> values(const NpyArray& a) {

@@ -4,8 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <filesystem>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>

@@ -1,7 +1,9 @@
 #include "core/npy.hpp"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -204,5 +206,15 @@ std::string npy_bytes(const std::vector<int64_t>& shape, const float* data) {
 void require_shape(const NpyArray& arr, const std::string& name, const std::vector<int64_t>& expected) {
   require(arr.shape == expected, name, ": expected shape ", shape_string(expected), ", got ", arr.shape_string());
 }
+
+void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf) {
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    const double x = a.data[i];
+    const bool ok = std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity());
+    require(ok, name, ": element ", i, " is ", x, " (expected finite values", allow_neg_inf ? " or -inf" : "", ")");
+  }
+}
+
+const char* dtype_name(DType t) { return t == DType::F32 ? "float32" : "float64"; }
 
 }  // namespace treecp

@@ -35,6 +35,11 @@ std::string npy_bytes(const std::vector<int64_t>& shape, const int64_t* data);  
 
 // Requires arr.shape == expected; the message names the array (e.g. "q") and both shapes.
 void require_shape(const NpyArray& arr, const std::string& name, const std::vector<int64_t>& expected);
+// NaN or infinity in an input would propagate silently into every output that reads it: requires
+// finite values (and -inf where allow_neg_inf); the message names the array and the element.
+void require_finite(const NpyArray& arr, const std::string& name, bool allow_neg_inf = false);
+// "float32" / "float64".
+const char* dtype_name(DType t);
 std::string shape_string(const std::vector<int64_t>& shape);
 
 }  // namespace treecp
