@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -25,6 +24,7 @@
 #include "plan/planner.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/dense_attention.hpp"
+#include "runtime/lookahead.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 #include "viz/scaling_svg.hpp"
@@ -167,31 +167,16 @@ class Bench {
   // One step per tree, each tree's plan and prepared stages built on a host thread during the previous step.
   // Returns per-step ms of this rank and the host time spent waiting for the lookahead.
   Steps run_trees(const std::vector<Row>& rows, double* planning_ms, double* exposed_ms) {
-    using Prepared = PreparedAttention<typename Env::Backend>;
-    struct Next {
-      Plan plan;
-      Prepared prepared;
-      double ms = 0;
-    };
-    const int me = env_.comm.rank(), n = env_.comm.size();
-    auto prepare = [this, me, n](const Row* row) {
-      const auto t0 = Clock::now();
-      Next x;
-      x.plan = make_plan(*row, n, costs_, PlanOptions{});
-      x.prepared = prepare_attention<typename Env::Backend>(x.plan, *row, dims(), me);
-      x.ms = ms_since(t0);
-      return x;
-    };
+    Lookahead<typename Env::Backend> ahead(env_.comm.rank(), env_.comm.size(), costs_, PlanOptions{}, dims());
     Steps s;
     double planned = 0, waited = 0;
-    std::future<Next> ahead = std::async(std::launch::async, prepare, &rows[0]);
+    ahead.submit(rows[0]);
     // warm-up on the first tree (not timed), then one timed step per tree
     for (size_t i = 0; i < rows.size(); ++i) {
-      const auto w0 = Clock::now();
-      Next cur = ahead.get();
-      if (i > 0) waited += ms_since(w0);  // the first one has nothing to hide behind
-      planned += cur.ms;
-      if (i + 1 < rows.size()) ahead = std::async(std::launch::async, prepare, &rows[i + 1]);
+      if (i + 1 < rows.size()) ahead.submit(rows[i + 1]);  // planned while this row runs
+      const auto cur = ahead.next();
+      if (i > 0) waited += cur.waited_ms;  // the first one has nothing to hide behind
+      planned += cur.host_ms;
       DenseAttentionCP<typename Env::Backend> cp(cur.prepared, env_.comm, env_.be);
       Buffers b = buffers(cp.owned(), i);
       if (i == 0) {
@@ -405,12 +390,13 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   const int64_t ranks = args.get_int_or("--ranks", 1);
   require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
   BenchConfig cfg;
-  for (const std::string& c : split_list(args.get_or("--cp", std::to_string(ranks)))) {
+  const std::string cp_list = args.get_or("--cp", std::to_string(ranks));
+  for (const std::string& c : split_list(cp_list)) {
     char* end = nullptr;
     const long v = std::strtol(c.c_str(), &end, 10);
     require(end && *end == '\0' && v >= 1 && v <= ranks, "--cp: each entry must be a rank count in [1, --ranks ",
             ranks, "], got '", c, "'");
-    require(cfg.cps.empty() || v > cfg.cps.back(), "--cp must be increasing, got ", args.get("--cp"));
+    require(cfg.cps.empty() || v > cfg.cps.back(), "--cp must be increasing, got ", cp_list);
     cfg.cps.push_back(static_cast<int>(v));
   }
   cfg.presets = split_list(args.get_or("--presets", "fixed5k,varied5k,dominant,longchain,art-fixed5k,art-varied5k"));
