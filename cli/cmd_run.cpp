@@ -257,9 +257,11 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.hq, cfg.hkv, cfg.d, cfg.sink ? ", learned sink" : "");
       std::printf("costs: %s; %u hardware threads for %d ranks\n", cfg.costs_path.c_str(),
                   std::thread::hardware_concurrency(), n);
-      std::printf("plan: %s, %zu chunks of %lld tokens, %d waves, predicted makespan %.3f ms, planned in %.2f ms\n",
+      std::printf("plan: %s, %zu chunks of %lld tokens, %d waves (backward KV %s), predicted makespan %.3f ms, "
+                  "planned in %.2f ms\n",
                   plan.layout.c_str(), plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
-                  plan.num_waves, plan.predicted_makespan_ms, report.planning_ms);
+                  plan.num_waves, plan.refetch_backward ? "fetched again" : "kept", plan.predicted_makespan_ms,
+                  report.planning_ms);
       std::printf("  layouts (predicted makespan ms):");
       for (const auto& l : report.layouts) std::printf("  %s %.3f", l.layout.c_str(), l.makespan_ms);
       std::printf("\n\n%4s %9s %12s %10s %10s %10s %10s %12s %12s %9s\n", "rank", "tokens", "pairs", "pred_fwd", "fwd_ms",
@@ -296,11 +298,10 @@ int run_main(const std::vector<std::string>& argv) {
   require(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
   const bool gpu = device == "cuda";
   if (gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
-  require(gpu || (!args.has("--reps") && !args.has("--full") && !args.has("--backward-kv")),
-          "--reps, --full and --backward-kv go with --device cuda");
-  const std::string backward_kv = args.get_or("--backward-kv", "keep");
-  require(backward_kv == "keep" || backward_kv == "refetch", "--backward-kv must be keep or refetch, got '",
-          backward_kv, "'");
+  require(gpu || (!args.has("--reps") && !args.has("--full")), "--reps and --full go with --device cuda");
+  const std::string backward_kv = args.get_or("--backward-kv", "auto");
+  require(backward_kv == "auto" || backward_kv == "keep" || backward_kv == "refetch",
+          "--backward-kv must be auto, keep or refetch, got '", backward_kv, "'");
   require(!gpu || !args.has("--dtype"), "--dtype goes with --device cpu (GPU ranks compute in bf16)");
   const int64_t ranks = args.get_int_or("--ranks", 4);
   require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
@@ -354,6 +355,7 @@ int run_main(const std::vector<std::string>& argv) {
   opt.layout = args.get_or("--layout", "searched");
   opt.window = cfg.window;
   opt.chunk_tokens = args.get_int_or("--chunk", 0);
+  opt.backward_kv = backward_kv;
   PlanReport report;
 
   RankGroup group(ranks);
@@ -363,7 +365,6 @@ int run_main(const std::vector<std::string>& argv) {
     g.full = args.get_flag("--full");
     g.reps = static_cast<int>(args.get_int_or("--reps", 5));
     require(g.reps >= 1 && g.reps <= 1000, "--reps must be in [1, 1000], got ", g.reps);
-    g.backward_kv = backward_kv;
     g.costs_path = costs_path;
     g.source = source;
     return group.run([&](Communicator& world) { return run_on_gpus(world, row, costs, opt, g); });
@@ -382,7 +383,7 @@ int run_main(const std::vector<std::string>& argv) {
 
 const Register kRun("run",
                     "[--preset NAME | --tree FILE] [--ranks N] [--device cpu|cuda] [--window W] [--sink] [--layout L] "
-                    "[--dtype float|double] [--full] [--reps N] [--backward-kv keep|refetch] [--trace FILE]: plan, run "
+                    "[--dtype float|double] [--full] [--reps N] [--backward-kv auto|keep|refetch] [--trace FILE]: plan, run "
                     "dense attention CP forward+backward on N ranks (CPU processes or GPUs), check against one process, "
                     "report",
                     run_main);

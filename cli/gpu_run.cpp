@@ -168,8 +168,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
   nccl->set_compute_stream(be.stream());
   PlanReport report;
   const Plan plan = make_plan(row, n, costs, options, &report);
-  DenseAttentionOptions opt;
-  opt.backward_kv = cfg.backward_kv == "refetch" ? BackwardKv::Refetch : BackwardKv::Keep;
+  DenseAttentionOptions opt;  // the backward's KV as the plan chose (PlanOptions::backward_kv)
   std::vector<double> fwd, bwd;
   RankTraffic traffic;
   std::vector<StageSpan> spans;
@@ -309,7 +308,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
                   static_cast<long long>(st.segments), st.depth, static_cast<long long>(st.visible_pairs),
                   options.window > 0 ? (" (window " + std::to_string(options.window) + ")").c_str() : "");
       std::printf("attention: Hq %d, Hkv %d, D %d%s; backward KV %s\n", cfg.hq, cfg.hkv, cfg.d,
-                  cfg.sink ? ", learned sink" : "", opt.backward_kv == BackwardKv::Refetch ? "fetched again" : "kept");
+                  cfg.sink ? ", learned sink" : "", plan.refetch_backward ? "fetched again" : "kept");
       std::printf("plan: %s, %zu chunks, %d waves, predicted makespan %.3f ms, planned in %.2f ms (costs %s)\n",
                   plan.layout.c_str(), plan.chunk_owner.size(), plan.num_waves, plan.predicted_makespan_ms,
                   report.planning_ms, cfg.costs_path.c_str());

@@ -425,6 +425,10 @@ TEST(Plan, ValidateRejectsCorruptedPlans) {
 }
 
 TEST(Plan, MemoryBoundTradesWavesForBuffers) {
+  // The bound counts what the runtime holds (plan/memory.hpp): with the received KV kept for the backward,
+  // every wave's buffer at once; fetched again, the wave in use and the next one. A bound just below the kept
+  // choice's peak makes the planner fetch again; fetching again, a bound below that makes it pick another wave
+  // count whose buffers fit.
   const Row row = make_preset("longchain", 4, 0);
   CostModel costs;
   PlanOptions o;
@@ -433,7 +437,7 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
   (void)make_plan(row, 4, costs, o, &free_report);
   const LayoutResult unbounded = free_report.layouts[1];
   ASSERT_GE(unbounded.num_waves, 1);
-  // A bound just below the unbounded choice's peak forces smaller receive buffers (more waves).
+  ASSERT_FALSE(unbounded.refetch_backward) << "keeping fits without a bound";
   costs.memory_limit_bytes_per_rank = unbounded.peak_memory_bytes - 1;
   PlanReport report;
   const Plan plan = make_plan(row, 4, costs, o, &report);
@@ -444,8 +448,21 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
     }
   }
   EXPECT_TRUE(report.layouts[1].fits_memory);
-  EXPECT_GT(report.layouts[1].num_waves, unbounded.num_waves);
+  EXPECT_TRUE(report.layouts[1].refetch_backward);
+  EXPECT_TRUE(plan.refetch_backward);
   EXPECT_TRUE(report.layouts[4].fits_memory);
+
+  o.backward_kv = "refetch";
+  costs.memory_limit_bytes_per_rank = 0;
+  PlanReport refetch_report;
+  (void)make_plan(row, 4, costs, o, &refetch_report);
+  const LayoutResult refetch = refetch_report.layouts[1];
+  costs.memory_limit_bytes_per_rank = refetch.peak_memory_bytes - 1;
+  PlanReport tight;
+  (void)make_plan(row, 4, costs, o, &tight);
+  EXPECT_TRUE(tight.layouts[1].fits_memory);
+  EXPECT_LE(tight.layouts[1].peak_memory_bytes, costs.memory_limit_bytes_per_rank);
+  EXPECT_NE(tight.layouts[1].num_waves, refetch.num_waves) << "other receive buffers";
 }
 
 TEST(Costs, SlowerCrossNodeLinksRaiseThePrediction) {
