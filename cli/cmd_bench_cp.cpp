@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -55,7 +56,7 @@ struct BenchConfig {
   int64_t scale = 1;
   int hq = 32, hkv = 4, d = 128;
   double warm_s = 0.5;
-  bool ring = true;
+  bool ring = true, links = true;
   std::string rows_dir, json_path, svg_path, costs_path;
 };
 
@@ -76,6 +77,14 @@ struct Record {
   double bytes_per_step = 0, peak_mib = 0, reserved_mib = 0;
   double planning_ms = 0, planning_exposed_ms = -1;  // -1: no lookahead (one tree)
   std::vector<double> series_ms;                     // per step (varied trees)
+  json::Value detail;                                // plan, per-stage and per-rank measurements (rank 0)
+};
+
+// An all-to-all of `bytes_per_peer` from every rank to every other, timed until it has landed everywhere.
+struct LinkRecord {
+  int ranks = 2;
+  int64_t bytes_per_peer = 0;
+  double ms = 0;
 };
 
 // ---- backends: the CPU ranks (float) and the GPU ranks, behind one small adapter each
@@ -135,6 +144,7 @@ struct GpuEnv {
 struct Steps {
   std::vector<double> fwd, bwd;
   RankTraffic traffic;
+  std::map<std::string, std::vector<double>> stage_ms;  // per runtime span name ("fwd wave 2"), per step
 };
 
 template <class Env>
@@ -158,6 +168,7 @@ class Bench {
       s.fwd.push_back(t.forward_ms);
       s.bwd.push_back(t.backward_ms);
       s.traffic = t;
+      for (const StageSpan& sp : cp.spans()) s.stage_ms[sp.name].push_back(sp.end_ms - sp.begin_ms);
     }
     if (peak) *peak = env_.peak_mib();
     if (reserved) *reserved = env_.reserved_mib();
@@ -242,6 +253,68 @@ double sum_over(Communicator& comm, double x) {
   return x;
 }
 
+// The plan, and per rank its stages (the cost model's load, the measured median, the prediction) and its passes,
+// gathered on rank 0: what `treecp calibrate` fits and judges.
+json::Value stage_detail(Communicator& comm, const Plan& plan, const CostModel& costs, const Steps& s) {
+  const int W = plan.num_waves, n = comm.size();
+  auto med = [&](const std::string& name) {
+    auto it = s.stage_ms.find(name);
+    return it == s.stage_ms.end() ? 0.0 : median(it->second);
+  };
+  // per rank: fwd stage 0..W, bwd stage 0..W, fwd pass, bwd pass
+  std::vector<double> mine;
+  for (const char* pass : {"fwd", "bwd"})
+    for (int st = 0; st <= W; ++st)
+      mine.push_back(med(std::string(pass) + (st == 0 ? " local" : " wave " + std::to_string(st))));
+  mine.push_back(median(s.fwd));
+  mine.push_back(median(s.bwd));
+  std::vector<double> all(mine.size() * static_cast<size_t>(n));
+  comm.all_gather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), CommType::F64);
+  json::Value out = json::Value::object();
+  if (comm.rank() != 0) return out;
+  std::vector<RankLoad> loads;
+  std::vector<WaveTraffic> traffic;
+  plan_loads(plan, costs, loads, traffic);
+  json::Value stages = json::Value::array(), ranks = json::Value::array();
+  for (int r = 0; r < n; ++r) {
+    const double* m = &all[static_cast<size_t>(r) * mine.size()];
+    double stage_sum[2] = {0, 0};
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int st = 0; st <= W; ++st) {
+        const StageLoad& l = st == 0 ? loads[static_cast<size_t>(r)].local : loads[static_cast<size_t>(r)].waves[static_cast<size_t>(st - 1)];
+        const double measured = m[pass * (W + 1) + st];
+        stage_sum[pass] += measured;
+        if (l.pairs <= 0) continue;
+        json::Value v = json::Value::object();
+        v.set("rank", r);
+        v.set("pass", pass == 0 ? "forward" : "backward");
+        v.set("stage", st);
+        v.set("pairs", l.pairs);
+        v.set("compute_pairs", l.compute_pairs);
+        v.set("query_tokens", l.query_tokens);
+        v.set("ranges", l.ranges);
+        v.set("measured_ms", measured);
+        v.set("predicted_ms", stage_ms(costs, l, st > 0, pass == 0 ? Pass::Forward : Pass::Backward));
+        stages.push_back(v);
+      }
+    }
+    json::Value rv = json::Value::object();
+    rv.set("rank", r);
+    rv.set("owned_tokens", loads[static_cast<size_t>(r)].owned_tokens);
+    rv.set("forward_ms", m[2 * (W + 1)]);
+    rv.set("backward_ms", m[2 * (W + 1) + 1]);
+    rv.set("forward_stages_ms", stage_sum[0]);
+    rv.set("backward_stages_ms", stage_sum[1]);
+    rv.set("predicted_forward_ms", plan.ranks[static_cast<size_t>(r)].predicted_forward_ms);
+    rv.set("predicted_backward_ms", plan.ranks[static_cast<size_t>(r)].predicted_backward_ms);
+    ranks.push_back(rv);
+  }
+  out.set("plan", plan_to_json(plan));
+  out.set("stages", stages);
+  out.set("ranks", ranks);
+  return out;
+}
+
 // Every record of one rank count; rank 0 of `env.comm` holds them.
 template <class Env>
 std::vector<Record> bench_cp(Env& env, const BenchConfig& cfg, const CostModel& costs) {
@@ -286,6 +359,7 @@ std::vector<Record> bench_cp(Env& env, const BenchConfig& cfg, const CostModel& 
       double peak = 0, reserved = 0;
       const Steps with = bench.run_plan(rows[0], plan, false, &peak, &reserved);
       fill(r, with);
+      r.detail = stage_detail(comm, plan, costs, with);
       r.peak_mib = max_over(comm, peak);
       r.reserved_mib = max_over(comm, reserved);
       Record tmp;
@@ -307,6 +381,38 @@ std::vector<Record> bench_cp(Env& env, const BenchConfig& cfg, const CostModel& 
       }
       out.push_back(r);
     }
+  }
+  return out;
+}
+
+// All-to-alls of growing size on the ranks of `env`: the link figures `treecp calibrate` fits.
+template <class Env>
+std::vector<LinkRecord> probe_links(Env& env, const std::vector<int64_t>& sizes, int reps) {
+  Communicator& comm = env.comm;
+  const int n = comm.size();
+  std::vector<LinkRecord> out;
+  if (n < 2) return out;
+  const int64_t es = static_cast<int64_t>(comm_type_size(Env::Backend::act_comm_type));
+  for (int64_t bytes : sizes) {
+    const int64_t count = bytes / es;
+    auto send = env.be.alloc_act(count * n), recv = env.be.alloc_act(count * n);
+    std::vector<int64_t> counts(static_cast<size_t>(n), count), displs(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p) displs[static_cast<size_t>(p)] = count * p;
+    counts[static_cast<size_t>(comm.rank())] = 0;  // what the peers send, not the self copy
+    std::vector<double> ms;
+    for (int rep = 0; rep < reps + 1; ++rep) {
+      env.sync();
+      comm.barrier();
+      const auto t0 = Clock::now();
+      comm.start_all_to_all_v(env.be.data(send), counts, displs, env.be.data(recv), counts, displs,
+                              Env::Backend::act_comm_type)->wait();
+      env.sync();
+      const double t = max_over(comm, ms_since(t0));
+      if (rep > 0) ms.push_back(t);  // the first call sets up connections
+    }
+    env.be.release(send);
+    env.be.release(recv);
+    out.push_back({n, count * es, median(ms)});
   }
   return out;
 }
@@ -335,6 +441,8 @@ json::Value to_json(const Record& r) {
   json::Value series = json::Value::array();
   for (double x : r.series_ms) series.push_back(x);
   if (!r.series_ms.empty()) v.set("per_step_ms", series);
+  if (r.detail.is_object())
+    for (const auto& [key, val] : r.detail.as_object("detail")) v.set(key, val);
   return v;
 }
 
@@ -379,7 +487,7 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   Args args("bench cp", argv);
   args.value("--device").value("--ranks").value("--cp").value("--presets").value("--reps").value("--trees")
       .value("--scale").value("--hq").value("--hkv").value("--d").value("--costs").value("--rows").value("--json")
-      .value("--svg").value("--warm").flag("--no-ring");
+      .value("--svg").value("--warm").flag("--no-ring").flag("--no-links");
   args.parse();
   const std::string device = args.get_or("--device", "cuda");
   require(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
@@ -409,6 +517,7 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   cfg.d = static_cast<int>(args.get_int_or("--d", gpu ? 128 : 32));
   cfg.warm_s = args.get_double_or("--warm", gpu ? 0.5 : 0.0);
   cfg.ring = !args.get_flag("--no-ring");
+  cfg.links = !args.get_flag("--no-links");
   require(cfg.reps >= 1 && cfg.reps <= 10000, "--reps must be in [1, 10000]");
   require(cfg.trees >= 1 && cfg.trees <= 1000, "--trees must be in [1, 1000]");
   require(cfg.scale >= 1, "--scale must be >= 1");
@@ -430,6 +539,7 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   RankGroup group(ranks);
   return group.run([&](Communicator& world) {
     std::vector<Record> all;
+    std::vector<LinkRecord> links;
     std::string machine = gpu ? "GPU ranks" : "CPU ranks (float)";
     for (int cp : cfg.cps) {
       // The first cp ranks measure; the others wait at the barrier below.
@@ -445,6 +555,7 @@ int bench_cp_main(const std::vector<std::string>& argv) {
       if (world.size() == 1 && !gpu) sub_cpu = make_self_communicator();
       sub = sub_cpu.get();
       std::vector<Record> mine;
+      std::vector<LinkRecord> links_mine;
       if (world.rank() < cp) {
         if (gpu) {
 #ifdef TREECP_BENCH_GPU
@@ -458,10 +569,12 @@ int bench_cp_main(const std::vector<std::string>& argv) {
           cudaGetDeviceProperties(&prop, nccl->device());
           machine = std::string(prop.name) + " x " + std::to_string(world.size()) + " (NCCL)";
           mine = bench_cp(env, cfg, costs);
+          if (cfg.links) links_mine = probe_links(env, {1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20}, 5);
 #endif
         } else {
           CpuEnv env(*sub);
           mine = bench_cp(env, cfg, costs);
+          if (cfg.links) links_mine = probe_links(env, {16 << 10, 128 << 10, 1 << 20}, 3);
         }
       }
 #ifdef TREECP_HAVE_MPI
@@ -469,14 +582,32 @@ int bench_cp_main(const std::vector<std::string>& argv) {
       if (split != MPI_COMM_NULL) MPI_Comm_free(&split);
 #endif
       world.barrier();
-      if (world.rank() == 0) all.insert(all.end(), mine.begin(), mine.end());
+      if (world.rank() == 0) {
+        all.insert(all.end(), mine.begin(), mine.end());
+        links.insert(links.end(), links_mine.begin(), links_mine.end());
+      }
     }
     if (world.rank() == 0) {
       print_table(all, machine);
+      for (const LinkRecord& l : links)
+        std::printf("all-to-all, %d ranks, %lld bytes to every peer: %.3f ms (%.1f GB/s into each rank)\n", l.ranks,
+                    static_cast<long long>(l.bytes_per_peer), l.ms,
+                    static_cast<double>(l.bytes_per_peer) * (l.ranks - 1) / l.ms / 1e6);
       if (!cfg.json_path.empty()) {
-        json::Value arr = json::Value::array();
+        json::Value doc = json::Value::object(), arr = json::Value::array(), larr = json::Value::array();
         for (const Record& r : all) arr.push_back(to_json(r));
-        write_output(cfg.json_path, json::dump(arr, 1) + "\n");
+        for (const LinkRecord& l : links) {
+          json::Value v = json::Value::object();
+          v.set("ranks", l.ranks);
+          v.set("bytes_per_peer", l.bytes_per_peer);
+          v.set("ms", l.ms);
+          larr.push_back(v);
+        }
+        doc.set("machine", machine);
+        doc.set("costs", cfg.costs_path);
+        doc.set("records", arr);
+        doc.set("links", larr);
+        write_output(cfg.json_path, json::dump(doc, 1) + "\n");
       }
       if (!cfg.svg_path.empty()) {
         std::vector<viz::ScalingSeries> series;

@@ -8,6 +8,7 @@
 #include "cli_test_util.hpp"
 #include "core/json.hpp"
 #include "plan/baselines.hpp"
+#include "plan/cost.hpp"
 #include "plan/planner.hpp"
 #include "tree/presets.hpp"
 #include "tree/slice.hpp"
@@ -48,7 +49,9 @@ TEST(BenchCp, CpuRanksWriteTheWeakScalingRecords) {
                                        dir / "b.svg",
                                        dir / "log");
   ASSERT_EQ(run.status, 0) << run.log;
-  const json::Value v = json::parse(testing::read_text(dir / "b.json"));
+  const json::Value doc = json::parse(testing::read_text(dir / "b.json"));
+  const json::Value& v = doc.at("records");
+  EXPECT_GT(doc.at("links").size(), 0u) << "the all-to-all probe at 2 ranks";
   std::set<std::string> seen;
   for (size_t i = 0; i < v.size(); ++i) {
     const json::Value& r = v[i];
@@ -71,6 +74,14 @@ TEST(BenchCp, CpuRanksWriteTheWeakScalingRecords) {
                            "longchain cp 2 ring"})
     EXPECT_EQ(seen.count(want), 1u) << want << " missing; log:\n" << run.log;
   EXPECT_NE(testing::read_text(dir / "b.svg").find("<svg"), std::string::npos);
+  // Every record carries its plan and per-stage measurements: calibration fits them and judges held-out plans.
+  const json::Value& first = v[0];
+  EXPECT_TRUE(first.contains("plan") && first.contains("stages") && first.contains("ranks"));
+  const auto cal = testing::run_treecp("calibrate --bench " + dir / "b.json" + " --out " + dir / "c.json", dir / "log2");
+  ASSERT_EQ(cal.status, 0) << cal.log;
+  EXPECT_NE(cal.log.find("plans held out"), std::string::npos) << cal.log;
+  const CostModel fitted = load_costs(dir / "c.json");  // a valid coefficient file
+  EXPECT_GT(fitted.local_forward_pairs_per_ms, 0.0);
 }
 
 TEST(BenchCp, RefusesBadOptionsInOneLine) {

@@ -390,8 +390,6 @@ Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator&
   return plan;
 }
 
-namespace {
-
 // The loads and traffic a Plan implies, from its slices and ranges.
 void plan_loads(const Plan& plan, const CostModel& costs, std::vector<RankLoad>& loads,
                 std::vector<WaveTraffic>& traffic) {
@@ -440,7 +438,6 @@ void plan_loads(const Plan& plan, const CostModel& costs, std::vector<RankLoad>&
   }
 }
 
-}  // namespace
 
 Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
   std::vector<RankLoad> loads;

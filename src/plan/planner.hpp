@@ -128,4 +128,7 @@ Prediction simulate_plan(const Plan& plan, const CostModel& costs);
 // The same simulation span by span (what `treecp plan --svg` and `treecp run --trace` draw).
 Timeline simulate_plan_timeline(const Plan& plan, const CostModel& costs);
 
+// The loads and traffic a Plan implies (from its slices and ranges), as simulate_plan prices them.
+void plan_loads(const Plan& plan, const CostModel& costs, std::vector<RankLoad>& loads, std::vector<WaveTraffic>& traffic);
+
 }  // namespace treecp
