@@ -5,6 +5,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
@@ -141,6 +142,8 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
 
 NB_MODULE(_core, m) {
   m.doc() = "treecp's C++ core: packed prefix-tree rows, plans and the context-parallel runtimes";
+  // torch's compiled-graph caches and autograd graphs may hold keys until the interpreter is gone.
+  nb::set_leak_warnings(false);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -1,8 +1,8 @@
 """The ops, registered with torch.library: custom ops with fake (meta) implementations and autograd.
 
-Every op's real implementation checks its inputs by name and, under CP, agrees with the other ranks
-on the verdict (one small all-gather) before any collective moves data: bad input on one rank raises
-ValueError on every rank. The fake implementations only compute output shapes, so torch.compile traces
+Every op checks its inputs by name and, under CP, agrees with the other ranks on the verdict (one
+small all-gather) before any collective moves data: bad input on one rank raises ValueError on every
+rank. The fake implementations only compute output shapes, so torch.compile traces
 the ops without running them. Backward ops take tensors only (no C++ state between forward and
 backward): they run the forward protocol again, then the backward.
 """
@@ -27,6 +27,10 @@ def _check_tensor(op: str, name: str, x, leading: Optional[int] = None, what: st
     if leading is not None and (x.dim() == 0 or x.shape[0] != leading):
         return f"{op}: {name} has shape {tuple(x.shape)}; its first dimension must be {leading} ({what})"
     return None
+
+
+def _positive_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
 def _first(*problems) -> Optional[str]:
@@ -68,6 +72,25 @@ def _check_compute(op: str, tensors: dict, shapes: dict) -> Optional[str]:
     return None
 
 
+def _verdict(key: Key, op: str, problem: Optional[str]):
+    """Raises ValueError on every rank of the key's group if any rank found a problem.
+
+    Under torch.compile the checks run while tracing, on this rank's metadata, and the compiled graph is
+    guarded on that metadata; eager calls agree with the other ranks first (one all-gather of flags).
+    """
+    if torch.compiler.is_compiling():
+        if problem:
+            raise ValueError(problem)
+    else:
+        key.agree(op, problem)
+
+
+def _refuse(problem: Optional[str]):
+    # The ops' own implementations check again, locally, for direct calls of torch.ops.treecp.*.
+    if problem:
+        raise ValueError(problem)
+
+
 def _key_argument(op: str, key) -> Key:
     if not isinstance(key, Key):
         raise TypeError(f"{op}: key must be a treecp.torch.Key (from treecp.torch.plan), got {type(key).__name__}")
@@ -100,7 +123,7 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
     p = _check_compute(op, tensors, shapes)
     if p:
         return p
-    if not (math.isfinite(scale) and scale > 0):
+    if not _positive_number(scale):
         return f"{op}: softmax_scale must be a positive finite number, got {scale}"
     return None
 
@@ -109,7 +132,7 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], key_id: int,
                   scale: float) -> tuple[Tensor, Tensor]:
     key = key_of(key_id)
-    key.agree("attention", _attention_problem(key, q, k, v, sink, scale))
+    _refuse(_attention_problem(key, q, k, v, sink, scale))
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     lse = q.new_empty(q.shape[0], q.shape[1])
     key._core.attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.detach(), k.detach(),
@@ -144,6 +167,7 @@ def _attention_setup(ctx, inputs, output):
     q, k, v, sink, key_id, scale = inputs
     ctx.save_for_backward(q, k, v, sink)
     ctx.key_id, ctx.scale, ctx.has_sink = key_id, scale, sink is not None
+    ctx.key = key_of(key_id)  # keys are held by id: the graph keeps this one alive until backward
     ctx.mark_non_differentiable(output[1])
 
 
@@ -168,6 +192,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, key: Key, sink: Optional[Tensor] 
     if softmax_scale is None:
         d = q.shape[-1] if isinstance(q, Tensor) and q.dim() > 0 else 1
         softmax_scale = default_scale(d)
+    _verdict(key, "attention", _attention_problem(key, q, k, v, sink, softmax_scale))
     return _attention_op(q, k, v, sink, key.id, float(softmax_scale))
 
 
@@ -193,9 +218,9 @@ def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk) -> Optional[str]:
         if g.dim() not in (2, 3) and "g has shape" in p:
             p += " (GDN: [tokens, H]; KDA: [tokens, H, K])"
         return p
-    if not (math.isfinite(scale) and scale > 0):
+    if not _positive_number(scale):
         return f"{op}: scale must be a positive finite number, got {scale}"
-    if not 1 <= chunk <= 4096:
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 4096:
         return f"{op}: chunk_size must be in [1, 4096], got {chunk}"
     return None
 
@@ -204,7 +229,7 @@ def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk) -> Optional[str]:
 def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: int, scale: float,
             chunk: int) -> Tensor:
     key = key_of(key_id)
-    key.agree("gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk))
+    _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk))
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     key._core.gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q.detach(), k.detach(),
                           v.detach(), g.detach(), beta.detach(), y)
@@ -235,6 +260,7 @@ def _gdn_setup(ctx, inputs, output):
     q, k, v, g, beta, key_id, scale, chunk = inputs
     ctx.save_for_backward(q, k, v, g, beta)
     ctx.key_id, ctx.scale, ctx.chunk = key_id, scale, chunk
+    ctx.key = key_of(key_id)  # keys are held by id: the graph keeps this one alive until backward
 
 
 def _gdn_grad(ctx, dy):
@@ -257,6 +283,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, k
     key = _key_argument("gated_delta_rule", key)
     if scale is None:
         scale = default_scale(q.shape[-1] if isinstance(q, Tensor) and q.dim() > 0 else 1)
+    _verdict(key, "gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk_size))
     return _gdn_op(q, k, v, g, beta, key.id, float(scale), int(chunk_size))
 
 
@@ -292,7 +319,7 @@ def _conv_problem(key: Key, x, weight, bias) -> Optional[str]:
 @torch.library.custom_op("treecp::short_conv", mutates_args=())
 def _conv_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], key_id: int, silu: bool) -> Tensor:
     key = key_of(key_id)
-    key.agree("short_conv", _conv_problem(key, x, weight, bias))
+    _refuse(_conv_problem(key, x, weight, bias))
     y = torch.empty_like(x)
     key._core.conv_forward(x.shape[1], weight.shape[1], silu, x.detach(), weight.detach(),
                            None if bias is None else bias.detach(), y)
@@ -324,6 +351,7 @@ def _conv_setup(ctx, inputs, output):
     x, weight, bias, key_id, silu = inputs
     ctx.save_for_backward(x, weight, bias)
     ctx.key_id, ctx.silu, ctx.has_bias = key_id, silu, bias is not None
+    ctx.key = key_of(key_id)  # keys are held by id: the graph keeps this one alive until backward
 
 
 def _conv_grad(ctx, dy):
@@ -346,4 +374,5 @@ def short_conv(x: Tensor, weight: Tensor, key: Key, bias: Optional[Tensor] = Non
     key = _key_argument("short_conv", key)
     if activation not in _ACTIVATIONS:
         raise ValueError(f"short_conv: activation must be None or 'silu', got {activation!r}")
+    _verdict(key, "short_conv", _conv_problem(key, x, weight, bias))
     return _conv_op(x, weight, bias, key.id, activation == "silu")
