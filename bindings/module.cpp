@@ -212,6 +212,16 @@ NB_MODULE(_core, m) {
       nb::arg("row"), nb::arg("cp"), nb::arg("layout") = "searched", nb::arg("window") = 0,
       nb::arg("costs_path") = "");
 
+  m.def(
+      "plan_for_ownership",
+      [](const Row& row, const Plan& ownership, int64_t window, const std::string& costs_path) {
+        const CostModel costs = costs_path.empty() ? CostModel{} : load_costs(costs_path);
+        PlanOptions options;
+        options.window = window;
+        return plan_for_ownership(row, ownership, costs, options);
+      },
+      nb::arg("row"), nb::arg("ownership"), nb::arg("window") = 0, nb::arg("costs_path") = "");
+
   nb::class_<Communicator>(m, "Communicator")
       .def_prop_ro("rank", &Communicator::rank)
       .def_prop_ro("size", &Communicator::size);

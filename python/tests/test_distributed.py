@@ -45,7 +45,9 @@ def _attention_case(row, window, layout, group):
     g = torch.randn(t, hq, d, dtype=torch.float64, generator=gen)
     results = {}
     for name, grp in (("cp1", None), ("cp", group)):
-        key = tt.plan(row, group=grp, window=window, layout=layout)
+        # a windowed layer shares the unwindowed layer's ownership (with_window)
+        key = tt.plan(row, group=grp, layout=layout)
+        key = key.with_window(window) if window else key
         leaves = [x.clone().requires_grad_() for x in (q, k, v, sink)]
         local = [key.dispatch(x) for x in leaves[:3]]
         o, lse = tt.attention(*local, key, sink=leaves[3])

@@ -208,3 +208,14 @@ def test_custom_ops_pass_torch_library_opcheck():
     torch.library.opcheck(torch.ops.treecp.attention.default, (q, k, v, s, key.id, 0.5))
     x, w = rand(5, 4, requires_grad=True), rand(4, 2, requires_grad=True)
     torch.library.opcheck(torch.ops.treecp.short_conv.default, (x, w, None, key.id, True))
+
+
+def test_a_key_for_another_window_keeps_the_ownership():
+    row = treecp.Row.from_segments([-1, 0, 1, 0], [6, 4, 3, 5])
+    key = tt.plan(row)
+    windowed = key.with_window(3)
+    assert windowed.window == 3 and torch.equal(windowed.index, key.index)
+    q, k, v, _ = attention_inputs(row.tokens, 2, 2, 4, 4, torch.float64, torch.Generator().manual_seed(8))
+    o, _ = tt.attention(q, k, v, windowed)
+    o_ref, _ = dense_attention(q, k, v, visibility_mask(row.parents, row.lengths, 3))
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)

@@ -39,7 +39,7 @@ class Key:
     Build it with :func:`treecp.torch.plan` on every rank of the group with the same arguments.
     """
 
-    def __init__(self, row: Row, group, window: Optional[int], layout: str, costs):
+    def __init__(self, row: Row, group, window: Optional[int], layout: str, costs, _ownership=None):
         global _next_key_id
         if not isinstance(row, Row):
             raise TypeError(f"row: expected a treecp.Row, got {type(row).__name__}")
@@ -61,7 +61,11 @@ class Key:
         self.window = window
         self.layout = layout
         self.cp, self.rank = cp, rank
-        self.plan = _core.make_plan(row._core, cp, layout, window or 0, costs_path)
+        self.costs_file = costs_path
+        if _ownership is None:
+            self.plan = _core.make_plan(row._core, cp, layout, window or 0, costs_path)
+        else:
+            self.plan = _core.plan_for_ownership(row._core, _ownership, window or 0, costs_path)
         comm = GroupCommunicator(group) if cp > 1 else None
         self._core = _core.KeyCore(row._core, self.plan, rank, cp, comm)
         self._check_same_on_every_rank()
@@ -74,6 +78,14 @@ class Key:
         self.id = _next_key_id
         _next_key_id += 1
         _KEYS[self.id] = self
+
+    def with_window(self, window: Optional[int]) -> "Key":
+        """A key for another sliding window (None = none) with this key's ownership.
+
+        Layers with different windows then share one token layout: dispatch once, run them all. Every
+        rank of the group calls it.
+        """
+        return Key(self.row, self.group, window, self.layout, self.costs_file or None, _ownership=self.plan)
 
     # ---- agreement: bad input on one rank is refused on every rank before any data moves
 
