@@ -144,6 +144,9 @@ NB_MODULE(_core, m) {
   m.doc() = "treecp's C++ core: packed prefix-tree rows, plans and the context-parallel runtimes";
   // torch's compiled-graph caches and autograd graphs may hold keys until the interpreter is gone.
   nb::set_leak_warnings(false);
+  // CUDA tensors need the runtime's CUDA backend and NCCL communicator, which this binding does not wire
+  // yet: the package refuses CUDA tensors by name until it does.
+  m.attr("has_cuda_backend") = false;
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import _core
 from ._key import Key, default_scale, key_of
 
 _CPU_DTYPES = (torch.float32, torch.float64)
@@ -50,7 +51,7 @@ def _check_compute(op: str, tensors: dict, shapes: dict) -> Optional[str]:
         p = _check_tensor(op, name, x)
         if p:
             return p
-    if ref.device.type == "cuda":
+    if ref.device.type == "cuda" and not _core.has_cuda_backend:
         return (f"{op}: {ref_name} is on {ref.device}: this build of treecp has no CUDA backend yet "
                 "(CPU tensors, float32 or float64)")
     if ref.device.type != "cpu":
