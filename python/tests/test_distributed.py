@@ -97,6 +97,8 @@ def _check_group(rank, n, group):
     # One family over every rank (its root's KV must travel), a second family, depth 3.
     row = treecp.Row.from_segments([-1, 0, 1, 1, 0, 0, -1, 6], [40, 9, 7, 11, 13, 6, 10, 8])
     key, (q, k, v, sink) = _attention_case(row, None, layout, group)
+    if layout in ("zigzag", "contiguous"):
+        assert key.plan.num_waves > 0, "the root's KV must travel in this test"
     _attention_case(row, 12, "searched", group)
     _gdn_conv_case(row, layout, group, kda=False)
     _gdn_conv_case(row, "searched", group, kda=True)

@@ -18,6 +18,13 @@ def rand(*shape, dtype=torch.float64, gen=None, requires_grad=False):
     return torch.randn(*shape, dtype=dtype, generator=gen).requires_grad_(requires_grad)
 
 
+def assert_same_gradients(out, ref, leaves, gen, tol):
+    """Gradients of a random linear function of `out` and of `ref` with respect to `leaves` agree."""
+    w = rand(*out.shape, gen=gen)
+    for a, b in zip(torch.autograd.grad((out * w).sum(), leaves), torch.autograd.grad((ref * w).sum(), leaves)):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
 def attention_inputs(t, hq, hkv, d, dv, dtype, gen):
     return (rand(t, hq, d, dtype=dtype, gen=gen), rand(t, hkv, d, dtype=dtype, gen=gen),
             rand(t, hkv, dv, dtype=dtype, gen=gen), rand(hq, dtype=dtype, gen=gen))
@@ -38,11 +45,7 @@ def test_attention_matches_dense_reference_and_gradients(parents, lengths, windo
     o_ref, lse_ref = dense_attention(q, k, v, mask, sink=sink)
     torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(lse, lse_ref, rtol=1e-12, atol=1e-12)
-    g = rand(*o.shape, gen=gen)
-    got = torch.autograd.grad((o * g).sum(), leaves)
-    want = torch.autograd.grad((o_ref * g).sum(), leaves)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+    assert_same_gradients(o, o_ref, leaves, gen, 1e-11)
 
 
 def test_attention_gradcheck_double():
@@ -118,11 +121,7 @@ def test_gated_delta_rule_matches_tree_recurrence(kda):
     y = tt.gated_delta_rule(q, k, v, g, beta, key, chunk_size=4)
     y_ref = gdn_tree(q, k, v, g, beta, parents, lengths, scale=dk ** -0.5)  # FLA's default scale
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
-    w = rand(*y.shape, gen=gen)
-    got = torch.autograd.grad((y * w).sum(), leaves)
-    want = torch.autograd.grad((y_ref * w).sum(), leaves)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    assert_same_gradients(y, y_ref, leaves, gen, 1e-9)
 
 
 def test_gated_delta_rule_gradcheck_double():
@@ -147,9 +146,7 @@ def test_short_conv_matches_path_convolution(silu):
     y = tt.short_conv(x, w, key, bias=b, activation="silu" if silu else None)
     y_ref = conv_tree(x, w, b, parents, lengths, silu)
     torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
-    gy = rand(*y.shape, gen=gen)
-    for a, c in zip(torch.autograd.grad((y * gy).sum(), leaves), torch.autograd.grad((y_ref * gy).sum(), leaves)):
-        torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-11)
+    assert_same_gradients(y, y_ref, leaves, gen, 1e-11)
     assert torch.autograd.gradcheck(lambda x, w, b: tt.short_conv(x, w, key, bias=b, activation="silu"), leaves)
 
 

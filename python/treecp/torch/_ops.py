@@ -46,6 +46,7 @@ def _check_compute(op: str, tensors: dict, shapes: dict) -> Optional[str]:
 
     ``shapes[name]`` is the expected shape (ints, or None for "any"); the first tensor sets device and dtype.
     """
+    tensors = {name: x for name, x in tensors.items() if x is not None}
     ref_name, ref = next(iter(tensors.items()))
     for name, x in tensors.items():
         p = _check_tensor(op, name, x)
@@ -116,12 +117,8 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
     hkv, dv = k.shape[1], v.shape[2]
     if hkv == 0 or hq % hkv != 0:
         return f"{op}: k has {hkv} heads, which must divide q's {hq} heads (GQA)"
-    tensors = {"q": q, "k": k, "v": v}
-    shapes = {"q": (n, hq, d), "k": (n, hkv, d), "v": (n, hkv, None)}
-    if sink is not None:
-        tensors["sink"] = sink
-        shapes["sink"] = (hq,)
-    p = _check_compute(op, tensors, shapes)
+    p = _check_compute(op, {"q": q, "k": k, "v": v, "sink": sink},
+                       {"q": (n, hq, d), "k": (n, hkv, d), "v": (n, hkv, None), "sink": (hq,)})
     if p:
         return p
     if not _positive_number(scale):
@@ -304,12 +301,7 @@ def _conv_problem(key: Key, x, weight, bias) -> Optional[str]:
         bad, t, want = ("x", x, "[tokens, channels]") if x.dim() != 2 else ("weight", weight, "[channels, width]")
         return f"{op}: {bad} must be {want}, got shape {list(t.shape)}"
     c, w = x.shape[1], weight.shape[1]
-    tensors = {"x": x, "weight": weight}
-    shapes = {"x": (n, c), "weight": (c, w)}
-    if bias is not None:
-        tensors["bias"] = bias
-        shapes["bias"] = (c,)
-    p = _check_compute(op, tensors, shapes)
+    p = _check_compute(op, {"x": x, "weight": weight, "bias": bias}, {"x": (n, c), "weight": (c, w), "bias": (c,)})
     if p:
         return p
     if not 1 <= w <= 64:
