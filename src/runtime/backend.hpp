@@ -1,26 +1,45 @@
-// What the runtime's protocol code needs from a Backend (CPU now, CUDA later). The protocol never
-// touches tensor elements itself: it moves rows between buffers and calls these kernels, so the same
-// protocol runs on host buffers over MPI and on device buffers over NCCL.
+// What the runtime's protocol code needs from a Backend (cpu_backend.hpp: host vectors; cuda_backend.hpp:
+// device memory). The protocol never touches tensor elements itself: it moves rows between buffers and calls
+// these operations, so the same protocol runs on host buffers over MPI and on device buffers over NCCL.
 //
-//   using Real = ...;                      element type of activations (float, double; bf16 on GPU)
-//   using Buffer = ...;                    owns `size` elements, movable
-//   static constexpr CommType comm_type;   how Real travels through the Communicator
-//   Buffer alloc(int64_t n);               zero-filled
-//   Real* data(Buffer&); const Real* data(const Buffer&);
-//   void zero(Buffer&);
-//   void copy_rows(const Buffer& src, const std::vector<RowCopy>&, int64_t width, Buffer& dst);
-//   void add_rows(const Buffer& src, const std::vector<RowCopy>&, int64_t width, Buffer& dst);
-//   void attention_forward(const AttentionDims&, const Buffer& q, int64_t q_rows, const Buffer& k,
-//                          const Buffer& v, int64_t kv_rows, const std::vector<Slice>& slices,
-//                          Buffer& o, Buffer& lse);   // complete (o, lse) of this stage; slices in buffer coords
-//   void merge(Buffer& o_acc, Buffer& lse_acc, const Buffer& o, const Buffer& lse, int64_t rows, int hq, int dv);
-//   void sink_forward(const Buffer& o, const Buffer& lse, const Buffer& sink, int64_t rows, int hq, int dv, Buffer& y);
-//   void sink_backward(const Buffer& dy, const Buffer& o, const Buffer& lse, const Buffer* sink, int64_t rows,
-//                      int hq, int dv, Buffer& d_o, Buffer& dlse, Buffer* dsink);  // dsink +=
-//   void attention_backward(const AttentionDims&, const Buffer& q, int64_t q_rows, const Buffer& k,
-//                           const Buffer& v, int64_t kv_rows, const Buffer& o, const Buffer& lse,
-//                           const Buffer& d_o, const Buffer& dlse, const std::vector<Slice>& slices,
-//                           Buffer& dq, Buffer& dk, Buffer& dv);  // accumulate (+=)
+// Ordering. A backend executes its operations in the order they are called: on the CPU at once, on a GPU
+// enqueued on one compute stream and never waited for by the host. A Communicator's started exchange is
+// ordered after the work enqueued before it started and, once wait() has returned, before the work
+// enqueued after (on a GPU: events between the compute and communication streams). Hence the one lifetime
+// rule the protocol keeps: a buffer an exchange reads or writes is released only after that exchange's
+// wait(); every other buffer may be released as soon as its last reader has been called, because later
+// work (and any exchange started later) is ordered after that reader.
+//
+// Buffer kinds (all movable, owning; a default-constructed one is empty):
+//   Act   activations: Q, K, V, O, dO, outputs              (CPU: T; GPU: bf16)
+//   Stat  per-(row, head) statistics: LSE, the sink, dLSE / Dsum  (CPU: T; GPU: fp32)
+//   Grad  gradient accumulators: dQ, dK, dV                 (CPU: T; GPU: fp32)
+//   Buffer = Act, with alloc / copy_rows / data / comm_type, what runtime/redistribute.hpp needs.
+//
+//   static constexpr CommType act_comm_type, grad_comm_type;   how Act and Grad travel
+//   Act alloc_act(n); Stat alloc_stat(n); Grad alloc_grad(n);  contents unspecified
+//   void release(X&) for each kind: gives the memory back (to a pool on the GPU); counted by the meter
+//   Elem* data(Act&) (Elem = the activation element), float-or-T* data(Stat& / Grad&), and const forms
+//   void zero(Grad&);
+//   int64_t live_bytes(), peak_bytes(); void reset_peak();  what the backend holds now and at most
+//   HostGeometry prepare_geometry(slices, q_rows, kv_rows, dims)   host only, thread-safe, static
+//   Geometry upload(const HostGeometry&)      what the kernels read (a device tile plan on the GPU)
+//   CopyList upload(const std::vector<RowCopy>&)
+//   void pack_rows(const Act& src, int64_t src_width, const CopyList&, Act& dst, int64_t dst_width, int64_t dst_col)
+//        dst[c.dst_row + i][dst_col, dst_col + src_width) = src[c.src_row + i][0, src_width)
+//   void add_rows(const Grad& src, int64_t src_width, int64_t src_col, int64_t cols, const CopyList&, Grad& dst)
+//        dst[c.dst_row + i][0, cols) += src[c.src_row + i][src_col, src_col + cols)
+//   void attention_forward(dims, const Geometry&, const Act& q, KvView<Elem>, Act& o, Stat& lse)
+//        complete (o, lse) of this stage over its keys; every q row written (no key: O = 0, LSE = -inf)
+//   void merge_sink_forward(dims, rows, parts of (const Act* o, const Stat* lse), const Stat* sink,
+//                           Act& y, Act* o_merged, Stat& lse)      one fused LSE merge (+ sink)
+//   void merge_sink_backward(dims, rows, const Act& o, const Stat& lse, const Stat* sink, const Act& dy,
+//                            Act& d_o, Stat& dstat, Stat* dsink)   dsink +=; dstat is the backend's
+//        softmax-gradient statistic (CPU: dJ/dLSE; GPU: Dsum = dot(dO, O) - dJ/dLSE)
+//   void attention_backward(dims, const Geometry&, const Act& q, KvView<Elem>, const Act& o, const Stat& lse,
+//                           const Act& d_o, const Stat& dstat, Grad& dq, DkvView<G>)   all accumulate (+=)
+//   Mark mark(); double elapsed_ms(const Mark& a, const Mark& b);  timing that stays in stream order
+//        (elapsed_ms may wait for b to complete: call it after forward/backward, never inside)
 #pragma once
 
 #include <cmath>
@@ -34,9 +53,28 @@ struct AttentionDims {
   double softmax_scale() const { return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d)); }
 };
 
-// Copy `rows` rows of `width` elements from src row `src_row` to dst row `dst_row`.
+// Copy `rows` rows from src row `src_row` to dst row `dst_row`.
 struct RowCopy {
   int64_t src_row = 0, dst_row = 0, rows = 0;
+};
+
+// K and V rows of one stage: element (r, h, i) of K at k + r * k_row_stride + h * d + i (V likewise, dv).
+// A received wave holds K and V side by side in one buffer (one exchange per wave and direction), so its
+// K and V share the row stride Hkv * (d + dv).
+template <class E>
+struct KvView {
+  const E* k = nullptr;
+  const E* v = nullptr;
+  int64_t k_row_stride = 0, v_row_stride = 0;
+  int64_t rows = 0;
+};
+
+// The dK and dV accumulators of one stage, laid out like its KvView.
+template <class G>
+struct DkvView {
+  G* dk = nullptr;
+  G* dv = nullptr;
+  int64_t dk_row_stride = 0, dv_row_stride = 0;
 };
 
 }  // namespace treecp

@@ -1,7 +1,11 @@
-// The CPU Backend of the runtime (runtime/backend.hpp) over kernels/cpu: host vectors, float or double.
+// The CPU Backend of the runtime (runtime/backend.hpp) over kernels/cpu: host vectors, float or double, one
+// element type for every buffer kind. Operations run at once, so the protocol's stream order is program
+// order. A meter counts the bytes of the buffers this backend allocated and has not been given back, so
+// tests can hold the runtime's real peak against the planner's prediction (plan/memory.hpp).
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -16,77 +20,143 @@ template <class T>
 class CpuBackend {
  public:
   using Real = T;
+  using Elem = T;
+  using GradElem = T;
   using Buffer = std::vector<T>;
+  using Act = Buffer;
+  using Stat = Buffer;
+  using Grad = Buffer;
+  using HostGeometry = std::vector<Slice>;
+  using Geometry = std::vector<Slice>;
+  using CopyList = std::vector<RowCopy>;
+  struct Mark {
+    std::chrono::steady_clock::time_point at{};
+  };
   static constexpr CommType comm_type = sizeof(T) == 8 ? CommType::F64 : CommType::F32;
+  static constexpr CommType act_comm_type = comm_type;
+  static constexpr CommType grad_comm_type = comm_type;
 
-  Buffer alloc(int64_t n) { return Buffer(static_cast<size_t>(n), T(0)); }
+  // ---- memory
+  Buffer alloc(int64_t n) {
+    require(n >= 0, "CpuBackend: cannot allocate ", n, " elements");
+    live_ += n * static_cast<int64_t>(sizeof(T));
+    peak_ = std::max(peak_, live_);
+    return Buffer(static_cast<size_t>(n), T(0));
+  }
+  Buffer alloc_act(int64_t n) { return alloc(n); }
+  Buffer alloc_stat(int64_t n) { return alloc(n); }
+  Buffer alloc_grad(int64_t n) { return alloc(n); }
+  // Gives a buffer back (only buffers from alloc are counted; an empty one is a no-op).
+  void release(Buffer& b) {
+    live_ -= static_cast<int64_t>(b.size() * sizeof(T));
+    Buffer().swap(b);
+  }
+  int64_t live_bytes() const { return live_; }
+  int64_t peak_bytes() const { return peak_; }
+  void reset_peak() { peak_ = live_; }
+
   T* data(Buffer& b) { return b.data(); }
   const T* data(const Buffer& b) const { return b.data(); }
   void zero(Buffer& b) { std::fill(b.begin(), b.end(), T(0)); }
 
+  // ---- geometry and copy lists: on the CPU the slices and copies themselves
+  static HostGeometry prepare_geometry(const std::vector<Slice>& slices, int64_t, int64_t, const AttentionDims&) {
+    return slices;
+  }
+  Geometry upload(const HostGeometry& g) { return g; }
+  CopyList upload(const std::vector<RowCopy>& c) { return c; }
+
+  // ---- row moves
   void copy_rows(const Buffer& src, const std::vector<RowCopy>& copies, int64_t width, Buffer& dst) {
     for (const RowCopy& c : copies) {
-      check(src, c.src_row, c.rows, width, "copy_rows source");
-      check(dst, c.dst_row, c.rows, width, "copy_rows destination");
-      if (c.rows > 0) std::memmove(dst.data() + c.dst_row * width, src.data() + c.src_row * width,
-                                   static_cast<size_t>(c.rows * width) * sizeof(T));
+      check(src, c.src_row, c.rows, width, 0, width, "copy_rows source");
+      check(dst, c.dst_row, c.rows, width, 0, width, "copy_rows destination");
+      if (c.rows > 0)
+        std::memmove(dst.data() + c.dst_row * width, src.data() + c.src_row * width,
+                     static_cast<size_t>(c.rows * width) * sizeof(T));
     }
   }
-  void add_rows(const Buffer& src, const std::vector<RowCopy>& copies, int64_t width, Buffer& dst) {
+  void pack_rows(const Buffer& src, int64_t src_width, const CopyList& copies, Buffer& dst, int64_t dst_width,
+                 int64_t dst_col) {
     for (const RowCopy& c : copies) {
-      check(src, c.src_row, c.rows, width, "add_rows source");
-      check(dst, c.dst_row, c.rows, width, "add_rows destination");
-      const T* s = src.data() + c.src_row * width;
-      T* d = dst.data() + c.dst_row * width;
-      for (int64_t i = 0; i < c.rows * width; ++i) d[i] += s[i];
+      check(src, c.src_row, c.rows, src_width, 0, src_width, "pack_rows source");
+      check(dst, c.dst_row, c.rows, dst_width, dst_col, src_width, "pack_rows destination");
+      for (int64_t i = 0; i < c.rows; ++i)
+        std::memcpy(dst.data() + (c.dst_row + i) * dst_width + dst_col, src.data() + (c.src_row + i) * src_width,
+                    static_cast<size_t>(src_width) * sizeof(T));
+    }
+  }
+  void add_rows(const Buffer& src, int64_t src_width, int64_t src_col, int64_t cols, const CopyList& copies,
+                Buffer& dst) {
+    for (const RowCopy& c : copies) {
+      check(src, c.src_row, c.rows, src_width, src_col, cols, "add_rows source");
+      check(dst, c.dst_row, c.rows, cols, 0, cols, "add_rows destination");
+      for (int64_t i = 0; i < c.rows; ++i) {
+        const T* s = src.data() + (c.src_row + i) * src_width + src_col;
+        T* d = dst.data() + (c.dst_row + i) * cols;
+        for (int64_t j = 0; j < cols; ++j) d[j] += s[j];
+      }
     }
   }
 
-  void attention_forward(const AttentionDims& sh, const Buffer& q, int64_t q_rows, const Buffer& k, const Buffer& v,
-                         int64_t kv_rows, const std::vector<Slice>& slices, Buffer& o, Buffer& lse) {
+  // ---- attention
+  void attention_forward(const AttentionDims& sh, const Geometry& slices, const Buffer& q, const KvView<T>& kv,
+                         Buffer& o, Buffer& lse) {
     cpu::AttnForwardArgs<T> a;
-    a.shape = kernel_shape(sh, q_rows, kv_rows);
+    a.shape = kernel_shape(sh, rows_of(q, int64_t{sh.hq} * sh.d), kv.rows);
     a.q = cpu::dense_view<const T>(q.data(), sh.hq, sh.d);
-    a.k = cpu::dense_view<const T>(k.data(), sh.hkv, sh.d);
-    a.v = cpu::dense_view<const T>(v.data(), sh.hkv, sh.dv);
+    a.k = cpu::HeadView<const T>{kv.k, kv.k_row_stride, sh.d};
+    a.v = cpu::HeadView<const T>{kv.v, kv.v_row_stride, sh.dv};
     a.o = cpu::dense_view<T>(o.data(), sh.hq, sh.dv);
     a.lse = cpu::dense_view<T>(lse.data(), sh.hq, 1);
     a.scale = static_cast<T>(sh.softmax_scale());
     cpu::attention_forward(a, slices);
   }
 
-  void merge(Buffer& o_acc, Buffer& lse_acc, const Buffer& o, const Buffer& lse, int64_t rows, int hq, int dv) {
-    const Buffer o_prev = o_acc, lse_prev = lse_acc;
-    const cpu::HeadView<const T> op[2] = {cpu::dense_view<const T>(o_prev.data(), hq, dv),
-                                          cpu::dense_view<const T>(o.data(), hq, dv)};
-    const cpu::HeadView<const T> lp[2] = {cpu::dense_view<const T>(lse_prev.data(), hq, 1),
-                                          cpu::dense_view<const T>(lse.data(), hq, 1)};
-    cpu::MergeArgs<T> m;
-    m.rows = rows;
-    m.heads = hq;
-    m.dv = dv;
-    m.parts = 2;
-    m.o_parts = op;
-    m.lse_parts = lp;
-    m.o = cpu::dense_view<T>(o_acc.data(), hq, dv);
-    m.lse = cpu::dense_view<T>(lse_acc.data(), hq, 1);
-    cpu::merge_forward(m);
-  }
-
-  void sink_forward(const Buffer& o, const Buffer& lse, const Buffer& sink, int64_t rows, int hq, int dv, Buffer& y) {
+  void merge_sink_forward(const AttentionDims& sh, int64_t rows, const std::vector<const Buffer*>& o_parts,
+                          const std::vector<const Buffer*>& lse_parts, const Buffer* sink, Buffer& y, Buffer* o_merged,
+                          Buffer& lse) {
+    require(!o_parts.empty() && o_parts.size() == lse_parts.size(), "merge_sink_forward: ", o_parts.size(),
+            " output parts and ", lse_parts.size(), " LSE parts");
+    const int hq = sh.hq, dv = sh.dv;
+    // Merged pre-sink output: where the caller keeps it, else y itself (the sink then scales in place).
+    Buffer& o = sink && o_merged ? *o_merged : y;
+    if (o_parts.size() == 1) {
+      copy_rows(*o_parts[0], {{0, 0, rows}}, int64_t{hq} * dv, o);
+      copy_rows(*lse_parts[0], {{0, 0, rows}}, hq, lse);
+    } else {
+      std::vector<cpu::HeadView<const T>> op, lp;
+      for (size_t i = 0; i < o_parts.size(); ++i) {
+        op.push_back(cpu::dense_view<const T>(o_parts[i]->data(), hq, dv));
+        lp.push_back(cpu::dense_view<const T>(lse_parts[i]->data(), hq, 1));
+      }
+      cpu::MergeArgs<T> m;
+      m.rows = rows;
+      m.heads = hq;
+      m.dv = dv;
+      m.parts = static_cast<int>(o_parts.size());
+      m.o_parts = op.data();
+      m.lse_parts = lp.data();
+      m.o = cpu::dense_view<T>(o.data(), hq, dv);
+      m.lse = cpu::dense_view<T>(lse.data(), hq, 1);
+      cpu::merge_forward(m);
+    }
+    if (!sink) return;
     cpu::SinkArgs<T> s;
     s.rows = rows;
     s.hq = hq;
     s.dv = dv;
-    s.sink = sink.data();
+    s.sink = sink->data();
     s.o = cpu::dense_view<const T>(o.data(), hq, dv);
     s.lse = cpu::dense_view<const T>(lse.data(), hq, 1);
     s.y = cpu::dense_view<T>(y.data(), hq, dv);
     cpu::sink_forward(s);
   }
 
-  void sink_backward(const Buffer& dy, const Buffer& o, const Buffer& lse, const Buffer* sink, int64_t rows, int hq,
-                     int dv, Buffer& d_o, Buffer& dlse, Buffer* dsink) {
+  // dstat is dJ/dLSE here (zero without a sink).
+  void merge_sink_backward(const AttentionDims& sh, int64_t rows, const Buffer& o, const Buffer& lse, const Buffer* sink,
+                           const Buffer& dy, Buffer& d_o, Buffer& dlse, Buffer* dsink) {
+    const int hq = sh.hq, dv = sh.dv;
     if (sink == nullptr) {  // no sink: the output is O itself
       copy_rows(dy, {{0, 0, rows}}, int64_t{hq} * dv, d_o);
       zero(dlse);
@@ -102,35 +172,44 @@ class CpuBackend {
     s.dy = cpu::dense_view<const T>(dy.data(), hq, dv);
     s.dout = cpu::dense_view<T>(d_o.data(), hq, dv);
     s.dlse = cpu::dense_view<T>(dlse.data(), hq, 1);
-    s.dsink = dsink ? dsink->data() : nullptr;
     Buffer scratch;
-    if (!s.dsink) {
+    if (dsink) {
+      s.dsink = dsink->data();
+    } else {
       scratch.assign(static_cast<size_t>(hq), T(0));
       s.dsink = scratch.data();
     }
     cpu::sink_backward(s);
   }
 
-  void attention_backward(const AttentionDims& sh, const Buffer& q, int64_t q_rows, const Buffer& k, const Buffer& v,
-                          int64_t kv_rows, const Buffer& o, const Buffer& lse, const Buffer& d_o, const Buffer& dlse,
-                          const std::vector<Slice>& slices, Buffer& dq, Buffer& dk, Buffer& dv) {
+  void attention_backward(const AttentionDims& sh, const Geometry& slices, const Buffer& q, const KvView<T>& kv,
+                          const Buffer& o, const Buffer& lse, const Buffer& d_o, const Buffer& dlse, Buffer& dq,
+                          const DkvView<T>& dkv) {
     cpu::AttnBackwardArgs<T> a;
-    a.shape = kernel_shape(sh, q_rows, kv_rows);
+    a.shape = kernel_shape(sh, rows_of(q, int64_t{sh.hq} * sh.d), kv.rows);
     a.q = cpu::dense_view<const T>(q.data(), sh.hq, sh.d);
-    a.k = cpu::dense_view<const T>(k.data(), sh.hkv, sh.d);
-    a.v = cpu::dense_view<const T>(v.data(), sh.hkv, sh.dv);
+    a.k = cpu::HeadView<const T>{kv.k, kv.k_row_stride, sh.d};
+    a.v = cpu::HeadView<const T>{kv.v, kv.v_row_stride, sh.dv};
     a.o = cpu::dense_view<const T>(o.data(), sh.hq, sh.dv);
     a.lse = cpu::dense_view<const T>(lse.data(), sh.hq, 1);
     a.dout = cpu::dense_view<const T>(d_o.data(), sh.hq, sh.dv);
     a.dlse = cpu::dense_view<const T>(dlse.data(), sh.hq, 1);
     a.dq = cpu::dense_view<T>(dq.data(), sh.hq, sh.d);
-    a.dk = cpu::dense_view<T>(dk.data(), sh.hkv, sh.d);
-    a.dv = cpu::dense_view<T>(dv.data(), sh.hkv, sh.dv);
+    a.dk = cpu::HeadView<T>{dkv.dk, dkv.dk_row_stride, sh.d};
+    a.dv = cpu::HeadView<T>{dkv.dv, dkv.dv_row_stride, sh.dv};
     a.scale = static_cast<T>(sh.softmax_scale());
     cpu::attention_backward(a, slices);
   }
 
+  // ---- timing
+  Mark make_mark() { return {}; }
+  void record(Mark& m) { m.at = std::chrono::steady_clock::now(); }
+  double elapsed_ms(const Mark& a, const Mark& b) const {
+    return std::chrono::duration<double, std::milli>(b.at - a.at).count();
+  }
+
  private:
+  static int64_t rows_of(const Buffer& b, int64_t width) { return width > 0 ? static_cast<int64_t>(b.size()) / width : 0; }
   static cpu::AttnShape kernel_shape(const AttentionDims& sh, int64_t q_rows, int64_t kv_rows) {
     cpu::AttnShape s;
     s.q_rows = q_rows;
@@ -141,10 +220,15 @@ class CpuBackend {
     s.dv = sh.dv;
     return s;
   }
-  static void check(const Buffer& b, int64_t row, int64_t rows, int64_t width, const char* what) {
-    require(row >= 0 && rows >= 0 && (row + rows) * width <= static_cast<int64_t>(b.size()), what,
-            ": rows [", row, ", ", row + rows, ") of width ", width, " outside a buffer of ", b.size(), " elements");
+  // Rows [row, row + rows) x columns [col, col + cols) of a buffer `width` elements wide.
+  static void check(const Buffer& b, int64_t row, int64_t rows, int64_t width, int64_t col, int64_t cols,
+                    const char* what) {
+    require(row >= 0 && rows >= 0 && col >= 0 && col + cols <= width &&
+                (rows == 0 || (row + rows) * width <= static_cast<int64_t>(b.size())),
+            what, ": rows [", row, ", ", row + rows, ") x columns [", col, ", ", col + cols, ") of width ", width,
+            " outside a buffer of ", b.size(), " elements");
   }
+  int64_t live_ = 0, peak_ = 0;
 };
 
 }  // namespace treecp

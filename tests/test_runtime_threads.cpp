@@ -1,0 +1,294 @@
+// The stream-ordered dense attention protocol on ranks that are threads of this process, over a
+// communicator that completes every started exchange late and out of order (comm/thread_communicator.hpp):
+// outputs and gradients equal the single-process double reference at 1-6 ranks, for every layout, with
+// windows, sinks and GQA, with the received KV kept or fetched again in the backward, through the stateful
+// and the stateless backward. Also: the runtime's real peak memory equals plan/memory.hpp's prediction.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <exception>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "comm/thread_communicator.hpp"
+#include "core/random.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "plan/memory.hpp"
+#include "plan/planner.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "runtime/dense_attention.hpp"
+#include "runtime/row_map.hpp"
+#include "tree/row.hpp"
+
+namespace treecp {
+namespace {
+
+// Runs body(rank, comm) on `ranks` threads; rethrows the first failure.
+void on_threads(int ranks, const ThreadCommOptions& opt, const std::function<void(int, Communicator&)>& body) {
+  auto comms = make_thread_communicators(ranks, opt);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r, *comms[static_cast<size_t>(r)]);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// A random DFS-preorder tree: each segment hangs under a segment of the current root path or starts a root.
+Row random_tree(std::mt19937_64& rng, int segments, int max_len) {
+  std::vector<Segment> segs;
+  std::vector<int32_t> path;
+  for (int s = 0; s < segments; ++s) {
+    if (!path.empty() && rng() % 4 != 0) {
+      path.resize(1 + rng() % path.size());
+    } else {
+      path.clear();
+    }
+    segs.push_back({path.empty() ? -1 : path.back(), static_cast<int64_t>(1 + rng() % max_len)});
+    path.push_back(s);
+  }
+  return Row(segs);
+}
+
+std::vector<double> values(uint64_t seed, int64_t n) {
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = uniform_at(seed, static_cast<uint64_t>(i));
+  return out;
+}
+
+// max |got - ref| / max |ref| over the rows `ranges` selects (got holds them in order); -inf matches -inf.
+double rel_error(const std::vector<double>& got, const std::vector<double>& ref_full,
+                 const std::vector<TokenRange>& ranges, int64_t width) {
+  const std::vector<double> ref = rows_of<double>(ref_full, width, ranges);
+  double scale = 1e-30, err = 0;
+  for (double x : ref_full)
+    if (std::isfinite(x)) scale = std::max(scale, std::abs(x));
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isinf(ref[i]) && got[i] == ref[i]) continue;
+    const double d = std::abs(got[i] - ref[i]);
+    err = std::max(err, std::isfinite(d) ? d : 1e300);
+  }
+  return err / scale;
+}
+
+struct Case {
+  int ranks;
+  std::string layout;
+  int64_t window;
+  bool sink;
+  int hq, hkv, d, dv;
+  BackwardKv kv;
+  bool stateless;
+};
+
+void run_case(const Case& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const Row row = random_tree(rng, 4 + static_cast<int>(rng() % 14), 30);
+  const int64_t S = row.tokens();
+  const int64_t qw = int64_t{c.hq} * c.d, kw = int64_t{c.hkv} * c.d, vw = int64_t{c.hkv} * c.dv,
+                ow = int64_t{c.hq} * c.dv;
+  const auto q = values(seed * 8 + 1, S * qw), k = values(seed * 8 + 2, S * kw), v = values(seed * 8 + 3, S * vw),
+             dy = values(seed * 8 + 4, S * ow);
+  std::vector<double> sink = values(seed * 8 + 5, c.hq);
+  for (double& s : sink) s *= 3;
+  cpu::AttentionProblem<double> prob;
+  prob.hq = c.hq, prob.hkv = c.hkv, prob.d = c.d, prob.dv = c.dv, prob.window = c.window;
+  prob.q = q.data(), prob.k = k.data(), prob.v = v.data(), prob.dout = dy.data();
+  prob.sink = c.sink ? sink.data() : nullptr;
+  const cpu::AttentionResult<double> ref = cpu::attention_reference(row, prob);
+
+  PlanOptions opt;
+  opt.layout = c.layout;
+  opt.window = c.window;
+  opt.chunk_tokens = std::max<int64_t>(1, S / 19);  // many chunks: fragmented ownership, several waves
+  const Plan plan = make_plan(row, c.ranks, CostModel{}, opt);
+  std::vector<double> dsink_total(static_cast<size_t>(c.hq), 0.0);
+  std::mutex sum_lock;
+  ThreadCommOptions copt;
+  copt.late = true;
+  copt.seed = seed;
+  copt.max_pause_us = 50;
+  const std::string what = c.layout + " ranks " + std::to_string(c.ranks) + " window " + std::to_string(c.window) +
+                           (c.sink ? " sink" : "") + (c.kv == BackwardKv::Refetch ? " refetch" : " keep") +
+                           (c.stateless ? " stateless" : "") + " seed " + std::to_string(seed);
+  on_threads(c.ranks, copt, [&](int r, Communicator& comm) {
+    CpuBackend<double> be;
+    DenseAttentionOptions o;
+    o.backward_kv = c.kv;
+    DenseAttentionCP<CpuBackend<double>> cp(plan, row, AttentionDims{c.hq, c.hkv, c.d, c.dv, 0.0}, comm, be, o);
+    const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
+    const auto q_own = rows_of<double>(q, qw, owned), k_own = rows_of<double>(k, kw, owned),
+               v_own = rows_of<double>(v, vw, owned), dy_own = rows_of<double>(dy, ow, owned);
+    const int64_t rows = cp.owned_rows();
+    std::vector<double> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * c.hq)),
+        o_pre(static_cast<size_t>(rows * ow)), dq(static_cast<size_t>(rows * qw)), dk(static_cast<size_t>(rows * kw)),
+        dv(static_cast<size_t>(rows * vw)), dsink(static_cast<size_t>(c.hq), 0.0);
+    const std::vector<double>* sp = c.sink ? &sink : nullptr;
+    cp.forward(q_own, k_own, v_own, sp, y, lse, c.stateless ? &o_pre : nullptr);
+    if (c.stateless) {
+      cp.backward(q_own, k_own, v_own, sp, c.sink ? o_pre : y, lse, dy_own, dq, dk, dv, c.sink ? &dsink : nullptr);
+    } else {
+      cp.backward(dy_own, dq, dk, dv, c.sink ? &dsink : nullptr);
+    }
+    EXPECT_LE(rel_error(y, ref.o, owned, ow), 1e-10) << "O " << what << " rank " << r;
+    EXPECT_LE(rel_error(lse, ref.lse, owned, c.hq), 1e-10) << "LSE " << what << " rank " << r;
+    EXPECT_LE(rel_error(dq, ref.dq, owned, qw), 1e-10) << "dQ " << what << " rank " << r;
+    EXPECT_LE(rel_error(dk, ref.dk, owned, kw), 1e-10) << "dK " << what << " rank " << r;
+    EXPECT_LE(rel_error(dv, ref.dv, owned, vw), 1e-10) << "dV " << what << " rank " << r;
+    std::lock_guard<std::mutex> lock(sum_lock);
+    for (int h = 0; h < c.hq; ++h) dsink_total[static_cast<size_t>(h)] += dsink[static_cast<size_t>(h)];
+  });
+  if (c.sink) {
+    EXPECT_LE(rel_error(dsink_total, ref.dsink, {{0, 1}}, c.hq), 1e-10) << "dsink " << what;
+  }
+}
+
+TEST(ThreadRanks, LateOutOfOrderExchangesEqualOneProcess) {
+  uint64_t seed = 7000;
+  const std::vector<std::string>& layouts = layout_names();
+  int i = 0;
+  for (int ranks = 1; ranks <= 6; ++ranks) {
+    for (size_t l = 0; l < layouts.size(); ++l, ++i) {
+      const bool gqa = i % 2 == 0;
+      Case c{ranks, layouts[l], (i % 3 == 0) ? int64_t{0} : int64_t{2 + i % 13}, i % 4 != 1,
+             gqa ? 4 : 2, 2, 8, gqa ? 8 : 6, i % 3 == 2 ? BackwardKv::Refetch : BackwardKv::Keep, i % 5 == 3};
+      run_case(c, seed++);
+    }
+  }
+}
+
+TEST(ThreadRanks, RankThatOwnsNothingTakesPart) {
+  // Two tokens for five ranks: three ranks own nothing and still enter every exchange.
+  const Row row(std::vector<Segment>{{-1, 1}, {0, 1}});
+  const Plan plan = make_plan(row, 5, CostModel{}, PlanOptions{});
+  const auto q = values(11, 2 * 4), k = values(12, 2 * 4), v = values(13, 2 * 4), dy = values(14, 2 * 4);
+  cpu::AttentionProblem<double> prob;
+  prob.hq = 1, prob.hkv = 1, prob.d = 4, prob.dv = 4;
+  prob.q = q.data(), prob.k = k.data(), prob.v = v.data(), prob.dout = dy.data();
+  const auto ref = cpu::attention_reference(row, prob);
+  ThreadCommOptions copt;
+  copt.late = true;
+  on_threads(5, copt, [&](int r, Communicator& comm) {
+    CpuBackend<double> be;
+    DenseAttentionCP<CpuBackend<double>> cp(plan, row, AttentionDims{1, 1, 4, 4, 0.0}, comm, be);
+    const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
+    const int64_t rows = cp.owned_rows();
+    std::vector<double> y(static_cast<size_t>(rows * 4)), lse(static_cast<size_t>(rows)), dq(y.size()), dk(y.size()),
+        dv(y.size());
+    const auto qo = rows_of<double>(q, 4, owned), ko = rows_of<double>(k, 4, owned), vo = rows_of<double>(v, 4, owned);
+    cp.forward(qo, ko, vo, nullptr, y, lse);  // the inputs outlive backward()
+    cp.backward(rows_of<double>(dy, 4, owned), dq, dk, dv, nullptr);
+    EXPECT_LE(rel_error(y, ref.o, owned, 4), 1e-12);
+    EXPECT_LE(rel_error(dk, ref.dk, owned, 4), 1e-12) << "rank " << r;
+  });
+}
+
+TEST(ThreadRanks, ExchangesReallyCompleteLate) {
+  // What the protocol tests rely on: data lands only by wait(), not when the exchange starts.
+  ThreadCommOptions copt;
+  copt.late = true;
+  on_threads(3, copt, [&](int r, Communicator& comm) {
+    std::vector<double> send(3, 1.0 + r), recv(3, -1.0);
+    auto pending = comm.start_all_to_all_v(send.data(), {1, 1, 1}, {0, 1, 2}, recv.data(), {1, 1, 1}, {0, 1, 2},
+                                           CommType::F64);
+    comm.barrier();  // every rank has started; still nothing may have landed
+    EXPECT_EQ(recv, (std::vector<double>{-1, -1, -1})) << "rank " << r;
+    pending->wait();
+    EXPECT_EQ(recv, (std::vector<double>{1, 2, 3})) << "rank " << r;
+  });
+}
+
+TEST(ThreadRanks, MismatchedCollectivesAndTimeoutsAreErrors) {
+  ThreadCommOptions copt;
+  copt.timeout_s = 0.5;
+  EXPECT_THROW(on_threads(2, copt,
+                          [&](int r, Communicator& comm) {
+                            if (r == 0) comm.barrier();  // rank 1 never comes
+                          }),
+               Error);
+  try {
+    on_threads(2, copt, [&](int r, Communicator& comm) {
+      int64_t x = 1;
+      if (r == 0) comm.barrier();
+      else comm.all_reduce_sum(&x, 1, CommType::I64);
+    });
+    ADD_FAILURE() << "mismatched collectives were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("called"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ThreadRanks, PeakMemoryEqualsThePrediction) {
+  uint64_t seed = 9100;
+  for (int ranks : {1, 2, 3, 5}) {
+    for (bool refetch : {false, true}) {
+      for (bool sink : {false, true}) {
+        std::mt19937_64 rng(seed++);
+        const Row row = random_tree(rng, 12, 40);
+        const int64_t S = row.tokens();
+        PlanOptions opt;
+        opt.layout = "zigzag";
+        opt.chunk_tokens = std::max<int64_t>(1, S / 17);
+        const Plan plan = make_plan(row, ranks, CostModel{}, opt);
+        const int hq = 4, hkv = 2, d = 8, dv = 6;
+        const auto q = values(seed, S * hq * d), k = values(seed + 1, S * hkv * d), v = values(seed + 2, S * hkv * dv),
+                   dy = values(seed + 3, S * hq * dv), sk = values(seed + 4, hq);
+        on_threads(ranks, ThreadCommOptions{}, [&](int r, Communicator& comm) {
+          CpuBackend<float> be;
+          DenseAttentionOptions o;
+          o.backward_kv = refetch ? BackwardKv::Refetch : BackwardKv::Keep;
+          DenseAttentionCP<CpuBackend<float>> cp(plan, row, AttentionDims{hq, hkv, d, dv, 0.0}, comm, be, o);
+          const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
+          const auto qo = rows_of<float>(q, hq * d, owned), ko = rows_of<float>(k, hkv * d, owned),
+                     vo = rows_of<float>(v, hkv * dv, owned), dyo = rows_of<float>(dy, hq * dv, owned);
+          const std::vector<float> sinkf(sk.begin(), sk.end());
+          const int64_t rows = cp.owned_rows();
+          std::vector<float> y(static_cast<size_t>(rows * hq * dv)), lse(static_cast<size_t>(rows * hq)),
+              dq(static_cast<size_t>(rows * hq * d)), dkk(static_cast<size_t>(rows * hkv * d)),
+              dvv(static_cast<size_t>(rows * hkv * dv)), dsink(static_cast<size_t>(hq), 0.f);
+          const int64_t before = be.live_bytes();
+          be.reset_peak();
+          cp.forward(qo, ko, vo, sink ? &sinkf : nullptr, y, lse);
+          const int64_t fwd_peak = be.peak_bytes() - before, kept = be.live_bytes() - before;
+          be.reset_peak();
+          cp.backward(dyo, dq, dkk, dvv, sink ? &dsink : nullptr);
+          const int64_t bwd_peak = be.peak_bytes() - before;
+
+          RuntimeMemoryInput in;
+          in.owned_rows = rows;
+          for (const WaveSchedule& w : cp.schedule().waves) {
+            in.fetched_rows.push_back(w.fetched.rows());
+            in.sent_rows.push_back(w.send_total);
+          }
+          in.hq = hq, in.hkv = hkv, in.d = d, in.dv = dv;
+          in.sink = sink;
+          in.refetch = refetch;
+          in.act_bytes = in.stat_bytes = in.grad_bytes = 4;
+          const RuntimeMemory m = attention_runtime_memory(in);
+          const std::string what = "ranks " + std::to_string(ranks) + " rank " + std::to_string(r) +
+                                   (refetch ? " refetch" : " keep") + (sink ? " sink" : "");
+          EXPECT_EQ(fwd_peak, m.forward_peak_bytes) << what;
+          EXPECT_EQ(kept, m.kept_bytes) << what;
+          EXPECT_EQ(bwd_peak, m.backward_peak_bytes) << what;
+          EXPECT_EQ(be.live_bytes(), before) << "buffers not given back, " << what;
+          if (!refetch && !cp.schedule().waves.empty() && cp.schedule().waves[0].fetched.rows() > 0) {
+            EXPECT_GT(m.kept_bytes, 0) << what;
+          }
+        });
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace treecp
