@@ -33,13 +33,14 @@ AttentionDims attention_dims(const AttentionCall& c) {
   return d;
 }
 
-// A DenseAttentionCP and the backend it runs on, built once per shape.
+// A DenseAttentionCP and the backend it runs on, built once per shape. Autograd calls the stateless
+// backward, which fetches remote KV again, so the forward keeps none of it (Refetch).
 template <class T>
 struct AttentionRunner {
   CpuBackend<T> backend;
   DenseAttentionCP<CpuBackend<T>> cp;
   AttentionRunner(const Plan& plan, const Row& row, const AttentionCall& c, Communicator& comm)
-      : cp(plan, row, attention_dims(c), comm, backend) {}
+      : cp(plan, row, attention_dims(c), comm, backend, DenseAttentionOptions{BackwardKv::Refetch}) {}
 };
 
 }  // namespace
@@ -81,32 +82,31 @@ auto& KeyCore::attention_runner(const AttentionCall& c) {
 
 template <class T>
 void KeyCore::attention_forward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink, T* y,
-                                T* lse) {
+                                T* lse, T* o_presink) {
   AttentionRunner<T>& run = attention_runner<T>(c);
   const int64_t n = owned_tokens_;
   const std::vector<T> qb = to_vector(q, n * c.hq * c.d), kb = to_vector(k, n * c.hkv * c.d),
                        vb = to_vector(v, n * c.hkv * c.dv);
   const std::vector<T> sb = sink ? to_vector(sink, c.hq) : std::vector<T>();
-  std::vector<T> yb(static_cast<size_t>(n * c.hq * c.dv)), lb(static_cast<size_t>(n * c.hq));
-  run.cp.forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb);
+  std::vector<T> yb(static_cast<size_t>(n * c.hq * c.dv)), lb(static_cast<size_t>(n * c.hq)), ob;
+  if (sink) ob.resize(yb.size());
+  run.cp.forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb, sink ? &ob : nullptr);
   copy_out(yb, y);
   copy_out(lb, lse);
+  if (sink) copy_out(ob, o_presink);
 }
 
 template <class T>
 void KeyCore::attention_backward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink,
-                                 const T* dy, T* dq, T* dk, T* dv, T* dsink) {
+                                 const T* o, const T* lse, const T* dy, T* dq, T* dk, T* dv, T* dsink) {
   AttentionRunner<T>& run = attention_runner<T>(c);
   const int64_t n = owned_tokens_;
   const std::vector<T> qb = to_vector(q, n * c.hq * c.d), kb = to_vector(k, n * c.hkv * c.d),
-                       vb = to_vector(v, n * c.hkv * c.dv), dyb = to_vector(dy, n * c.hq * c.dv);
+                       vb = to_vector(v, n * c.hkv * c.dv), ob = to_vector(o, n * c.hq * c.dv),
+                       lb = to_vector(lse, n * c.hq), dyb = to_vector(dy, n * c.hq * c.dv);
   const std::vector<T> sb = sink ? to_vector(sink, c.hq) : std::vector<T>();
-  std::vector<T> yb(static_cast<size_t>(n * c.hq * c.dv)), lb(static_cast<size_t>(n * c.hq));
-  // The runtime's backward reads what its forward kept (the fetched KV), so the forward runs again here:
-  // autograd then holds only tensors (q, k, v, sink), never C++ state between the two calls.
-  run.cp.forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb);
   std::vector<T> dqb(qb.size()), dkb(kb.size()), dvb(vb.size()), dsb(sb.size(), T(0));
-  run.cp.backward(dyb, dqb, dkb, dvb, sink ? &dsb : nullptr);
+  run.cp.backward(qb, kb, vb, sink ? &sb : nullptr, ob, lb, dyb, dqb, dkb, dvb, sink ? &dsb : nullptr);
   copy_out(dqb, dq);
   copy_out(dkb, dk);
   copy_out(dvb, dv);
@@ -226,9 +226,10 @@ void KeyCore::conv_backward(int channels, int width, bool silu, const T* x, cons
 }
 
 #define TREECP_KEY_INSTANTIATE(T)                                                                                   \
-  template void KeyCore::attention_forward<T>(const AttentionCall&, const T*, const T*, const T*, const T*, T*, T*); \
+  template void KeyCore::attention_forward<T>(const AttentionCall&, const T*, const T*, const T*, const T*, T*, T*,  \
+                                              T*);                                                                  \
   template void KeyCore::attention_backward<T>(const AttentionCall&, const T*, const T*, const T*, const T*,       \
-                                               const T*, T*, T*, T*, T*);                                           \
+                                               const T*, const T*, const T*, T*, T*, T*, T*);                       \
   template void KeyCore::gdn_forward<T>(const GdnCall&, const T*, const T*, const T*, const T*, const T*, T*);      \
   template void KeyCore::gdn_backward<T>(const GdnCall&, const T*, const T*, const T*, const T*, const T*,         \
                                          const T*, T*, T*, T*, T*, T*);                                             \

@@ -51,13 +51,16 @@ class KeyCore {
   // Every rank's owned ranges (the attention layout, which conv and GDN calls also start from).
   const RankLayout& layout() const { return layout_; }
 
-  // y [n, hq, dv] (sink applied), lse [n, hq]; sink [hq] or null.
+  // y [n, hq, dv] (sink applied), lse [n, hq]; sink [hq] or null; with a sink, o_presink [n, hq, dv] gets
+  // the output before the sink (what the backward takes as o).
   template <class T>
-  void attention_forward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink, T* y, T* lse);
-  // Overwrites dq, dk, dv; dsink (may be null) gets this rank's contribution.
+  void attention_forward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink, T* y, T* lse,
+                         T* o_presink);
+  // The stateless backward: the forward's inputs, its output before the sink (y without a sink) and lse,
+  // and dy. Overwrites dq, dk, dv; dsink (may be null) gets this rank's contribution.
   template <class T>
-  void attention_backward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink, const T* dy,
-                          T* dq, T* dk, T* dv, T* dsink);
+  void attention_backward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink, const T* o,
+                          const T* lse, const T* dy, T* dq, T* dk, T* dv, T* dsink);
 
   // Inputs in the attention layout; the call moves them to the GDN plan's layout and back.
   template <class T>

@@ -92,22 +92,23 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
   cls.def(
       "attention_forward",
       [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
-         std::optional<In<T>> sink, Out<T> y, Out<T> lse) {
+         std::optional<In<T>> sink, Out<T> y, Out<T> lse, std::optional<Out<T>> o_presink) {
         key.attention_forward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), y.data(),
-                                 lse.data());
+                                 lse.data(), ptr_or_null(o_presink));
       },
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
-      nb::arg("v"), nb::arg("sink").none(), nb::arg("y"), nb::arg("lse"));
+      nb::arg("v"), nb::arg("sink").none(), nb::arg("y"), nb::arg("lse"), nb::arg("o_presink").none());
   cls.def(
       "attention_backward",
       [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
-         std::optional<In<T>> sink, In<T> dy, Out<T> dq, Out<T> dk, Out<T> dv_, std::optional<Out<T>> dsink) {
-        key.attention_backward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), dy.data(),
-                                  dq.data(), dk.data(), dv_.data(), ptr_or_null(dsink));
+         std::optional<In<T>> sink, In<T> o, In<T> lse, In<T> dy, Out<T> dq, Out<T> dk, Out<T> dv_,
+         std::optional<Out<T>> dsink) {
+        key.attention_backward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), o.data(),
+                                  lse.data(), dy.data(), dq.data(), dk.data(), dv_.data(), ptr_or_null(dsink));
       },
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
-      nb::arg("v"), nb::arg("sink").none(), nb::arg("dy"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv_"),
-      nb::arg("dsink").none());
+      nb::arg("v"), nb::arg("sink").none(), nb::arg("o"), nb::arg("lse"), nb::arg("dy"), nb::arg("dq"), nb::arg("dk"),
+      nb::arg("dv_"), nb::arg("dsink").none());
   cls.def(
       "gdn_forward",
       [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,

@@ -128,50 +128,55 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
 
 @torch.library.custom_op("treecp::attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], key_id: int,
-                  scale: float) -> tuple[Tensor, Tensor]:
+                  scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, lse, o before the sink); the last is empty without a sink (y is that output then)."""
     key = key_of(key_id)
     _refuse(_attention_problem(key, q, k, v, sink, scale))
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     lse = q.new_empty(q.shape[0], q.shape[1])
+    o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
     key._core.attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.detach(), k.detach(),
-                                v.detach(), None if sink is None else sink.detach(), y, lse)
-    return y, lse
+                                v.detach(), None if sink is None else sink.detach(), y, lse,
+                                o_presink if sink is not None else None)
+    return y, lse, o_presink
 
 
 @_attention_op.register_fake
 def _(q, k, v, sink, key_id, scale):
-    return q.new_empty(q.shape[0], q.shape[1], v.shape[2]), q.new_empty(q.shape[0], q.shape[1])
+    y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    return y, q.new_empty(q.shape[0], q.shape[1]), torch.empty_like(y) if sink is not None else q.new_empty(0)
 
 
 @torch.library.custom_op("treecp::attention_backward", mutates_args=())
-def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], dy: Tensor, key_id: int,
-                           scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], o: Tensor, lse: Tensor,
+                           dy: Tensor, key_id: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The runtime's stateless backward: o is the output before the sink, lse the forward's."""
     key = key_of(key_id)
-    dy = dy.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsink = q.new_zeros(q.shape[1] if sink is not None else 0)
-    key._core.attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q, k, v, sink, dy, dq, dk,
-                                 dv, dsink if sink is not None else None)
+    key._core.attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q, k, v, sink, o, lse,
+                                 dy.contiguous(), dq, dk, dv, dsink if sink is not None else None)
     return dq, dk, dv, dsink
 
 
 @_attention_backward_op.register_fake
-def _(q, k, v, sink, dy, key_id, scale):
+def _(q, k, v, sink, o, lse, dy, key_id, scale):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             q.new_empty(q.shape[1] if sink is not None else 0))
 
 
 def _attention_setup(ctx, inputs, output):
     q, k, v, sink, key_id, scale = inputs
-    ctx.save_for_backward(q, k, v, sink)
+    y, lse, o_presink = output
+    ctx.save_for_backward(q, k, v, sink, o_presink if sink is not None else y, lse)
     ctx.key_id, ctx.scale, ctx.has_sink = key_id, scale, sink is not None
     ctx.key = key_of(key_id)  # keys are held by id: the graph keeps this one alive until backward
-    ctx.mark_non_differentiable(output[1])
+    ctx.mark_non_differentiable(lse, o_presink)
 
 
-def _attention_grad(ctx, dy, _dlse):
-    q, k, v, sink = ctx.saved_tensors
-    dq, dk, dv, dsink = _attention_backward_op(q, k, v, sink, dy, ctx.key_id, ctx.scale)
+def _attention_grad(ctx, dy, _dlse, _do_presink):
+    q, k, v, sink, o, lse = ctx.saved_tensors
+    dq, dk, dv, dsink = _attention_backward_op(q, k, v, sink, o, lse, dy, ctx.key_id, ctx.scale)
     return dq, dk, dv, dsink if ctx.has_sink else None, None, None
 
 
@@ -191,7 +196,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, key: Key, sink: Optional[Tensor] 
         d = q.shape[-1] if isinstance(q, Tensor) and q.dim() > 0 else 1
         softmax_scale = default_scale(d)
     _verdict(key, "attention", _attention_problem(key, q, k, v, sink, softmax_scale))
-    return _attention_op(q, k, v, sink, key.id, float(softmax_scale))
+    y, lse, _ = _attention_op(q, k, v, sink, key.id, float(softmax_scale))
+    return y, lse
 
 
 # ---------------------------------------------------------------- Gated DeltaNet / KDA
