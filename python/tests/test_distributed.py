@@ -3,7 +3,8 @@
 Each rank computes the CP1 reference itself (a key without a group), then the same layers under CP; the
 C++ protocol runs unchanged, its collectives calling torch.distributed. Checked on every rank: outputs,
 gradients (this rank's contribution summed over the group = the CP1 gradient), dispatch/undispatch,
-undispatch's adjoint, and that bad input on one rank is refused on every rank with the group still usable.
+undispatch's adjoint, torch.compile(fullgraph=True) under CP, and that bad input on one rank is refused on
+every rank with the group still usable.
 """
 
 import socket
@@ -129,6 +130,18 @@ def _check_group(rank, n, group):
         assert f"bad input on rank {bad_rank}" in msg, msg
     o, _ = tt.attention(key.dispatch(q), key.dispatch(k), key.dispatch(v), key, sink=sink)
     assert o.shape[0] == key.local_tokens
+    if n == 2:
+        # torch.compile(fullgraph) of a function of the ops under CP: their collectives run inside the ops
+        def layer(q, k, v, sink):
+            o, _ = tt.attention(q, k, v, key, sink=sink)
+            return tt.short_conv(o.flatten(1), torch.ones(o.shape[1] * o.shape[2], 3, dtype=o.dtype), key)
+
+        args = [key.dispatch(x).detach().requires_grad_() for x in (q, k, v)] + [sink.clone().requires_grad_()]
+        eager = layer(*args)
+        compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(*args)
+        _close(compiled, eager, "compiled output")
+        for a, b in zip(torch.autograd.grad(compiled.sum(), args), torch.autograd.grad(eager.sum(), args)):
+            _close(a, b, "compiled gradient")
     # every rank must plan the same row: a different row on rank 0 is refused everywhere
     if n > 1:
         other = treecp.Row.from_segments([-1, 0], [30, 30]) if rank == 0 else row
