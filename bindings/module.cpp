@@ -87,6 +87,10 @@ int64_t fingerprint(const Row& row, const Plan& plan) {
   return static_cast<int64_t>(h);
 }
 
+// The compute calls run without the GIL, so that other Python threads (data loaders, torch's) go on; the
+// Python communicator takes it back for each collective.
+using Compute = nb::call_guard<nb::gil_scoped_release>;
+
 template <class T>
 void bind_ops(nb::class_<py::KeyCore>& cls) {
   cls.def(
@@ -97,7 +101,7 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
                                  lse.data(), ptr_or_null(o_presink));
       },
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
-      nb::arg("v"), nb::arg("sink").none(), nb::arg("y"), nb::arg("lse"), nb::arg("o_presink").none());
+      nb::arg("v"), nb::arg("sink").none(), nb::arg("y"), nb::arg("lse"), nb::arg("o_presink").none(), Compute());
   cls.def(
       "attention_backward",
       [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
@@ -108,26 +112,27 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
       },
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
       nb::arg("v"), nb::arg("sink").none(), nb::arg("o"), nb::arg("lse"), nb::arg("dy"), nb::arg("dq"), nb::arg("dk"),
-      nb::arg("dv_"), nb::arg("dsink").none());
+      nb::arg("dv_"), nb::arg("dsink").none(), Compute());
   cls.def(
       "gdn_forward",
       [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
          In<T> v, In<T> g, In<T> beta, Out<T> y) {
         key.gdn_forward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
                            beta.data(), y.data());
-      });
+      },
+      Compute());
   cls.def("gdn_backward", [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk,
                              In<T> q, In<T> k, In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_,
                              Out<T> dv_, Out<T> dg, Out<T> dbeta) {
     key.gdn_backward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(), beta.data(),
                         dy.data(), dq.data(), dk_.data(), dv_.data(), dg.data(), dbeta.data());
-  });
+  }, Compute());
   cls.def(
       "conv_forward",
       [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
          Out<T> y) { key.conv_forward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), y.data()); },
       nb::arg("channels"), nb::arg("width"), nb::arg("silu"), nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-      nb::arg("y"));
+      nb::arg("y"), Compute());
   cls.def(
       "conv_backward",
       [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
@@ -136,7 +141,7 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
                              dweight.data(), ptr_or_null(dbias));
       },
       nb::arg("channels"), nb::arg("width"), nb::arg("silu"), nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-      nb::arg("dy"), nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias").none());
+      nb::arg("dy"), nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias").none(), Compute());
 }
 
 }  // namespace

@@ -87,8 +87,11 @@ class PythonCommunicator final : public Communicator {
       recv_pack.resize(static_cast<size_t>(total(recv_counts)) * es);
       r = recv_pack.data();
     }
-    call("all_to_all_v", view(s, total(send_counts), type), send_counts, view(r, total(recv_counts), type),
-         recv_counts);
+    {
+      nb::gil_scoped_acquire gil;
+      invoke("all_to_all_v", view(s, total(send_counts), type), send_counts, view(r, total(recv_counts), type),
+             recv_counts);
+    }
     if (!recv_packed) {
       size_t at = 0;
       for (size_t p = 0; p < n; ++p) {
@@ -111,21 +114,22 @@ class PythonCommunicator final : public Communicator {
   }
 
   void all_reduce_sum(void* data, int64_t count, CommType type) override {
-    call("all_reduce_sum", view(data, count, type));
+    nb::gil_scoped_acquire gil;
+    invoke("all_reduce_sum", view(data, count, type));
   }
 
   void all_gather(const void* send, void* recv, int64_t count, CommType type) override {
-    call("all_gather", view(send, count, type), view(recv, count * size_, type));
+    nb::gil_scoped_acquire gil;
+    invoke("all_gather", view(send, count, type), view(recv, count * size_, type));
   }
 
-  void barrier() override { call("barrier"); }
+  void barrier() override {
+    nb::gil_scoped_acquire gil;
+    invoke("barrier");
+  }
 
  private:
-  template <class... Args>
-  void call(const char* name, Args&&... args) {
-    nb::gil_scoped_acquire gil;
-    invoke(name, std::forward<Args>(args)...);
-  }
+  // The compute calls release the GIL (module.cpp), so every method takes it before touching Python.
   // A Python failure inside a collective becomes a treecp::Error naming the call, so that it travels
   // through the C++ runtime like any other and reaches Python as an exception.
   template <class... Args>

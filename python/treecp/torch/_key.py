@@ -75,6 +75,7 @@ class Key:
         self.local_tokens = int(self._core.owned_tokens)
         self._positions = torch.from_numpy(row.positions()).index_select(0, self.index)
         self._on_device: dict = {}
+        self._gather_order: dict = {}
         self.id = _next_key_id
         _next_key_id += 1
         _KEYS[self.id] = self
@@ -168,7 +169,7 @@ class Key:
 
 def _order(key: Key, device):
     """Canonical id of each row of the all-gathered, padded buffer, and where each canonical row sits in it."""
-    cache = key._on_device.setdefault(("gather", torch.device(device)), {})
+    cache = key._gather_order.setdefault(torch.device(device), {})
     if not cache:
         most = max(key.owned_counts)
         idx = torch.full((key.cp * most,), -1, dtype=torch.int64)
