@@ -3,10 +3,12 @@
 # what is missing). The CUDA toolkit is optional: CUDA sources are compiled when nvcc is found.
 # With --python (scripts/test.sh), also the Python package's test environment: a virtual environment
 # with torch, numpy, pytest, nanobind and scikit-build-core from PyPI (scripts/python_env.sh says
-# where), created and filled once.
+# where), created and filled once. librsvg2-bin (rsvg-convert) is for the tests only: they render the
+# SVG pictures to PNG.
 set -euo pipefail
 need=()
-for pkg in cmake ninja-build g++ libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin python3 python3-dev python3-venv; do
+for pkg in cmake ninja-build g++ libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin python3 python3-dev python3-venv \
+           librsvg2-bin; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if ((${#need[@]})); then

@@ -18,6 +18,7 @@
 #include "plan/plan.hpp"
 #include "plan/planner.hpp"
 #include "plan/work.hpp"
+#include "schedule_case.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
@@ -541,28 +542,9 @@ TEST(Costs, StageAndTransferTerms) {
 }
 
 TEST(Costs, SimulatorFollowsTheScheduleModel) {
-  CostModel c;
-  c.stage_launch_ms = 0.0;
-  c.range_ms = 0.0;
-  c.merge_ms_per_query_token = 0.0;
-  c.underfill_pairs = 0;
-  c.token_local_forward_ms_per_token = 0.0;
-  c.token_local_backward_ms_per_token = 0.0;
-  c.local_forward_pairs_per_ms = c.remote_forward_pairs_per_ms = 1.0;
-  c.local_backward_pairs_per_ms = c.remote_backward_pairs_per_ms = 0.5;
-  c.intra_node = {0.0, 1.0};
-  c.rank_bandwidth_bytes_per_ms = 1e9;
-  c.shape = AttentionShape{1, 1, 1, 1, 1, 1};  // 2 bytes per token both ways
-  const Links links(c, 2);
-  // Rank 0: local 3 ms; wave 0 fetch 4 ms (2 tokens), stage 1 ms; wave 1 fetch 1 ms, stage 2 ms.
-  std::vector<RankLoad> loads(2);
-  loads[0].local = {3, 0, 0};
-  loads[0].waves = {{1, 0, 1}, {2, 0, 1}};
-  loads[1].waves = {{0, 0, 0}, {0, 0, 0}};
-  std::vector<WaveTraffic> waves(2, WaveTraffic(4, 0));
-  waves[0][1 * 2 + 0] = 2;
-  waves[1][1 * 2 + 0] = 1;  // 1 token = 2 B at 1 B/ms: 2 ms
-  const Prediction p = simulate(c, links, loads, waves);
+  const testing::ScheduleCase s = testing::hand_worked_schedule();
+  const Links links(s.costs, 2);
+  const Prediction p = simulate(s.costs, links, s.loads, s.waves);
   // forward: compute 3, fetch0 ready 4 -> start 4, fetch1 ready 4 + 2 = 6, done 5; start 6, done 8.
   EXPECT_DOUBLE_EQ(p.forward_ms[0], 8.0);
   // backward: wave 1 2 x 2 = 4 ms, return 2 ms -> 6; wave 0 +2 ms = 6, return 4 ms -> 10; local +6 = 12.

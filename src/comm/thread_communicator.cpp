@@ -160,9 +160,14 @@ class Hub {
     const Post& d = c.posts[static_cast<size_t>(p.dst)];
     const size_t es = comm_type_size(s.type);
     const int64_t count = s.send_counts[static_cast<size_t>(p.dst)];
-    std::memcpy(static_cast<char*>(d.recv) + static_cast<size_t>(d.recv_displs[static_cast<size_t>(p.src)]) * es,
-                static_cast<const char*>(s.send) + static_cast<size_t>(s.send_displs[static_cast<size_t>(p.dst)]) * es,
-                static_cast<size_t>(count) * es);
+    void* to = static_cast<char*>(d.recv) + static_cast<size_t>(d.recv_displs[static_cast<size_t>(p.src)]) * es;
+    const void* from =
+        static_cast<const char*>(s.send) + static_cast<size_t>(s.send_displs[static_cast<size_t>(p.dst)]) * es;
+    if (opt_.copy) {
+      opt_.copy(to, from, static_cast<size_t>(count) * es);
+    } else {
+      std::memcpy(to, from, static_cast<size_t>(count) * es);
+    }
     --c.undelivered;
     --c.pending_in[static_cast<size_t>(p.dst)];
     --c.pending_out[static_cast<size_t>(p.src)];

@@ -1,4 +1,5 @@
-// Ranks as threads of one process: a Communicator per rank over a shared hub, host memory only. It serves
+// Ranks as threads of one process: a Communicator per rank over a shared hub, host memory (all-to-all
+// parts may move through a caller's copy function instead: ThreadCommOptions::copy). It serves
 // tests of the protocol code (many rank counts in one process, no MPI) and in-process multi-rank runs.
 //
 // Started exchanges complete late and out of order on purpose when `late` is set: nothing lands before its
@@ -14,7 +15,9 @@
 // both. A wait longer than `timeout_s` throws an Error naming the call and the ranks not yet arrived.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -27,6 +30,9 @@ struct ThreadCommOptions {
   uint64_t seed = 1;           // of the delivery order and pauses
   int max_pause_us = 200;      // pause before each delivered part, uniform in [0, max_pause_us]
   double timeout_s = 60.0;     // deadline of every wait
+  // How an all-to-all part moves (default: memcpy). Tests of a GPU backend on one device pass a copy that
+  // first waits for the device (the sender's packing) and then copies device memory.
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;
 };
 
 // One communicator per rank; use communicator r from one thread at a time (rank r's thread).

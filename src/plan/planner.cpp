@@ -363,14 +363,18 @@ Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator&
   return plan;
 }
 
-Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
+namespace {
+
+// The loads and traffic a Plan implies, from its slices and ranges.
+void plan_loads(const Plan& plan, const CostModel& costs, std::vector<RankLoad>& loads,
+                std::vector<WaveTraffic>& traffic) {
   const int cp = plan.cp;
   require(cp >= 1 && static_cast<int>(plan.ranks.size()) == cp, "simulate_plan: plan has ", plan.ranks.size(),
           " ranks for cp = ", cp);
   const std::vector<int64_t>& bounds = plan.chunk_bounds;
   const size_t waves = static_cast<size_t>(plan.num_waves);
-  std::vector<RankLoad> loads(cp);
-  std::vector<WaveTraffic> traffic(waves, WaveTraffic(static_cast<size_t>(cp) * cp, 0));
+  loads.assign(cp, RankLoad{});
+  traffic.assign(waves, WaveTraffic(static_cast<size_t>(cp) * cp, 0));
   std::vector<int32_t> stamp(bounds.size(), -1);  // last stage that counted a query chunk
   int32_t stage_id = 0;
   for (int r = 0; r < cp; ++r) {
@@ -407,7 +411,22 @@ Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
       }
     }
   }
-  return simulate(costs, Links(costs, cp), loads, traffic);
+}
+
+}  // namespace
+
+Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
+  std::vector<RankLoad> loads;
+  std::vector<WaveTraffic> traffic;
+  plan_loads(plan, costs, loads, traffic);
+  return simulate(costs, Links(costs, plan.cp), loads, traffic);
+}
+
+Timeline simulate_plan_timeline(const Plan& plan, const CostModel& costs) {
+  std::vector<RankLoad> loads;
+  std::vector<WaveTraffic> traffic;
+  plan_loads(plan, costs, loads, traffic);
+  return simulate_timeline(costs, Links(costs, plan.cp), loads, traffic);
 }
 
 // ---- the search

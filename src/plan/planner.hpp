@@ -120,5 +120,7 @@ Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator&
 
 // The loads a Plan implies (from its slices and ranges) priced with the same cost function.
 Prediction simulate_plan(const Plan& plan, const CostModel& costs);
+// The same simulation span by span (what `treecp plan --svg` and `treecp run --trace` draw).
+Timeline simulate_plan_timeline(const Plan& plan, const CostModel& costs);
 
 }  // namespace treecp
