@@ -8,6 +8,11 @@
 #include "runtime/dense_attention.hpp"
 #include "runtime/gdn_cp.hpp"
 #include "runtime/redistribute.hpp"
+#if TREECP_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "runtime/cuda_backend.hpp"
+#endif
 
 namespace treecp::py {
 namespace {
@@ -58,6 +63,17 @@ KeyCore::KeyCore(Row row, Plan plan, std::unique_ptr<Communicator> comm)
   for (int r = 0; r < plan_.cp; ++r) layout_[static_cast<size_t>(r)] = plan_.ranks[static_cast<size_t>(r)].owned;
   owned_tokens_ = plan_.ranks[static_cast<size_t>(comm_->rank())].owned_tokens();
 }
+
+#if TREECP_HAVE_CUDA
+// One CUDA backend per key (its stream and caching pool) and a DenseAttentionCP per shape.
+struct KeyCore::CudaRunners {
+  int device = -1;
+  std::unique_ptr<CudaBackend> backend;
+  std::map<AttentionCall, std::unique_ptr<DenseAttentionCP<CudaBackend>>> cp;
+};
+#else
+struct KeyCore::CudaRunners {};
+#endif
 
 KeyCore::~KeyCore() = default;
 
@@ -112,6 +128,80 @@ void KeyCore::attention_backward(const AttentionCall& c, const T* q, const T* k,
   copy_out(dvb, dv);
   if (dsink) copy_out(dsb, dsink);
 }
+
+#if TREECP_HAVE_CUDA
+namespace {
+
+template <class T>
+DeviceBuffer<T> device_view(uintptr_t ptr, int64_t n) {
+  return DeviceBuffer<T>::wrap(reinterpret_cast<T*>(ptr), n);
+}
+
+}  // namespace
+
+bool KeyCore::has_cuda() { return true; }
+
+uintptr_t KeyCore::cuda_stream(int device) {
+  if (!cuda_) cuda_ = std::make_unique<CudaRunners>();
+  if (!cuda_->backend) {
+    cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+    cuda_->device = device;
+    cuda_->backend = std::make_unique<CudaBackend>();
+  }
+  require(cuda_->device == device, "key: its CUDA state is on device ", cuda_->device, ", the tensors on ", device,
+          " (one key per device)");
+  return reinterpret_cast<uintptr_t>(cuda_->backend->stream());
+}
+
+void KeyCore::cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                                     uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
+  cuda_stream(device);
+  cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+  auto& slot = cuda_->cp[c];
+  if (!slot)
+    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_dims(c), *comm_, *cuda_->backend,
+                                                           DenseAttentionOptions{BackwardKv::Refetch});
+  const int64_t n = owned_tokens_;
+  using E = cuda::bf16_t;
+  const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
+             vb = device_view<E>(v, n * c.hkv * c.dv);
+  const auto sb = device_view<float>(sink, c.hq);
+  auto yb = device_view<E>(y, n * c.hq * c.dv), ob = device_view<E>(o_presink, n * c.hq * c.dv);
+  auto lb = device_view<float>(lse, n * c.hq);
+  slot->forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb, sink ? &ob : nullptr);
+}
+
+void KeyCore::cuda_attention_backward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                                      uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq,
+                                      uintptr_t dk, uintptr_t dv, uintptr_t dsink) {
+  cuda_stream(device);
+  cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+  auto& slot = cuda_->cp[c];
+  if (!slot)
+    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_dims(c), *comm_, *cuda_->backend,
+                                                           DenseAttentionOptions{BackwardKv::Refetch});
+  const int64_t n = owned_tokens_;
+  using E = cuda::bf16_t;
+  const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
+             vb = device_view<E>(v, n * c.hkv * c.dv), obuf = device_view<E>(o, n * c.hq * c.dv),
+             dyb = device_view<E>(dy, n * c.hq * c.dv);
+  const auto sb = device_view<float>(sink, c.hq), lb = device_view<float>(lse, n * c.hq);
+  auto dqb = device_view<float>(dq, n * c.hq * c.d), dkb = device_view<float>(dk, n * c.hkv * c.d),
+       dvb = device_view<float>(dv, n * c.hkv * c.dv), dsb = device_view<float>(dsink, c.hq);
+  slot->backward(qb, kb, vb, sink ? &sb : nullptr, obuf, lb, dyb, dqb, dkb, dvb, sink ? &dsb : nullptr);
+}
+#else
+bool KeyCore::has_cuda() { return false; }
+uintptr_t KeyCore::cuda_stream(int) { fail("key: this build of treecp has no CUDA backend"); }
+void KeyCore::cuda_attention_forward(const AttentionCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                     uintptr_t, uintptr_t) {
+  fail("attention: this build of treecp has no CUDA backend");
+}
+void KeyCore::cuda_attention_backward(const AttentionCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                      uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
+  fail("attention: this build of treecp has no CUDA backend");
+}
+#endif
 
 const GdnPlan& KeyCore::gdn_plan(const GdnCall& c, int element_bytes) {
   const auto key = std::make_tuple(c.heads, c.dk, c.dv, element_bytes, c.chunk);

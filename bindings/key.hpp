@@ -70,6 +70,17 @@ class KeyCore {
   void gdn_backward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy,
                     T* dq, T* dk, T* dv, T* dg, T* dbeta);
 
+  // CUDA (bf16 activations; fp32 sink, LSE and gradients), on device `device` and the key's own stream
+  // (cuda_stream(), which the caller orders against its own with events). Pointers are device addresses.
+  // Available when has_cuda() (the extension was built with the CUDA backend).
+  static bool has_cuda();
+  uintptr_t cuda_stream(int device);
+  void cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                              uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink);
+  void cuda_attention_backward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                               uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq, uintptr_t dk,
+                               uintptr_t dv, uintptr_t dsink);
+
   // Depthwise causal conv over the tree: x [n, C], weight [C, K], bias [C] or null.
   template <class T>
   void conv_forward(int channels, int width, bool silu, const T* x, const T* weight, const T* bias, T* y);
@@ -80,6 +91,7 @@ class KeyCore {
 
  private:
   struct Runners;
+  struct CudaRunners;
   template <class T>
   auto& attention_runner(const AttentionCall& c);
   const GdnPlan& gdn_plan(const GdnCall& c, int element_bytes);
@@ -90,6 +102,7 @@ class KeyCore {
   RankLayout layout_;
   int64_t owned_tokens_ = 0;
   std::unique_ptr<Runners> runners_;
+  std::unique_ptr<CudaRunners> cuda_;
   std::map<std::tuple<int, int, int, int, int>, GdnPlan> gdn_plans_;
 };
 

@@ -150,9 +150,8 @@ NB_MODULE(_core, m) {
   m.doc() = "treecp's C++ core: packed prefix-tree rows, plans and the context-parallel runtimes";
   // torch's compiled-graph caches and autograd graphs may hold keys until the interpreter is gone.
   nb::set_leak_warnings(false);
-  // CUDA tensors need the runtime's CUDA backend and NCCL communicator, which this binding does not wire
-  // yet: the package refuses CUDA tensors by name until it does.
-  m.attr("has_cuda_backend") = false;
+  // Whether the extension was built with the CUDA backend (nvcc found at build time).
+  m.attr("has_cuda_backend") = py::KeyCore::has_cuda();
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -253,6 +252,22 @@ NB_MODULE(_core, m) {
         for (int r = 0; r < k.cp(); ++r) out.push_back(k.plan().ranks[static_cast<size_t>(r)].owned_tokens());
         return out;
       });
+  key.def("cuda_stream", &py::KeyCore::cuda_stream, Compute());
+  key.def(
+      "cuda_attention_forward",
+      [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, uintptr_t q, uintptr_t kk,
+         uintptr_t v, uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
+        k.cuda_attention_forward({hq, hkv, d, dv, scale}, device, q, kk, v, sink, y, lse, o_presink);
+      },
+      Compute());
+  key.def(
+      "cuda_attention_backward",
+      [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, uintptr_t q, uintptr_t kk,
+         uintptr_t v, uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq, uintptr_t dk,
+         uintptr_t dvv, uintptr_t dsink) {
+        k.cuda_attention_backward({hq, hkv, d, dv, scale}, device, q, kk, v, sink, o, lse, dy, dq, dk, dvv, dsink);
+      },
+      Compute());
   bind_ops<float>(key);
   bind_ops<double>(key);
 }

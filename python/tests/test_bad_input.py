@@ -59,10 +59,20 @@ def test_a_key_from_another_row_or_group_size_is_refused(key):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
-def test_cuda_tensors_are_refused_by_name_without_the_cuda_backend(key):
-    q, k, v = (x.cuda().bfloat16() for x in qkv())
-    with pytest.raises(ValueError, match="q is on cuda"):
+def test_cuda_tensors_are_refused_by_name_where_the_kernels_cannot_take_them(key):
+    q, k, v = (x.cuda().bfloat16() for x in qkv())  # head dim 8
+    if not treecp._core.has_cuda_backend:
+        with pytest.raises(ValueError, match="q is on cuda.*no CUDA backend"):
+            tt.attention(q, k, v, key)
+        return
+    with pytest.raises(ValueError, match="head dims must be 64 or 128"):
         tt.attention(q, k, v, key)
+    q, k, v = (x.cuda() for x in qkv(d=64, dv=64, dtype=torch.float16))
+    with pytest.raises(ValueError, match="q has dtype torch.float16; on CUDA treecp takes bfloat16"):
+        tt.attention(q, k, v, key)
+    x = torch.randn(9, 4, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="no CUDA kernel for the short convolution"):
+        tt.short_conv(x, torch.randn(4, 3, device="cuda", dtype=torch.bfloat16), key)
 
 
 def test_gdn_refuses_bad_input(key):

@@ -52,12 +52,15 @@ def _check_compute(op: str, tensors: dict, shapes: dict) -> Optional[str]:
         p = _check_tensor(op, name, x)
         if p:
             return p
-    if ref.device.type == "cuda" and not _core.has_cuda_backend:
-        return (f"{op}: {ref_name} is on {ref.device}: this build of treecp has no CUDA backend yet "
-                "(CPU tensors, float32 or float64)")
-    if ref.device.type != "cpu":
-        return f"{op}: {ref_name} is on {ref.device}; treecp runs on CPU (float32, float64) tensors"
-    if ref.dtype not in _CPU_DTYPES:
+    if ref.device.type == "cuda":
+        if not _core.has_cuda_backend:
+            return (f"{op}: {ref_name} is on {ref.device}: this build of treecp has no CUDA backend (it was built "
+                    "without nvcc); CPU tensors, float32 or float64")
+        if ref.dtype != torch.bfloat16:
+            return f"{op}: {ref_name} has dtype {ref.dtype}; on CUDA treecp takes bfloat16"
+    elif ref.device.type != "cpu":
+        return f"{op}: {ref_name} is on {ref.device}; treecp runs on CPU (float32, float64) and CUDA (bfloat16) tensors"
+    elif ref.dtype not in _CPU_DTYPES:
         return f"{op}: {ref_name} has dtype {ref.dtype}; on CPU treecp takes float32 or float64"
     for name, x in tensors.items():
         if x.device != ref.device:
@@ -121,6 +124,12 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
                        {"q": (n, hq, d), "k": (n, hkv, d), "v": (n, hkv, None), "sink": (hq,)})
     if p:
         return p
+    if q.device.type == "cuda":
+        if v.shape[2] != d or d not in (64, 128):
+            return f"{op}: on CUDA the head dims must be 64 or 128 with v's equal to q's, got q {d} and v {v.shape[2]}"
+        if key.cp > 1:
+            return (f"{op}: CUDA tensors under CP (a group of {key.cp}) need the NCCL communicator made from the "
+                    "group, which the package does not wire yet; CP runs on CPU tensors over gloo")
     if not _positive_number(scale):
         return f"{op}: softmax_scale must be a positive finite number, got {scale}"
     return None
@@ -132,6 +141,8 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], key_i
     """(y, lse, o before the sink); the last is empty without a sink (y is that output then)."""
     key = key_of(key_id)
     _refuse(_attention_problem(key, q, k, v, sink, scale))
+    if q.device.type == "cuda":
+        return _cuda_attention_forward(key, q, k, v, sink, scale)
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     lse = q.new_empty(q.shape[0], q.shape[1])
     o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
@@ -144,7 +155,57 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], key_i
 @_attention_op.register_fake
 def _(q, k, v, sink, key_id, scale):
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
-    return y, q.new_empty(q.shape[0], q.shape[1]), torch.empty_like(y) if sink is not None else q.new_empty(0)
+    return y, q.new_empty(q.shape[0], q.shape[1], dtype=_stat_dtype(q)), \
+        torch.empty_like(y) if sink is not None else q.new_empty(0)
+
+
+def _stat_dtype(q):
+    # LSE and gradients: float32 on CUDA (bf16 activations, fp32 statistics), the activations' dtype on CPU
+    return torch.float32 if q.device.type == "cuda" else q.dtype
+
+
+class _KeyStream:
+    """Runs the key's CUDA work on its backend's stream, ordered after and before the caller's current stream."""
+
+    def __init__(self, key, device):
+        self.device = device
+        self.stream = torch.cuda.ExternalStream(key._core.cuda_stream(device.index), device=device)
+
+    def __enter__(self):
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return False
+
+
+def _cuda_attention_forward(key, q, k, v, sink, scale):
+    y = torch.empty_like(q)
+    lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
+    o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
+    sink32 = sink.detach().float().contiguous() if sink is not None else None
+    with _KeyStream(key, q.device):
+        key._core.cuda_attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.device.index,
+                                         q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                         sink32.data_ptr() if sink32 is not None else 0, y.data_ptr(), lse.data_ptr(),
+                                         o_presink.data_ptr() if sink is not None else 0)
+        if sink32 is not None:
+            sink32.record_stream(torch.cuda.current_stream(q.device))
+    return y, lse, o_presink
+
+
+def _cuda_attention_backward(key, q, k, v, sink, o, lse, dy, scale):
+    dq, dk, dv = (torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (q, k, v))
+    dsink = torch.zeros(q.shape[1] if sink is not None else 0, dtype=torch.float32, device=q.device)
+    sink32 = sink.float().contiguous() if sink is not None else None
+    with _KeyStream(key, q.device):
+        key._core.cuda_attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.device.index,
+                                          q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                          sink32.data_ptr() if sink32 is not None else 0, o.data_ptr(), lse.data_ptr(),
+                                          dy.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                          dsink.data_ptr() if sink is not None else 0)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink.to(sink.dtype) if sink is not None else dsink
 
 
 @torch.library.custom_op("treecp::attention_backward", mutates_args=())
@@ -152,6 +213,8 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tenso
                            dy: Tensor, key_id: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The runtime's stateless backward: o is the output before the sink, lse the forward's."""
     key = key_of(key_id)
+    if q.device.type == "cuda":
+        return _cuda_attention_backward(key, q, k, v, sink, o, lse, dy.contiguous(), scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsink = q.new_zeros(q.shape[1] if sink is not None else 0)
     key._core.attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q, k, v, sink, o, lse,
@@ -214,6 +277,8 @@ def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk) -> Optional[str]:
     if q.dim() != 3 or v.dim() != 3:
         bad, x = ("q", q) if q.dim() != 3 else ("v", v)
         return f"{op}: {bad} must be token-major [tokens, heads, head_dim], got shape {list(x.shape)}"
+    if q.device.type == "cuda":
+        return f"{op}: no CUDA kernels for GDN/KDA yet; run the layer on CPU tensors (float32, float64)"
     h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
     g_shape = (n, h) if g.dim() == 2 else (n, h, dk)
     p = _check_compute(op, {"q": q, "k": k, "v": v, "g": g, "beta": beta},
@@ -306,6 +371,8 @@ def _conv_problem(key: Key, x, weight, bias) -> Optional[str]:
     if x.dim() != 2 or weight.dim() != 2:
         bad, t, want = ("x", x, "[tokens, channels]") if x.dim() != 2 else ("weight", weight, "[channels, width]")
         return f"{op}: {bad} must be {want}, got shape {list(t.shape)}"
+    if x.device.type == "cuda":
+        return f"{op}: no CUDA kernel for the short convolution yet; run it on CPU tensors (float32, float64)"
     c, w = x.shape[1], weight.shape[1]
     p = _check_compute(op, {"x": x, "weight": weight, "bias": bias}, {"x": (n, c), "weight": (c, w), "bias": (c,)})
     if p:
