@@ -2,9 +2,10 @@
 
 Every op checks its inputs by name and, under CP, agrees with the other ranks on the verdict (one
 small all-gather) before any collective moves data: bad input on one rank raises ValueError on every
-rank. The fake implementations only compute output shapes, so torch.compile traces
-the ops without running them. Backward ops take tensors only (no C++ state between forward and
-backward): they run the forward protocol again, then the backward.
+rank. The fake implementations only compute output shapes, so torch.compile traces the ops without
+running them. Backward ops take tensors only (no C++ state between forward and backward): attention's
+is the runtime's stateless backward (it fetches remote KV again); GDN's and the convolution's run their
+forward protocol again first.
 """
 
 from __future__ import annotations
