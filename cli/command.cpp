@@ -1,5 +1,7 @@
 #include "command.hpp"
 
+#include <algorithm>
+#include <filesystem>
 #include <iostream>
 
 #include "core/error.hpp"

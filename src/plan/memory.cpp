@@ -57,8 +57,8 @@ RuntimeMemory attention_runtime_memory(const RuntimeMemoryInput& in) {
   out.kept_bytes = m.live;
   // backward (DenseAttentionCP::backward_impl), the kept buffers still held
   m.peak = m.live;
-  m.alloc(o_bytes);  // dO
-  m.alloc(l_bytes);  // dLSE / Dsum
+  if (in.sink) m.alloc(o_bytes);  // dO of the pre-sink output (without a sink it is dy itself)
+  m.alloc(l_bytes);                // dLSE / Dsum
   if (in.refetch && W > 0) {
     m.alloc(send(0));
     m.alloc(kv(0));
@@ -75,7 +75,7 @@ RuntimeMemory attention_runtime_memory(const RuntimeMemoryInput& in) {
     m.release(kv(w));
     m.alloc(in.sent_rows[w] * kvw * in.grad_bytes);  // the returns
   }
-  m.release(o_bytes + l_bytes);
+  m.release((in.sink ? o_bytes : 0) + l_bytes);
   out.backward_peak_bytes = m.peak;
   return out;
 }

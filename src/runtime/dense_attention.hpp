@@ -313,10 +313,11 @@ class DenseAttentionCP {
     }
     forward_pending_ = false;
     be_.record(marks_[2]);
-    Act d_o = be_.alloc_act(rows * dims_.hq * dims_.dv);
+    // dO of the pre-sink output: dy itself without a sink (no copy), else sink_backward's.
+    Act d_o_store = sink ? be_.alloc_act(rows * dims_.hq * dims_.dv) : Act();
     Stat dstat = be_.alloc_stat(rows * dims_.hq);
     begin_span(bwd_spans_, sink ? "bwd merge+sink" : "bwd prep");
-    be_.merge_sink_backward(dims_, rows, o, lse, sink, dy, d_o, dstat, dsink);
+    const Act& d_o = be_.merge_sink_backward(dims_, rows, o, lse, sink, dy, d_o_store, dstat, dsink);
     end_span(bwd_spans_);
     be_.zero(dq);
     be_.zero(dk);
@@ -351,7 +352,7 @@ class DenseAttentionCP {
     be_.attention_backward(dims_, local_geom_, q, owned_kv(k, v), o, lse, d_o, dstat, dq,
                            DkvView<GradElem>{be_.data(dk), be_.data(dv), kw_, vw_});
     end_span(bwd_spans_);
-    be_.release(d_o);
+    be_.release(d_o_store);
     be_.release(dstat);
     for (size_t w = 0; w < W; ++w) {
       Wave& wave = waves_[w];
