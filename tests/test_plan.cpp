@@ -181,6 +181,33 @@ TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
   EXPECT_EQ(plans, 24 * 8 * 5);
 }
 
+TEST(Plan, AnotherWindowKeepsTheOwnershipAndCoversEveryPairOnce) {
+  std::mt19937_64 rng(23);
+  for (int iter = 0; iter < 12; ++iter) {
+    const Row row = random_row(rng);
+    for (int cp = 1; cp <= 5; ++cp) {
+      PlanOptions o;
+      o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 16)(rng);
+      const Plan base = make_plan(row, cp, CostModel{}, o);
+      for (int64_t window : {int64_t{0}, std::uniform_int_distribution<int64_t>(1, 30)(rng)}) {
+        const std::string what = "cp " + std::to_string(cp) + " iteration " + std::to_string(iter) + " window " +
+                                 std::to_string(window);
+        o.window = window;
+        const Plan plan = plan_for_ownership(row, base, CostModel{}, o);
+        ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << what;
+        expect_exact_once(plan, row, window, what);
+        EXPECT_EQ(plan.chunk_bounds, base.chunk_bounds) << what;
+        EXPECT_EQ(plan.chunk_owner, base.chunk_owner) << what;
+        for (int r = 0; r < cp; ++r) EXPECT_EQ(plan.ranks[r].owned, base.ranks[r].owned) << what;
+      }
+    }
+  }
+  PlanOptions o;
+  EXPECT_THROW(plan_for_ownership(make_preset("fixed5k", 2, 0), make_plan(make_preset("fixed5k", 1, 0), 1, CostModel{}, o),
+                                  CostModel{}, o),
+               Error);
+}
+
 TEST(Plan, PresetPlansValidateAtOddRankCounts) {
   for (int cp : {3, 5, 6}) {
     for (const char* preset : {"varied5k", "deep", "art-varied5k"}) {

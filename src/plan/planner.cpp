@@ -754,4 +754,17 @@ Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions
   return plan;
 }
 
+Plan plan_for_ownership(const Row& row, const Plan& ownership, const CostModel& costs, const PlanOptions& options) {
+  require(options.window >= 0, "window must be >= 0 (0 = none), got ", options.window);
+  require(ownership.tokens == row.tokens(), "ownership: the plan is for ", ownership.tokens, " tokens, the row has ",
+          row.tokens());
+  const std::vector<Slice> slices = row_slices(row, options.window);
+  const WorkMatrix w =
+      build_work_matrix(slices, ownership.chunk_bounds, costs.tile_query_tokens, costs.tile_key_tokens);
+  Evaluator ev(w, costs, ownership.cp);
+  int evaluations = 0;
+  const Candidate pick = Search(ev, options, evaluations).best_waves(ownership.chunk_owner);
+  return build_plan(slices, options.window, ev, pick.owner, pick.waves, ownership.layout);
+}
+
 }  // namespace treecp

@@ -57,6 +57,10 @@ struct PlanReport {
 Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions& options,
                PlanReport* report = nullptr);
 
+// The same ownership (chunk bounds and owners of `ownership`) with the schedule of options.window:
+// layers with different sliding windows share one token layout, so activations never move between them.
+Plan plan_for_ownership(const Row& row, const Plan& ownership, const CostModel& costs, const PlanOptions& options);
+
 // ---- the parts, exposed for tests and benchmarks
 
 // Ownership generators: chunk -> rank.
