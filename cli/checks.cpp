@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <cstdio>
 #include <limits>
 
 #include "comm/communicator.hpp"
@@ -14,36 +15,6 @@
 #include "tree/slice.hpp"
 
 namespace treecp::cli {
-
-const char* dtype_name(DType t) { return t == DType::F32 ? "float32" : "float64"; }
-
-void require_dtype(const NpyArray& a, const std::string& name, DType dtype, const std::string& reference) {
-  require(a.dtype == dtype, name, " is ", dtype_name(a.dtype), " but ", reference, " is ", dtype_name(dtype),
-          ": mixing dtypes is refused (give every array the same dtype)");
-}
-
-void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf) {
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double x = a.data[i];
-    const bool ok = std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity());
-    require(ok, name, ": element ", i, " is ", x, " (expected finite values", allow_neg_inf ? " or -inf" : "", ")");
-  }
-}
-
-void require_finite_at_most(const NpyArray& a, const std::string& name, double max, const std::string& why) {
-  require_finite(a, name);
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    require(a.data[i] <= max, name, ": element ", i, " is ", a.data[i], " (expected values <= ", max, ": ", why, ")");
-  }
-}
-
-int require_dim(const NpyArray& a, const std::string& name, size_t axis, const std::string& what, int64_t lo,
-                int64_t hi) {
-  const int64_t d = a.shape.at(axis);
-  require(d >= lo && d <= hi, name, ": ", what, " = ", d, " (dimension ", axis, " of ", a.shape_string(),
-          ") must be in [", lo, ", ", hi, "]");
-  return static_cast<int>(d);
-}
 
 namespace {
 // A cgroup's memory limit in bytes, or 0 when the file is missing or says "max".

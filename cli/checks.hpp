@@ -1,5 +1,5 @@
-// The checks every command applies at its boundary, before any rank starts or any compute: arrays
-// (dtype, finite values, dimensions in range), memory estimates against the machine, plan options.
+// The limits every command checks at its boundary, before any rank starts or any compute: memory
+// estimates against the machine, the chunk size, the rank options (arrays' checks: arrays.hpp).
 #pragma once
 
 #include <cstdint>
@@ -7,28 +7,12 @@
 #include <vector>
 
 #include "command.hpp"
-#include "core/npy.hpp"
 
 namespace treecp {
 class Row;
 }
 
 namespace treecp::cli {
-
-const char* dtype_name(DType t);  // "float32", "float64"
-
-// One precision for every array of a command (float64 computes in double, float32 in float): mixing
-// them would silently promote or round.
-void require_dtype(const NpyArray& a, const std::string& name, DType dtype, const std::string& reference);
-
-// NaN or infinity in an input would propagate silently into every output that reads it. `max`, when
-// given, bounds the values too (GDN's log decays are <= 0).
-void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf = false);
-void require_finite_at_most(const NpyArray& a, const std::string& name, double max, const std::string& why);
-
-// Dimension `axis` of `a` as an int, required in [lo, hi]; `what` names it ("Hq", "D").
-int require_dim(const NpyArray& a, const std::string& name, size_t axis, const std::string& what, int64_t lo,
-                int64_t hi);
 
 // Bytes of memory this machine offers: physical memory, or the cgroup's limit when lower.
 int64_t machine_memory_bytes();

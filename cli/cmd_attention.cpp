@@ -4,12 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <filesystem>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "arrays.hpp"
 #include "checks.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
@@ -27,26 +26,6 @@
 
 namespace treecp::cli {
 namespace {
-
-// Requires a 3-d array [rows, *, *]; `expected` names the dimensions for the message.
-void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, const std::string& expected) {
-  require(a.shape.size() == 3 && a.shape[0] == rows, name, ": expected shape ", expected, " with S = ", rows,
-          ", got ", a.shape_string());
-}
-
-template <class T>
-std::vector<T> values(const NpyArray& a) {
-  return std::vector<T>(a.data.begin(), a.data.end());
-}
-
-template <class T>
-std::string npy_of(const std::vector<int64_t>& shape, const std::vector<T>& data) {
-  if constexpr (std::is_same_v<T, float>) {
-    return npy_bytes(shape, data.data());
-  } else {
-    return npy_bytes(shape, data.data(), DType::F64);
-  }
-}
 
 struct Inputs {
   RankOptions ranks;
@@ -68,7 +47,7 @@ const std::vector<std::string> kOutputs = {"o.npy", "lse.npy", "dq.npy", "dk.npy
 
 // Computes everything and returns (file name, bytes) pairs; writes nothing.
 template <class T>
-std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
+OutputFiles compute(const Inputs& in) {
   const std::vector<T> q = values<T>(in.q), k = values<T>(in.k), v = values<T>(in.v);
   std::vector<T> sink, dout;
   cpu::AttentionProblem<T> p;
@@ -91,7 +70,7 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
   }
   const cpu::AttentionResult<T> r = cpu::attention_reference(in.row, p);
   const int64_t S = in.row.tokens();
-  std::vector<std::pair<std::string, std::string>> files;
+  OutputFiles files;
   files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, r.o));
   files.emplace_back("lse.npy", npy_of<T>({S, in.hq}, r.lse));
   if (in.has_dout) {
@@ -106,7 +85,7 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
 // The same files through dense attention CP on comm's ranks; every rank holds the whole inputs (read
 // from the files), runs its owned rows, and the results are gathered on rank 0, which alone returns files.
 template <class T>
-std::vector<std::pair<std::string, std::string>> compute_cp(const Inputs& in, Communicator& comm, const Plan& plan) {
+OutputFiles compute_cp(const Inputs& in, Communicator& comm, const Plan& plan) {
   const int64_t S = in.row.tokens();
   const int64_t qw = int64_t{in.hq} * in.d, kw = int64_t{in.hkv} * in.d, vw = int64_t{in.hkv} * in.dv,
                 ow = int64_t{in.hq} * in.dv;
@@ -129,7 +108,7 @@ std::vector<std::pair<std::string, std::string>> compute_cp(const Inputs& in, Co
   for (int r = 0; r < comm.size(); ++r) owners[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
   const auto root = gathered_layout(S, comm.size(), 0);
   auto gather = [&](const std::vector<T>& a, int64_t width) { return redistribute(comm, be, a, owners, root, width); };
-  std::vector<std::pair<std::string, std::string>> files;
+  OutputFiles files;
   const auto o0 = gather(y, ow), lse0 = gather(lse, in.hq);
   files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, o0));
   files.emplace_back("lse.npy", npy_of<T>({S, in.hq}, lse0));
@@ -171,10 +150,10 @@ Inputs prepare(const Args& args) {
   if (in.has_dout) in.dout = load_npy(args.get("--dout"));
 
   in.dtype = in.q.dtype;
-  require_dtype(in.k, "k", in.dtype, "q");
-  require_dtype(in.v, "v", in.dtype, "q");
-  if (in.has_sink) require_dtype(in.sink, "sink", in.dtype, "q");
-  if (in.has_dout) require_dtype(in.dout, "dout", in.dtype, "q");
+  require_same_dtype(in.k, "k", in.q, "q");
+  require_same_dtype(in.v, "v", in.q, "q");
+  if (in.has_sink) require_same_dtype(in.sink, "sink", in.q, "q");
+  if (in.has_dout) require_same_dtype(in.dout, "dout", in.q, "q");
 
   const int64_t S = in.row.tokens();
   require_rank3(in.q, "q", S, "[S, Hq, D]");

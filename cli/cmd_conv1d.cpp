@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "arrays.hpp"
 #include "checks.hpp"
 #include "command.hpp"
 #include "comm/communicator.hpp"
@@ -52,7 +53,7 @@ ConvInputs prepare(const Args& args) {
   const DType dtype = in.x.dtype;
   in.C = require_dim(in.x, "x", 1, "C", 1, Row::kMaxTokens);
   in.weight = load_npy(args.get("--weight"));
-  require_dtype(in.weight, "weight", dtype, "x");
+  require_same_dtype(in.weight, "weight", in.x, "x");
   // [C, K], or PyTorch's depthwise [C, 1, K].
   const auto& ws = in.weight.shape;
   const bool ok = (ws.size() == 2 && ws[0] == in.C) || (ws.size() == 3 && ws[0] == in.C && ws[1] == 1);
@@ -62,13 +63,13 @@ ConvInputs prepare(const Args& args) {
   in.has_bias = args.has("--bias");
   if (in.has_bias) {
     in.bias = load_npy(args.get("--bias"));
-    require_dtype(in.bias, "bias", dtype, "x");
+    require_same_dtype(in.bias, "bias", in.x, "x");
     require_shape(in.bias, "bias", {in.C});
   }
   in.has_dout = args.has("--dout");
   if (in.has_dout) {
     in.dout = load_npy(args.get("--dout"));
-    require_dtype(in.dout, "dout", dtype, "x");
+    require_same_dtype(in.dout, "dout", in.x, "x");
     require_shape(in.dout, "dout", {in.S, in.C});
   }
   require_finite(in.x, "x");

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "arrays.hpp"
 #include "checks.hpp"
 #include "command.hpp"
 #include "comm/communicator.hpp"
@@ -63,15 +64,15 @@ GdnInputs prepare(const Args& args) {
   in.H = require_dim(in.q, "q", 1, "H", 1, 65536);
   in.dk = require_dim(in.q, "q", 2, "Dk", 1, 4096);
   in.k = load_npy(args.get("--k"));
-  require_dtype(in.k, "k", dtype, "q");
+  require_same_dtype(in.k, "k", in.q, "q");
   require_shape(in.k, "k", {in.S, in.H, in.dk});
   in.v = load_npy(args.get("--v"));
-  require_dtype(in.v, "v", dtype, "q");
+  require_same_dtype(in.v, "v", in.q, "q");
   require(in.v.shape.size() == 3 && in.v.shape[0] == in.S && in.v.shape[1] == in.H,
           "v: expected [", in.S, ", ", in.H, ", Dv], got ", in.v.shape_string());
   in.dv = require_dim(in.v, "v", 2, "Dv", 1, 4096);
   in.g = load_npy(args.get("--g"));
-  require_dtype(in.g, "g", dtype, "q");
+  require_same_dtype(in.g, "g", in.q, "q");
   if (in.g.shape == std::vector<int64_t>{in.S, in.H}) {
     in.gate = GdnGate::Scalar;
   } else if (in.g.shape == std::vector<int64_t>{in.S, in.H, in.dk}) {
@@ -81,12 +82,12 @@ GdnInputs prepare(const Args& args) {
          in.g.shape_string());
   }
   in.beta = load_npy(args.get("--beta"));
-  require_dtype(in.beta, "beta", dtype, "q");
+  require_same_dtype(in.beta, "beta", in.q, "q");
   require_shape(in.beta, "beta", {in.S, in.H});
   in.has_dout = args.has("--dout");
   if (in.has_dout) {
     in.dout = load_npy(args.get("--dout"));
-    require_dtype(in.dout, "dout", dtype, "q");
+    require_same_dtype(in.dout, "dout", in.q, "q");
     require_shape(in.dout, "dout", {in.S, in.H, in.dv});
   }
   require_finite(in.q, "q");

@@ -62,7 +62,6 @@ struct RunConfig {
   // GPU ranks only.
   bool full = false;
   int reps = 5;
-  std::string backward_kv = "keep";
 };
 
 void declare_options(Args& args) {
@@ -77,8 +76,7 @@ RunConfig read_options(const Args& args) {
   cfg.ranks = rank_options(args, 4);
   cfg.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
   if (cfg.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
-  require(cfg.gpu || (!args.has("--reps") && !args.get_flag("--full") && !args.has("--backward-kv")),
-          "--reps, --full and --backward-kv go with --device cuda");
+  require(cfg.gpu || (!args.has("--reps") && !args.get_flag("--full")), "--reps and --full go with --device cuda");
   require(!cfg.gpu || !args.has("--dtype"), "--dtype goes with --device cpu (GPU ranks compute in bf16)");
   require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");
   cfg.tree = args.get_or("--tree", "");
@@ -112,7 +110,7 @@ RunConfig read_options(const Args& args) {
     check_output_file(cfg.trace_path);
   }
   cfg.reps = static_cast<int>(args.get_int_in("--reps", 5, 1, 1000));
-  cfg.backward_kv = args.get_choice("--backward-kv", "keep", {"keep", "refetch"});
+  cfg.plan.backward_kv = args.get_choice("--backward-kv", "auto", {"auto", "keep", "refetch"});
   return cfg;
 }
 
@@ -370,10 +368,10 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.hq, cfg.hkv, cfg.d, cfg.sink ? ", learned sink" : "");
       std::printf("costs: %s; %s for %s\n", cfg.costs_path.c_str(),
                   count_of(std::thread::hardware_concurrency(), "hardware thread").c_str(), count_of(n, "rank").c_str());
-      std::printf("plan: %s, %s of %s, %s, predicted makespan %.3f ms, planned in %.2f ms\n", plan.layout.c_str(),
-                  count_of(static_cast<int64_t>(plan.chunk_owner.size()), "chunk").c_str(),
+      std::printf("plan: %s, %s of %s, %s (backward KV %s), predicted makespan %.3f ms, planned in %.2f ms\n",
+                  plan.layout.c_str(), count_of(static_cast<int64_t>(plan.chunk_owner.size()), "chunk").c_str(),
                   count_of(report.chunk_tokens, "token").c_str(), count_of(plan.num_waves, "wave").c_str(),
-                  plan.predicted_makespan_ms, report.planning_ms);
+                  plan.refetch_backward ? "fetched again" : "kept", plan.predicted_makespan_ms, report.planning_ms);
       std::printf("  layouts (predicted makespan ms):");
       for (const auto& l : report.layouts) std::printf("  %s %.3f", l.layout.c_str(), l.makespan_ms);
       std::printf("\n\n%4s %9s %12s %10s %10s %10s %10s %12s %12s %9s\n", "rank", "tokens", "pairs", "pred_fwd", "fwd_ms",
@@ -406,7 +404,6 @@ int execute(Communicator& comm, const RunJob& job) {
     g.hq = c.hq, g.hkv = c.hkv, g.d = c.d, g.sink = c.sink, g.seed = c.seed, g.json = c.json;
     g.full = c.full;
     g.reps = c.reps;
-    g.backward_kv = c.backward_kv;
     g.costs_path = c.costs_path;
     g.source = job.source;
     g.timeout_s = c.ranks.timeout_s;
@@ -439,7 +436,7 @@ int run_main(const std::vector<std::string>& argv) {
 const Register kRun("run",
                     "[--preset NAME | --tree FILE] [--ranks N] [--timeout S] [--device cpu|cuda] [--window W] [--sink] "
                     "[--layout L] [--dtype float|double] [--scale F] [--seed S] [--hq H] [--hkv H] [--d D] [--chunk C] "
-                    "[--costs FILE] [--trace FILE] [--full] [--reps N] [--backward-kv keep|refetch] [--json]",
+                    "[--costs FILE] [--trace FILE] [--full] [--reps N] [--backward-kv auto|keep|refetch] [--json]",
                     "the main job: plan, run dense attention CP forward+backward on N ranks (CPU processes or GPUs), "
                     "check against one process, report",
                     run_main);

@@ -24,7 +24,6 @@ struct GpuRunConfig {
   bool json = false;
   bool full = false;        // no double reference: compare with one GPU running the whole row
   int reps = 5;             // timed forward+backward steps (after two warm-ups)
-  std::string backward_kv;  // "keep" or "refetch"
   std::string costs_path, source;
   double timeout_s = 300;
 };

@@ -92,7 +92,7 @@ constexpr uint64_t kQ = 1, kK = 2, kV = 3, kDy = 4, kSink = 5;
 // per-step measured forward and backward ms of this rank when given.
 Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Plan& plan, const GpuRunConfig& cfg,
                DenseAttentionOptions opt, int reps, std::vector<double>* fwd_ms, std::vector<double>* bwd_ms,
-               RankTraffic* traffic) {
+               RankTraffic* traffic, std::vector<StageSpan>* spans = nullptr) {
   const int me = nccl.rank(), n = nccl.size();
   const int64_t S = row.tokens();
   const int64_t qw = int64_t{cfg.hq} * cfg.d, kw = int64_t{cfg.hkv} * cfg.d;
@@ -126,6 +126,7 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
     if (fwd_ms) fwd_ms->push_back(t.forward_ms);
     if (bwd_ms) bwd_ms->push_back(t.backward_ms);
     if (traffic) *traffic = t;
+    if (spans) *spans = cp.spans();
   }
   nccl.all_reduce_sum(dsink.data(), cfg.hq, CommType::F32);  // a replicated weight: the caller reduces it
   nccl.synchronize();
@@ -167,11 +168,11 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
   nccl->set_compute_stream(be.stream());
   PlanReport report;
   const Plan plan = make_plan(row, n, costs, options, &report);
-  DenseAttentionOptions opt;
-  opt.backward_kv = cfg.backward_kv == "refetch" ? BackwardKv::Refetch : BackwardKv::Keep;
+  DenseAttentionOptions opt;  // the backward's KV as the plan chose (PlanOptions::backward_kv)
   std::vector<double> fwd, bwd;
   RankTraffic traffic;
-  const Outputs mine = run_cp(*nccl, be, row, plan, cfg, opt, 2 + cfg.reps, &fwd, &bwd, &traffic);
+  std::vector<StageSpan> spans;
+  const Outputs mine = run_cp(*nccl, be, row, plan, cfg, opt, 2 + cfg.reps, &fwd, &bwd, &traffic, &spans);
   fwd.erase(fwd.begin(), fwd.begin() + 2);  // warm-ups
   bwd.erase(bwd.begin(), bwd.begin() + 2);
 
@@ -307,7 +308,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
                   static_cast<long long>(st.segments), st.depth, static_cast<long long>(st.visible_pairs),
                   options.window > 0 ? (" (window " + std::to_string(options.window) + ")").c_str() : "");
       std::printf("attention: Hq %d, Hkv %d, D %d%s; backward KV %s\n", cfg.hq, cfg.hkv, cfg.d,
-                  cfg.sink ? ", learned sink" : "", opt.backward_kv == BackwardKv::Refetch ? "fetched again" : "kept");
+                  cfg.sink ? ", learned sink" : "", plan.refetch_backward ? "fetched again" : "kept");
       std::printf("plan: %s, %zu chunks, %d waves, predicted makespan %.3f ms, planned in %.2f ms (costs %s)\n",
                   plan.layout.c_str(), plan.chunk_owner.size(), plan.num_waves, plan.predicted_makespan_ms,
                   report.planning_ms, cfg.costs_path.c_str());
@@ -319,6 +320,9 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
                     f[kPredFwd], f[kFwd], f[kPredBwd], f[kBwd], f[kSent], f[kRecv], f[kPeak], f[kReserved]);
       }
       std::printf("(measured: median of %d steps after 2 warm-ups, CUDA events on each rank's stream)\n", cfg.reps);
+      std::printf("rank 0 stages of the last step (ms from the forward's start):");
+      for (const StageSpan& sp : spans) std::printf("  %s %.3f-%.3f", sp.name.c_str(), sp.begin_ms, sp.end_ms);
+      std::printf("\n");
       std::printf("relative error (norm-wise) vs %s (bound%s):\n ", cfg.full ? "one GPU" : "the CPU double reference",
                   cfg.full || n == 1 ? "" : "; one GPU's own error");
       for (const Check& c : checks) {

@@ -198,6 +198,33 @@ TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
   EXPECT_EQ(plans, 24 * 8 * 5);
 }
 
+TEST(Plan, AnotherWindowKeepsTheOwnershipAndCoversEveryPairOnce) {
+  std::mt19937_64 rng(23);
+  for (int iter = 0; iter < 12; ++iter) {
+    const Row row = random_row(rng);
+    for (int cp = 1; cp <= 5; ++cp) {
+      PlanOptions o;
+      o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 16)(rng);
+      const Plan base = make_plan(row, cp, CostModel{}, o);
+      for (int64_t window : {int64_t{0}, std::uniform_int_distribution<int64_t>(1, 30)(rng)}) {
+        const std::string what = "cp " + std::to_string(cp) + " iteration " + std::to_string(iter) + " window " +
+                                 std::to_string(window);
+        o.window = window;
+        const Plan plan = plan_for_ownership(row, base, CostModel{}, o);
+        ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << what;
+        expect_exact_once(plan, row, window, what);
+        EXPECT_EQ(plan.chunk_bounds, base.chunk_bounds) << what;
+        EXPECT_EQ(plan.chunk_owner, base.chunk_owner) << what;
+        for (int r = 0; r < cp; ++r) EXPECT_EQ(plan.ranks[r].owned, base.ranks[r].owned) << what;
+      }
+    }
+  }
+  PlanOptions o;
+  EXPECT_THROW(plan_for_ownership(make_preset("fixed5k", 2, 0), make_plan(make_preset("fixed5k", 1, 0), 1, CostModel{}, o),
+                                  CostModel{}, o),
+               Error);
+}
+
 TEST(Plan, PresetPlansValidateAtOddRankCounts) {
   for (int cp : {3, 5, 6}) {
     for (const char* preset : {"varied5k", "deep", "art-varied5k"}) {
@@ -442,6 +469,10 @@ TEST(Plan, ValidateRejectsCorruptedPlans) {
 }
 
 TEST(Plan, MemoryBoundTradesWavesForBuffers) {
+  // The bound counts what the runtime holds (plan/memory.hpp): with the received KV kept for the backward,
+  // every wave's buffer at once; fetched again, the wave in use and the next one. A bound just below the kept
+  // choice's peak makes the planner fetch again; fetching again, a bound below that makes it pick another wave
+  // count whose buffers fit.
   const Row row = make_preset("longchain", 4, 0);
   CostModel costs;
   PlanOptions o;
@@ -450,7 +481,7 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
   (void)make_plan(row, 4, costs, o, &free_report);
   const LayoutResult unbounded = free_report.layouts[1];
   ASSERT_GE(unbounded.num_waves, 1);
-  // A bound just below the unbounded choice's peak forces smaller receive buffers (more waves).
+  ASSERT_FALSE(unbounded.refetch_backward) << "keeping fits without a bound";
   costs.memory_limit_bytes_per_rank = unbounded.peak_memory_bytes - 1;
   PlanReport report;
   const Plan plan = make_plan(row, 4, costs, o, &report);
@@ -461,8 +492,21 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
     }
   }
   EXPECT_TRUE(report.layouts[1].fits_memory);
-  EXPECT_GT(report.layouts[1].num_waves, unbounded.num_waves);
+  EXPECT_TRUE(report.layouts[1].refetch_backward);
+  EXPECT_TRUE(plan.refetch_backward);
   EXPECT_TRUE(report.layouts[4].fits_memory);
+
+  o.backward_kv = "refetch";
+  costs.memory_limit_bytes_per_rank = 0;
+  PlanReport refetch_report;
+  (void)make_plan(row, 4, costs, o, &refetch_report);
+  const LayoutResult refetch = refetch_report.layouts[1];
+  costs.memory_limit_bytes_per_rank = refetch.peak_memory_bytes - 1;
+  PlanReport tight;
+  (void)make_plan(row, 4, costs, o, &tight);
+  EXPECT_TRUE(tight.layouts[1].fits_memory);
+  EXPECT_LE(tight.layouts[1].peak_memory_bytes, costs.memory_limit_bytes_per_rank);
+  EXPECT_NE(tight.layouts[1].num_waves, refetch.num_waves) << "other receive buffers";
 }
 
 TEST(Costs, SlowerCrossNodeLinksRaiseThePrediction) {

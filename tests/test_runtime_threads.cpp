@@ -292,3 +292,75 @@ TEST(ThreadRanks, PeakMemoryEqualsThePrediction) {
 
 }  // namespace
 }  // namespace treecp
+
+namespace treecp {
+namespace {
+
+// The planner's per-rank memory bound (PlanReport / Evaluator) is the runtime's real peak plus the owned
+// activations, and a memory limit between the two choices makes the planner fetch KV again in the backward,
+// which the runtime then does (less memory, the same results).
+TEST(ThreadRanks, PlannerMemoryBoundIsTheRuntimePeak) {
+  uint64_t seed = 9400;
+  for (int ranks : {2, 3, 4}) {
+    std::mt19937_64 rng(seed++);
+    const Row row = random_tree(rng, 14, 40);
+    const int64_t S = row.tokens();
+    const int hq = 4, hkv = 2, d = 8, dv = 8;
+    CostModel costs;
+    costs.shape.hq = hq, costs.shape.hkv = hkv, costs.shape.d = d, costs.shape.dv = dv;
+    costs.shape.kv_bytes_per_element = costs.shape.dkv_bytes_per_element = 4;  // float on the CPU backend
+    costs.activation_bytes_per_token = 0;
+    costs.memory_limit_bytes_per_rank = 0;
+    PlanOptions opt;
+    opt.layout = "zigzag";
+    opt.chunk_tokens = std::max<int64_t>(1, S / 17);
+    for (const char* mode : {"keep", "refetch"}) {
+      opt.backward_kv = mode;
+      PlanReport report;
+      const Plan plan = make_plan(row, ranks, costs, opt, &report);
+      ASSERT_EQ(plan.refetch_backward, std::string(mode) == "refetch");
+      const int64_t bound = report.layouts[1].peak_memory_bytes;  // zigzag, the largest rank's
+      std::vector<int64_t> peaks(static_cast<size_t>(ranks));
+      const auto q = values(seed, S * hq * d), k = values(seed + 1, S * hkv * d), v = values(seed + 2, S * hkv * dv),
+                 dy = values(seed + 3, S * hq * dv), sk = values(seed + 4, hq);
+      on_threads(ranks, ThreadCommOptions{}, [&](int r, Communicator& comm) {
+        CpuBackend<float> be;
+        DenseAttentionCP<CpuBackend<float>> cp(plan, row, AttentionDims{hq, hkv, d, dv, 0.0}, comm, be);
+        const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
+        const auto qo = rows_of<float>(q, hq * d, owned), ko = rows_of<float>(k, hkv * d, owned),
+                   vo = rows_of<float>(v, hkv * dv, owned), dyo = rows_of<float>(dy, hq * dv, owned);
+        const std::vector<float> sinkf(sk.begin(), sk.end());
+        const int64_t rows = cp.owned_rows();
+        std::vector<float> y(static_cast<size_t>(rows * hq * dv)), lse(static_cast<size_t>(rows * hq)),
+            dq(static_cast<size_t>(rows * hq * d)), dkk(static_cast<size_t>(rows * hkv * d)),
+            dvv(static_cast<size_t>(rows * hkv * dv)), dsink(static_cast<size_t>(hq), 0.f);
+        const int64_t before = be.live_bytes();
+        be.reset_peak();
+        cp.forward(qo, ko, vo, &sinkf, y, lse);  // with a sink: the planner bounds that case
+        cp.backward(dyo, dq, dkk, dvv, &dsink);
+        peaks[static_cast<size_t>(r)] = be.peak_bytes() - before;
+      });
+      EXPECT_EQ(*std::max_element(peaks.begin(), peaks.end()), bound) << mode << " ranks " << ranks;
+    }
+    // A limit between the two peaks: auto fetches again and fits.
+    opt.backward_kv = "keep";
+    PlanReport keep_report, refetch_report;
+    make_plan(row, ranks, costs, opt, &keep_report);
+    opt.backward_kv = "refetch";
+    make_plan(row, ranks, costs, opt, &refetch_report);
+    const int64_t keep_peak = keep_report.layouts[1].peak_memory_bytes,
+                  refetch_peak = refetch_report.layouts[1].peak_memory_bytes;
+    if (refetch_peak < keep_peak) {
+      costs.memory_limit_bytes_per_rank = (keep_peak + refetch_peak) / 2;
+      opt.backward_kv = "auto";
+      PlanReport report;
+      const Plan plan = make_plan(row, ranks, costs, opt, &report);
+      EXPECT_TRUE(plan.refetch_backward) << "ranks " << ranks;
+      EXPECT_TRUE(report.layouts[1].fits_memory);
+      EXPECT_GE(report.layouts[1].makespan_ms, keep_report.layouts[1].makespan_ms) << "fetching again costs time";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace treecp

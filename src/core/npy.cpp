@@ -1,7 +1,9 @@
 #include "core/npy.hpp"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -156,9 +158,14 @@ class NpyHeader {
   size_t pos_ = 0;
 };
 
-}  // namespace
+// A .npy file's header, checked: its dtype text, shape and where the data starts.
+struct RawNpy {
+  std::string descr;  // e.g. "<f4"
+  std::vector<int64_t> shape;
+  size_t offset = 0;
+};
 
-NpyArray npy_from_bytes(std::string_view bytes, const std::string& name) {
+RawNpy parse_raw(std::string_view bytes, const std::string& name) {
   require(bytes.size() >= 10 && bytes.substr(0, 6) == "\x93NUMPY", name, ": not a .npy file (bad magic)");
   const auto major = static_cast<unsigned char>(bytes[6]);
   size_t header_len = 0, offset = 0;
@@ -177,46 +184,72 @@ NpyArray npy_from_bytes(std::string_view bytes, const std::string& name) {
   require(bytes.size() - offset >= header_len, name, ": truncated .npy header (", header_len, " bytes announced, ",
           bytes.size() - offset, " present)");
   std::string_view header = bytes.substr(offset, header_len);
-  offset += header_len;
   require(!header.empty() && header.back() == '\n', name, ": malformed .npy header (it must end with a newline)");
-
-  NpyArray arr;
-  std::string descr;
+  RawNpy raw;
   bool fortran_order = false;
-  NpyHeader(header, name).parse(descr, fortran_order, arr.shape);
-  if (descr == "<f4") {
-    arr.dtype = DType::F32;
-  } else if (descr == "<f8") {
-    arr.dtype = DType::F64;
-  } else {
-    fail(name, ": dtype '", printable(descr), "' is not supported (expected little-endian float32 '<f4' or float64 '<f8')");
-  }
+  NpyHeader(header, name).parse(raw.descr, fortran_order, raw.shape);
   require(!fortran_order, name, ": Fortran-ordered arrays are not supported (expected C order)");
-  const int64_t elem = arr.dtype == DType::F32 ? 4 : 8;
-  const auto data_bytes = static_cast<int64_t>(bytes.size() - offset);
-  // The element count, checked against the data before anything is allocated: a product past 2^63
-  // bytes (which int64 arithmetic would wrap to a small count) or any the data does not hold is refused.
+  raw.offset = offset + header_len;
+  return raw;
+}
+
+// The element count, checked against the data (elements of `elem` bytes) before anything is
+// allocated: a product past 2^63 bytes (which int64 arithmetic would wrap to a small count) or any
+// the data does not hold is refused.
+int64_t checked_count(const RawNpy& raw, std::string_view bytes, int64_t elem, const std::string& name) {
+  const auto data_bytes = static_cast<int64_t>(bytes.size() - raw.offset);
   int64_t n = 1;
   bool overflow = false;
-  for (int64_t d : arr.shape) overflow = overflow || __builtin_mul_overflow(n, d, &n);
+  for (int64_t d : raw.shape) overflow = overflow || __builtin_mul_overflow(n, d, &n);
   overflow = overflow || __builtin_mul_overflow(n, elem, &n);
   require(!overflow && data_bytes == n, name, ": data size ", data_bytes, " bytes does not match shape ",
-          arr.shape_string(), overflow ? " (more than 2^63 bytes)" : " (" + std::to_string(n) + " bytes)");
-  n /= elem;
+          shape_string(raw.shape), overflow ? " (more than 2^63 bytes)" : " (" + std::to_string(n) + " bytes)");
+  return n / elem;
+}
+
+}  // namespace
+
+NpyArray npy_from_bytes(std::string_view bytes, const std::string& name) {
+  const RawNpy raw = parse_raw(bytes, name);
+  NpyArray arr;
+  if (raw.descr == "<f4") {
+    arr.dtype = DType::F32;
+  } else if (raw.descr == "<f8") {
+    arr.dtype = DType::F64;
+  } else {
+    fail(name, ": dtype '", printable(raw.descr),
+         "' is not supported (expected little-endian float32 '<f4' or float64 '<f8')");
+  }
+  arr.shape = raw.shape;
+  const int64_t n = checked_count(raw, bytes, arr.dtype == DType::F32 ? 4 : 8, name);
+  const char* data = bytes.data() + raw.offset;
   arr.data.resize(static_cast<size_t>(n));
   if (arr.dtype == DType::F32) {
     for (size_t i = 0; i < arr.data.size(); ++i) {
       float x;
-      std::memcpy(&x, bytes.data() + offset + i * 4, 4);
+      std::memcpy(&x, data + i * 4, 4);
       arr.data[i] = x;
     }
   } else if (!arr.data.empty()) {  // an empty vector's data() may be null, which memcpy may not get
-    std::memcpy(arr.data.data(), bytes.data() + offset, arr.data.size() * 8);
+    std::memcpy(arr.data.data(), data, arr.data.size() * 8);
   }
   return arr;
 }
 
+NpyInt64Array npy_int64_from_bytes(std::string_view bytes, const std::string& name) {
+  const RawNpy raw = parse_raw(bytes, name);
+  require(raw.descr == "<i8", name, ": dtype '", printable(raw.descr),
+          "' is not supported here (expected little-endian int64 '<i8')");
+  NpyInt64Array arr;
+  arr.shape = raw.shape;
+  arr.data.resize(static_cast<size_t>(checked_count(raw, bytes, 8, name)));
+  if (!arr.data.empty()) std::memcpy(arr.data.data(), bytes.data() + raw.offset, arr.data.size() * 8);
+  return arr;
+}
+
 NpyArray load_npy(const std::string& path) { return npy_from_bytes(json::read_file(path), path); }
+
+NpyInt64Array load_npy_int64(const std::string& path) { return npy_int64_from_bytes(json::read_file(path), path); }
 
 namespace {
 std::string npy_header(const std::vector<int64_t>& shape, const char* descr) {
@@ -256,6 +289,14 @@ std::string npy_bytes(const std::vector<int64_t>& shape, const double* data, DTy
   return out;
 }
 
+std::string npy_bytes(const std::vector<int64_t>& shape, const int64_t* data) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::string out = npy_header(shape, "<i8");
+  if (n > 0) out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n) * 8);
+  return out;
+}
+
 std::string npy_bytes(const std::vector<int64_t>& shape, const float* data) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -267,5 +308,15 @@ std::string npy_bytes(const std::vector<int64_t>& shape, const float* data) {
 void require_shape(const NpyArray& arr, const std::string& name, const std::vector<int64_t>& expected) {
   require(arr.shape == expected, name, ": expected shape ", shape_string(expected), ", got ", arr.shape_string());
 }
+
+void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf) {
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    const double x = a.data[i];
+    const bool ok = std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity());
+    require(ok, name, ": element ", i, " is ", x, " (expected finite values", allow_neg_inf ? " or -inf" : "", ")");
+  }
+}
+
+const char* dtype_name(DType t) { return t == DType::F32 ? "float32" : "float64"; }
 
 }  // namespace treecp

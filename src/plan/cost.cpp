@@ -248,7 +248,7 @@ namespace {
 
 // The simulator. With `spans` it also records the schedule it computes; the numbers are the same either way.
 Prediction simulate_into(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                         const std::vector<WaveTraffic>& waves, std::vector<ScheduleSpan>* spans) {
+                         const std::vector<WaveTraffic>& waves, bool refetch, std::vector<ScheduleSpan>* spans) {
   const int cp = links.cp();
   require(static_cast<int>(loads.size()) == cp, "simulate: ", loads.size(), " rank loads for cp = ", cp);
   const size_t num_waves = waves.size();
@@ -299,10 +299,20 @@ Prediction simulate_into(const CostModel& c, const Links& links, const std::vect
     }
     p.forward_ms[r] = local_forward + compute_done;
     // Backward: remote waves in reverse, each returning its dK/dV as soon as it is computed; local
-    // last; the token-local work (the projections' gradients) once every dK/dV is back.
+    // last; the token-local work (the projections' gradients) once every dK/dV is back. Fetching the KV
+    // again, a wave starts when its KV has landed too, and issues the next one's fetch as it starts.
     offset = p.forward_ms[r];
     double compute = 0.0, returned = 0.0;
+    double refetched = refetch && num_waves > 0 ? fetch(num_waves - 1, kv_bytes, true) : 0.0;
+    if (refetch && num_waves > 0) record(SpanKind::Fetch, Pass::Backward, static_cast<int>(num_waves - 1), 0.0, refetched);
     for (size_t w = num_waves; w-- > 0;) {
+      if (refetch) {
+        const double start = std::max(compute, refetched);
+        record(SpanKind::Wait, Pass::Backward, static_cast<int>(w), compute, start);
+        compute = start;
+        refetched = start + (w > 0 ? fetch(w - 1, kv_bytes, true) : 0.0);
+        if (w > 0) record(SpanKind::Fetch, Pass::Backward, static_cast<int>(w - 1), start, refetched);
+      }
       const double begin = compute;
       compute += stage_ms(c, load.waves[w], true, Pass::Backward);
       record(SpanKind::RemoteStage, Pass::Backward, static_cast<int>(w), begin, compute);
@@ -331,14 +341,14 @@ Prediction simulate_into(const CostModel& c, const Links& links, const std::vect
 }  // namespace
 
 Prediction simulate(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                    const std::vector<WaveTraffic>& waves) {
-  return simulate_into(c, links, loads, waves, nullptr);
+                    const std::vector<WaveTraffic>& waves, bool refetch_backward) {
+  return simulate_into(c, links, loads, waves, refetch_backward, nullptr);
 }
 
 Timeline simulate_timeline(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                           const std::vector<WaveTraffic>& waves) {
+                           const std::vector<WaveTraffic>& waves, bool refetch_backward) {
   Timeline t;
-  t.prediction = simulate_into(c, links, loads, waves, &t.spans);
+  t.prediction = simulate_into(c, links, loads, waves, refetch_backward, &t.spans);
   return t;
 }
 

@@ -123,8 +123,9 @@ double exchange_ms(const CostModel& c, const Links& links, const WaveTraffic& tr
 
 // DESIGN.md's simulator over every rank. loads.size() == cp; waves[w] holds wave w's traffic.
 // The totals of simulate_timeline's timeline, computed by the same code without recording it.
+// With `refetch_backward` the backward fetches each wave's KV again, one wave ahead (Plan::refetch_backward).
 Prediction simulate(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                    const std::vector<WaveTraffic>& waves);
+                    const std::vector<WaveTraffic>& waves, bool refetch_backward = false);
 
 // One interval of the simulated schedule. A rank's compute spans (token-local work, stages, waits)
 // follow one another without overlap; its transfers overlap the compute (that is the point of waves),
@@ -133,8 +134,8 @@ enum class SpanKind {
   TokenLocal,   // per-owned-token work: before the stages in forward, after the returns in backward
   LocalStage,   // owned queries x owned keys
   RemoteStage,  // owned queries x one wave's received keys
-  Wait,         // compute idle: forward, the wave's KV has not landed; backward, dK/dV still returning
-  Fetch,        // forward: one wave's KV landing on this rank
+  Wait,         // compute idle: the wave's KV has not landed; backward, also dK/dV still returning
+  Fetch,        // one wave's KV landing on this rank (the backward's too when it fetches again)
   Return,       // backward: one wave's dK/dV going back to their owners
 };
 bool is_transfer(SpanKind kind);
@@ -155,6 +156,6 @@ struct Timeline {
 // The simulator's schedule span by span: rank r's forward runs over [0, forward_ms[r]] and its
 // backward over [forward_ms[r], forward_ms[r] + backward_ms[r]]. Empty stages and transfers are left out.
 Timeline simulate_timeline(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                           const std::vector<WaveTraffic>& waves);
+                           const std::vector<WaveTraffic>& waves, bool refetch_backward = false);
 
 }  // namespace treecp

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.hpp"
+#include "plan/cost.hpp"
 
 namespace treecp {
 
@@ -57,27 +58,41 @@ RuntimeMemory attention_runtime_memory(const RuntimeMemoryInput& in) {
   out.kept_bytes = m.live;
   // backward (DenseAttentionCP::backward_impl), the kept buffers still held
   m.peak = m.live;
-  m.alloc(o_bytes);  // dO
-  m.alloc(l_bytes);  // dLSE / Dsum
+  if (in.sink) m.alloc(o_bytes);  // dO of the pre-sink output (without a sink it is dy itself)
+  m.alloc(l_bytes);                // dLSE / Dsum
   if (in.refetch && W > 0) {
-    m.alloc(send(0));
-    m.alloc(kv(0));
+    m.alloc(send(W - 1));
+    m.alloc(kv(W - 1));
   }
-  for (size_t w = 0; w < W; ++w) {
+  for (size_t w = W; w-- > 0;) {  // the remote waves in reverse, as the simulator prices them
     if (in.refetch) {
       m.release(send(w));
-      if (w + 1 < W) {
-        m.alloc(send(w + 1));
-        m.alloc(kv(w + 1));
+      if (w > 0) {
+        m.alloc(send(w - 1));
+        m.alloc(kv(w - 1));
       }
     }
     m.alloc(in.fetched_rows[w] * kvw * in.grad_bytes);  // dK|dV of the received rows
     m.release(kv(w));
     m.alloc(in.sent_rows[w] * kvw * in.grad_bytes);  // the returns
   }
-  m.release(o_bytes + l_bytes);
+  m.release((in.sink ? o_bytes : 0) + l_bytes);
   out.backward_peak_bytes = m.peak;
   return out;
+}
+
+RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, int64_t owned_rows) {
+  RuntimeMemoryInput in;
+  in.owned_rows = owned_rows;
+  in.hq = shape.hq;
+  in.hkv = shape.hkv;
+  in.d = shape.d;
+  in.dv = shape.dv;
+  in.sink = true;
+  in.act_bytes = shape.kv_bytes_per_element;
+  in.stat_bytes = 4;
+  in.grad_bytes = shape.dkv_bytes_per_element;
+  return in;
 }
 
 }  // namespace treecp

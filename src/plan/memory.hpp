@@ -29,4 +29,9 @@ struct RuntimeMemory {
 
 RuntimeMemory attention_runtime_memory(const RuntimeMemoryInput& in);
 
+struct AttentionShape;
+// The planner's input for a rank owning `owned_rows` tokens at `shape` (its head counts and wire element sizes;
+// statistics are fp32), with a sink (the larger bound); the caller adds the waves' sizes.
+RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, int64_t owned_rows);
+
 }  // namespace treecp

@@ -58,6 +58,9 @@ struct Plan {
   std::vector<RankPlan> ranks;        // size cp
   int64_t visible_pairs = 0;
   double predicted_makespan_ms = 0.0;
+  // The backward's remote KV: kept from the forward (more memory) or fetched again, one wave ahead (more
+  // traffic); priced by the cost model, chosen by the planner (PlanOptions::backward_kv).
+  bool refetch_backward = false;
 };
 
 class Row;
@@ -71,7 +74,7 @@ class Row;
 void validate_plan(const Plan& plan, const Row& row, int64_t window, int expected_cp = 0);
 
 // JSON form (docs: plan_to_json). Keys: layout, cp, tokens, window, num_waves, visible_pairs,
-// predicted_makespan_ms, chunk_bounds, chunk_owner, ranks[] {rank, owned_ranges [[b, e]...],
+// predicted_makespan_ms, backward_kv ("keep" | "refetch"), chunk_bounds, chunk_owner, ranks[] {rank, owned_ranges [[b, e]...],
 // owned_tokens, pairs, predicted_forward_ms, predicted_backward_ms, stages[] {wave, pairs,
 // remote_ranges [[b, e]...] (derived: all received ranges, sorted), recv/send [per peer [[b, e]...]],
 // slices [[q_begin, q_end, k_begin, k_end, diag_min, diag_max]...]}}.

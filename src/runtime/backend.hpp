@@ -33,13 +33,30 @@
 //        complete (o, lse) of this stage over its keys; every q row written (no key: O = 0, LSE = -inf)
 //   void merge_sink_forward(dims, rows, parts of (const Act* o, const Stat* lse), const Stat* sink,
 //                           Act& y, Act* o_merged, Stat& lse)      one fused LSE merge (+ sink)
-//   void merge_sink_backward(dims, rows, const Act& o, const Stat& lse, const Stat* sink, const Act& dy,
-//                            Act& d_o, Stat& dstat, Stat* dsink)   dsink +=; dstat is the backend's
-//        softmax-gradient statistic (CPU: dJ/dLSE; GPU: Dsum = dot(dO, O) - dJ/dLSE)
+//   const Act& merge_sink_backward(dims, rows, const Act& o, const Stat& lse, const Stat* sink, const Act& dy,
+//                                  Act& d_o, Stat& dstat, Stat* dsink)
+//        returns the buffer holding dO of the pre-sink output: d_o (allocated by the caller) with a sink, dy
+//        itself without one (d_o may then be empty); dsink +=; dstat is the backend's softmax-gradient
+//        statistic (CPU: dJ/dLSE; GPU: Dsum = dot(dO, O) - dJ/dLSE)
 //   void attention_backward(dims, const Geometry&, const Act& q, KvView<Elem>, const Act& o, const Stat& lse,
 //                           const Act& d_o, const Stat& dstat, Grad& dq, DkvView<G>)   all accumulate (+=)
 //   Mark mark(); double elapsed_ms(const Mark& a, const Mark& b);  timing that stays in stream order
 //        (elapsed_ms may wait for b to complete: call it after forward/backward, never inside)
+//
+// Sparse MLA (runtime/sparse_mla_cp.hpp) adds index buffers (canonical ids, list rows; int64, travelling as
+// CommType::I64) and its kernels; indexer scores are Stat, q/kv/qi/ki/w/o Act, dq/dkv Grad:
+//   IndexBuffer index_from_host(std::vector<int64_t>); std::vector<int64_t> index_to_host(const IndexBuffer&)
+//   int64_t* index_data(IndexBuffer&), const form
+//   void indexer_topk(const SparseMlaDims&, const Act& qi, const Act& w, int64_t q_rows, const Act& ki,
+//                     const IndexBuffer& key_ids, int64_t k_rows, const std::vector<Slice>& slices, Stat& score,
+//                     IndexBuffer& ids)      this stage's top-k lists [q_rows, topk], best first
+//   void topk_merge(Stat& score, IndexBuffer& ids, const Stat& part_score, const IndexBuffer& part_ids,
+//                   int64_t rows, int64_t topk)
+//   void sparse_forward(const SparseMlaDims&, const Act& q, int64_t q_rows, const Act& kv, int64_t kv_rows,
+//                       const IndexBuffer& rows, Act& o, Stat& lse)
+//   void sparse_backward(const SparseMlaDims&, const Act& q, int64_t q_rows, const Act& kv, int64_t kv_rows,
+//                        const IndexBuffer& rows, const Act& o, const Stat& lse, const Act& d_o, Grad& dq,
+//                        Grad& dkv)          accumulate (+=)
 #pragma once
 
 #include <cmath>
@@ -51,6 +68,15 @@ struct AttentionDims {
   int hq = 1, hkv = 1, d = 1, dv = 1;
   double scale = 0.0;  // <= 0: 1/sqrt(d)
   double softmax_scale() const { return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d)); }
+};
+
+// Sparse MLA with a learned indexer (absorbed MLA, one shared latent KV head): indexer heads hi of di,
+// attention heads h over kv rows of dqk (latent then rope), the value being the first dv columns.
+struct SparseMlaDims {
+  int hi = 1, di = 1, h = 1, dqk = 1, dv = 1;
+  int64_t topk = 1;
+  double scale = 0.0;  // <= 0: 1/sqrt(dqk)
+  double softmax_scale() const { return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(dqk)); }
 };
 
 // Copy `rows` rows from src row `src_row` to dst row `dst_row`.

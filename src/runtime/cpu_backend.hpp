@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/sparse_mla.hpp"
 #include "runtime/backend.hpp"
 
 namespace treecp {
@@ -29,10 +31,12 @@ class CpuBackend {
   using HostGeometry = std::vector<Slice>;
   using Geometry = std::vector<Slice>;
   using CopyList = std::vector<RowCopy>;
+  using IndexBuffer = std::vector<int64_t>;
   struct Mark {
     std::chrono::steady_clock::time_point at{};
   };
-  static constexpr CommType comm_type = sizeof(T) == 8 ? CommType::F64 : CommType::F32;
+  // int64 buffers (ids) travel as integers; float and double as themselves
+  static constexpr CommType comm_type = std::is_integral_v<T> ? CommType::I64 : sizeof(T) == 8 ? CommType::F64 : CommType::F32;
   static constexpr CommType act_comm_type = comm_type;
   static constexpr CommType grad_comm_type = comm_type;
 
@@ -154,13 +158,12 @@ class CpuBackend {
   }
 
   // dstat is dJ/dLSE here (zero without a sink).
-  void merge_sink_backward(const AttentionDims& sh, int64_t rows, const Buffer& o, const Buffer& lse, const Buffer* sink,
-                           const Buffer& dy, Buffer& d_o, Buffer& dlse, Buffer* dsink) {
+  const Buffer& merge_sink_backward(const AttentionDims& sh, int64_t rows, const Buffer& o, const Buffer& lse,
+                                    const Buffer* sink, const Buffer& dy, Buffer& d_o, Buffer& dlse, Buffer* dsink) {
     const int hq = sh.hq, dv = sh.dv;
     if (sink == nullptr) {  // no sink: the output is O itself
-      copy_rows(dy, {{0, 0, rows}}, int64_t{hq} * dv, d_o);
       zero(dlse);
-      return;
+      return dy;
     }
     cpu::SinkBackwardArgs<T> s;
     s.fwd.rows = rows;
@@ -180,6 +183,7 @@ class CpuBackend {
       s.dsink = scratch.data();
     }
     cpu::sink_backward(s);
+    return d_o;
   }
 
   void attention_backward(const AttentionDims& sh, const Geometry& slices, const Buffer& q, const KvView<T>& kv,
@@ -199,6 +203,65 @@ class CpuBackend {
     a.dv = cpu::HeadView<T>{dkv.dv, dkv.dv_row_stride, sh.dv};
     a.scale = static_cast<T>(sh.softmax_scale());
     cpu::attention_backward(a, slices);
+  }
+
+  // ---- sparse MLA
+  IndexBuffer index_from_host(std::vector<int64_t> v) { return v; }
+  std::vector<int64_t> index_to_host(const IndexBuffer& b) const { return b; }
+  int64_t* index_data(IndexBuffer& b) { return b.data(); }
+  const int64_t* index_data(const IndexBuffer& b) const { return b.data(); }
+
+  void indexer_topk(const SparseMlaDims& sh, const Buffer& qi, const Buffer& w, int64_t q_rows, const Buffer& ki,
+                    const IndexBuffer& key_ids, int64_t k_rows, const std::vector<Slice>& slices, Buffer& score,
+                    IndexBuffer& ids) {
+    cpu::IndexerArgs<T> a;
+    a.shape = cpu::IndexerShape{q_rows, k_rows, sh.hi, sh.di, sh.topk};
+    a.qi = cpu::dense_view<const T>(qi.data(), sh.hi, sh.di);
+    a.w = cpu::dense_view<const T>(w.data(), sh.hi, 1);
+    a.ki = ki.data();
+    a.ki_row_stride = sh.di;
+    a.key_ids = key_ids.data();
+    a.score = score.data();
+    a.ids = ids.data();
+    cpu::indexer_topk(a, slices);
+  }
+
+  void topk_merge(Buffer& score, IndexBuffer& ids, const Buffer& part_score, const IndexBuffer& part_ids, int64_t rows,
+                  int64_t topk) {
+    cpu::topk_merge(cpu::TopkMergeArgs<T>{rows, topk, score.data(), ids.data(), part_score.data(), part_ids.data()});
+  }
+
+  void sparse_forward(const SparseMlaDims& sh, const Buffer& q, int64_t q_rows, const Buffer& kv, int64_t kv_rows,
+                      const IndexBuffer& rows, Buffer& o, Buffer& lse) {
+    cpu::SparseForwardArgs<T> a;
+    a.shape = cpu::SparseShape{q_rows, kv_rows, sh.h, sh.dqk, sh.dv, sh.topk};
+    a.q = cpu::dense_view<const T>(q.data(), sh.h, sh.dqk);
+    a.kv = kv.data();
+    a.kv_row_stride = sh.dqk;
+    a.rows = rows.data();
+    a.o = cpu::dense_view<T>(o.data(), sh.h, sh.dv);
+    a.lse = cpu::dense_view<T>(lse.data(), sh.h, 1);
+    a.scale = static_cast<T>(sh.softmax_scale());
+    cpu::sparse_attention_forward(a);
+  }
+
+  void sparse_backward(const SparseMlaDims& sh, const Buffer& q, int64_t q_rows, const Buffer& kv, int64_t kv_rows,
+                       const IndexBuffer& rows, const Buffer& o, const Buffer& lse, const Buffer& d_o, Buffer& dq,
+                       Buffer& dkv) {
+    cpu::SparseBackwardArgs<T> a;
+    a.shape = cpu::SparseShape{q_rows, kv_rows, sh.h, sh.dqk, sh.dv, sh.topk};
+    a.q = cpu::dense_view<const T>(q.data(), sh.h, sh.dqk);
+    a.kv = kv.data();
+    a.kv_row_stride = sh.dqk;
+    a.rows = rows.data();
+    a.o = cpu::dense_view<const T>(o.data(), sh.h, sh.dv);
+    a.lse = cpu::dense_view<const T>(lse.data(), sh.h, 1);
+    a.dout = cpu::dense_view<const T>(d_o.data(), sh.h, sh.dv);
+    a.dq = cpu::dense_view<T>(dq.data(), sh.h, sh.dqk);
+    a.dkv = dkv.data();
+    a.dkv_row_stride = sh.dqk;
+    a.scale = static_cast<T>(sh.softmax_scale());
+    cpu::sparse_attention_backward(a);
   }
 
   // ---- timing

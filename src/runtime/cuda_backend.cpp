@@ -232,16 +232,18 @@ void CudaBackend::merge_sink_forward(const AttentionDims& dims, int64_t rows, co
   cuda::merge_sink_forward(p, stream_);
 }
 
-void CudaBackend::merge_sink_backward(const AttentionDims& dims, int64_t rows, const Act& o, const Stat& lse,
-                                      const Stat* sink, const Act& dy, Act& d_o, Stat& dsum, Stat* dsink) {
-  // One part, the complete output: d_o = w dy and Dsum = w dot(dy, o) - dJ/dL (w = 1 without a sink).
+const CudaBackend::Act& CudaBackend::merge_sink_backward(const AttentionDims& dims, int64_t rows, const Act& o,
+                                                         const Stat& lse, const Stat* sink, const Act& dy, Act& d_o,
+                                                         Stat& dsum, Stat* dsink) {
+  // One part, the complete output: d_o = w dy and Dsum = w dot(dy, o) - dJ/dL. Without a sink w = 1 where a
+  // row has keys, so dO is dy itself (rows without keys read no dO) and only Dsum is written.
   cuda::MergeSinkBackwardParams p;
   p.num_parts = 1;
   p.o_parts[0] = o.data();
   p.lse_parts[0] = lse.data();
   p.sink = sink ? sink->data() : nullptr;
   p.g = dy.data();
-  p.d_o = d_o.data();
+  p.d_o = sink ? d_o.data() : nullptr;
   p.dsum = dsum.data();
   p.d_sink = dsink ? dsink->data() : nullptr;
   Stat scratch;
@@ -253,6 +255,7 @@ void CudaBackend::merge_sink_backward(const AttentionDims& dims, int64_t rows, c
   p.heads = dims.hq;
   p.head_dim = dims.dv;
   cuda::merge_sink_backward(p, stream_);
+  return sink ? d_o : dy;
 }
 
 void CudaBackend::attention_backward(const AttentionDims& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,

@@ -140,8 +140,8 @@ class CudaBackend {
                           const std::vector<const Stat*>& lse_parts, const Stat* sink, Act& y, Act* o_merged,
                           Stat& lse);
   // dstat is Dsum = dot(dO, O) - dJ/dLSE (the kernels' dsum_ready form).
-  void merge_sink_backward(const AttentionDims& dims, int64_t rows, const Act& o, const Stat& lse, const Stat* sink,
-                           const Act& dy, Act& d_o, Stat& dsum, Stat* dsink);
+  const Act& merge_sink_backward(const AttentionDims& dims, int64_t rows, const Act& o, const Stat& lse,
+                                 const Stat* sink, const Act& dy, Act& d_o, Stat& dsum, Stat* dsink);
   void attention_backward(const AttentionDims& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
                           const Act& o, const Stat& lse, const Act& d_o, const Stat& dsum, Grad& dq,
                           const DkvView<GradElem>& dkv);

@@ -12,10 +12,11 @@
 // enqueued without any host wait (backend.hpp "Ordering"). Buffers an exchange touches are released only
 // after its wait().
 //
-// Memory: with BackwardKv::Keep every wave's received KV stays from the forward to the backward; with
-// BackwardKv::Refetch each is released after its forward stage and fetched again, one wave ahead, in the
-// backward (more traffic, less memory). plan/memory.hpp predicts the peak of what this class holds for
-// either choice; the tests compare it with the backend's meter.
+// Memory: kept (the default unless the plan says otherwise), every wave's received KV stays from the forward
+// to the backward; fetched again (Plan::refetch_backward, chosen by the planner where keeping does not fit, or
+// BackwardKv::Refetch), each is released after its forward stage and fetched again, one wave ahead, in the
+// backward (more traffic, less memory). plan/memory.hpp predicts the peak of what this class holds for either
+// choice; the tests compare it with the backend's meter.
 #pragma once
 
 #include <cstdint>
@@ -32,10 +33,10 @@
 
 namespace treecp {
 
-enum class BackwardKv { Keep, Refetch };
+enum class BackwardKv { FromPlan, Keep, Refetch };
 
 struct DenseAttentionOptions {
-  BackwardKv backward_kv = BackwardKv::Keep;
+  BackwardKv backward_kv = BackwardKv::FromPlan;  // Plan::refetch_backward, the planner's priced choice
   // Benchmarks only: every exchange is skipped (received buffers hold whatever they held), so a run times
   // the same stages without communication. Results are wrong.
   bool skip_transfers = false;
@@ -58,6 +59,7 @@ struct StageSpan {
 template <class Backend>
 struct PreparedAttention {
   AttentionDims dims;
+  bool refetch_backward = false;  // the plan's choice
   RankSchedule schedule;
   typename Backend::HostGeometry local;
   std::vector<typename Backend::HostGeometry> waves;
@@ -68,6 +70,7 @@ PreparedAttention<Backend> prepare_attention(const Plan& plan, const Row& row, c
   validate_plan(plan, row, plan.window, plan.cp);
   PreparedAttention<Backend> p;
   p.dims = dims;
+  p.refetch_backward = plan.refetch_backward;
   p.schedule = make_rank_schedule(plan, rank);
   const int64_t rows = p.schedule.owned_rows();
   p.local = Backend::prepare_geometry(p.schedule.local_slices, rows, rows, dims);
@@ -160,7 +163,7 @@ class DenseAttentionCP {
       begin_span(fwd_spans_, "fwd wave " + std::to_string(w + 1));
       be_.attention_forward(dims_, wave_geom_[w], q, fetched_kv(w), o_parts[w + 1], lse_parts[w + 1]);
       end_span(fwd_spans_);
-      if (opt_.backward_kv == BackwardKv::Refetch) be_.release(waves_[w].kv);
+      if (refetch_) be_.release(waves_[w].kv);
     }
     if (!direct) {
       begin_span(fwd_spans_, sink ? "fwd merge+sink" : "fwd merge");
@@ -196,7 +199,7 @@ class DenseAttentionCP {
     sink_ = sink;
     o_ = sink ? (o_presink ? o_presink : &o_saved_) : &y;
     lse_ = &lse;
-    kv_kept_ = opt_.backward_kv == BackwardKv::Keep;
+    kv_kept_ = !refetch_;
   }
 
   // dy [owned, Hq, Dv] -> dq, dk, dv over owned rows (overwritten); dsink_local [Hq] gets this rank's
@@ -251,6 +254,8 @@ class DenseAttentionCP {
 
   void init(const PreparedAttention<Backend>& p) {
     dims_ = p.dims;
+    refetch_ = opt_.backward_kv == BackwardKv::Refetch ||
+               (opt_.backward_kv == BackwardKv::FromPlan && p.refetch_backward);
     s_ = p.schedule;
     kw_ = int64_t{dims_.hkv} * dims_.d;
     vw_ = int64_t{dims_.hkv} * dims_.dv;
@@ -313,26 +318,28 @@ class DenseAttentionCP {
     }
     forward_pending_ = false;
     be_.record(marks_[2]);
-    Act d_o = be_.alloc_act(rows * dims_.hq * dims_.dv);
+    // dO of the pre-sink output: dy itself without a sink (no copy), else sink_backward's.
+    Act d_o_store = sink ? be_.alloc_act(rows * dims_.hq * dims_.dv) : Act();
     Stat dstat = be_.alloc_stat(rows * dims_.hq);
     begin_span(bwd_spans_, sink ? "bwd merge+sink" : "bwd prep");
-    be_.merge_sink_backward(dims_, rows, o, lse, sink, dy, d_o, dstat, dsink);
+    const Act& d_o = be_.merge_sink_backward(dims_, rows, o, lse, sink, dy, d_o_store, dstat, dsink);
     end_span(bwd_spans_);
     be_.zero(dq);
     be_.zero(dk);
     be_.zero(dv);
-    // Remote stages first so that their dK/dV returns overlap the remaining compute.
+    // Remote stages first (the last wave first, as plan/cost's simulator prices it) so that their dK/dV
+    // returns overlap the remaining compute.
     std::unique_ptr<Communicator::Pending> fetch;
-    if (!kv_ready && W > 0) fetch = start_fetch(0, k, v);
+    if (!kv_ready && W > 0) fetch = start_fetch(W - 1, k, v);
     std::vector<std::unique_ptr<Communicator::Pending>> returns(W);
-    for (size_t w = 0; w < W; ++w) {
+    for (size_t w = W; w-- > 0;) {
       Wave& wave = waves_[w];
       if (!kv_ready) {
         begin_span(bwd_spans_, "bwd wait " + std::to_string(w + 1));
         fetch->wait();
         end_span(bwd_spans_);
         be_.release(wave.send);
-        if (w + 1 < W) fetch = start_fetch(w + 1, k, v);
+        if (w > 0) fetch = start_fetch(w - 1, k, v);
       }
       const int64_t fr = s_.waves[w].fetched.rows();
       wave.dkv = be_.alloc_grad(fr * kvw);
@@ -351,9 +358,9 @@ class DenseAttentionCP {
     be_.attention_backward(dims_, local_geom_, q, owned_kv(k, v), o, lse, d_o, dstat, dq,
                            DkvView<GradElem>{be_.data(dk), be_.data(dv), kw_, vw_});
     end_span(bwd_spans_);
-    be_.release(d_o);
+    be_.release(d_o_store);
     be_.release(dstat);
-    for (size_t w = 0; w < W; ++w) {
+    for (size_t w = W; w-- > 0;) {  // in the order they were started
       Wave& wave = waves_[w];
       begin_span(bwd_spans_, "bwd return " + std::to_string(w + 1));
       returns[w]->wait();
@@ -407,6 +414,7 @@ class DenseAttentionCP {
   const Stat *sink_ = nullptr, *lse_ = nullptr;
   Act o_saved_;
   bool kv_kept_ = false;
+  bool refetch_ = false;
   RankTraffic traffic_;
   std::vector<Mark> marks_;  // forward begin/end, backward begin/end
   std::vector<std::pair<Mark, Mark>> fwd_marks_, bwd_marks_;

@@ -63,6 +63,12 @@ std::vector<TokenRange> intersect(const std::vector<TokenRange>& a, const std::v
   return out;
 }
 
+int64_t tokens_in(const std::vector<TokenRange>& ranges) {
+  int64_t n = 0;
+  for (const TokenRange& r : ranges) n += r.size();
+  return n;
+}
+
 TokenRange contiguous_shard(int64_t tokens, int rank, int ranks) {
   return {tokens * rank / ranks, tokens * (rank + 1) / ranks};
 }

@@ -39,6 +39,8 @@ std::vector<Slice> to_buffer(const std::vector<Slice>& slices, const RowMap& q_m
 
 // Intersection of two sorted disjoint range lists, sorted.
 std::vector<TokenRange> intersect(const std::vector<TokenRange>& a, const std::vector<TokenRange>& b);
+// Tokens in a list of disjoint ranges.
+int64_t tokens_in(const std::vector<TokenRange>& ranges);
 
 // The rows of a full [S, width] array that `ranges` select, in order (a rank's share of a row),
 // converted to Out.

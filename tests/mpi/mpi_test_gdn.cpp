@@ -146,7 +146,7 @@ TEST(MpiGdn, ScanIndependentOfRankCount) {
     std::vector<double> own(static_cast<size_t>(H * blk)), excl;
     for (int h = 0; h < H; ++h)
       gdn_chunked_summary(p, h, cut(pos), cut(pos + 1), own.data() + h * blk, own.data() + h * blk + dk * dk);
-    const bool have = gdn_exclusive_scan<double>(comm, dir, 1, H, dk, dv, own, excl);
+    const bool have = affine_exclusive_scan<double>(comm, dir, 1, H, dk, dv, own, excl);
     EXPECT_EQ(have, pos > 0);
     if (!have) continue;
     std::vector<double> want(static_cast<size_t>(H * blk));

@@ -148,15 +148,19 @@ __global__ void add_rows_kernel(const float* src, int64_t src_width, int64_t src
     const int2 p = pairs[i];
     const float* s = src + static_cast<int64_t>(p.x) * src_width + src_col;
     float* d = dst + static_cast<int64_t>(p.y) * cols;
+    // Atomic: a row sent to several peers comes back from each of them, so two blocks may add into one row.
     if (vec) {
       for (int64_t j = threadIdx.x; j < cols / 4; j += blockDim.x) {
         const float4 a = reinterpret_cast<const float4*>(s)[j];
-        float4 b = reinterpret_cast<float4*>(d)[j];
-        b.x += a.x, b.y += a.y, b.z += a.z, b.w += a.w;
-        reinterpret_cast<float4*>(d)[j] = b;
+#if __CUDA_ARCH__ >= 900
+        atomicAdd(reinterpret_cast<float4*>(d) + j, a);
+#else
+        atomicAdd(d + 4 * j, a.x), atomicAdd(d + 4 * j + 1, a.y), atomicAdd(d + 4 * j + 2, a.z),
+            atomicAdd(d + 4 * j + 3, a.w);
+#endif
       }
     } else {
-      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) d[j] += s[j];
+      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) atomicAdd(d + j, s[j]);
     }
   }
 }

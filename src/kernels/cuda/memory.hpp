@@ -66,7 +66,8 @@ DeviceRowList upload_row_list(DevicePool& pool, const RowSpan* spans, size_t cou
 // Widths and dst_col in elements; both rows 16-byte aligned (multiples of 8 elements) unless small.
 void pack_rows_bf16(const uint16_t* src, int64_t src_width, const DeviceRowList& list, uint16_t* dst,
                     int64_t dst_width, int64_t dst_col, cudaStream_t stream);
-// dst[dst_row][0, cols) += src[src_row][src_col, src_col + cols), fp32, for every pair.
+// dst[dst_row][0, cols) += src[src_row][src_col, src_col + cols), fp32, for every pair; pairs may share a dst
+// row (a row sent to several peers returns from each): the adds are atomic.
 void add_rows_f32(const float* src, int64_t src_width, int64_t src_col, int64_t cols, const DeviceRowList& list,
                   float* dst, cudaStream_t stream);
 // Element-wise conversions (n elements).

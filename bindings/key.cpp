@@ -1,0 +1,332 @@
+#include "key.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "runtime/dense_attention.hpp"
+#include "runtime/gdn_cp.hpp"
+#include "runtime/redistribute.hpp"
+#if TREECP_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "runtime/cuda_backend.hpp"
+#endif
+
+namespace treecp::py {
+namespace {
+
+template <class T>
+std::vector<T> to_vector(const T* data, int64_t n) {
+  return n > 0 ? std::vector<T>(data, data + n) : std::vector<T>();
+}
+
+template <class T>
+void copy_out(const std::vector<T>& src, T* dst) {
+  if (!src.empty()) std::memcpy(dst, src.data(), src.size() * sizeof(T));
+}
+
+// The runtime's attention shape; the one place the binding spells it (issue 26 renames it).
+AttentionDims attention_dims(const AttentionCall& c) {
+  AttentionDims d;
+  d.hq = c.hq;
+  d.hkv = c.hkv;
+  d.d = c.d;
+  d.dv = c.dv;
+  d.scale = c.scale;
+  return d;
+}
+
+// A DenseAttentionCP and the backend it runs on, built once per shape. Autograd calls the stateless
+// backward, which fetches remote KV again, so the forward keeps none of it (Refetch).
+template <class T>
+struct AttentionRunner {
+  CpuBackend<T> backend;
+  DenseAttentionCP<CpuBackend<T>> cp;
+  AttentionRunner(const Plan& plan, const Row& row, const AttentionCall& c, Communicator& comm)
+      : cp(plan, row, attention_dims(c), comm, backend, DenseAttentionOptions{BackwardKv::Refetch}) {}
+};
+
+}  // namespace
+
+struct KeyCore::Runners {
+  std::map<AttentionCall, std::unique_ptr<AttentionRunner<float>>> f32;
+  std::map<AttentionCall, std::unique_ptr<AttentionRunner<double>>> f64;
+};
+
+KeyCore::KeyCore(Row row, Plan plan, std::unique_ptr<Communicator> comm)
+    : row_(std::move(row)), plan_(std::move(plan)), comm_(std::move(comm)), runners_(std::make_unique<Runners>()) {
+  require(plan_.cp == comm_->size(), "key: the plan is for ", plan_.cp, " ranks but the group has ", comm_->size());
+  validate_plan(plan_, row_, plan_.window, comm_->size());
+  layout_.resize(static_cast<size_t>(plan_.cp));
+  for (int r = 0; r < plan_.cp; ++r) layout_[static_cast<size_t>(r)] = plan_.ranks[static_cast<size_t>(r)].owned;
+  owned_tokens_ = plan_.ranks[static_cast<size_t>(comm_->rank())].owned_tokens();
+}
+
+#if TREECP_HAVE_CUDA
+// One CUDA backend per key (its stream and caching pool) and a DenseAttentionCP per shape.
+struct KeyCore::CudaRunners {
+  int device = -1;
+  std::unique_ptr<CudaBackend> backend;
+  std::map<AttentionCall, std::unique_ptr<DenseAttentionCP<CudaBackend>>> cp;
+};
+#else
+struct KeyCore::CudaRunners {};
+#endif
+
+KeyCore::~KeyCore() = default;
+
+std::vector<int64_t> KeyCore::owned_index() const {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(owned_tokens_));
+  for (const TokenRange& t : layout_[static_cast<size_t>(rank())])
+    for (int64_t i = t.begin; i < t.end; ++i) out.push_back(i);
+  return out;
+}
+
+template <class T>
+auto& KeyCore::attention_runner(const AttentionCall& c) {
+  auto& cache = [this]() -> auto& {
+    if constexpr (sizeof(T) == 8) return runners_->f64;
+    else return runners_->f32;
+  }();
+  auto it = cache.find(c);
+  if (it == cache.end()) it = cache.emplace(c, std::make_unique<AttentionRunner<T>>(plan_, row_, c, *comm_)).first;
+  return *it->second;
+}
+
+template <class T>
+void KeyCore::attention_forward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink, T* y,
+                                T* lse, T* o_presink) {
+  AttentionRunner<T>& run = attention_runner<T>(c);
+  const int64_t n = owned_tokens_;
+  const std::vector<T> qb = to_vector(q, n * c.hq * c.d), kb = to_vector(k, n * c.hkv * c.d),
+                       vb = to_vector(v, n * c.hkv * c.dv);
+  const std::vector<T> sb = sink ? to_vector(sink, c.hq) : std::vector<T>();
+  std::vector<T> yb(static_cast<size_t>(n * c.hq * c.dv)), lb(static_cast<size_t>(n * c.hq)), ob;
+  if (sink) ob.resize(yb.size());
+  run.cp.forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb, sink ? &ob : nullptr);
+  copy_out(yb, y);
+  copy_out(lb, lse);
+  if (sink) copy_out(ob, o_presink);
+}
+
+template <class T>
+void KeyCore::attention_backward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink,
+                                 const T* o, const T* lse, const T* dy, T* dq, T* dk, T* dv, T* dsink) {
+  AttentionRunner<T>& run = attention_runner<T>(c);
+  const int64_t n = owned_tokens_;
+  const std::vector<T> qb = to_vector(q, n * c.hq * c.d), kb = to_vector(k, n * c.hkv * c.d),
+                       vb = to_vector(v, n * c.hkv * c.dv), ob = to_vector(o, n * c.hq * c.dv),
+                       lb = to_vector(lse, n * c.hq), dyb = to_vector(dy, n * c.hq * c.dv);
+  const std::vector<T> sb = sink ? to_vector(sink, c.hq) : std::vector<T>();
+  std::vector<T> dqb(qb.size()), dkb(kb.size()), dvb(vb.size()), dsb(sb.size(), T(0));
+  run.cp.backward(qb, kb, vb, sink ? &sb : nullptr, ob, lb, dyb, dqb, dkb, dvb, sink ? &dsb : nullptr);
+  copy_out(dqb, dq);
+  copy_out(dkb, dk);
+  copy_out(dvb, dv);
+  if (dsink) copy_out(dsb, dsink);
+}
+
+#if TREECP_HAVE_CUDA
+namespace {
+
+template <class T>
+DeviceBuffer<T> device_view(uintptr_t ptr, int64_t n) {
+  return DeviceBuffer<T>::wrap(reinterpret_cast<T*>(ptr), n);
+}
+
+}  // namespace
+
+bool KeyCore::has_cuda() { return true; }
+
+uintptr_t KeyCore::cuda_stream(int device) {
+  if (!cuda_) cuda_ = std::make_unique<CudaRunners>();
+  if (!cuda_->backend) {
+    cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+    cuda_->device = device;
+    cuda_->backend = std::make_unique<CudaBackend>();
+  }
+  require(cuda_->device == device, "key: its CUDA state is on device ", cuda_->device, ", the tensors on ", device,
+          " (one key per device)");
+  return reinterpret_cast<uintptr_t>(cuda_->backend->stream());
+}
+
+void KeyCore::cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                                     uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
+  cuda_stream(device);
+  cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+  auto& slot = cuda_->cp[c];
+  if (!slot)
+    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_dims(c), *comm_, *cuda_->backend,
+                                                           DenseAttentionOptions{BackwardKv::Refetch});
+  const int64_t n = owned_tokens_;
+  using E = cuda::bf16_t;
+  const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
+             vb = device_view<E>(v, n * c.hkv * c.dv);
+  const auto sb = device_view<float>(sink, c.hq);
+  auto yb = device_view<E>(y, n * c.hq * c.dv), ob = device_view<E>(o_presink, n * c.hq * c.dv);
+  auto lb = device_view<float>(lse, n * c.hq);
+  slot->forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb, sink ? &ob : nullptr);
+}
+
+void KeyCore::cuda_attention_backward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                                      uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq,
+                                      uintptr_t dk, uintptr_t dv, uintptr_t dsink) {
+  cuda_stream(device);
+  cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+  auto& slot = cuda_->cp[c];
+  if (!slot)
+    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_dims(c), *comm_, *cuda_->backend,
+                                                           DenseAttentionOptions{BackwardKv::Refetch});
+  const int64_t n = owned_tokens_;
+  using E = cuda::bf16_t;
+  const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
+             vb = device_view<E>(v, n * c.hkv * c.dv), obuf = device_view<E>(o, n * c.hq * c.dv),
+             dyb = device_view<E>(dy, n * c.hq * c.dv);
+  const auto sb = device_view<float>(sink, c.hq), lb = device_view<float>(lse, n * c.hq);
+  auto dqb = device_view<float>(dq, n * c.hq * c.d), dkb = device_view<float>(dk, n * c.hkv * c.d),
+       dvb = device_view<float>(dv, n * c.hkv * c.dv), dsb = device_view<float>(dsink, c.hq);
+  slot->backward(qb, kb, vb, sink ? &sb : nullptr, obuf, lb, dyb, dqb, dkb, dvb, sink ? &dsb : nullptr);
+}
+#else
+bool KeyCore::has_cuda() { return false; }
+uintptr_t KeyCore::cuda_stream(int) { fail("key: this build of treecp has no CUDA backend"); }
+void KeyCore::cuda_attention_forward(const AttentionCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                     uintptr_t, uintptr_t) {
+  fail("attention: this build of treecp has no CUDA backend");
+}
+void KeyCore::cuda_attention_backward(const AttentionCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                      uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
+  fail("attention: this build of treecp has no CUDA backend");
+}
+#endif
+
+const GdnPlan& KeyCore::gdn_plan(const GdnCall& c, int element_bytes) {
+  const auto key = std::make_tuple(c.heads, c.dk, c.dv, element_bytes, c.chunk);
+  auto it = gdn_plans_.find(key);
+  if (it == gdn_plans_.end()) {
+    GdnShape shape;  // the one place the binding spells the GDN planner's shape (issue 26 moves it)
+    shape.heads = c.heads;
+    shape.dk = c.dk;
+    shape.dv = c.dv;
+    shape.element_bytes = element_bytes;
+    shape.chunk = c.chunk;
+    it = gdn_plans_.emplace(key, plan_gdn(row_, cp(), shape)).first;
+  }
+  return it->second;
+}
+
+namespace {
+
+RankLayout gdn_layout(const Row& row, const GdnPlan& plan) {
+  RankLayout out(static_cast<size_t>(plan.ranks));
+  for (int r = 0; r < plan.ranks; ++r) out[static_cast<size_t>(r)] = gdn_rank_ranges(row, plan, r);
+  return out;
+}
+
+// One call's inputs moved from the attention layout into the GDN plan's layout.
+template <class T>
+struct GdnInputs {
+  std::vector<T> q, k, v, g, beta;
+  GdnParams<T> params;
+};
+
+template <class T>
+GdnInputs<T> gdn_inputs(Communicator& comm, const RankLayout& from, const RankLayout& to, const GdnCall& c,
+                        int64_t n, const T* q, const T* k, const T* v, const T* g, const T* beta) {
+  CpuBackend<T> be;
+  const int64_t gw = c.per_channel_gate ? c.dk : 1;
+  auto move = [&](const T* x, int64_t width) {
+    return redistribute(comm, be, to_vector(x, n * width), from, to, width);
+  };
+  GdnInputs<T> in{move(q, int64_t{c.heads} * c.dk), move(k, int64_t{c.heads} * c.dk),
+                  move(v, int64_t{c.heads} * c.dv), move(g, c.heads * gw), move(beta, c.heads), {}};
+  GdnParams<T>& p = in.params;
+  p.q = in.q.data();
+  p.k = in.k.data();
+  p.v = in.v.data();
+  p.g = in.g.data();
+  p.beta = in.beta.data();
+  p.tokens = static_cast<int64_t>(in.beta.size()) / c.heads;
+  p.heads = c.heads;
+  p.dk = c.dk;
+  p.dv = c.dv;
+  p.gate = c.per_channel_gate ? GdnGate::PerChannel : GdnGate::Scalar;
+  p.scale = static_cast<T>(c.scale);
+  p.chunk = c.chunk;
+  return in;
+}
+
+}  // namespace
+
+template <class T>
+void KeyCore::gdn_forward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, T* y) {
+  const GdnPlan& plan = gdn_plan(c, static_cast<int>(sizeof(T)));
+  const RankLayout glayout = gdn_layout(row_, plan);
+  GdnInputs<T> in = gdn_inputs(*comm_, layout_, glayout, c, owned_tokens_, q, k, v, g, beta);
+  std::vector<T> yg(static_cast<size_t>(in.params.tokens * c.heads * c.dv));
+  gdn_cp_forward(*comm_, row_, plan, in.params, yg.data());
+  CpuBackend<T> be;
+  copy_out(redistribute(*comm_, be, yg, glayout, layout_, int64_t{c.heads} * c.dv), y);
+}
+
+template <class T>
+void KeyCore::gdn_backward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                           const T* dy, T* dq, T* dk, T* dv, T* dg, T* dbeta) {
+  const GdnPlan& plan = gdn_plan(c, static_cast<int>(sizeof(T)));
+  const RankLayout glayout = gdn_layout(row_, plan);
+  GdnInputs<T> in = gdn_inputs(*comm_, layout_, glayout, c, owned_tokens_, q, k, v, g, beta);
+  CpuBackend<T> be;
+  const std::vector<T> dyg =
+      redistribute(*comm_, be, to_vector(dy, owned_tokens_ * c.heads * c.dv), layout_, glayout, int64_t{c.heads} * c.dv);
+  // The backward needs the states the forward started each run from: run the forward again, as for attention.
+  std::vector<T> yg(static_cast<size_t>(in.params.tokens * c.heads * c.dv));
+  const GdnSaved<T> saved = gdn_cp_forward(*comm_, row_, plan, in.params, yg.data());
+  std::vector<T> gq(in.q.size()), gk(in.k.size()), gv(in.v.size()), gg(in.g.size()), gb(in.beta.size());
+  gdn_cp_backward(*comm_, row_, plan, in.params, saved, dyg.data(),
+                  GdnGrads<T>{gq.data(), gk.data(), gv.data(), gg.data(), gb.data()});
+  const int64_t gw = c.per_channel_gate ? c.dk : 1;
+  copy_out(redistribute(*comm_, be, gq, glayout, layout_, int64_t{c.heads} * c.dk), dq);
+  copy_out(redistribute(*comm_, be, gk, glayout, layout_, int64_t{c.heads} * c.dk), dk);
+  copy_out(redistribute(*comm_, be, gv, glayout, layout_, int64_t{c.heads} * c.dv), dv);
+  copy_out(redistribute(*comm_, be, gg, glayout, layout_, c.heads * gw), dg);
+  copy_out(redistribute(*comm_, be, gb, glayout, layout_, int64_t{c.heads}), dbeta);
+}
+
+template <class T>
+void KeyCore::conv_forward(int channels, int width, bool silu, const T* x, const T* weight, const T* bias, T* y) {
+  conv1d_cp_forward(*comm_, row_, layout_, Conv1dArgs{channels, width, silu}, x, weight, bias, y);
+}
+
+template <class T>
+void KeyCore::conv_backward(int channels, int width, bool silu, const T* x, const T* weight, const T* bias,
+                            const T* dy, T* dx, T* dweight, T* dbias) {
+  std::fill(dx, dx + owned_tokens_ * channels, T(0));
+  std::vector<T> dw(static_cast<size_t>(channels) * width, T(0)), db(static_cast<size_t>(channels), T(0));
+  conv1d_cp_backward(*comm_, row_, layout_, Conv1dArgs{channels, width, silu}, x, weight, bias, dy, dx, dw.data(),
+                     bias ? db.data() : nullptr);
+  // The runtime hands every rank the gradient summed over ranks; the package's contract for weights
+  // replicated across CP ranks is this rank's share (the caller sums them, as for projections and the sink).
+  const T share = T(1) / static_cast<T>(cp());
+  for (size_t i = 0; i < dw.size(); ++i) dweight[i] = dw[i] * share;
+  if (dbias)
+    for (int i = 0; i < channels; ++i) dbias[i] = db[static_cast<size_t>(i)] * share;
+}
+
+#define TREECP_KEY_INSTANTIATE(T)                                                                                   \
+  template void KeyCore::attention_forward<T>(const AttentionCall&, const T*, const T*, const T*, const T*, T*, T*,  \
+                                              T*);                                                                  \
+  template void KeyCore::attention_backward<T>(const AttentionCall&, const T*, const T*, const T*, const T*,       \
+                                               const T*, const T*, const T*, T*, T*, T*, T*);                       \
+  template void KeyCore::gdn_forward<T>(const GdnCall&, const T*, const T*, const T*, const T*, const T*, T*);      \
+  template void KeyCore::gdn_backward<T>(const GdnCall&, const T*, const T*, const T*, const T*, const T*,         \
+                                         const T*, T*, T*, T*, T*, T*);                                             \
+  template void KeyCore::conv_forward<T>(int, int, bool, const T*, const T*, const T*, T*);                         \
+  template void KeyCore::conv_backward<T>(int, int, bool, const T*, const T*, const T*, const T*, T*, T*, T*);
+TREECP_KEY_INSTANTIATE(float)
+TREECP_KEY_INSTANTIATE(double)
+#undef TREECP_KEY_INSTANTIATE
+
+}  // namespace treecp::py
