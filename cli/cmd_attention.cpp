@@ -218,10 +218,7 @@ int execute(Communicator& comm, const Inputs& in, OutputDir* out) {
 }
 
 int attention_cmd(const std::vector<std::string>& argv) {
-  Args args(argv);
-  declare_options(args);
-  args.parse();
-  return run_file_command<Inputs>("attention", argv, args, kOutputs, prepare, execute);
+  return run_file_command<Inputs>("attention", argv, declare_options, kOutputs, prepare, execute);
 }
 
 const Register kAttention("attention",

@@ -126,10 +126,7 @@ int execute(Communicator& comm, const ConvInputs& in, OutputDir* out) {
 }
 
 int conv1d_main(const std::vector<std::string>& argv) {
-  Args args(argv);
-  declare_options(args);
-  args.parse();
-  return run_file_command<ConvInputs>("conv1d", argv, args, kOutputs, prepare, execute);
+  return run_file_command<ConvInputs>("conv1d", argv, declare_options, kOutputs, prepare, execute);
 }
 
 const Register kConv1d("conv1d",

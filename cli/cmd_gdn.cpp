@@ -174,10 +174,7 @@ int execute(Communicator& comm, const GdnInputs& in, OutputDir* out) {
 }
 
 int gdn_main(const std::vector<std::string>& argv) {
-  Args args(argv);
-  declare_options(args);
-  args.parse();
-  return run_file_command<GdnInputs>("gdn", argv, args, kOutputs, prepare, execute);
+  return run_file_command<GdnInputs>("gdn", argv, declare_options, kOutputs, prepare, execute);
 }
 
 const Register kGdn("gdn",

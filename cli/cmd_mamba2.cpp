@@ -195,10 +195,7 @@ int execute(Communicator& comm, const Inputs& in, OutputDir* out) {
 }
 
 int mamba2_cmd(const std::vector<std::string>& argv) {
-  Args args(argv);
-  declare_options(args);
-  args.parse();
-  return run_file_command<Inputs>("mamba2", argv, args, kOutputs, prepare, execute);
+  return run_file_command<Inputs>("mamba2", argv, declare_options, kOutputs, prepare, execute);
 }
 
 const Register kMamba2("mamba2",

@@ -241,10 +241,7 @@ int execute(Communicator& comm, const Inputs& in, OutputDir* out) {
 }
 
 int sparse_mla_cmd(const std::vector<std::string>& argv) {
-  Args args(argv);
-  declare_options(args);
-  args.parse();
-  return run_file_command<Inputs>("sparse-mla", argv, args, kOutputs, prepare, execute);
+  return run_file_command<Inputs>("sparse-mla", argv, declare_options, kOutputs, prepare, execute);
 }
 
 const Register kSparseMla("sparse-mla",

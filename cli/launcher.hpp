@@ -61,16 +61,20 @@ class RankGroup {
   std::unique_ptr<Communicator> comm_;  // declared last: released before the session finalises MPI
 };
 
-// The one flow of a command that reads inputs and writes files to --out. `prepare(args)` checks every
+// The one flow of a command that reads inputs and writes files to --out. `declare(args)` names its
+// options (before the parse); `prepare(args)` checks every
 // option and input and returns Inputs with `ranks` and `out_dir`; `execute(comm, inputs, out)` computes
 // on every rank and writes the files on rank 0. Outside mpirun: prepare (the boundary, before any rank
 // starts), the output directory checked and staged (before the compute), then the ranks under mpirun
 // or this process alone, and the commit. As a rank: prepare and the output directory agreed by every
 // rank, then execute.
 template <class Inputs>
-int run_file_command(const std::string& command, const std::vector<std::string>& argv, const Args& args,
+int run_file_command(const std::string& command, const std::vector<std::string>& argv, void (*declare)(Args&),
                      const std::vector<std::string>& outputs, Inputs (*prepare)(const Args&),
                      const std::function<int(Communicator&, const Inputs&, OutputDir*)>& execute) {
+  Args args(argv);
+  declare(args);
+  args.parse();
   if (started_under_mpi()) {
     RankGroup group(rank_options(args, 1));
     return group.run([&](Communicator& comm) {
