@@ -153,9 +153,9 @@ WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64
       if (kb <= ka) continue;
       const int64_t fa = std::max(ka, qb - s.diag_max), fb = std::min(kb, qa - s.diag_min + 1);
       const int32_t j0 = near(ka, k_hint), j1 = kb <= w.bounds[j0 + 1] ? j0 : chunk_of(w.bounds, kb - 1);
-      // Whole key chunks inside [fa, fb): [f0, f1).
+      // Whole key chunks inside [fa, fb): [f0, f1) (a piece in one key chunk is cut like any other).
       int32_t f0 = j1 + 1, f1 = j1 + 1;
-      if (fa < fb) {
+      if (fa < fb && j1 > j0) {
         f0 = chunk_of(w.bounds, fa);
         if (w.bounds[f0] < fa) ++f0;
         f1 = std::max(f0, chunk_of(w.bounds, fb));
