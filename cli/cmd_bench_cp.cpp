@@ -529,7 +529,7 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   cfg.json_path = args.get_or("--json", "");
   cfg.svg_path = args.get_or("--svg", "");
   cfg.costs_path = args.get_or(
-      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_default.json" : "/costs_cpu.json"));
+      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_h200.json" : "/costs_cpu.json"));
   CostModel costs = load_costs(cfg.costs_path);
   costs.shape.hq = cfg.hq;
   costs.shape.hkv = cfg.hkv;

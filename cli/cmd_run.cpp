@@ -344,9 +344,9 @@ int run_main(const std::vector<std::string>& argv) {
     source = preset + " (cp " + std::to_string(ranks) + ", lengths / " + std::to_string(scale) + ")";
   }
   // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
-  // rank (config/costs_default.json); --costs overrides either.
+  // H200 per rank (config/costs_h200.json, calibrated on one H200); --costs overrides either.
   const std::string costs_path = args.get_or(
-      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_default.json" : "/costs_cpu.json"));
+      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_h200.json" : "/costs_cpu.json"));
   CostModel costs = load_costs(costs_path);
   costs.shape.hq = cfg.hq;
   costs.shape.hkv = cfg.hkv;
