@@ -367,6 +367,7 @@ int run_main(const std::vector<std::string>& argv) {
     require(g.reps >= 1 && g.reps <= 1000, "--reps must be in [1, 1000], got ", g.reps);
     g.costs_path = costs_path;
     g.source = source;
+    g.trace_path = trace_path;
     return group.run([&](Communicator& world) { return run_on_gpus(world, row, costs, opt, g); });
   }
   return group.run([&](Communicator& world) {
