@@ -533,7 +533,7 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   if (!cfg.json_path.empty()) check_output_file(cfg.json_path);
   if (!cfg.svg_path.empty()) check_output_file(cfg.svg_path);
   cfg.costs_path = args.get_or(
-      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_default.json" : "/costs_cpu.json"));
+      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_h200.json" : "/costs_cpu.json"));
   CostModel costs = load_costs(cfg.costs_path);
   costs.shape.hq = cfg.hq;
   costs.shape.hkv = cfg.hkv;

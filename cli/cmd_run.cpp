@@ -96,8 +96,8 @@ RunConfig read_options(const Args& args) {
   cfg.json = args.get_flag("--json");
   cfg.dtype = args.get_choice("--dtype", "float", {"float", "double"});
   // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
-  // rank (config/costs_default.json); --costs overrides either.
-  cfg.costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + (cfg.gpu ? "/costs_default.json" : "/costs_cpu.json"));
+  // rank (config/costs_h200.json, calibrated on one H200); --costs overrides either.
+  cfg.costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + (cfg.gpu ? "/costs_h200.json" : "/costs_cpu.json"));
   cfg.plan.layout = args.get_choice("--layout", "searched", layout_names());
   cfg.plan.window = cfg.window;
   cfg.plan.chunk_tokens = args.get_int_or("--chunk", 0);
@@ -406,6 +406,7 @@ int execute(Communicator& comm, const RunJob& job) {
     g.reps = c.reps;
     g.costs_path = c.costs_path;
     g.source = job.source;
+    g.trace_path = c.trace_path;
     g.timeout_s = c.ranks.timeout_s;
     return run_on_gpus(comm, job.row, job.costs, c.plan, g);
   }
