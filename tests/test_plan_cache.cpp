@@ -88,9 +88,12 @@ TEST(Lookahead, PreparesWhatDirectPlanningGives) {
   rows.push_back(rows[0]);  // a repeated tree comes from the cache
   for (int rank = 0; rank < 3; ++rank) {
     Lookahead<CpuBackend<float>> ahead(rank, 3, costs, PlanOptions{}, dims, &cache);
-    for (const Row& r : rows) ahead.submit(r);
+    ahead.submit(rows[0]);
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto got = ahead.next();
+      // the rest once row 0 is done, so that its repeat (row 3) finds it in the cache whatever the timing
+      if (i == 0)
+        for (size_t j = 1; j < rows.size(); ++j) ahead.submit(rows[j]);
       const Plan direct = make_plan(rows[i], 3, costs, PlanOptions{});
       EXPECT_EQ(json::dump(plan_to_json(*got.plan)), json::dump(plan_to_json(direct))) << "row " << i << " rank " << rank;
       const RankSchedule want = make_rank_schedule(direct, rank);
