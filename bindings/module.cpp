@@ -30,6 +30,32 @@ using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
 template <class T>
 using Out = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
 
+// The core reads and writes each array through a raw pointer, assuming the shape below (tokens first, C
+// order): an array of another shape is a ValueError naming it, never an access past its end. The Python
+// layer checks the same by name first; this guards the boundary itself (direct calls, any DLPack producer).
+template <class A>
+void require_shape(const char* op, const char* name, const A& a, std::initializer_list<int64_t> want) {
+  bool same = a.ndim() == want.size();
+  for (size_t i = 0; same && i < want.size(); ++i) same = static_cast<int64_t>(a.shape(i)) == want.begin()[i];
+  if (same) return;
+  std::string got, expected;
+  for (size_t i = 0; i < a.ndim(); ++i) got += (i ? ", " : "") + std::to_string(a.shape(i));
+  for (size_t i = 0; i < want.size(); ++i) expected += (i ? ", " : "") + std::to_string(want.begin()[i]);
+  fail(op, ": ", name, " has shape [", got, "], expected [", expected, "]");
+}
+template <class A>
+void require_shape(const char* op, const char* name, const std::optional<A>& a, std::initializer_list<int64_t> want) {
+  if (a) require_shape(op, name, *a, want);
+}
+// Outputs that exist exactly when an optional input does (the sink and the output before it, a bias and its
+// gradient): one without the other would leave the core writing through a null pointer.
+template <class A, class B>
+void require_paired(const char* op, const char* name, const std::optional<A>& a, const char* other,
+                    const std::optional<B>& b) {
+  require(a.has_value() == b.has_value(), op, ": ", name, a ? " is given without " : " is None but ", other,
+          a ? "" : " is given");
+}
+
 template <class T>
 const T* ptr_or_null(const std::optional<In<T>>& a) {
   return a ? a->data() : nullptr;
@@ -97,6 +123,16 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
       "attention_forward",
       [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
          std::optional<In<T>> sink, Out<T> y, Out<T> lse, std::optional<Out<T>> o_presink) {
+        const char* op = "attention_forward";
+        const int64_t n = key.owned_tokens();
+        require_shape(op, "q", q, {n, hq, d});
+        require_shape(op, "k", k, {n, hkv, d});
+        require_shape(op, "v", v, {n, hkv, dv});
+        require_shape(op, "sink", sink, {hq});
+        require_shape(op, "y", y, {n, hq, dv});
+        require_shape(op, "lse", lse, {n, hq});
+        require_paired(op, "sink", sink, "o_presink", o_presink);
+        require_shape(op, "o_presink", o_presink, {n, hq, dv});
         key.attention_forward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), y.data(),
                                  lse.data(), ptr_or_null(o_presink));
       },
@@ -107,36 +143,98 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
       [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
          std::optional<In<T>> sink, In<T> o, In<T> lse, In<T> dy, Out<T> dq, Out<T> dk, Out<T> dv_,
          std::optional<Out<T>> dsink) {
+        const char* op = "attention_backward";
+        const int64_t n = key.owned_tokens();
+        require_shape(op, "q", q, {n, hq, d});
+        require_shape(op, "k", k, {n, hkv, d});
+        require_shape(op, "v", v, {n, hkv, dv});
+        require_shape(op, "sink", sink, {hq});
+        require_shape(op, "o", o, {n, hq, dv});
+        require_shape(op, "lse", lse, {n, hq});
+        require_shape(op, "dy", dy, {n, hq, dv});
+        require_shape(op, "dq", dq, {n, hq, d});
+        require_shape(op, "dk", dk, {n, hkv, d});
+        require_shape(op, "dv_", dv_, {n, hkv, dv});
+        require_shape(op, "dsink", dsink, {hq});
         key.attention_backward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), o.data(),
                                   lse.data(), dy.data(), dq.data(), dk.data(), dv_.data(), ptr_or_null(dsink));
       },
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
       nb::arg("v"), nb::arg("sink").none(), nb::arg("o"), nb::arg("lse"), nb::arg("dy"), nb::arg("dq"), nb::arg("dk"),
       nb::arg("dv_"), nb::arg("dsink").none(), Compute());
+  // GDN's gate: [n, heads] (one decay per head) or, per channel (KDA), [n, heads, dk].
+  auto require_gate = [](const char* op, const char* name, const auto& g, int64_t n, int heads, int dk,
+                         bool per_channel) {
+    if (per_channel)
+      require_shape(op, name, g, {n, heads, dk});
+    else
+      require_shape(op, name, g, {n, heads});
+  };
   cls.def(
       "gdn_forward",
-      [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
-         In<T> v, In<T> g, In<T> beta, Out<T> y) {
+      [require_gate](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q,
+                     In<T> k, In<T> v, In<T> g, In<T> beta, Out<T> y) {
+        const char* op = "gdn_forward";
+        const int64_t n = key.owned_tokens();
+        require_shape(op, "q", q, {n, heads, dk});
+        require_shape(op, "k", k, {n, heads, dk});
+        require_shape(op, "v", v, {n, heads, dv});
+        require_gate(op, "g", g, n, heads, dk, per_channel);
+        require_shape(op, "beta", beta, {n, heads});
+        require_shape(op, "y", y, {n, heads, dv});
         key.gdn_forward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
                            beta.data(), y.data());
       },
       Compute());
-  cls.def("gdn_backward", [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk,
-                             In<T> q, In<T> k, In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_,
-                             Out<T> dv_, Out<T> dg, Out<T> dbeta) {
-    key.gdn_backward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(), beta.data(),
-                        dy.data(), dq.data(), dk_.data(), dv_.data(), dg.data(), dbeta.data());
-  }, Compute());
+  cls.def(
+      "gdn_backward",
+      [require_gate](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q,
+                     In<T> k, In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_, Out<T> dv_, Out<T> dg,
+                     Out<T> dbeta) {
+        const char* op = "gdn_backward";
+        const int64_t n = key.owned_tokens();
+        require_shape(op, "q", q, {n, heads, dk});
+        require_shape(op, "k", k, {n, heads, dk});
+        require_shape(op, "v", v, {n, heads, dv});
+        require_gate(op, "g", g, n, heads, dk, per_channel);
+        require_shape(op, "beta", beta, {n, heads});
+        require_shape(op, "dy", dy, {n, heads, dv});
+        require_shape(op, "dq", dq, {n, heads, dk});
+        require_shape(op, "dk_", dk_, {n, heads, dk});
+        require_shape(op, "dv_", dv_, {n, heads, dv});
+        require_gate(op, "dg", dg, n, heads, dk, per_channel);
+        require_shape(op, "dbeta", dbeta, {n, heads});
+        key.gdn_backward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
+                            beta.data(), dy.data(), dq.data(), dk_.data(), dv_.data(), dg.data(), dbeta.data());
+      },
+      Compute());
   cls.def(
       "conv_forward",
       [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
-         Out<T> y) { key.conv_forward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), y.data()); },
+         Out<T> y) {
+        const char* op = "conv_forward";
+        const int64_t n = key.owned_tokens();
+        require_shape(op, "x", x, {n, channels});
+        require_shape(op, "weight", weight, {channels, width});
+        require_shape(op, "bias", bias, {channels});
+        require_shape(op, "y", y, {n, channels});
+        key.conv_forward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), y.data());
+      },
       nb::arg("channels"), nb::arg("width"), nb::arg("silu"), nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
       nb::arg("y"), Compute());
   cls.def(
       "conv_backward",
       [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
          In<T> dy, Out<T> dx, Out<T> dweight, std::optional<Out<T>> dbias) {
+        const char* op = "conv_backward";
+        const int64_t n = key.owned_tokens();
+        require_shape(op, "x", x, {n, channels});
+        require_shape(op, "weight", weight, {channels, width});
+        require_shape(op, "bias", bias, {channels});
+        require_shape(op, "dy", dy, {n, channels});
+        require_shape(op, "dx", dx, {n, channels});
+        require_shape(op, "dweight", dweight, {channels, width});
+        require_shape(op, "dbias", dbias, {channels});
         key.conv_backward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), dy.data(), dx.data(),
                              dweight.data(), ptr_or_null(dbias));
       },

@@ -91,6 +91,16 @@ def _verdict(key: Key, op: str, problem: Optional[str]):
         key.agree(op, problem)
 
 
+def _detached(*xs):
+    """The tensors as the extension takes them (DLPack, nb::ndarray): detached, None passed through.
+
+    torch's ``__dlpack__`` refuses tensors that require grad (autograd's saved inputs and dy inside a backward
+    op, nn.Parameters); nanobind >= 3 then falls back to torch's legacy exporter, older nanobind raises
+    TypeError, so every tensor crosses detached, forward and backward alike.
+    """
+    return tuple(None if x is None else x.detach() for x in xs)
+
+
 def _refuse(problem: Optional[str]):
     # The ops' own implementations check again, locally, for direct calls of torch.ops.treecp.*.
     if problem:
@@ -147,9 +157,8 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], key_i
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     lse = q.new_empty(q.shape[0], q.shape[1])
     o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
-    key._core.attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.detach(), k.detach(),
-                                v.detach(), None if sink is None else sink.detach(), y, lse,
-                                o_presink if sink is not None else None)
+    key._core.attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, *_detached(q, k, v, sink), y,
+                                lse, o_presink if sink is not None else None)
     return y, lse, o_presink
 
 
@@ -218,8 +227,9 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tenso
         return _cuda_attention_backward(key, q, k, v, sink, o, lse, dy.contiguous(), scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsink = q.new_zeros(q.shape[1] if sink is not None else 0)
-    key._core.attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q, k, v, sink, o, lse,
-                                 dy.contiguous(), dq, dk, dv, dsink if sink is not None else None)
+    key._core.attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale,
+                                 *_detached(q, k, v, sink, o, lse, dy.contiguous()), dq, dk, dv,
+                                 dsink if sink is not None else None)
     return dq, dk, dv, dsink
 
 
@@ -301,8 +311,8 @@ def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: in
     key = key_of(key_id)
     _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk))
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
-    key._core.gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q.detach(), k.detach(),
-                          v.detach(), g.detach(), beta.detach(), y)
+    key._core.gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
+                          *_detached(q, k, v, g, beta), y)
     return y
 
 
@@ -316,8 +326,8 @@ def _gdn_backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, d
                      chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     key = key_of(key_id)
     grads = [torch.empty_like(x) for x in (q, k, v, g, beta)]
-    key._core.gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q, k, v, g, beta,
-                           dy.contiguous(), *grads)
+    key._core.gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
+                           *_detached(q, k, v, g, beta, dy.contiguous()), *grads)
     return tuple(grads)
 
 
@@ -388,8 +398,7 @@ def _conv_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], key_id: int, sil
     key = key_of(key_id)
     _refuse(_conv_problem(key, x, weight, bias))
     y = torch.empty_like(x)
-    key._core.conv_forward(x.shape[1], weight.shape[1], silu, x.detach(), weight.detach(),
-                           None if bias is None else bias.detach(), y)
+    key._core.conv_forward(x.shape[1], weight.shape[1], silu, *_detached(x, weight, bias), y)
     return y
 
 
@@ -404,7 +413,7 @@ def _conv_backward_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], dy: Ten
     key = key_of(key_id)
     dx, dw = torch.empty_like(x), torch.empty_like(weight)
     db = x.new_zeros(x.shape[1] if bias is not None else 0)
-    key._core.conv_backward(x.shape[1], weight.shape[1], silu, x, weight, bias, dy.contiguous(), dx, dw,
+    key._core.conv_backward(x.shape[1], weight.shape[1], silu, *_detached(x, weight, bias, dy.contiguous()), dx, dw,
                             db if bias is not None else None)
     return dx, dw, db
 
