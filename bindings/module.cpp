@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,9 @@
 #include "plan/planner.hpp"
 #include "py_communicator.hpp"
 #include "tree/row.hpp"
+#if TREECP_HAVE_CUDA && TREECP_HAVE_NCCL
+#include "comm/nccl_communicator.hpp"
+#endif
 
 namespace nb = nanobind;
 using namespace treecp;
@@ -117,6 +121,40 @@ int64_t fingerprint(const Row& row, const Plan& plan) {
 // Python communicator takes it back for each collective.
 using Compute = nb::call_guard<nb::gil_scoped_release>;
 
+// Each op family's inputs, checked alike by its forward and its backward (n: this rank's tokens).
+template <class T>
+void require_attention_inputs(const char* op, int64_t n, int hq, int hkv, int d, int dv, const In<T>& q,
+                              const In<T>& k, const In<T>& v, const std::optional<In<T>>& sink) {
+  require_shape(op, "q", q, {n, hq, d});
+  require_shape(op, "k", k, {n, hkv, d});
+  require_shape(op, "v", v, {n, hkv, dv});
+  require_shape(op, "sink", sink, {hq});
+}
+// GDN's gate is [n, heads] (one decay per head) or, per channel (KDA), [n, heads, dk]; its gradient alike.
+template <class A>
+void require_gate(const char* op, const char* name, const A& g, int64_t n, int heads, int dk, bool per_channel) {
+  if (per_channel)
+    require_shape(op, name, g, {n, heads, dk});
+  else
+    require_shape(op, name, g, {n, heads});
+}
+template <class T>
+void require_gdn_inputs(const char* op, int64_t n, int heads, int dk, int dv, bool per_channel, const In<T>& q,
+                        const In<T>& k, const In<T>& v, const In<T>& g, const In<T>& beta) {
+  require_shape(op, "q", q, {n, heads, dk});
+  require_shape(op, "k", k, {n, heads, dk});
+  require_shape(op, "v", v, {n, heads, dv});
+  require_gate(op, "g", g, n, heads, dk, per_channel);
+  require_shape(op, "beta", beta, {n, heads});
+}
+template <class T>
+void require_conv_inputs(const char* op, int64_t n, int channels, int width, const In<T>& x, const In<T>& weight,
+                         const std::optional<In<T>>& bias) {
+  require_shape(op, "x", x, {n, channels});
+  require_shape(op, "weight", weight, {channels, width});
+  require_shape(op, "bias", bias, {channels});
+}
+
 template <class T>
 void bind_ops(nb::class_<py::KeyCore>& cls) {
   cls.def(
@@ -125,10 +163,7 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
          std::optional<In<T>> sink, Out<T> y, Out<T> lse, std::optional<Out<T>> o_presink) {
         const char* op = "attention_forward";
         const int64_t n = key.owned_tokens();
-        require_shape(op, "q", q, {n, hq, d});
-        require_shape(op, "k", k, {n, hkv, d});
-        require_shape(op, "v", v, {n, hkv, dv});
-        require_shape(op, "sink", sink, {hq});
+        require_attention_inputs<T>(op, n, hq, hkv, d, dv, q, k, v, sink);
         require_shape(op, "y", y, {n, hq, dv});
         require_shape(op, "lse", lse, {n, hq});
         require_paired(op, "sink", sink, "o_presink", o_presink);
@@ -145,10 +180,7 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
          std::optional<Out<T>> dsink) {
         const char* op = "attention_backward";
         const int64_t n = key.owned_tokens();
-        require_shape(op, "q", q, {n, hq, d});
-        require_shape(op, "k", k, {n, hkv, d});
-        require_shape(op, "v", v, {n, hkv, dv});
-        require_shape(op, "sink", sink, {hq});
+        require_attention_inputs<T>(op, n, hq, hkv, d, dv, q, k, v, sink);
         require_shape(op, "o", o, {n, hq, dv});
         require_shape(op, "lse", lse, {n, hq});
         require_shape(op, "dy", dy, {n, hq, dv});
@@ -162,25 +194,13 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
       nb::arg("v"), nb::arg("sink").none(), nb::arg("o"), nb::arg("lse"), nb::arg("dy"), nb::arg("dq"), nb::arg("dk"),
       nb::arg("dv_"), nb::arg("dsink").none(), Compute());
-  // GDN's gate: [n, heads] (one decay per head) or, per channel (KDA), [n, heads, dk].
-  auto require_gate = [](const char* op, const char* name, const auto& g, int64_t n, int heads, int dk,
-                         bool per_channel) {
-    if (per_channel)
-      require_shape(op, name, g, {n, heads, dk});
-    else
-      require_shape(op, name, g, {n, heads});
-  };
   cls.def(
       "gdn_forward",
-      [require_gate](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q,
-                     In<T> k, In<T> v, In<T> g, In<T> beta, Out<T> y) {
+      [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
+         In<T> v, In<T> g, In<T> beta, Out<T> y) {
         const char* op = "gdn_forward";
         const int64_t n = key.owned_tokens();
-        require_shape(op, "q", q, {n, heads, dk});
-        require_shape(op, "k", k, {n, heads, dk});
-        require_shape(op, "v", v, {n, heads, dv});
-        require_gate(op, "g", g, n, heads, dk, per_channel);
-        require_shape(op, "beta", beta, {n, heads});
+        require_gdn_inputs<T>(op, n, heads, dk, dv, per_channel, q, k, v, g, beta);
         require_shape(op, "y", y, {n, heads, dv});
         key.gdn_forward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
                            beta.data(), y.data());
@@ -188,16 +208,11 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
       Compute());
   cls.def(
       "gdn_backward",
-      [require_gate](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q,
-                     In<T> k, In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_, Out<T> dv_, Out<T> dg,
-                     Out<T> dbeta) {
+      [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
+         In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_, Out<T> dv_, Out<T> dg, Out<T> dbeta) {
         const char* op = "gdn_backward";
         const int64_t n = key.owned_tokens();
-        require_shape(op, "q", q, {n, heads, dk});
-        require_shape(op, "k", k, {n, heads, dk});
-        require_shape(op, "v", v, {n, heads, dv});
-        require_gate(op, "g", g, n, heads, dk, per_channel);
-        require_shape(op, "beta", beta, {n, heads});
+        require_gdn_inputs<T>(op, n, heads, dk, dv, per_channel, q, k, v, g, beta);
         require_shape(op, "dy", dy, {n, heads, dv});
         require_shape(op, "dq", dq, {n, heads, dk});
         require_shape(op, "dk_", dk_, {n, heads, dk});
@@ -214,9 +229,7 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
          Out<T> y) {
         const char* op = "conv_forward";
         const int64_t n = key.owned_tokens();
-        require_shape(op, "x", x, {n, channels});
-        require_shape(op, "weight", weight, {channels, width});
-        require_shape(op, "bias", bias, {channels});
+        require_conv_inputs<T>(op, n, channels, width, x, weight, bias);
         require_shape(op, "y", y, {n, channels});
         key.conv_forward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), y.data());
       },
@@ -228,9 +241,7 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
          In<T> dy, Out<T> dx, Out<T> dweight, std::optional<Out<T>> dbias) {
         const char* op = "conv_backward";
         const int64_t n = key.owned_tokens();
-        require_shape(op, "x", x, {n, channels});
-        require_shape(op, "weight", weight, {channels, width});
-        require_shape(op, "bias", bias, {channels});
+        require_conv_inputs<T>(op, n, channels, width, x, weight, bias);
         require_shape(op, "dy", dy, {n, channels});
         require_shape(op, "dx", dx, {n, channels});
         require_shape(op, "dweight", dweight, {channels, width});
@@ -250,6 +261,8 @@ NB_MODULE(_core, m) {
   nb::set_leak_warnings(false);
   // Whether the extension was built with the CUDA backend (nvcc found at build time).
   m.attr("has_cuda_backend") = py::KeyCore::has_cuda();
+  // Whether CUDA tensors can run under CP: the NCCL communicator the package makes from a torch group.
+  m.attr("has_nccl") = py::KeyCore::has_nccl();
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -332,6 +345,28 @@ NB_MODULE(_core, m) {
       .def_prop_ro("rank", &Communicator::rank)
       .def_prop_ro("size", &Communicator::size);
 
+#if TREECP_HAVE_CUDA && TREECP_HAVE_NCCL
+  // Bootstrap over a torch group (treecp.torch._comm): rank 0 makes the id, the group broadcasts it, every
+  // rank joins; joining waits for the others, so it runs without the GIL.
+  m.def("nccl_unique_id", [] {
+    const NcclUniqueId id = make_nccl_unique_id();
+    return nb::bytes(id.bytes.data(), id.bytes.size());
+  });
+  nb::class_<NcclCommunicator, Communicator>(m, "NcclCommunicator")
+      .def(
+          "__init__",
+          [](NcclCommunicator* self, nb::bytes id, int rank, int size, int device) {
+            NcclUniqueId uid;
+            require(id.size() == uid.bytes.size(), "NCCL communicator: the unique id has ", id.size(),
+                    " bytes, expected ", uid.bytes.size());
+            std::memcpy(uid.bytes.data(), id.c_str(), uid.bytes.size());
+            nb::gil_scoped_release released;
+            new (self) NcclCommunicator(uid, rank, size, device);
+          },
+          nb::arg("unique_id"), nb::arg("rank"), nb::arg("size"), nb::arg("device"))
+      .def_prop_ro("device", &NcclCommunicator::device);
+#endif
+
   auto key = nb::class_<py::KeyCore>(m, "KeyCore");
   key.def("__init__",
           [](py::KeyCore* self, const Row& row, const Plan& plan, int rank, int size, nb::object comm) {
@@ -351,6 +386,10 @@ NB_MODULE(_core, m) {
         return out;
       });
   key.def("cuda_stream", &py::KeyCore::cuda_stream, Compute());
+#if TREECP_HAVE_CUDA && TREECP_HAVE_NCCL
+  // The key keeps the communicator alive (the package also caches it per group and device).
+  key.def("use_nccl", &py::KeyCore::use_nccl, nb::arg("comm"), nb::keep_alive<1, 2>());
+#endif
   key.def(
       "cuda_attention_forward",
       [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, uintptr_t q, uintptr_t kk,

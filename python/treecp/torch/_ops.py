@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import _core
+from ._comm import nccl_communicator
 from ._key import Key, default_scale, key_of
 
 _CPU_DTYPES = (torch.float32, torch.float64)
@@ -138,9 +139,11 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
     if q.device.type == "cuda":
         if v.shape[2] != d or d not in (64, 128):
             return f"{op}: on CUDA the head dims must be 64 or 128 with v's equal to q's, got q {d} and v {v.shape[2]}"
-        if key.cp > 1:
-            return (f"{op}: CUDA tensors under CP (a group of {key.cp}) need the NCCL communicator made from the "
-                    "group, which the package does not wire yet; CP runs on CPU tensors over gloo")
+        if key.nccl_group is not None and not _core.has_nccl:
+            return (f"{op}: CUDA tensors with a group need NCCL, and this build of treecp has none (it was built "
+                    "without nccl.h); CP runs on CPU tensors over gloo")
+        if key.cuda_device is not None and q.device != key.cuda_device:
+            return f"{op}: q is on {q.device} but this key's CUDA state is on {key.cuda_device} (one key per device)"
     if not _positive_number(scale):
         return f"{op}: softmax_scale must be a positive finite number, got {scale}"
     return None
@@ -190,7 +193,17 @@ class _KeyStream:
         return False
 
 
+def _cuda_state(key, device):
+    """Binds the key to its CUDA device and, with a group, to the group's NCCL communicator (made on first use)."""
+    if key.cuda_device is None:
+        key.cuda_device = device
+    if key.nccl_group is not None and key.nccl is None:
+        key.nccl = nccl_communicator(key.nccl_group, device)
+        key._core.use_nccl(key.nccl)
+
+
 def _cuda_attention_forward(key, q, k, v, sink, scale):
+    _cuda_state(key, q.device)
     y = torch.empty_like(q)
     lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
     o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
@@ -206,6 +219,7 @@ def _cuda_attention_forward(key, q, k, v, sink, scale):
 
 
 def _cuda_attention_backward(key, q, k, v, sink, o, lse, dy, scale):
+    _cuda_state(key, q.device)
     dq, dk, dv = (torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (q, k, v))
     dsink = torch.zeros(q.shape[1] if sink is not None else 0, dtype=torch.float32, device=q.device)
     sink32 = sink.float().contiguous() if sink is not None else None
