@@ -24,6 +24,11 @@
 #include "comm/nccl_communicator.hpp"
 #endif
 
+// pyproject.toml's floor, enforced where any build meets it (`pip install --no-build-isolation` builds with
+// whatever nanobind is installed): nanobind 1.x built an extension whose CPU ops crashed on Python 3.12 (see
+// NoGil below) and that refused arrays with no rows.
+static_assert(NB_VERSION_MAJOR >= 2, "treecp's extension needs nanobind >= 2.0: python3 -m pip install -U nanobind");
+
 namespace nb = nanobind;
 using namespace treecp;
 
@@ -118,8 +123,13 @@ int64_t fingerprint(const Row& row, const Plan& plan) {
 }
 
 // The compute calls run without the GIL, so that other Python threads (data loaders, torch's) go on; the
-// Python communicator takes it back for each collective.
+// Python communicator takes it back for each collective. Calls taking raw pointers release it for the whole
+// call (Compute); calls taking arrays release it inside their body (NoGil, declared after the checks), so
+// that the by-value nb::ndarray parameters, which own references to Python objects, are released with the
+// GIL held (nanobind < 1.9 dropped them without taking it, which crashed on Python 3.12; later versions take
+// it there themselves, this does not rely on that).
 using Compute = nb::call_guard<nb::gil_scoped_release>;
+using NoGil = nb::gil_scoped_release;
 
 // Each op family's inputs, checked alike by its forward and its backward (n: this rank's tokens).
 template <class T>
@@ -168,11 +178,12 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
         require_shape(op, "lse", lse, {n, hq});
         require_paired(op, "sink", sink, "o_presink", o_presink);
         require_shape(op, "o_presink", o_presink, {n, hq, dv});
+        NoGil released;
         key.attention_forward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), y.data(),
                                  lse.data(), ptr_or_null(o_presink));
       },
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
-      nb::arg("v"), nb::arg("sink").none(), nb::arg("y"), nb::arg("lse"), nb::arg("o_presink").none(), Compute());
+      nb::arg("v"), nb::arg("sink").none(), nb::arg("y"), nb::arg("lse"), nb::arg("o_presink").none());
   cls.def(
       "attention_backward",
       [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
@@ -188,12 +199,13 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
         require_shape(op, "dk", dk, {n, hkv, d});
         require_shape(op, "dv_", dv_, {n, hkv, dv});
         require_shape(op, "dsink", dsink, {hq});
+        NoGil released;
         key.attention_backward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), o.data(),
                                   lse.data(), dy.data(), dq.data(), dk.data(), dv_.data(), ptr_or_null(dsink));
       },
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
       nb::arg("v"), nb::arg("sink").none(), nb::arg("o"), nb::arg("lse"), nb::arg("dy"), nb::arg("dq"), nb::arg("dk"),
-      nb::arg("dv_"), nb::arg("dsink").none(), Compute());
+      nb::arg("dv_"), nb::arg("dsink").none());
   cls.def(
       "gdn_forward",
       [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
@@ -202,10 +214,10 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
         const int64_t n = key.owned_tokens();
         require_gdn_inputs<T>(op, n, heads, dk, dv, per_channel, q, k, v, g, beta);
         require_shape(op, "y", y, {n, heads, dv});
+        NoGil released;
         key.gdn_forward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
                            beta.data(), y.data());
-      },
-      Compute());
+      });
   cls.def(
       "gdn_backward",
       [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
@@ -219,10 +231,10 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
         require_shape(op, "dv_", dv_, {n, heads, dv});
         require_gate(op, "dg", dg, n, heads, dk, per_channel);
         require_shape(op, "dbeta", dbeta, {n, heads});
+        NoGil released;
         key.gdn_backward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
                             beta.data(), dy.data(), dq.data(), dk_.data(), dv_.data(), dg.data(), dbeta.data());
-      },
-      Compute());
+      });
   cls.def(
       "conv_forward",
       [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
@@ -231,10 +243,11 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
         const int64_t n = key.owned_tokens();
         require_conv_inputs<T>(op, n, channels, width, x, weight, bias);
         require_shape(op, "y", y, {n, channels});
+        NoGil released;
         key.conv_forward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), y.data());
       },
       nb::arg("channels"), nb::arg("width"), nb::arg("silu"), nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-      nb::arg("y"), Compute());
+      nb::arg("y"));
   cls.def(
       "conv_backward",
       [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
@@ -246,11 +259,12 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
         require_shape(op, "dx", dx, {n, channels});
         require_shape(op, "dweight", dweight, {channels, width});
         require_shape(op, "dbias", dbias, {channels});
+        NoGil released;
         key.conv_backward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), dy.data(), dx.data(),
                              dweight.data(), ptr_or_null(dbias));
       },
       nb::arg("channels"), nb::arg("width"), nb::arg("silu"), nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-      nb::arg("dy"), nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias").none(), Compute());
+      nb::arg("dy"), nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias").none());
 }
 
 }  // namespace
