@@ -16,6 +16,8 @@
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
 
+#include "common/common.hpp"
+
 namespace treecp {
 namespace {
 
@@ -30,44 +32,14 @@ using cpu::RowRange;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Fresh random inputs on every run (STYLE.md); TREECP_TEST_SEED=N replays a run, and every failure
-// message carries the seed.
-uint64_t base_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("TREECP_TEST_SEED");
-    return env ? std::stoull(env) : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }();
-  return seed;
-}
-std::mt19937_64 test_rng(uint64_t salt) { return std::mt19937_64(base_seed() * 1000003u + salt); }
-#define TREECP_SEED_TRACE SCOPED_TRACE("TREECP_TEST_SEED=" + std::to_string(base_seed()))
+using testing::max_error;
+using testing::randn;
+using testing::Rng;
+using testing::test_rng;
 
-std::vector<double> randn(size_t n, std::mt19937_64& rng, double sigma = 1.0) {
-  std::normal_distribution<double> d(0.0, sigma);
-  std::vector<double> x(n);
-  for (double& e : x) e = d(rng);
-  return x;
-}
-
-// A random row in DFS preorder: each new segment hangs under a segment of the current root path
-// or starts a new family.
-Row random_tree(std::mt19937_64& rng, int segments, int max_len) {
-  std::vector<Segment> segs;
-  std::vector<int32_t> path;
-  for (int s = 0; s < segments; ++s) {
-    const int64_t len = std::uniform_int_distribution<int64_t>(1, max_len)(rng);
-    int32_t parent = -1;
-    if (!path.empty() && std::uniform_int_distribution<int>(0, 5)(rng) > 0) {
-      const auto keep = std::uniform_int_distribution<size_t>(1, path.size())(rng);
-      path.resize(keep);
-      parent = path.back();
-    } else {
-      path.clear();
-    }
-    segs.push_back({parent, len});
-    path.push_back(s);
-  }
-  return Row(std::move(segs));
+// A random row of `segments` segments, lengths 1..max_len, paths up to 6 segments deep.
+Row random_tree(Rng& rng, int segments, int max_len) {
+  return testing::random_tree(rng, {.segments = segments, .max_len = max_len, .max_depth = 6});
 }
 
 // DESIGN.md's example: root 0-3, completion A 4-6, completion B 7-8.
@@ -80,7 +52,7 @@ struct Inputs {
   std::vector<double> q, k, v, sink, dout;  // sink empty: none
 };
 
-Inputs random_inputs(const Row& row, int hq, int hkv, int d, int dv, int64_t window, bool sink, std::mt19937_64& rng) {
+Inputs random_inputs(const Row& row, int hq, int hkv, int d, int dv, int64_t window, bool sink, Rng& rng) {
   const auto S = static_cast<size_t>(row.tokens());
   Inputs in{hq, hkv, d, dv, window, 1.0 / std::sqrt(static_cast<double>(d)), {}, {}, {}, {}, {}};
   in.q = randn(S * hq * d, rng, 1.5);
@@ -211,21 +183,6 @@ Result dense_oracle(const Row& row, const Inputs& in) {
   return res;
 }
 
-// max |a - b| where -inf matches -inf exactly.
-double max_err(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return kInf;
-      continue;
-    }
-    const double e = std::abs(a[i] - b[i]);
-    if (!(e <= m)) m = std::isnan(e) ? kInf : e;
-  }
-  return m;
-}
-
 bool all_finite(const std::vector<double>& x) {
   return std::all_of(x.begin(), x.end(), [](double e) { return std::isfinite(e); });
 }
@@ -243,9 +200,9 @@ void expect_matches_oracle(const Row& row, const Inputs& in, double k, double at
   const std::vector<double>* e[] = {&exact.o, &exact.lse, &exact.dq, &exact.dk, &exact.dv, &exact.dsink};
   const std::vector<double>* s[] = {&same.o, &same.lse, &same.dq, &same.dk, &same.dv, &same.dsink};
   for (int a = 0; a < 6; ++a) {
-    const double ref_err = max_err(*s[a], *e[a]);
+    const double ref_err = max_error(*s[a], *e[a]);
     const double sum_atol = a == 5 ? 2 * std::numeric_limits<T>::epsilon() * exact.dsink_terms : 0.0;
-    EXPECT_LE(max_err(*g[a], *e[a]), k * ref_err + atol + sum_atol) << what << " " << names[a] << " (oracle in same precision "
+    EXPECT_LE(max_error(*g[a], *e[a]), k * ref_err + atol + sum_atol) << what << " " << names[a] << " (oracle in same precision "
                                                           << ref_err << ")";
   }
 }
@@ -254,7 +211,7 @@ void expect_matches_oracle(const Row& row, const Inputs& in, double k, double at
 
 TEST(Attention, MatchesDenseOracleOnRandomTreesDouble) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(101);
+  Rng rng = test_rng(101);
   struct Config {
     int hq, hkv, d, dv;
   };
@@ -273,7 +230,7 @@ TEST(Attention, MatchesDenseOracleOnRandomTreesDouble) {
 
 TEST(Attention, MatchesDenseOracleOnRandomTreesFloat) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(202);
+  Rng rng = test_rng(202);
   for (int64_t window : {0, 4}) {
     for (bool sink : {false, true}) {
       // d = dv = 24: the vector tiles (8 floats) and their tails both run
@@ -289,7 +246,7 @@ TEST(Attention, MatchesDenseOracleOnRandomTreesFloat) {
 TEST(Attention, BaselineInstructionSetMatchesDenseOracle) {
   ::setenv("TREECP_CPU_ISA", "baseline", 1);
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(250);
+  Rng rng = test_rng(250);
   for (int64_t window : {0, 70}) {
     const Row row({{-1, 140}, {0, 70}, {0, 9}});
     const Inputs in = random_inputs(row, 4, 2, 20, 12, window, true, rng);
@@ -303,7 +260,7 @@ TEST(Attention, LongSegmentsCrossManyTiles) {
   // Segments longer than the key block (64) and query blocks (128 rows / group) with windows that
   // cut tiles in the middle: checks tile bounds and the online softmax's rescaling.
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(303);
+  Rng rng = test_rng(303);
   const Row row({{-1, 150}, {0, 90}, {1, 70}, {0, 130}, {-1, 77}});
   for (int64_t window : {0, 65, 200}) {
     Inputs in = random_inputs(row, 4, 1, 8, 8, window, true, rng);
@@ -316,7 +273,7 @@ TEST(Attention, LongSegmentsCrossManyTiles) {
 TEST(Attention, ModelHeadDimsMatchDenseOracle) {
   // D = Dv = 64 as in the benchmark shape: full vector tiles in both instruction-set widths.
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(350);
+  Rng rng = test_rng(350);
   const Row row({{-1, 130}, {0, 70}, {1, 40}, {0, 66}});
   for (int64_t window : {0, 100}) {
     const Inputs in = random_inputs(row, 4, 1, 64, 64, window, window > 0, rng);
@@ -328,7 +285,7 @@ TEST(Attention, ModelHeadDimsMatchDenseOracle) {
 // (a) Each trajectory as an ordinary causal sequence with its prefix duplicated.
 TEST(Attention, PackedEqualsFlattenedTrajectories) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(404);
+  Rng rng = test_rng(404);
   for (int trial = 0; trial < 6; ++trial) {
     const Row row = random_tree(rng, 9, 8);
     const int64_t window = trial % 3 == 2 ? 4 : 0;
@@ -389,17 +346,17 @@ TEST(Attention, PackedEqualsFlattenedTrajectories) {
       }
       for (size_t h = 0; h < sum.dsink.size(); ++h) sum.dsink[h] += r.dsink[h];
     }
-    EXPECT_LT(max_err(sum.dq, tree.dq), 1e-12) << "trial " << trial;
-    EXPECT_LT(max_err(sum.dk, tree.dk), 1e-12) << "trial " << trial;
-    EXPECT_LT(max_err(sum.dv, tree.dv), 1e-12) << "trial " << trial;
-    EXPECT_LT(max_err(sum.dsink, tree.dsink), 1e-12) << "trial " << trial;
+    EXPECT_LT(max_error(sum.dq, tree.dq), 1e-12) << "trial " << trial;
+    EXPECT_LT(max_error(sum.dk, tree.dk), 1e-12) << "trial " << trial;
+    EXPECT_LT(max_error(sum.dv, tree.dv), 1e-12) << "trial " << trial;
+    EXPECT_LT(max_error(sum.dsink, tree.dsink), 1e-12) << "trial " << trial;
   }
 }
 
 // (b) Central differences of J = sum(dout * y) in double.
 TEST(Attention, GradientsMatchFiniteDifferences) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(505);
+  Rng rng = test_rng(505);
   for (int trial = 0; trial < 4; ++trial) {
     const Row row = trial == 0 ? small_example() : random_tree(rng, 4, 4);
     const int64_t window = trial % 2 == 1 ? 3 : 0;
@@ -463,7 +420,7 @@ void scatter_add(std::vector<X>& dst, const std::vector<X>& src, const std::vect
 // complete O/LSE, and again through merge_backward with each stage's own O/LSE. Both equal one shot.
 TEST(Attention, RandomStageSplitsEqualOneShot) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(606);
+  Rng rng = test_rng(606);
   for (int trial = 0; trial < 8; ++trial) {
     const Row row = random_tree(rng, 7, 12);
     const int64_t S = row.tokens();
@@ -577,21 +534,21 @@ TEST(Attention, RandomStageSplitsEqualOneShot) {
     }
     const std::string what = "trial " + std::to_string(trial) + " stages " + std::to_string(n_stages) + " owners " +
                              std::to_string(n_owners);
-    EXPECT_LT(max_err(o, one.o), 1e-12) << what;
-    EXPECT_LT(max_err(lse, one.lse), 1e-12) << what;
-    EXPECT_LT(max_err(dq, one.dq), 1e-12) << what;
-    EXPECT_LT(max_err(dk, one.dk), 1e-12) << what;
-    EXPECT_LT(max_err(dvv, one.dv), 1e-12) << what;
-    EXPECT_LT(max_err(dsink, one.dsink), 1e-12) << what;
-    EXPECT_LT(max_err(dq2, one.dq), 1e-12) << what << " (merge_backward interface)";
-    EXPECT_LT(max_err(dk2, one.dk), 1e-12) << what << " (merge_backward interface)";
-    EXPECT_LT(max_err(dv2, one.dv), 1e-12) << what << " (merge_backward interface)";
+    EXPECT_LT(max_error(o, one.o), 1e-12) << what;
+    EXPECT_LT(max_error(lse, one.lse), 1e-12) << what;
+    EXPECT_LT(max_error(dq, one.dq), 1e-12) << what;
+    EXPECT_LT(max_error(dk, one.dk), 1e-12) << what;
+    EXPECT_LT(max_error(dvv, one.dv), 1e-12) << what;
+    EXPECT_LT(max_error(dsink, one.dsink), 1e-12) << what;
+    EXPECT_LT(max_error(dq2, one.dq), 1e-12) << what << " (merge_backward interface)";
+    EXPECT_LT(max_error(dk2, one.dk), 1e-12) << what << " (merge_backward interface)";
+    EXPECT_LT(max_error(dv2, one.dv), 1e-12) << what << " (merge_backward interface)";
   }
 }
 
 TEST(Attention, BufferSlicesKeepExactlyTheMappedPairs) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(707);
+  Rng rng = test_rng(707);
   for (int trial = 0; trial < 20; ++trial) {
     const Row row = random_tree(rng, 6, 10);
     const int64_t S = row.tokens();
@@ -642,7 +599,7 @@ TEST(Attention, BufferSlicesKeepExactlyTheMappedPairs) {
 TEST(Attention, WindowNeverReachesSibling) {
   const Row row = small_example();
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(808);
+  Rng rng = test_rng(808);
   Inputs in = random_inputs(row, 1, 1, 4, 3, 3, false, rng);
   std::vector<std::vector<int64_t>> seen(9);
   for (const Slice& s : row_slices(row, 3)) {
@@ -703,7 +660,7 @@ TEST(Attention, EmptyRowsAndNegInfMergeWithoutNaN) {
   const int hq = 2, hkv = 1, d = 3, dv = 2;
   const int64_t rows = 6;
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(909);
+  Rng rng = test_rng(909);
   const auto q = randn(rows * hq * d, rng), k = randn(rows * hkv * d, rng), v = randn(rows * hkv * dv, rng);
   const AttnShape sh{rows, rows, hq, hkv, d, dv};
   // stage A covers rows 0-2, stage B rows 2-3; rows 4, 5 have no key anywhere
@@ -786,7 +743,7 @@ TEST(Attention, EmptyRowsAndNegInfMergeWithoutNaN) {
 
 TEST(Attention, MergeIsAssociativeAndItsBackwardMatchesFiniteDifferences) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(1001);
+  Rng rng = test_rng(1001);
   const int64_t rows = 3;
   const int heads = 2, dv = 3, parts = 3;
   std::vector<std::vector<double>> o(parts), l(parts);
@@ -812,8 +769,8 @@ TEST(Attention, MergeIsAssociativeAndItsBackwardMatchesFiniteDifferences) {
   merged(o, l, 0, 3, o_all, l_all);
   merged(o, l, 0, 2, o_ab, l_ab);
   merged({o_ab, o[2]}, {l_ab, l[2]}, 0, 2, o_abc, l_abc);
-  EXPECT_LT(max_err(o_all, o_abc), 1e-14);
-  EXPECT_LT(max_err(l_all, l_abc), 1e-14);
+  EXPECT_LT(max_error(o_all, o_abc), 1e-14);
+  EXPECT_LT(max_error(l_all, l_abc), 1e-14);
 
   auto loss = [&](const std::vector<std::vector<double>>& oo, const std::vector<std::vector<double>>& ll) {
     std::vector<double> om, lm;
@@ -860,7 +817,7 @@ TEST(Attention, MergeIsAssociativeAndItsBackwardMatchesFiniteDifferences) {
 TEST(Attention, StridedViewsEqualDense) {
   // Q, K, V, O inside wider rows (as a fused QKV buffer would hold them) give the dense result.
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(1101);
+  Rng rng = test_rng(1101);
   const Row row = random_tree(rng, 5, 10);
   const int64_t S = row.tokens();
   const int hq = 2, hkv = 1, d = 4, dv = 4;

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
+#include "common/common.hpp"
 #include "core/npy.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "tree/row.hpp"
@@ -28,12 +29,7 @@ struct Dir : testing::TempDir {
 
 CliRun run_cli(const Dir& dir, const std::string& args) { return testing::run_treecp("attention " + args, dir / "log.txt"); }
 
-std::vector<double> randn(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<double> d(0.0, 1.0);
-  std::vector<double> x(n);
-  for (double& e : x) e = d(rng);
-  return x;
-}
+using testing::randn;
 
 // DESIGN.md's 9-token example, Hq = 2, Hkv = 1, D = 4, Dv = 3.
 constexpr int kHq = 2, kHkv = 1, kD = 4, kDv = 3;
@@ -42,8 +38,8 @@ constexpr int64_t kS = 9;
 struct Case {
   Row row{{{-1, 4}, {0, 3}, {0, 2}}};
   std::vector<double> q, k, v, sink, dout;
-  explicit Case(uint64_t seed) {
-    std::mt19937_64 rng(seed);
+  explicit Case(uint64_t salt) {
+    testing::Rng rng = testing::test_rng(salt);
     q = randn(kS * kHq * kD, rng);
     k = randn(kS * kHkv * kD, rng);
     v = randn(kS * kHkv * kDv, rng);

@@ -7,24 +7,13 @@
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "runtime/conv_cp.hpp"
-#include "test_gdn_util.hpp"
+#include "common/gdn.hpp"
 
 namespace treecp {
 namespace {
 
-std::vector<double> rnd(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> d(0.0, 1.0);
-  std::vector<double> x(n);
-  for (auto& e : x) e = d(rng);
-  return x;
-}
-
-double diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+using testing::max_error;
+using testing::randn;
 
 struct ConvRun {
   std::vector<double> y, dx, dw, db;
@@ -44,19 +33,21 @@ ConvRun run_one_rank(const Row& row, int C, int K, bool silu, const std::vector<
 }
 
 TEST(Conv1d, EqualsExplicitPathsOnTrees) {
-  for (uint64_t seed : {1, 2, 3, 4}) {
-    const Row row = testing::random_tree(seed, 12, 1, 7, 5);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(1);
+  for (int seed = 0; seed < 4; ++seed) {
+    const Row row = testing::random_tree(rng, {.segments = 12, .max_len = 7, .max_depth = 5});
     for (int K : {1, 2, 4, 6}) {
       for (bool silu : {false, true}) {
         const int C = 3;
-        const auto x = rnd(static_cast<size_t>(row.tokens() * C), seed), w = rnd(static_cast<size_t>(C * K), seed + 1),
-                   b = rnd(C, seed + 2), dy = rnd(x.size(), seed + 3);
+        const auto x = randn(static_cast<size_t>(row.tokens() * C), rng), w = randn(static_cast<size_t>(C * K), rng),
+                   b = randn(C, rng), dy = randn(x.size(), rng);
         const auto ref = testing::conv_tree_reference(row, x, w, b, C, K, silu, dy);
         const ConvRun r = run_one_rank(row, C, K, silu, x, w, b, dy);
-        EXPECT_LT(diff(r.y, ref.y), 1e-12) << "seed " << seed << " K " << K;
-        EXPECT_LT(diff(r.dx, ref.dx), 1e-12);
-        EXPECT_LT(diff(r.dw, ref.dw), 1e-11);
-        EXPECT_LT(diff(r.db, ref.db), 1e-11);
+        EXPECT_LT(max_error(r.y, ref.y), 1e-12) << "tree " << seed << " K " << K;
+        EXPECT_LT(max_error(r.dx, ref.dx), 1e-12);
+        EXPECT_LT(max_error(r.dw, ref.dw), 1e-11);
+        EXPECT_LT(max_error(r.db, ref.db), 1e-11);
       }
     }
   }
@@ -65,9 +56,11 @@ TEST(Conv1d, EqualsExplicitPathsOnTrees) {
 TEST(Conv1d, GradientsMatchFiniteDifferences) {
   const Row row(std::vector<Segment>{{-1, 2}, {0, 3}, {1, 1}, {0, 2}});
   const int C = 2, K = 4;
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(7);
   for (bool silu : {false, true}) {
-    const auto x = rnd(static_cast<size_t>(row.tokens() * C), 7), w = rnd(C * K, 8), b = rnd(C, 9),
-               dy = rnd(x.size(), 10);
+    const auto x = randn(static_cast<size_t>(row.tokens() * C), rng), w = randn(C * K, rng), b = randn(C, rng),
+               dy = randn(x.size(), rng);
     const ConvRun r = run_one_rank(row, C, K, silu, x, w, b, dy);
     auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww, const std::vector<double>& bb) {
       const ConvRun f = run_one_rank(row, C, K, silu, xx, ww, bb, dy);

@@ -8,7 +8,7 @@
 #include "core/error.hpp"
 #include "runtime/gdn_cp.hpp"
 #include "runtime/gdn_plan.hpp"
-#include "test_gdn_util.hpp"
+#include "common/gdn.hpp"
 
 namespace treecp {
 namespace {
@@ -37,32 +37,30 @@ Result run_cp(const Row& row, const GdnData& d, const std::vector<uint8_t>& chai
   return r;
 }
 
-double diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+using testing::max_abs;
+using testing::max_error;
 
 class GdnTree : public ::testing::TestWithParam<GdnGate> {};
 
 TEST_P(GdnTree, OneRankEqualsReferenceForAnyChainedSet) {
-  for (uint64_t seed : {1, 2, 3}) {
-    const Row row = testing::random_tree(seed, 9, 1, 40, 4);
-    const GdnData d = testing::random_gdn_data(row.tokens(), 2, 5, 4, GetParam(), seed * 31);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(1);
+  for (int seed = 0; seed < 3; ++seed) {
+    const Row row = testing::random_tree(rng, {.segments = 9, .max_len = 40});
+    const GdnData d = testing::random_gdn_data(row.tokens(), 2, 5, 4, GetParam(), rng);
     const auto ref = testing::gdn_tree_reference(row, d, 0.8);
     const int32_t n = row.num_segments();
-    std::mt19937_64 rng(seed);
     for (int mode = 0; mode < 3; ++mode) {
       std::vector<uint8_t> chained(static_cast<size_t>(n), 0);
       for (int32_t s = 0; s < n; ++s) chained[s] = mode == 1 ? 1 : mode == 2 ? static_cast<uint8_t>(rng() % 2) : 0;
       const Result r = run_cp(row, d, chained, 0.8, 8);
       const double tol = 1e-11;
-      EXPECT_LT(diff(r.y, ref.y), tol * (1 + testing::max_abs(ref.y))) << "seed " << seed << " mode " << mode;
-      EXPECT_LT(diff(r.dq, ref.dq), tol * (1 + testing::max_abs(ref.dq)));
-      EXPECT_LT(diff(r.dk, ref.dk), tol * (1 + testing::max_abs(ref.dk)));
-      EXPECT_LT(diff(r.dv, ref.dv), tol * (1 + testing::max_abs(ref.dv)));
-      EXPECT_LT(diff(r.dg, ref.dg), tol * (1 + testing::max_abs(ref.dg)));
-      EXPECT_LT(diff(r.dbeta, ref.dbeta), tol * (1 + testing::max_abs(ref.dbeta)));
+      EXPECT_LT(max_error(r.y, ref.y), tol * (1 + max_abs(ref.y))) << "seed " << seed << " mode " << mode;
+      EXPECT_LT(max_error(r.dq, ref.dq), tol * (1 + max_abs(ref.dq)));
+      EXPECT_LT(max_error(r.dk, ref.dk), tol * (1 + max_abs(ref.dk)));
+      EXPECT_LT(max_error(r.dv, ref.dv), tol * (1 + max_abs(ref.dv)));
+      EXPECT_LT(max_error(r.dg, ref.dg), tol * (1 + max_abs(ref.dg)));
+      EXPECT_LT(max_error(r.dbeta, ref.dbeta), tol * (1 + max_abs(ref.dbeta)));
     }
   }
 }
@@ -70,7 +68,9 @@ TEST_P(GdnTree, OneRankEqualsReferenceForAnyChainedSet) {
 // J = Σ y·dy through the whole tree (parents' states feed several children).
 TEST_P(GdnTree, TreeGradientsMatchFiniteDifferences) {
   const Row row(std::vector<Segment>{{-1, 6}, {0, 4}, {1, 3}, {0, 5}, {-1, 3}});
-  const GdnData d = testing::random_gdn_data(row.tokens(), 1, 3, 2, GetParam(), 99);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(99);
+  const GdnData d = testing::random_gdn_data(row.tokens(), 1, 3, 2, GetParam(), rng);
   std::vector<uint8_t> chained = {1, 0, 1, 0, 0};
   const Result r = run_cp(row, d, chained, 0.9, 4);
   auto loss = [&](const GdnData& x) {
@@ -100,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(Gates, GdnTree, ::testing::Values(GdnGate::Scalar, GdnG
                          [](const auto& info) { return info.param == GdnGate::Scalar ? "GDN" : "KDA"; });
 
 TEST(GdnPlan, RangesCoverTheRowOnce) {
-  const Row row = testing::random_tree(5, 30, 1, 100, 5);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(5);
+  const Row row = testing::random_tree(rng, {.segments = 30, .max_len = 100, .max_depth = 5});
   for (int ranks : {1, 2, 3, 4, 7}) {
     std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
     for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>(s % 3 == 0);
@@ -155,7 +157,9 @@ TEST(GdnPlan, CostModelDecidesWhatChains) {
 }
 
 TEST(GdnPlan, JsonRoundTrip) {
-  const Row row = testing::random_tree(8, 12, 1, 50, 4);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(8);
+  const Row row = testing::random_tree(rng, {.segments = 12, .max_len = 50});
   std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
   for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>(s % 2);
   GdnPlan p = make_gdn_plan(row, 3, chained);

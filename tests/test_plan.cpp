@@ -22,25 +22,16 @@
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
 
+#include "common/common.hpp"
+
 namespace treecp {
 namespace {
 
 const std::vector<std::string> kFixed{"contiguous", "zigzag", "perdoc", "family"};
 
-// A random forest in DFS preorder: 1-4 families, up to depth 4, 0-3 children per node.
-Row random_row(std::mt19937_64& rng, int64_t max_len = 40) {
-  std::vector<Segment> segs;
-  std::uniform_int_distribution<int64_t> len(1, max_len);
-  std::function<void(int32_t, int)> grow = [&](int32_t parent, int depth) {
-    const auto self = static_cast<int32_t>(segs.size());
-    segs.push_back({parent, len(rng)});
-    if (depth >= 4) return;
-    const int children = std::uniform_int_distribution<int>(0, 3)(rng);
-    for (int c = 0; c < children; ++c) grow(self, depth + 1);
-  };
-  const int families = std::uniform_int_distribution<int>(1, 4)(rng);
-  for (int f = 0; f < families; ++f) grow(-1, 1);
-  return Row(segs);
+// A random forest of up to 25 segments, lengths 1..max_len, depth <= 4, 0-3 children per segment.
+Row random_row(testing::Rng& rng, int64_t max_len = 40) {
+  return testing::random_tree(rng, {.segments = std::uniform_int_distribution<int>(1, 25)(rng), .max_len = max_len});
 }
 
 // Every (q, k) of every slice of every stage, counted densely: only for small rows.
@@ -101,7 +92,8 @@ std::string message_of(const std::function<void()>& fn) {
 }
 
 TEST(Plan, WorkMatrixMatchesBruteForce) {
-  std::mt19937_64 rng(7);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(7);
   for (int iter = 0; iter < 30; ++iter) {
     const Row row = random_row(rng);
     const int64_t window = iter % 3 == 0 ? std::uniform_int_distribution<int64_t>(1, 30)(rng) : 0;
@@ -153,7 +145,8 @@ TEST(Plan, SectionFiveExample) {
 }
 
 TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
-  std::mt19937_64 rng(11);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(11);
   int plans = 0;
   for (int iter = 0; iter < 24; ++iter) {
     const Row row = random_row(rng);
@@ -199,30 +192,44 @@ TEST(Plan, PresetPlansValidateAtOddRankCounts) {
   }
 }
 
+// The search starts from the best fixed layout and keeps only what improves it, so "never slower"
+// holds by construction; what can fail is that it finds nothing: on rows whose families do not
+// divide evenly it must beat every fixed layout somewhere.
 TEST(Plan, SearchedIsNeverPredictedSlowerThanAFixedLayout) {
-  std::mt19937_64 rng(5);
-  auto check = [](const Row& row, int cp, const PlanOptions& o, const std::string& what) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(5);
+  int cases = 0, improved = 0;
+  auto check = [&](const Row& row, int cp, const PlanOptions& o, const std::string& what) {
     PlanReport report;
     const Plan plan = make_plan(row, cp, CostModel{}, o, &report);
     ASSERT_EQ(report.layouts.size(), 5u);
     ASSERT_EQ(report.layouts[4].layout, "searched");
+    double best_fixed = 1e300;
     for (int l = 0; l < 4; ++l) {
       EXPECT_LE(report.layouts[4].makespan_ms, report.layouts[l].makespan_ms + 1e-12)
           << what << " vs " << report.layouts[l].layout;
+      best_fixed = std::min(best_fixed, report.layouts[l].makespan_ms);
     }
     EXPECT_DOUBLE_EQ(plan.predicted_makespan_ms, report.layouts[4].makespan_ms) << what;
+    ++cases;
+    improved += report.layouts[4].makespan_ms < best_fixed * (1 - 1e-3);
   };
   for (int cp : {2, 3, 4, 5, 6, 7, 8}) {
     for (const char* preset : {"fixed5k", "varied5k", "dominant", "deep", "art-manysmall"}) {
       check(make_preset(preset, cp, 3), cp, PlanOptions{}, std::string(preset) + " cp " + std::to_string(cp));
     }
   }
+  const int preset_cases = cases, preset_improved = improved;
   for (int iter = 0; iter < 40; ++iter) {
     const Row row = random_row(rng, 400);
     PlanOptions o;
     o.chunk_tokens = std::uniform_int_distribution<int64_t>(16, 200)(rng);
     check(row, 2 + iter % 7, o, "random " + std::to_string(iter));
   }
+  std::printf("the search beat every fixed layout by more than 0.1%% on %d of %d presets, %d of %d random rows\n",
+              preset_improved, preset_cases, improved - preset_improved, cases - preset_cases);
+  EXPECT_GT(preset_improved, 0) << "the search never improved on the best fixed layout of a preset";
+  EXPECT_GT(improved - preset_improved, 0) << "the search never improved on the best fixed layout of a random row";
 }
 
 // One long causal sequence: equal tokens are not equal work, folding balances it (ART §05).
@@ -234,25 +241,29 @@ TEST(Plan, CausalSequencePrefersFoldingOverContiguous) {
   EXPECT_LT(report.layouts[4].makespan_ms, report.layouts[0].makespan_ms);
 }
 
-// Small inputs: the bounded search against every ownership and wave count.
+// Small inputs: the bounded search against every ownership and wave count, on the grid the search
+// used (the perdoc grid of a row whose perdoc layout won has too many chunks for the exhaustive
+// search: such rows are drawn again, and the test insists on 24 compared rows). A bound on a
+// heuristic, so the seed is pinned.
 TEST(Plan, SearchIsCloseToExhaustiveOnSmallInputs) {
   std::mt19937_64 rng(23);
   double worst = 1.0;
-  for (int iter = 0; iter < 24; ++iter) {
+  int compared = 0;
+  for (int iter = 0; iter < 200 && compared < 24; ++iter) {
     const Row row = random_row(rng, 600);
-    const int cp = 2 + iter % 2;
+    const int cp = 2 + compared % 2;
     const int32_t chunks = cp == 2 ? 9 : 7;
     PlanOptions o;
     o.max_waves = 2;
     o.chunk_tokens = (row.tokens() + chunks - 1) / chunks;
-    // The planner's own grid, so that both searches price the same chunks.
     const CostModel costs;
     PlanReport report;
     const Plan plan = make_plan(row, cp, costs, o, &report);
-    if (report.layouts[3].chunks != report.layouts[4].chunks) continue;  // searched on the perdoc grid
     const WorkMatrix w = build_work_matrix(row_slices(row), plan.chunk_bounds);
-    Evaluator ev(w, costs, cp);
     const int32_t n = w.num_chunks();
+    if (n > chunks) continue;
+    ++compared;
+    Evaluator ev(w, costs, cp);
     std::vector<int32_t> owner(n, 0);
     double best = 1e300;
     for (int64_t code = 0;; ++code) {
@@ -269,6 +280,7 @@ TEST(Plan, SearchIsCloseToExhaustiveOnSmallInputs) {
     worst = std::max(worst, got / best);
     EXPECT_LE(got, best * 1.10) << "iteration " << iter << ": searched " << got << " ms, optimum " << best << " ms";
   }
+  ASSERT_EQ(compared, 24) << "too few rows could be searched exhaustively";
   std::printf("worst searched / optimum on small inputs: %.4f\n", worst);
 }
 
@@ -293,7 +305,8 @@ TEST(Plan, SimulatingThePlanGivesItsPredictions) {
 }
 
 TEST(Plan, JsonRoundTrip) {
-  std::mt19937_64 rng(3);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(3);
   for (int iter = 0; iter < 10; ++iter) {
     const Row row = iter == 0 ? make_preset("deep", 4, 0) : random_row(rng, 100);
     const int cp = 1 + iter % 6;
@@ -582,7 +595,8 @@ namespace {
 
 // tile_padded_area against counting the touched tiles one by one.
 TEST(Cost, TilePaddedAreaCountsEveryTouchedTile) {
-  std::mt19937_64 rng(17);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(17);
   std::uniform_int_distribution<int64_t> pos(0, 40), d(-50, 50), tile(1, 9);
   for (int trial = 0; trial < 2000; ++trial) {
     const int64_t a = d(rng), b = d(rng);

@@ -1,35 +1,18 @@
-// Shared by the GDN/KDA and conv1d tests (single process and MPI): random trees, random inputs, the
-// one-process tree reference built on the token recurrence, and slicing a row into a rank's buffers.
+// The GDN/KDA and conv1d tests' own part of tests/common (single process and MPI): random inputs
+// shaped like a real layer, the one-process tree references (the token recurrence; conv1d by explicit
+// root-to-token paths), and a rank's buffers cut from whole-row arrays.
 #pragma once
 
 #include <cmath>
-#include <functional>
 #include <random>
 #include <vector>
 
+#include "common/common.hpp"
 #include "kernels/cpu/gdn.hpp"
-#include "plan/plan.hpp"
+#include "runtime/row_map.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::testing {
-
-// A random row in DFS preorder: roots with up to `fanout` children per node down to `max_depth`.
-inline Row random_tree(uint64_t seed, int max_segments, int64_t min_len, int64_t max_len, int max_depth,
-                       int fanout = 3) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int64_t> len(min_len, max_len);
-  std::uniform_int_distribution<int> kids(0, fanout);
-  std::vector<Segment> segs;
-  std::function<void(int32_t, int)> add = [&](int32_t parent, int depth) {
-    const int32_t me = static_cast<int32_t>(segs.size());
-    segs.push_back({parent, len(rng)});
-    if (depth >= max_depth) return;
-    const int k = kids(rng);
-    for (int i = 0; i < k && static_cast<int>(segs.size()) < max_segments; ++i) add(me, depth + 1);
-  };
-  while (static_cast<int>(segs.size()) < max_segments) add(-1, 1);
-  return Row(std::move(segs));
-}
 
 // GDN/KDA inputs for a whole row (double), shaped like a real layer.
 struct GdnData {
@@ -40,10 +23,9 @@ struct GdnData {
   int64_t g_width() const { return gate == GdnGate::Scalar ? 1 : dk; }
 };
 
-inline GdnData random_gdn_data(int64_t S, int H, int dk, int dv, GdnGate gate, uint64_t seed) {
+inline GdnData random_gdn_data(int64_t S, int H, int dk, int dv, GdnGate gate, Rng& rng) {
   GdnData d;
   d.S = S; d.H = H; d.dk = dk; d.dv = dv; d.gate = gate;
-  std::mt19937_64 rng(seed);
   std::normal_distribution<double> n01(0.0, 1.0);
   std::uniform_real_distribution<double> u01(0.0, 1.0);
   auto unit_rows = [&](std::vector<double>& x, int w) {
@@ -68,33 +50,6 @@ inline GdnData random_gdn_data(int64_t S, int H, int dk, int dv, GdnGate gate, u
   return d;
 }
 
-// Rows [ranges] of a [S, width] array, concatenated (a rank's buffer).
-template <class T>
-std::vector<T> gather_rows(const std::vector<double>& full, int64_t width, const std::vector<TokenRange>& ranges) {
-  std::vector<T> out;
-  for (const TokenRange& r : ranges)
-    out.insert(out.end(), full.begin() + r.begin * width, full.begin() + r.end * width);
-  return out;
-}
-
-// Largest |a - b| between a rank's buffer and the same rows of a full array.
-template <class T>
-double max_rows_diff(const std::vector<T>& local, const std::vector<double>& full, int64_t width,
-                     const std::vector<TokenRange>& ranges) {
-  double m = 0;
-  int64_t at = 0;
-  for (const TokenRange& r : ranges)
-    for (int64_t i = r.begin * width; i < r.end * width; ++i, ++at)
-      m = std::max(m, std::abs(static_cast<double>(local[at]) - full[i]));
-  return m;
-}
-
-inline double max_abs(const std::vector<double>& x) {
-  double m = 0;
-  for (double e : x) m = std::max(m, std::abs(e));
-  return m;
-}
-
 template <class T>
 struct GdnBuffers {
   std::vector<T> q, k, v, g, beta, dy;
@@ -108,9 +63,9 @@ struct GdnBuffers {
 
 template <class T>
 GdnBuffers<T> gdn_buffers(const GdnData& d, const std::vector<TokenRange>& ranges) {
-  return {gather_rows<T>(d.q, d.H * d.dk, ranges), gather_rows<T>(d.k, d.H * d.dk, ranges),
-          gather_rows<T>(d.v, d.H * d.dv, ranges), gather_rows<T>(d.g, d.H * d.g_width(), ranges),
-          gather_rows<T>(d.beta, d.H, ranges), gather_rows<T>(d.dy, d.H * d.dv, ranges)};
+  return {rows_of<T>(d.q, d.H * d.dk, ranges), rows_of<T>(d.k, d.H * d.dk, ranges),
+          rows_of<T>(d.v, d.H * d.dv, ranges), rows_of<T>(d.g, d.H * d.g_width(), ranges),
+          rows_of<T>(d.beta, d.H, ranges), rows_of<T>(d.dy, d.H * d.dv, ranges)};
 }
 
 struct GdnReference {
