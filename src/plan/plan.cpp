@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "plan/work.hpp"
 #include "tree/row.hpp"
+#include "tree/slice.hpp"
 
 namespace treecp {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/json.hpp"
-#include "tree/slice.hpp"
+#include "kernels/slice.hpp"
 
 namespace treecp {
 

@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "tree/row.hpp"
+#include "tree/slice.hpp"
 
 namespace treecp {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tree/slice.hpp"
+#include "kernels/slice.hpp"
 
 namespace treecp {
 

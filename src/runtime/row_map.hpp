@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "plan/plan.hpp"
-#include "tree/slice.hpp"
+#include "kernels/slice.hpp"
 
 namespace treecp {
 

@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tree/slice.hpp"
+#include "kernels/slice.hpp"
 
 namespace treecp {
 class Row;

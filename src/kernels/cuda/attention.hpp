@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tree/slice.hpp"
+#include "kernels/slice.hpp"
 
 namespace treecp::cuda {
 
