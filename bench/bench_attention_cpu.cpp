@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "tree/accounting.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "core/npy.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "launcher.hpp"
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
@@ -71,7 +72,7 @@ template <class T>
 std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
   const std::vector<T> q = values<T>(in.q), k = values<T>(in.k), v = values<T>(in.v);
   std::vector<T> sink, dout;
-  cpu::AttentionProblem<T> p;
+  AttentionProblem<T> p;
   p.hq = in.hq;
   p.hkv = in.hkv;
   p.d = in.d;
@@ -89,7 +90,7 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
     dout = values<T>(in.dout);
     p.dout = dout.data();
   }
-  const cpu::AttentionResult<T> r = cpu::attention_reference(in.row, p);
+  const AttentionResult<T> r = attention_reference(in.row, p);
   const int64_t S = in.row.tokens();
   std::vector<std::pair<std::string, std::string>> files;
   files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, r.o));

@@ -20,6 +20,7 @@
 #include "core/json.hpp"
 #include "core/random.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "launcher.hpp"
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
@@ -127,27 +128,27 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
     const TokenRange all{0, S};
     const auto fq = shard_values<T>(s + 1, all, qw), fk = shard_values<T>(s + 2, all, kw),
                fv = shard_values<T>(s + 3, all, kw), fdy = shard_values<T>(s + 4, all, ow);
-    cpu::AttentionProblem<T> prob;
+    AttentionProblem<T> prob;
     prob.hq = cfg.hq, prob.hkv = cfg.hkv, prob.d = cfg.d, prob.dv = cfg.d, prob.window = cfg.window;
     prob.q = fq.data(), prob.k = fk.data(), prob.v = fv.data(), prob.dout = fdy.data();
     prob.sink = cfg.sink ? sink.data() : nullptr;
     const auto t0 = std::chrono::steady_clock::now();
-    const cpu::AttentionResult<T> ref = cpu::attention_reference(row, prob);
+    const AttentionResult<T> ref = attention_reference(row, prob);
     const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     auto widen = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
     // The oracle is a double-precision run on the same (rounded) inputs. In double the CP result must
     // match it to 1e-10; in float it may differ by at most 4x what the one-process float run differs,
     // plus 1e-6 (STYLE.md): float sums in another order differ, they must not differ more.
-    cpu::AttentionResult<double> ref64;
+    AttentionResult<double> ref64;
     if constexpr (sizeof(T) == 8) {
       ref64 = ref;
     } else {
       const auto q64 = widen(fq), k64 = widen(fk), v64 = widen(fv), dy64 = widen(fdy), sink64 = widen(sink);
-      cpu::AttentionProblem<double> p64;
+      AttentionProblem<double> p64;
       p64.hq = cfg.hq, p64.hkv = cfg.hkv, p64.d = cfg.d, p64.dv = cfg.d, p64.window = cfg.window;
       p64.q = q64.data(), p64.k = k64.data(), p64.v = v64.data(), p64.dout = dy64.data();
       p64.sink = cfg.sink ? sink64.data() : nullptr;
-      ref64 = cpu::attention_reference(row, p64);
+      ref64 = attention_reference(row, p64);
     }
     struct Check {
       std::string name;

@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
 
@@ -21,8 +22,6 @@
 namespace treecp {
 namespace {
 
-using cpu::AttentionProblem;
-using cpu::AttentionResult;
 using cpu::AttnBackwardArgs;
 using cpu::AttnForwardArgs;
 using cpu::AttnShape;
@@ -89,7 +88,7 @@ Result run_library(const Row& row, const Inputs& in, bool backward = true) {
   p.v = v.data();
   p.sink = sink.empty() ? nullptr : sink.data();
   p.dout = backward ? dout.data() : nullptr;
-  const AttentionResult<T> r = cpu::attention_reference(row, p);
+  const AttentionResult<T> r = attention_reference(row, p);
   auto wide = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
   return {wide(r.o), wide(r.lse), wide(r.dq), wide(r.dk), wide(r.dv), wide(r.dsink)};
 }

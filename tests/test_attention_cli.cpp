@@ -13,6 +13,7 @@
 #include "common/common.hpp"
 #include "core/npy.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
@@ -59,14 +60,14 @@ struct Case {
            (dir / "v.npy");
   }
   template <class T>
-  cpu::AttentionResult<T> library(int64_t window, bool with_sink, bool backward, T scale = 0) const {
+  AttentionResult<T> library(int64_t window, bool with_sink, bool backward, T scale = 0) const {
     static std::vector<T> qt, kt, vt, st, dt;
     qt.assign(q.begin(), q.end());
     kt.assign(k.begin(), k.end());
     vt.assign(v.begin(), v.end());
     st.assign(sink.begin(), sink.end());
     dt.assign(dout.begin(), dout.end());
-    cpu::AttentionProblem<T> p;
+    AttentionProblem<T> p;
     p.hq = kHq;
     p.hkv = kHkv;
     p.d = kD;
@@ -78,7 +79,7 @@ struct Case {
     p.v = vt.data();
     p.sink = with_sink ? st.data() : nullptr;
     p.dout = backward ? dt.data() : nullptr;
-    return cpu::attention_reference(row, p);
+    return attention_reference(row, p);
   }
 };
 

@@ -15,6 +15,7 @@
 #include "common/mpi_main.hpp"
 #include "core/error.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
 #include "runtime/cpu_backend.hpp"
@@ -87,21 +88,21 @@ void run_case(const Case& c, uint64_t salt) {
   std::vector<T> sink = random_array<T>(rng, c.hq);
   for (T& s : sink) s *= 3;  // logits of the order of the scores
 
-  cpu::AttentionProblem<T> prob;
+  AttentionProblem<T> prob;
   prob.hq = c.hq, prob.hkv = c.hkv, prob.d = c.d, prob.dv = c.dv, prob.window = c.window;
   prob.q = q.data(), prob.k = k.data(), prob.v = v.data(), prob.dout = dy.data();
   prob.sink = c.sink ? sink.data() : nullptr;
-  const cpu::AttentionResult<T> ref = cpu::attention_reference(row, prob);
-  cpu::AttentionResult<double> exact;
+  const AttentionResult<T> ref = attention_reference(row, prob);
+  AttentionResult<double> exact;
   if constexpr (sizeof(T) == 8) {
     exact = ref;
   } else {
     const auto q64 = widen(q), k64 = widen(k), v64 = widen(v), dy64 = widen(dy), sink64 = widen(sink);
-    cpu::AttentionProblem<double> p64;
+    AttentionProblem<double> p64;
     p64.hq = c.hq, p64.hkv = c.hkv, p64.d = c.d, p64.dv = c.dv, p64.window = c.window;
     p64.q = q64.data(), p64.k = k64.data(), p64.v = v64.data(), p64.dout = dy64.data();
     p64.sink = c.sink ? sink64.data() : nullptr;
-    exact = cpu::attention_reference(row, p64);
+    exact = attention_reference(row, p64);
   }
 
   PlanOptions opt;
@@ -191,10 +192,10 @@ TEST(DenseAttentionCP, RankWithNoTokensTakesPart) {
   testing::Rng rng = testing::test_rng(1);
   const auto q = random_array<double>(rng, 3 * 8), k = random_array<double>(rng, 3 * 4),
              v = random_array<double>(rng, 3 * 4), dy = random_array<double>(rng, 3 * 8);
-  cpu::AttentionProblem<double> prob;
+  AttentionProblem<double> prob;
   prob.hq = 2, prob.hkv = 1, prob.d = 4, prob.dv = 4;
   prob.q = q.data(), prob.k = k.data(), prob.v = v.data(), prob.dout = dy.data();
-  const auto ref = cpu::attention_reference(row, prob);
+  const auto ref = attention_reference(row, prob);
   const auto& owned = plan.ranks[static_cast<size_t>(comm.rank())].owned;
   std::vector<double> y(static_cast<size_t>(cp.owned_rows() * 8)), lse(static_cast<size_t>(cp.owned_rows() * 2)),
       dq(y.size()), dk(static_cast<size_t>(cp.owned_rows() * 4)), dv(dk.size());

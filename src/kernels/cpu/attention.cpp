@@ -9,8 +9,6 @@
 #include <string_view>
 
 #include "core/error.hpp"
-#include "tree/row.hpp"
-#include "tree/slice.hpp"
 
 namespace treecp::cpu {
 namespace {
@@ -741,67 +739,13 @@ std::vector<Slice> to_buffer_slices(const std::vector<Slice>& slices, const std:
   return out;
 }
 
-template <class T>
-AttentionResult<T> attention_reference(const Row& row, const AttentionProblem<T>& p) {
-  const int64_t S = row.tokens();
-  const AttnShape sh{S, S, p.hq, p.hkv, p.d, p.dv};
-  sh.validate();
-  require(p.window >= 0, "attention: window must be >= 0 (0 = none), got ", p.window);
-  const T scale = p.scale == T(0) ? T(1) / std::sqrt(static_cast<T>(p.d)) : p.scale;
-  const auto n_o = static_cast<size_t>(S * p.hq * p.dv);
-  const auto n_lse = static_cast<size_t>(S * p.hq);
-
-  const std::vector<Slice> slices = row_slices(row, p.window);
-  AttentionResult<T> res;
-  std::vector<T> o_tok(n_o);
-  res.lse.resize(n_lse);
-  const auto q = dense_view(p.q, p.hq, p.d);
-  const auto k = dense_view(p.k, p.hkv, p.d);
-  const auto v = dense_view(p.v, p.hkv, p.dv);
-  const auto o_view = dense_view<const T>(o_tok.data(), p.hq, p.dv);
-  const auto lse_view = dense_view<const T>(res.lse.data(), p.hq, 1);
-  attention_forward(AttnForwardArgs<T>{sh, q, k, v, dense_view(o_tok.data(), p.hq, p.dv),
-                                       dense_view(res.lse.data(), p.hq, 1), scale},
-                    slices);
-  const SinkArgs<T> sink{S, p.hq, p.dv, p.sink, o_view, lse_view, {}};
-  if (p.sink) {
-    res.o.resize(n_o);
-    SinkArgs<T> fwd = sink;
-    fwd.y = dense_view(res.o.data(), p.hq, p.dv);
-    sink_forward(fwd);
-  } else {
-    res.o = o_tok;
-  }
-  if (!p.dout) return res;
-
-  res.dq.assign(static_cast<size_t>(S * p.hq * p.d), T(0));
-  res.dk.assign(static_cast<size_t>(S * p.hkv * p.d), T(0));
-  res.dv.assign(static_cast<size_t>(S * p.hkv * p.dv), T(0));
-  AttnBackwardArgs<T> bwd{sh, q, k, v, o_view, lse_view, dense_view(p.dout, p.hq, p.dv), {},
-                          dense_view(res.dq.data(), p.hq, p.d), dense_view(res.dk.data(), p.hkv, p.d),
-                          dense_view(res.dv.data(), p.hkv, p.dv), scale};
-  std::vector<T> do_tok, dlse;
-  if (p.sink) {
-    do_tok.resize(n_o);
-    dlse.resize(n_lse);
-    res.dsink.assign(static_cast<size_t>(p.hq), T(0));
-    sink_backward(SinkBackwardArgs<T>{sink, dense_view(p.dout, p.hq, p.dv), dense_view(do_tok.data(), p.hq, p.dv),
-                                      dense_view(dlse.data(), p.hq, 1), res.dsink.data()});
-    bwd.dout = dense_view<const T>(do_tok.data(), p.hq, p.dv);
-    bwd.dlse = dense_view<const T>(dlse.data(), p.hq, 1);
-  }
-  attention_backward(bwd, slices);
-  return res;
-}
-
 #define TREECP_INSTANTIATE(T)                                                                     \
   template void attention_forward<T>(const AttnForwardArgs<T>&, const std::vector<Slice>&);      \
   template void attention_backward<T>(const AttnBackwardArgs<T>&, const std::vector<Slice>&);    \
   template void merge_forward<T>(const MergeArgs<T>&);                                            \
   template void merge_backward<T>(const MergeBackwardArgs<T>&);                                   \
   template void sink_forward<T>(const SinkArgs<T>&);                                              \
-  template void sink_backward<T>(const SinkBackwardArgs<T>&);                                     \
-  template AttentionResult<T> attention_reference<T>(const Row&, const AttentionProblem<T>&);
+  template void sink_backward<T>(const SinkBackwardArgs<T>&);
 
 TREECP_INSTANTIATE(float)
 TREECP_INSTANTIATE(double)

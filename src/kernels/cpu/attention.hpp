@@ -5,9 +5,10 @@
 //
 // Coordinates. Kernels take slices in BUFFER coordinates: a slice's q rows index the Q/O/LSE buffers,
 // its k rows index the K/V buffers, and its band (diag_min <= q - k < diag_max) is in those coordinates.
-// A single-process run passes the whole row as both buffers, so buffer rows are canonical token ids.
-// A stage (owned query rows against a buffer of fetched KV rows) is the same call with other buffers;
-// `to_buffer_slices` translates canonical-id slices into such a stage's buffer coordinates.
+// A single-process run passes the whole row as both buffers, so buffer rows are canonical token ids
+// (runtime/reference.hpp does that for a whole row). A stage (owned query rows against a buffer of
+// fetched KV rows) is the same call with other buffers; `to_buffer_slices` translates canonical-id
+// slices into such a stage's buffer coordinates.
 //
 // Layouts (elements; the last dimension is contiguous, the others may be strided):
 //   Q [q_rows, Hq, D]   K [kv_rows, Hkv, D]   V [kv_rows, Hkv, Dv]   O, dO [q_rows, Hq, Dv]
@@ -33,10 +34,6 @@
 #include <vector>
 
 #include "kernels/slice.hpp"
-
-namespace treecp {
-class Row;
-}
 
 namespace treecp::cpu {
 
@@ -175,31 +172,5 @@ struct RowRange {
 // uses q_map {{4,7,0}} and kv_map {{2,4,0}}; row_slices' slice q[4,7) k[0,4) becomes q[0,3) k[0,2).
 std::vector<Slice> to_buffer_slices(const std::vector<Slice>& slices, const std::vector<RowRange>& q_map,
                                     const std::vector<RowRange>& kv_map);
-
-// ---- whole-row convenience: the CLI and the oracle for the CP runtime
-
-template <class T>
-struct AttentionProblem {
-  int hq = 0, hkv = 0, d = 0, dv = 0;
-  int64_t window = 0;         // sliding window on logical positions, 0 = none
-  T scale = 0;                // 0 means 1/sqrt(d)
-  const T* q = nullptr;       // C order [S, hq, d], S = row.tokens()
-  const T* k = nullptr;       // [S, hkv, d]
-  const T* v = nullptr;       // [S, hkv, dv]
-  const T* sink = nullptr;    // [hq] or nullptr (no sink)
-  const T* dout = nullptr;    // [S, hq, dv] gradient of the final output, or nullptr (forward only)
-};
-
-template <class T>
-struct AttentionResult {
-  std::vector<T> o;      // [S, hq, dv] final output (sink applied)
-  std::vector<T> lse;    // [S, hq] over tokens only (before the sink)
-  std::vector<T> dq, dk, dv;  // with dout
-  std::vector<T> dsink;       // with dout and a sink: [hq]
-};
-
-// Whole-row forward (and backward with dout) in one process over row_slices(row, window).
-template <class T>
-AttentionResult<T> attention_reference(const Row& row, const AttentionProblem<T>& problem);
 
 }  // namespace treecp::cpu

@@ -1,0 +1,39 @@
+// One process over a whole row, straight on the CPU kernels (kernels/cpu): the CLI's one-process path
+// and the oracle every CP test and `treecp run` compare with. Buffer rows are token ids here, so no
+// plan, no exchange and no Backend are involved.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/attention.hpp"
+
+namespace treecp {
+
+class Row;
+
+template <class T>
+struct AttentionProblem {
+  int hq = 0, hkv = 0, d = 0, dv = 0;
+  int64_t window = 0;         // sliding window on logical positions, 0 = none
+  T scale = 0;                // 0 means 1/sqrt(d)
+  const T* q = nullptr;       // C order [S, hq, d], S = row.tokens()
+  const T* k = nullptr;       // [S, hkv, d]
+  const T* v = nullptr;       // [S, hkv, dv]
+  const T* sink = nullptr;    // [hq] or nullptr (no sink)
+  const T* dout = nullptr;    // [S, hq, dv] gradient of the final output, or nullptr (forward only)
+};
+
+template <class T>
+struct AttentionResult {
+  std::vector<T> o;      // [S, hq, dv] final output (sink applied)
+  std::vector<T> lse;    // [S, hq] over tokens only (before the sink)
+  std::vector<T> dq, dk, dv;  // with dout
+  std::vector<T> dsink;       // with dout and a sink: [hq]
+};
+
+// Whole-row forward (and backward with dout) in one process over row_slices(row, window).
+template <class T>
+AttentionResult<T> attention_reference(const Row& row, const AttentionProblem<T>& problem);
+
+}  // namespace treecp
