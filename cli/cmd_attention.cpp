@@ -126,10 +126,8 @@ std::vector<std::pair<std::string, std::string>> compute_cp(const Inputs& in, Co
     cp.backward(rows_of<T>(in.dout.data, ow, owned), dq, dk, dv, in.has_sink ? &dsink : nullptr);
     comm.all_reduce_sum(dsink.data(), in.hq, CpuBackend<T>::comm_type);  // the sink is replicated: reduce it
   }
-  std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(comm.size()));
-  for (int r = 0; r < comm.size(); ++r) owners[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
-  const auto root = gathered_layout(S, comm.size(), 0);
-  auto gather = [&](const std::vector<T>& a, int64_t width) { return redistribute(comm, be, a, owners, root, width); };
+  const Ownership owners = plan_ownership(plan);
+  auto gather = [&](const std::vector<T>& a, int64_t width) { return gather_to_root(comm, be, a, owners, width); };
   std::vector<std::pair<std::string, std::string>> files;
   const auto o0 = gather(y, ow), lse0 = gather(lse, in.hq);
   files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, o0));

@@ -11,6 +11,8 @@
 #include "core/npy.hpp"
 #include "launcher.hpp"
 #include "runtime/conv_cp.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "runtime/redistribute.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::cli {
@@ -55,7 +57,7 @@ ConvInputs load_inputs(const Args& args) {
 template <class T>
 int run_typed(Communicator& comm, const ConvInputs& in, bool silu, const std::string& out_dir) {
   const int N = comm.size();
-  const RankLayout layout = contiguous_layout(in.row, N);
+  const Ownership layout = contiguous_ownership(in.S, N);
   const auto& mine = layout[comm.rank()];
   const Conv1dArgs args{in.C, in.K, silu};
   const std::vector<T> x = rows_of<T>(in.x.data, in.C, mine);
@@ -67,13 +69,18 @@ int run_typed(Communicator& comm, const ConvInputs& in, bool silu, const std::st
   conv1d_cp_forward(comm, in.row, layout, args, x.data(), w.data(), bias, y.data());
   struct Out { std::string name; std::vector<int64_t> shape; std::vector<double> data; };
   std::vector<Out> outs;
-  outs.push_back({"y.npy", in.x.shape, gather_to_root(comm, layout, y, in.C, in.S)});
+  CpuBackend<T> be;
+  auto gather = [&](const std::vector<T>& a) {
+    const std::vector<T> all = gather_to_root(comm, be, a, layout, in.C);
+    return std::vector<double>(all.begin(), all.end());
+  };
+  outs.push_back({"y.npy", in.x.shape, gather(y)});
   if (in.has_dout) {
     const std::vector<T> dy = rows_of<T>(in.dout.data, in.C, mine);
     std::vector<T> dx(x.size(), T(0)), dw(w.size(), T(0)), db(b.size(), T(0));
     conv1d_cp_backward(comm, in.row, layout, args, x.data(), w.data(), bias, dy.data(), dx.data(), dw.data(),
                        in.has_bias ? db.data() : nullptr);
-    outs.push_back({"dx.npy", in.x.shape, gather_to_root(comm, layout, dx, in.C, in.S)});
+    outs.push_back({"dx.npy", in.x.shape, gather(dx)});
     outs.push_back({"dweight.npy", in.weight.shape, std::vector<double>(dw.begin(), dw.end())});
     if (in.has_bias) outs.push_back({"dbias.npy", in.bias.shape, std::vector<double>(db.begin(), db.end())});
   }

@@ -11,9 +11,10 @@
 #include "core/error.hpp"
 #include "core/npy.hpp"
 #include "launcher.hpp"
-#include "runtime/conv_cp.hpp"
+#include "runtime/cpu_backend.hpp"
 #include "runtime/gdn_cp.hpp"
 #include "runtime/gdn_plan.hpp"
+#include "runtime/redistribute.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::cli {
@@ -71,8 +72,7 @@ int run_typed(Communicator& comm, const GdnInputs& in, double scale, int chunk, 
   const int N = comm.size(), me = comm.rank();
   const GdnShape shape{in.H, in.dk, in.dv, static_cast<int>(sizeof(T)), chunk};
   const GdnPlan plan = plan_gdn(in.row, N, shape);  // fills the prediction
-  RankLayout layout(static_cast<size_t>(N));
-  for (int r = 0; r < N; ++r) layout[r] = gdn_rank_ranges(in.row, plan, r);
+  const Ownership layout = gdn_ownership(in.row, plan);
   const auto& mine = layout[me];
   const int64_t gw = in.gate == GdnGate::Scalar ? 1 : in.dk;
   const std::vector<T> q = rows_of<T>(in.q.data, in.H * in.dk, mine), k = rows_of<T>(in.k.data, in.H * in.dk, mine),
@@ -103,13 +103,18 @@ int run_typed(Communicator& comm, const GdnInputs& in, double scale, int chunk, 
   // Gather everything first, write only when all of it is there.
   struct Out { std::string name; std::vector<int64_t> shape; std::vector<double> data; };
   std::vector<Out> outs;
-  outs.push_back({"o.npy", {in.S, in.H, in.dv}, gather_to_root(comm, layout, y, in.H * in.dv, in.S)});
+  CpuBackend<T> be;
+  auto gather = [&](const std::vector<T>& a, int64_t width) {
+    const std::vector<T> all = gather_to_root(comm, be, a, layout, width);
+    return std::vector<double>(all.begin(), all.end());
+  };
+  outs.push_back({"o.npy", {in.S, in.H, in.dv}, gather(y, in.H * in.dv)});
   if (in.has_dout) {
-    outs.push_back({"dq.npy", in.q.shape, gather_to_root(comm, layout, dq, in.H * in.dk, in.S)});
-    outs.push_back({"dk.npy", in.k.shape, gather_to_root(comm, layout, dk, in.H * in.dk, in.S)});
-    outs.push_back({"dv.npy", in.v.shape, gather_to_root(comm, layout, dv, in.H * in.dv, in.S)});
-    outs.push_back({"dg.npy", in.g.shape, gather_to_root(comm, layout, dg, in.H * gw, in.S)});
-    outs.push_back({"dbeta.npy", in.beta.shape, gather_to_root(comm, layout, dbeta, in.H, in.S)});
+    outs.push_back({"dq.npy", in.q.shape, gather(dq, in.H * in.dk)});
+    outs.push_back({"dk.npy", in.k.shape, gather(dk, in.H * in.dk)});
+    outs.push_back({"dv.npy", in.v.shape, gather(dv, in.H * in.dv)});
+    outs.push_back({"dg.npy", in.g.shape, gather(dg, in.H * gw)});
+    outs.push_back({"dbeta.npy", in.beta.shape, gather(dbeta, in.H)});
   }
   if (me != 0) return 0;
   std::filesystem::create_directories(out_dir);

@@ -82,9 +82,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   DenseAttentionCP<CpuBackend<T>> cp(plan, row, AttentionDims{cfg.hq, cfg.hkv, cfg.d, cfg.d, 0.0}, comm, be);
 
   // Inputs arrive in the data loader's contiguous shards; move them to the plan's ownership.
-  const auto loader = contiguous_layout(S, n);
-  std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) owners[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
+  const Ownership loader = contiguous_ownership(S, n), owners = plan_ownership(plan);
   const TokenRange mine = loader[static_cast<size_t>(me)].empty() ? TokenRange{} : loader[static_cast<size_t>(me)][0];
   const uint64_t s = cfg.seed * 16;
   const auto q = redistribute(comm, be, shard_values<T>(s + 1, mine, qw), loader, owners, qw);
@@ -117,12 +115,11 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   comm.all_gather(mine_stats.data(), all_stats.data(), kFields, CommType::F64);
 
   // Everything back on rank 0 in packed order, then the single-process reference there.
-  const auto gathered = gathered_layout(S, n, 0);
-  const auto y0 = redistribute(comm, be, y, owners, gathered, ow);
-  const auto lse0 = redistribute(comm, be, lse, owners, gathered, cfg.hq);
-  const auto dq0 = redistribute(comm, be, dq, owners, gathered, qw);
-  const auto dk0 = redistribute(comm, be, dk, owners, gathered, kw);
-  const auto dv0 = redistribute(comm, be, dv, owners, gathered, kw);
+  const auto y0 = gather_to_root(comm, be, y, owners, ow);
+  const auto lse0 = gather_to_root(comm, be, lse, owners, cfg.hq);
+  const auto dq0 = gather_to_root(comm, be, dq, owners, qw);
+  const auto dk0 = gather_to_root(comm, be, dk, owners, kw);
+  const auto dv0 = gather_to_root(comm, be, dv, owners, kw);
   int status = 0;
   if (me == 0) {
     const TokenRange all{0, S};

@@ -14,6 +14,7 @@
 #include "core/error.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "runtime/reference.hpp"
+#include "runtime/row_map.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
 
@@ -27,7 +28,6 @@ using cpu::AttnForwardArgs;
 using cpu::AttnShape;
 using cpu::dense_view;
 using cpu::HeadView;
-using cpu::RowRange;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -386,17 +386,17 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
 
 // ---- stage form: random splits into ranks (query rows) and stages (keys), merged
 
-std::vector<RowRange> compact_map(const std::vector<int64_t>& tokens) {
-  // sorted canonical ids -> consecutive buffer rows, one range per run of consecutive ids
-  std::vector<RowRange> map;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (!map.empty() && map.back().end == tokens[i]) {
-      ++map.back().end;
+// sorted canonical ids -> one range per run of consecutive ids, laid out in that order
+RowMap compact_map(const std::vector<int64_t>& tokens) {
+  std::vector<TokenRange> runs;
+  for (int64_t t : tokens) {
+    if (!runs.empty() && runs.back().end == t) {
+      ++runs.back().end;
     } else {
-      map.push_back({tokens[i], tokens[i] + 1, static_cast<int64_t>(i)});
+      runs.push_back({t, t + 1});
     }
   }
-  return map;
+  return RowMap(std::move(runs));
 }
 
 template <class X>
@@ -452,7 +452,7 @@ TEST(Attention, RandomStageSplitsEqualOneShot) {
       std::vector<std::vector<Slice>> slices_r(static_cast<size_t>(n_stages));
       for (int st = 0; st < n_stages; ++st) {
         const auto& keys = stage_keys[static_cast<size_t>(st)];
-        slices_r[st] = cpu::to_buffer_slices(canonical, compact_map(qrows), compact_map(keys));
+        slices_r[st] = to_buffer(canonical, compact_map(qrows), compact_map(keys));
         const auto k = gather_rows(in.k, keys, hkv * d), v = gather_rows(in.v, keys, hkv * dv);
         o_r[st].resize(static_cast<size_t>(nq * hq * dv));
         l_r[st].resize(static_cast<size_t>(nq * hq));
@@ -557,19 +557,25 @@ TEST(Attention, BufferSlicesKeepExactlyTheMappedPairs) {
       if (rng() % 2) qs.push_back(t);
       if (rng() % 3) ks.push_back(t);
     }
-    // buffer offsets after a random gap, to see the shift
-    std::vector<RowRange> qmap = compact_map(qs), kmap = compact_map(ks);
-    for (auto& r : qmap) r.offset += 3;
-    const auto slices = cpu::to_buffer_slices(row_slices(row, window), qmap, kmap);
-    std::vector<char> seen(static_cast<size_t>((qs.size() + 3) * ks.size()), 0);
+    // the query runs laid out in reverse order, so buffer rows are not token order
+    std::vector<TokenRange> q_runs = compact_map(qs).ranges();
+    std::reverse(q_runs.begin(), q_runs.end());
+    const RowMap qmap(q_runs), kmap = compact_map(ks);
+    std::vector<int64_t> q_token(static_cast<size_t>(qmap.rows()));
+    for (size_t i = 0; i < qmap.ranges().size(); ++i) {
+      for (int64_t t = qmap.ranges()[i].begin; t < qmap.ranges()[i].end; ++t)
+        q_token[static_cast<size_t>(qmap.offset(i) + t - qmap.ranges()[i].begin)] = t;
+    }
+    const auto slices = to_buffer(row_slices(row, window), qmap, kmap);
+    std::vector<char> seen(static_cast<size_t>(qs.size() * ks.size()), 0);
     int64_t area = 0;
     for (const Slice& s : slices) {
       area += s.area();
       for (int64_t qb = s.q_begin; qb < s.q_end; ++qb) {
         for (int64_t kb = s.k_begin; kb < s.k_end; ++kb) {
           if (!s.contains(qb, kb)) continue;
-          ASSERT_GE(qb, 3);
-          const int64_t q = qs[static_cast<size_t>(qb - 3)], k = ks[static_cast<size_t>(kb)];
+          ASSERT_GE(qb, 0);
+          const int64_t q = q_token[static_cast<size_t>(qb)], k = ks[static_cast<size_t>(kb)];
           EXPECT_TRUE(row.visible(q, k, window)) << "q " << q << " k " << k;
           EXPECT_EQ(seen[static_cast<size_t>(qb * ks.size() + kb)]++, 0) << "pair twice";
         }
@@ -582,16 +588,15 @@ TEST(Attention, BufferSlicesKeepExactlyTheMappedPairs) {
     EXPECT_EQ(area, expected) << "trial " << trial;
   }
   // the header's example: queries {4,5,6} against fetched keys {2,3}
-  const auto stage = cpu::to_buffer_slices(row_slices(small_example()), {{4, 7, 0}}, {{2, 4, 0}});
+  const auto stage = to_buffer(row_slices(small_example()), RowMap({{4, 7}}), RowMap({{2, 4}}));
   ASSERT_EQ(stage.size(), 1u);
   EXPECT_EQ(stage[0].q_begin, 0);
   EXPECT_EQ(stage[0].q_end, 3);
   EXPECT_EQ(stage[0].k_begin, 0);
   EXPECT_EQ(stage[0].k_end, 2);
   EXPECT_EQ(stage[0].area(), 6);
-  EXPECT_THROW(cpu::to_buffer_slices({}, {{0, 4, 0}, {2, 6, 4}}, {}), Error);  // canonical overlap
-  EXPECT_THROW(cpu::to_buffer_slices({}, {{0, 4, 0}, {6, 8, 3}}, {}), Error);  // buffer overlap
-  EXPECT_THROW(cpu::to_buffer_slices({}, {}, {{5, 6, 0}, {0, 4, 1}}), Error);  // unsorted
+  EXPECT_THROW(RowMap({{0, 4}, {2, 6}}), Error);  // canonical overlap
+  EXPECT_THROW(RowMap({{6, 4}}), Error);          // reversed range
 }
 
 // (d) DESIGN.md's 9-token example with a window of 3: query 8 sees physical 3, 7, 8 and never A.

@@ -22,7 +22,7 @@ struct ConvRun {
 ConvRun run_one_rank(const Row& row, int C, int K, bool silu, const std::vector<double>& x, const std::vector<double>& w,
                  const std::vector<double>& b, const std::vector<double>& dy) {
   auto comm = make_self_communicator();
-  const RankLayout layout = contiguous_layout(row, 1);
+  const Ownership layout = contiguous_ownership(row.tokens(), 1);
   const Conv1dArgs args{C, K, silu};
   ConvRun r{std::vector<double>(x.size()), std::vector<double>(x.size(), 0.0), std::vector<double>(w.size(), 0.0),
         std::vector<double>(static_cast<size_t>(C), 0.0)};
@@ -89,8 +89,8 @@ TEST(Conv1d, GradientsMatchFiniteDifferences) {
 TEST(Conv1d, ChildHaloIsParentTailAcrossShortShards) {
   // root 0-3 | A 4-6 (child of root) | B 7-8 (child of root); four ranks of 2-3 tokens.
   const Row row(std::vector<Segment>{{-1, 4}, {0, 3}, {0, 2}});
-  const RankLayout layout = {{{0, 2}}, {{2, 4}}, {{4, 7}}, {{7, 9}}};
-  validate_layout(row, layout);
+  const Ownership layout = {{{0, 2}}, {{2, 4}}, {{4, 7}}, {{7, 9}}};
+  validate_ownership(layout, row.tokens());
   // B's first token (7) reads 3, 2, 1 with K = 4; never A's tail 4-6.
   const ConvHalo h = make_conv_halo(row, layout, 3, 4);
   EXPECT_EQ(h.halo_tokens, (std::vector<int64_t>{1, 2, 3}));
@@ -104,9 +104,9 @@ TEST(Conv1d, ChildHaloIsParentTailAcrossShortShards) {
 
 TEST(Conv1d, RefusesBadLayouts) {
   const Row row(std::vector<Segment>{{-1, 4}, {0, 3}});
-  EXPECT_THROW(validate_layout(row, {{{0, 3}}, {{4, 7}}}), Error);          // token 3 missing
-  EXPECT_THROW(validate_layout(row, {{{0, 4}}, {{3, 7}}}), Error);          // token 3 twice
-  EXPECT_THROW(validate_layout(row, {{{4, 7}, {0, 4}}}), Error);            // unsorted
+  EXPECT_THROW(validate_ownership({{{0, 3}}, {{4, 7}}}, row.tokens()), Error);  // token 3 missing
+  EXPECT_THROW(validate_ownership({{{0, 4}}, {{3, 7}}}, row.tokens()), Error);  // token 3 twice
+  EXPECT_THROW(validate_ownership({{{4, 7}, {0, 4}}}, row.tokens()), Error);    // unsorted
   auto comm = make_self_communicator();
   std::vector<double> x(7), w(4), y(7);
   EXPECT_THROW(conv1d_cp_forward<double>(*comm, row, {{{0, 7}}}, Conv1dArgs{1, 0, false}, x.data(), w.data(), nullptr,

@@ -10,10 +10,13 @@
 
 namespace treecp {
 
-int64_t RankPlan::owned_tokens() const {
-  int64_t n = 0;
-  for (const TokenRange& r : owned) n += r.size();
-  return n;
+int64_t RankPlan::owned_tokens() const { return tokens_of(owned); }
+
+Ownership plan_ownership(const Plan& plan) {
+  Ownership out;
+  out.reserve(plan.ranks.size());
+  for (const RankPlan& rp : plan.ranks) out.push_back(rp.owned);
+  return out;
 }
 
 int64_t RankPlan::pairs() const {

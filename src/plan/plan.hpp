@@ -17,14 +17,9 @@
 
 #include "core/json.hpp"
 #include "kernels/slice.hpp"
+#include "plan/ownership.hpp"
 
 namespace treecp {
-
-struct TokenRange {
-  int64_t begin = 0, end = 0;  // physical [begin, end)
-  int64_t size() const { return end - begin; }
-  bool operator==(const TokenRange&) const = default;
-};
 
 struct Stage {
   // Visible pairs this stage computes, in canonical token ids: every q row is owned by this rank;
@@ -61,6 +56,9 @@ struct Plan {
 };
 
 class Row;
+
+// Who holds which tokens under the plan: ranks[r].owned for every rank.
+Ownership plan_ownership(const Plan& plan);
 
 // Checks that a plan fits the row and window and is executable: rank count (expected_cp > 0 also
 // checks it against the communicator size), token count, chunk bounds and owners, owned ranges,

@@ -90,6 +90,12 @@ std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int
   return out;
 }
 
+Ownership gdn_ownership(const Row& row, const GdnPlan& plan) {
+  Ownership out(static_cast<size_t>(plan.ranks));
+  for (int r = 0; r < plan.ranks; ++r) out[static_cast<size_t>(r)] = gdn_rank_ranges(row, plan, r);
+  return out;
+}
+
 int GdnPlan::chained_segments() const {
   return static_cast<int>(std::count(chained.begin(), chained.end(), uint8_t{1}));
 }

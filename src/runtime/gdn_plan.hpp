@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/json.hpp"
-#include "plan/plan.hpp"
+#include "plan/ownership.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
@@ -68,6 +68,8 @@ struct GdnPlan {
 
 // Physical ranges rank r holds, sorted and merged: its buffers lay them out in this order.
 std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int rank);
+// Every rank's gdn_rank_ranges.
+Ownership gdn_ownership(const Row& row, const GdnPlan& plan);
 
 // A plan with the given chained set: chained segments split evenly over the ranks, local units placed
 // longest first on the least loaded rank of their phase. Throws on size mismatch.

@@ -117,9 +117,7 @@ void run_case(const Case& c, uint64_t salt) {
 
   // q arrives in the data loader's contiguous shards and is redistributed to the plan's ownership;
   // k, v, dy are taken directly (both paths must agree with the reference).
-  std::vector<std::vector<TokenRange>> to(static_cast<size_t>(comm.size()));
-  for (int r = 0; r < comm.size(); ++r) to[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
-  const auto from = contiguous_layout(S, comm.size());
+  const Ownership to = plan_ownership(plan), from = contiguous_ownership(S, comm.size());
   const std::vector<T> q_own = redistribute(comm, be, rows_of<T>(q, qw, from[static_cast<size_t>(comm.rank())]), from, to, qw);
   const std::vector<T> k_own = rows_of<T>(k, kw, owned), v_own = rows_of<T>(v, vw, owned), dy_own = rows_of<T>(dy, ow, owned);
   const int64_t rows = cp.owned_rows();

@@ -172,12 +172,11 @@ TEST(MpiConv1d, EqualsExplicitPaths) {
     const Row row = testing::random_tree(rng, {.segments = 3 + tree * 2, .max_len = tree % 2 ? 3 : 12});
     for (int K : {2, 4, 7}) {
       for (int lay = 0; lay < 2; ++lay) {
-        RankLayout layout = contiguous_layout(row, N);
+        Ownership layout = contiguous_ownership(row.tokens(), N);
         if (lay == 1) {
           std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
           for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>((s + tree) % 2);
-          const GdnPlan plan = make_gdn_plan(row, N, chained);
-          for (int r = 0; r < N; ++r) layout[static_cast<size_t>(r)] = gdn_rank_ranges(row, plan, r);
+          layout = gdn_ownership(row, make_gdn_plan(row, N, chained));
         }
         const int C = 3;
         const bool silu = (tree + K) % 2 == 0;

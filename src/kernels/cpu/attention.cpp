@@ -687,58 +687,6 @@ void sink_backward(const SinkBackwardArgs<T>& a) {
   }
 }
 
-namespace {
-void check_map(const std::vector<RowRange>& map, const char* name) {
-  for (size_t i = 0; i < map.size(); ++i) {
-    const RowRange& r = map[i];
-    require(r.begin <= r.end && r.offset >= 0, "to_buffer_slices: ", name, " range ", i, " [", r.begin, ",", r.end,
-            ") at ", r.offset, " is malformed");
-    require(i == 0 || map[i - 1].end <= r.begin, "to_buffer_slices: ", name,
-            " ranges must be sorted by begin and disjoint (range ", i, ")");
-  }
-  std::vector<size_t> by_offset(map.size());
-  std::iota(by_offset.begin(), by_offset.end(), size_t{0});
-  std::sort(by_offset.begin(), by_offset.end(), [&](size_t x, size_t y) { return map[x].offset < map[y].offset; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const RowRange& p = map[by_offset[i - 1]];
-    require(p.offset + (p.end - p.begin) <= map[by_offset[i]].offset, "to_buffer_slices: ", name,
-            " ranges overlap in the buffer (ranges ", by_offset[i - 1], " and ", by_offset[i], ")");
-  }
-}
-
-// First range of a sorted, disjoint map that ends after `pos`.
-size_t first_range_ending_after(const std::vector<RowRange>& map, int64_t pos) {
-  return static_cast<size_t>(
-      std::upper_bound(map.begin(), map.end(), pos, [](int64_t p, const RowRange& r) { return p < r.end; }) -
-      map.begin());
-}
-}  // namespace
-
-std::vector<Slice> to_buffer_slices(const std::vector<Slice>& slices, const std::vector<RowRange>& q_map,
-                                    const std::vector<RowRange>& kv_map) {
-  check_map(q_map, "q_map");
-  check_map(kv_map, "kv_map");
-  std::vector<Slice> out;
-  for (const Slice& s : slices) {
-    if (s.empty()) continue;
-    for (size_t qi = first_range_ending_after(q_map, s.q_begin); qi < q_map.size() && q_map[qi].begin < s.q_end;
-         ++qi) {
-      const RowRange& qr = q_map[qi];
-      for (size_t ki = first_range_ending_after(kv_map, s.k_begin);
-           ki < kv_map.size() && kv_map[ki].begin < s.k_end; ++ki) {
-        const RowRange& kr = kv_map[ki];
-        const Slice piece = cut_slice(s, qr.begin, qr.end, kr.begin, kr.end);
-        if (piece.empty()) continue;
-        // q_buf = q + qs, k_buf = k + ks, so q_buf - k_buf = (q - k) + qs - ks
-        const int64_t qs = qr.offset - qr.begin, ks = kr.offset - kr.begin;
-        out.push_back(Slice{piece.q_begin + qs, piece.q_end + qs, piece.k_begin + ks, piece.k_end + ks,
-                            piece.diag_min + qs - ks, piece.diag_max + qs - ks});
-      }
-    }
-  }
-  return out;
-}
-
 #define TREECP_INSTANTIATE(T)                                                                     \
   template void attention_forward<T>(const AttnForwardArgs<T>&, const std::vector<Slice>&);      \
   template void attention_backward<T>(const AttnBackwardArgs<T>&, const std::vector<Slice>&);    \

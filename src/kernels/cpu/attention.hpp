@@ -7,8 +7,8 @@
 // its k rows index the K/V buffers, and its band (diag_min <= q - k < diag_max) is in those coordinates.
 // A single-process run passes the whole row as both buffers, so buffer rows are canonical token ids
 // (runtime/reference.hpp does that for a whole row). A stage (owned query rows against a buffer of
-// fetched KV rows) is the same call with other buffers; `to_buffer_slices` translates canonical-id
-// slices into such a stage's buffer coordinates.
+// fetched KV rows) is the same call with other buffers; runtime/row_map.hpp's to_buffer() translates
+// canonical-id slices into such a stage's buffer coordinates.
 //
 // Layouts (elements; the last dimension is contiguous, the others may be strided):
 //   Q [q_rows, Hq, D]   K [kv_rows, Hkv, D]   V [kv_rows, Hkv, Dv]   O, dO [q_rows, Hq, Dv]
@@ -154,23 +154,5 @@ struct SinkBackwardArgs {
 
 template <class T>
 void sink_backward(const SinkBackwardArgs<T>& args);
-
-// ---- stage form: canonical token ids -> buffer rows
-
-// Canonical ids [begin, end) stored at buffer rows [offset, offset + end - begin).
-struct RowRange {
-  int64_t begin = 0, end = 0;
-  int64_t offset = 0;
-};
-
-// The pairs of `slices` (canonical ids) whose query lies in q_map and whose key lies in kv_map, as
-// slices in buffer coordinates: q_buf = q - r.begin + r.offset for the range r holding q (same for k),
-// and the band shifts by the difference of the two shifts. Pairs outside the maps are dropped, so a
-// caller can pass all of a row's slices and get exactly the stage's share. Each map must be sorted by
-// begin, with disjoint ranges both in canonical ids and in buffer rows (checked).
-// Example (DESIGN.md's tree): a rank owning queries {4,5,6} that fetched keys {2,3} into a 2-row buffer
-// uses q_map {{4,7,0}} and kv_map {{2,4,0}}; row_slices' slice q[4,7) k[0,4) becomes q[0,3) k[0,2).
-std::vector<Slice> to_buffer_slices(const std::vector<Slice>& slices, const std::vector<RowRange>& q_map,
-                                    const std::vector<RowRange>& kv_map);
 
 }  // namespace treecp::cpu
