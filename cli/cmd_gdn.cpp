@@ -13,7 +13,7 @@
 #include "launcher.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/gdn_cp.hpp"
-#include "runtime/gdn_plan.hpp"
+#include "plan/gdn_plan.hpp"
 #include "runtime/redistribute.hpp"
 #include "tree/row.hpp"
 
@@ -70,8 +70,10 @@ GdnInputs load_inputs(const Args& args) {
 template <class T>
 int run_typed(Communicator& comm, const GdnInputs& in, double scale, int chunk, const std::string& out_dir) {
   const int N = comm.size(), me = comm.rank();
-  const GdnShape shape{in.H, in.dk, in.dv, static_cast<int>(sizeof(T)), chunk};
-  const GdnPlan plan = plan_gdn(in.row, N, shape);  // fills the prediction
+  const GdnShape shape{in.H, in.dk, in.dv, chunk};
+  GdnCostModel costs;
+  costs.state_bytes_per_element = sizeof(T);
+  const GdnPlan plan = plan_gdn(in.row, N, shape, costs);  // fills the prediction
   const Ownership layout = gdn_ownership(in.row, plan);
   const auto& mine = layout[me];
   const int64_t gw = in.gate == GdnGate::Scalar ? 1 : in.dk;

@@ -2,12 +2,13 @@
 // for local, chained and mixed plans; finite differences of the whole pipeline; the planner.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <numeric>
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "runtime/gdn_cp.hpp"
-#include "runtime/gdn_plan.hpp"
+#include "plan/gdn_plan.hpp"
 #include "common/gdn.hpp"
 
 namespace treecp {
@@ -131,8 +132,8 @@ TEST(GdnPlan, PhasesFollowTheDag) {
 }
 
 TEST(GdnPlan, CostModelDecidesWhatChains) {
-  const GdnShape shape{32, 128, 128, 4, 64};
-  const GdnCostModel model = GdnCostModel::defaults();
+  const GdnShape shape{32, 128, 128, 64};
+  const GdnCostModel model;
   // One dominant root: splitting it over 4 ranks beats running it on one.
   const Row dominant(std::vector<Segment>{{-1, 200000}, {0, 2000}, {0, 2000}, {-1, 3000}});
   GdnPlan p = plan_gdn(dominant, 4, shape, model);
@@ -152,7 +153,7 @@ TEST(GdnPlan, CostModelDecidesWhatChains) {
   // The choice depends on the state size, not on a length rule: with a very slow link the same
   // dominant row stays local, with a fast one it chains.
   GdnCostModel slow = model;
-  slow.link_bandwidth_bytes_per_s = 1e3;
+  slow.link.bandwidth_bytes_per_ms = 1.0;
   EXPECT_EQ(plan_gdn(dominant, 4, shape, slow).chained_segments(), 0);
 }
 
@@ -163,7 +164,7 @@ TEST(GdnPlan, JsonRoundTrip) {
   std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
   for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>(s % 2);
   GdnPlan p = make_gdn_plan(row, 3, chained);
-  gdn_predict(row, p, GdnShape{}, GdnCostModel::defaults());
+  gdn_predict(row, p, GdnShape{}, GdnCostModel{});
   const json::Value v = json::parse(json::dump(p.to_json()));
   EXPECT_EQ(v.at("segments").size(), static_cast<size_t>(row.num_segments()));
   const GdnPlan q = GdnPlan::from_json(v);
@@ -174,8 +175,17 @@ TEST(GdnPlan, JsonRoundTrip) {
   EXPECT_EQ(q.phase, p.phase);
   EXPECT_EQ(q.num_phases, p.num_phases);
   EXPECT_DOUBLE_EQ(q.predicted_ms, p.predicted_ms);
-  const GdnCostModel m = GdnCostModel::from_json(GdnCostModel::defaults().to_json());
-  EXPECT_EQ(m.ns_per_madd, GdnCostModel::defaults().ns_per_madd);
+  const GdnCostModel m = gdn_costs_from_json(to_json(GdnCostModel{}));
+  EXPECT_EQ(m.madds_per_ms, GdnCostModel{}.madds_per_ms);
+}
+
+// config/gdn_costs_cpu.json holds the built-in defaults; unknown keys and bad values are refused.
+TEST(GdnPlan, CostFileMatchesBuiltInDefaults) {
+  const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "config" / "gdn_costs_cpu.json";
+  EXPECT_EQ(json::dump(to_json(load_gdn_costs(path.string()))), json::dump(to_json(GdnCostModel{})));
+  EXPECT_THROW(gdn_costs_from_json(json::parse(R"({"ns_per_madd": 0.5})")), Error);
+  EXPECT_THROW(gdn_costs_from_json(json::parse(R"({"madds_per_ms": 0})")), Error);
+  EXPECT_THROW(gdn_costs_from_json(json::parse(R"({"link": {"latency_ms": 0, "bandwidth_bytes_per_ms": -1}})")), Error);
 }
 
 }  // namespace

@@ -16,16 +16,14 @@ Link CostModel::link(int src, int dst) const {
   return src / per_node == dst / per_node ? intra_node : inter_node;
 }
 
-namespace {
-
-json::Value link_json(const Link& l) {
+json::Value to_json(const Link& l) {
   json::Value v = json::Value::object();
   v.set("latency_ms", l.latency_ms);
   v.set("bandwidth_bytes_per_ms", l.bandwidth_bytes_per_ms);
   return v;
 }
 
-Link link_from(const json::Value& v, const std::string& what) {
+Link link_from_json(const json::Value& v, const std::string& what) {
   Link l;
   for (const auto& [key, val] : v.as_object(what)) {
     if (key == "latency_ms") {
@@ -40,8 +38,6 @@ Link link_from(const json::Value& v, const std::string& what) {
   require(l.bandwidth_bytes_per_ms > 0.0, "costs: ", what, ".bandwidth_bytes_per_ms must be > 0");
   return l;
 }
-
-}  // namespace
 
 CostModel costs_from_json(const json::Value& v) {
   CostModel c;
@@ -111,9 +107,9 @@ CostModel costs_from_json(const json::Value& v) {
       require(n >= 1 && n <= 1 << 20, "costs.ranks_per_node must be >= 1, got ", n);
       c.ranks_per_node = static_cast<int>(n);
     } else if (key == "intra_node") {
-      c.intra_node = link_from(val, "costs.intra_node");
+      c.intra_node = link_from_json(val, "costs.intra_node");
     } else if (key == "inter_node") {
-      c.inter_node = link_from(val, "costs.inter_node");
+      c.inter_node = link_from_json(val, "costs.inter_node");
     } else if (key == "links") {
       c.links.clear();
       for (const json::Value& l : val.as_array("costs.links")) {
@@ -121,7 +117,7 @@ CostModel costs_from_json(const json::Value& v) {
         o.src = static_cast<int>(l.at("src", "costs.links[]").as_int("costs.links[].src"));
         o.dst = static_cast<int>(l.at("dst", "costs.links[]").as_int("costs.links[].dst"));
         require(o.src >= 0 && o.dst >= 0, "costs.links[]: src and dst must be >= 0");
-        o.link = link_from(l, "costs.links[]");
+        o.link = link_from_json(l, "costs.links[]");
         c.links.push_back(o);
       }
     } else {
@@ -157,12 +153,12 @@ json::Value to_json(const CostModel& c) {
   v.set("token_local_forward_ms_per_token", c.token_local_forward_ms_per_token);
   v.set("token_local_backward_ms_per_token", c.token_local_backward_ms_per_token);
   v.set("ranks_per_node", static_cast<int64_t>(c.ranks_per_node));
-  v.set("intra_node", link_json(c.intra_node));
-  v.set("inter_node", link_json(c.inter_node));
+  v.set("intra_node", to_json(c.intra_node));
+  v.set("inter_node", to_json(c.inter_node));
   v.set("rank_bandwidth_bytes_per_ms", c.rank_bandwidth_bytes_per_ms);
   json::Value links = json::Value::array();
   for (const LinkOverride& o : c.links) {
-    json::Value l = link_json(o.link);
+    json::Value l = to_json(o.link);
     l.set("src", static_cast<int64_t>(o.src));
     l.set("dst", static_cast<int64_t>(o.dst));
     links.push_back(l);

@@ -32,6 +32,11 @@ struct Link {
   double bandwidth_bytes_per_ms = 1.0;
 };
 
+// A link in a coefficient file: {"latency_ms": ..., "bandwidth_bytes_per_ms": ...}; `what` names it in
+// errors. Shared by every cost model (dense attention here, GDN in plan/gdn_plan.hpp).
+Link link_from_json(const json::Value& v, const std::string& what);
+json::Value to_json(const Link& l);
+
 struct LinkOverride {
   int src = 0, dst = 0;
   Link link;

@@ -15,7 +15,7 @@
 
 #include "comm/communicator.hpp"
 #include "kernels/cpu/gdn.hpp"
-#include "runtime/gdn_plan.hpp"
+#include "plan/gdn_plan.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {

@@ -12,7 +12,7 @@
 #include "common/mpi_main.hpp"
 #include "runtime/conv_cp.hpp"
 #include "runtime/gdn_cp.hpp"
-#include "runtime/gdn_plan.hpp"
+#include "plan/gdn_plan.hpp"
 
 namespace treecp {
 namespace {
@@ -34,9 +34,9 @@ std::vector<uint8_t> chained_set(const Row& row, int mode, testing::Rng& rng, in
   std::vector<uint8_t> c(n, 0);
   if (mode == 3) {
     // A shape whose summaries are cheap next to the tokens: the planner chains the long segments.
-    GdnShape shape{32, 128, 128, 4, 64};
-    GdnCostModel m = GdnCostModel::defaults();
-    m.message_latency_us = 0.0;
+    GdnShape shape{32, 128, 128, 64};
+    GdnCostModel m;
+    m.link.latency_ms = 0.0;
     return plan_gdn(row, ranks, shape, m).chained;
   }
   for (size_t s = 0; s < n; ++s) c[s] = mode == 1 ? 1 : mode == 2 ? static_cast<uint8_t>(rng() % 2) : 0;

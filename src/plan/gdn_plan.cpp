@@ -1,4 +1,4 @@
-#include "runtime/gdn_plan.hpp"
+#include "plan/gdn_plan.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -28,26 +28,36 @@ int ceil_log2(int n) {
 
 }  // namespace
 
-json::Value GdnCostModel::to_json() const {
-  json::Value v = json::Value::object();
-  v.set("ns_per_madd", ns_per_madd);
-  v.set("message_latency_us", message_latency_us);
-  v.set("link_bandwidth_bytes_per_s", link_bandwidth_bytes_per_s);
-  v.set("step_overhead_us", step_overhead_us);
-  return v;
+GdnCostModel gdn_costs_from_json(const json::Value& v) {
+  GdnCostModel c;
+  for (const auto& [key, val] : v.as_object("gdn costs")) {
+    if (key == "madds_per_ms") {
+      c.madds_per_ms = val.as_double("gdn costs.madds_per_ms");
+      require(c.madds_per_ms > 0, "gdn costs.madds_per_ms must be > 0, got ", c.madds_per_ms);
+    } else if (key == "link") {
+      c.link = link_from_json(val, "gdn costs.link");
+    } else if (key == "step_overhead_ms") {
+      c.step_overhead_ms = val.as_double("gdn costs.step_overhead_ms");
+      require(c.step_overhead_ms >= 0, "gdn costs.step_overhead_ms must be >= 0, got ", c.step_overhead_ms);
+    } else if (key == "state_bytes_per_element") {
+      c.state_bytes_per_element = val.as_int("gdn costs.state_bytes_per_element");
+      require(c.state_bytes_per_element > 0, "gdn costs.state_bytes_per_element must be > 0");
+    } else if (key != "note" && key != "source") {
+      fail("gdn costs: unknown key '", key, "'");
+    }
+  }
+  return c;
 }
 
-GdnCostModel GdnCostModel::from_json(const json::Value& v) {
-  GdnCostModel m;
-  m.ns_per_madd = v.at("ns_per_madd", "gdn cost model").as_double("ns_per_madd");
-  m.message_latency_us = v.at("message_latency_us", "gdn cost model").as_double("message_latency_us");
-  m.link_bandwidth_bytes_per_s =
-      v.at("link_bandwidth_bytes_per_s", "gdn cost model").as_double("link_bandwidth_bytes_per_s");
-  m.step_overhead_us = v.at("step_overhead_us", "gdn cost model").as_double("step_overhead_us");
-  require(m.ns_per_madd > 0 && m.link_bandwidth_bytes_per_s > 0 && m.message_latency_us >= 0 &&
-              m.step_overhead_us >= 0,
-          "gdn cost model: coefficients must be positive (latency and overhead may be 0)");
-  return m;
+GdnCostModel load_gdn_costs(const std::string& path) { return gdn_costs_from_json(json::parse(json::read_file(path))); }
+
+json::Value to_json(const GdnCostModel& c) {
+  json::Value v = json::Value::object();
+  v.set("madds_per_ms", c.madds_per_ms);
+  v.set("link", to_json(c.link));
+  v.set("step_overhead_ms", c.step_overhead_ms);
+  v.set("state_bytes_per_element", c.state_bytes_per_element);
+  return v;
 }
 
 // Per chunk of c tokens and one head, forward: cumulative gates and scaled keys ~3 c dk; P and C
@@ -224,10 +234,11 @@ void validate_gdn_plan(const Row& row, const GdnPlan& plan) {
 double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const GdnCostModel& m) {
   const int N = plan.ranks;
   const int32_t n = row.num_segments();
-  const double local_ns_per_token = gdn_token_madds(shape) * shape.heads * m.ns_per_madd;
-  const double chain_ns_per_token =
-      (gdn_token_madds(shape) + gdn_chain_token_extra_madds(shape)) * shape.heads * m.ns_per_madd;
-  const double state_bytes = static_cast<double>(shape.heads) * shape.dk * shape.dv * shape.element_bytes;
+  const double local_ms_per_token = gdn_token_madds(shape) * shape.heads / m.madds_per_ms;
+  const double chain_ms_per_token =
+      (gdn_token_madds(shape) + gdn_chain_token_extra_madds(shape)) * shape.heads / m.madds_per_ms;
+  const double state_bytes =
+      static_cast<double>(shape.heads) * shape.dk * shape.dv * static_cast<double>(m.state_bytes_per_element);
   const double summary_elems = static_cast<double>(shape.heads) * shape.dk * (shape.dk + shape.dv);
   const int rounds = ceil_log2(N);
   const int steps = 2 * plan.num_phases - 1;  // local 0, chain 1, local 1, ...
@@ -243,9 +254,9 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
     if (plan.chained[s]) {
       ++chains_in_step[static_cast<size_t>(step)];
       for (int r = 0; r < N; ++r)
-        b[r] += static_cast<double>(plan.cuts[s][r + 1] - plan.cuts[s][r]) * chain_ns_per_token * 1e-6;
+        b[r] += static_cast<double>(plan.cuts[s][r + 1] - plan.cuts[s][r]) * chain_ms_per_token;
     } else {
-      b[plan.owner[s]] += static_cast<double>(row.length(s)) * local_ns_per_token * 1e-6;
+      b[plan.owner[s]] += static_cast<double>(row.length(s)) * local_ms_per_token;
     }
     const int32_t p = row.parent(s);
     if (p < 0) continue;
@@ -255,6 +266,8 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
     sent[static_cast<size_t>(step)][src] += 2 * state_bytes;
     recvd[static_cast<size_t>(step)][dst] += 2 * state_bytes;
   }
+  // One message of `bytes` over the link (plan/cost.hpp's transfer term: latency + bytes / bandwidth).
+  auto message_ms = [&](double bytes) { return m.link.latency_ms + bytes / m.link.bandwidth_bytes_per_ms; };
   double total = 0;
   plan.predicted_rank_busy_ms.assign(static_cast<size_t>(N), 0.0);
   for (int st = 0; st < steps; ++st) {
@@ -266,16 +279,17 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
       plan.predicted_rank_busy_ms[r] += busy[st][r];
       any = any || busy[st][r] > 0;
     }
-    double comm = traffic > 0 ? 2 * m.message_latency_us * 1e-3 + traffic / m.link_bandwidth_bytes_per_s * 1e3 : 0;
+    // The state exchange: forward states and backward gradients, one round each.
+    double comm = traffic > 0 ? m.link.latency_ms + message_ms(traffic) : 0;
     const int chains = chains_in_step[st];
     if (chains > 0 && rounds > 0) {
       // Forward prefix scan and backward suffix scan: each round moves every chain's summary and
       // composes it once.
-      const double bytes = chains * summary_elems * shape.element_bytes;
-      const double compose_ms = chains * summary_elems * shape.dk * m.ns_per_madd * 1e-6;
-      comm += 2 * rounds * (m.message_latency_us * 1e-3 + bytes / m.link_bandwidth_bytes_per_s * 1e3 + compose_ms);
+      const double bytes = chains * summary_elems * static_cast<double>(m.state_bytes_per_element);
+      const double compose_ms = chains * summary_elems * shape.dk / m.madds_per_ms;
+      comm += 2 * rounds * (message_ms(bytes) + compose_ms);
     }
-    if (any) total += work + comm + m.step_overhead_us * 1e-3;
+    if (any) total += work + comm + m.step_overhead_ms;
   }
   plan.predicted_ms = total;
   return total;

@@ -1,5 +1,6 @@
-// Where each segment of a packed row runs in a GDN/KDA layer under context parallelism, and what that
-// is predicted to cost. Pure data: no tensor values.
+// The GDN/KDA planner (beside the dense one, plan/planner.hpp): where each segment of a packed row
+// runs in a GDN/KDA layer under context parallelism, what that is predicted to cost, and the bounded
+// search over chained sets. Pure data: no tensor values.
 //
 // A segment is either LOCAL (all its tokens on one rank, its state passed on inside that rank) or
 // CHAINED (split over all ranks in rank order; ranks exchange shard summaries in a prefix scan).
@@ -11,9 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/json.hpp"
+#include "plan/cost.hpp"
 #include "plan/ownership.hpp"
 #include "tree/row.hpp"
 
@@ -23,23 +26,24 @@ struct GdnShape {
   int heads = 32;
   int dk = 128;
   int dv = 128;
-  int element_bytes = 4;  // float state and summaries
   int chunk = 64;
 };
 
-// The one cost model of the GDN planner, simulator and benchmark report. Coefficients are
-// calibrated by bench_gdn on the machine that runs the layer; the defaults were measured by it on the
+// The one cost model of the GDN planner, simulator and benchmark report, in the dense model's units
+// (plan/cost.hpp: ms, bytes/ms). Coefficients are calibrated by bench_gdn on the machine that runs the
+// layer; the defaults (config/gdn_costs_cpu.json holds the same numbers) were measured by it on the
 // 2-core development container (CPU backend, float, OpenMPI over shared memory, 2 ranks).
 struct GdnCostModel {
-  double ns_per_madd = 0.58;                   // chunked work, forward + backward, per multiply-add
-  double message_latency_us = 1.1;             // one all-to-all round (scan round or state exchange)
-  double link_bandwidth_bytes_per_s = 0.67e9;  // per rank pair
-  double step_overhead_us = 5.0;               // per DAG step that has work (not measured separately)
-
-  static GdnCostModel defaults() { return {}; }
-  json::Value to_json() const;
-  static GdnCostModel from_json(const json::Value& v);
+  double madds_per_ms = 1.724e6;        // chunked work, forward + backward, multiply-adds per ms
+  Link link{0.0011, 6.7e5};             // one all-to-all round (scan round or state exchange), per rank pair
+  double step_overhead_ms = 0.005;      // per DAG step that has work (not measured separately)
+  int64_t state_bytes_per_element = 4;  // float states and summaries on the wire
 };
+
+// Reads a coefficient file; keys not present keep their defaults, unknown keys are refused.
+GdnCostModel gdn_costs_from_json(const json::Value& v);
+GdnCostModel load_gdn_costs(const std::string& path);
+json::Value to_json(const GdnCostModel& c);
 
 // Multiply-adds of the chunked forward per token and head.
 double gdn_forward_madds(const GdnShape& s);
@@ -84,6 +88,6 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
 
 // Bounded search: candidate chained sets are the k longest segments, k = 0 .. min(segments, 32);
 // the cheapest prediction wins (ties keep fewer chains).
-GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model = GdnCostModel::defaults());
+GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model = GdnCostModel{});
 
 }  // namespace treecp
