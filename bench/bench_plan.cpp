@@ -82,11 +82,7 @@ int main(int argc, char** argv) {
                 work_ms, plan_ms, plan_cpu_ms, plan_w_ms, validate_ms);
     for (const LayoutResult& l : report.layouts) std::printf(" %10.3f", l.makespan_ms);
     // Lower bound: every pair at the local rate and every token's own work, spread perfectly.
-    const double bound = (static_cast<double>(w.total_pairs) *
-                              (1.0 / costs.local_forward_pairs_per_ms + 1.0 / costs.local_backward_pairs_per_ms) +
-                          static_cast<double>(row.tokens()) *
-                              (costs.token_local_forward_ms_per_token + costs.token_local_backward_ms_per_token)) /
-                         cp;
+    const double bound = own_work_ms(costs, static_cast<double>(w.total_pairs), static_cast<double>(row.tokens())) / cp;
     std::printf(" %8.3f\n", bound);
   }
   std::printf(

@@ -193,16 +193,23 @@ TEST(Plan, PresetPlansValidateAtOddRankCounts) {
 }
 
 // The search starts from the best fixed layout and keeps only what improves it, so "never slower"
-// holds by construction; what can fail is that it finds nothing: on rows whose families do not
-// divide evenly it must beat every fixed layout somewhere.
+// holds by construction; what can fail is that it finds nothing (on rows whose families do not
+// divide evenly it must beat every fixed layout somewhere) or that a prediction undercuts the lower
+// bound of all work spread evenly at the local rates (an evaluation that drops work).
 TEST(Plan, SearchedIsNeverPredictedSlowerThanAFixedLayout) {
   TREECP_SEED_TRACE;
   testing::Rng rng = testing::test_rng(5);
   int cases = 0, improved = 0;
+  const CostModel costs;
+  ASSERT_LE(costs.remote_forward_pairs_per_ms, costs.local_forward_pairs_per_ms);  // else not a bound
+  ASSERT_LE(costs.remote_backward_pairs_per_ms, costs.local_backward_pairs_per_ms);
   auto check = [&](const Row& row, int cp, const PlanOptions& o, const std::string& what) {
     PlanReport report;
-    const Plan plan = make_plan(row, cp, CostModel{}, o, &report);
+    const Plan plan = make_plan(row, cp, costs, o, &report);
     ASSERT_EQ(report.layouts.size(), 5u);
+    const double bound =
+        own_work_ms(costs, static_cast<double>(plan.visible_pairs), static_cast<double>(row.tokens())) / cp;
+    for (const LayoutResult& l : report.layouts) EXPECT_GE(l.makespan_ms, bound * (1 - 1e-12)) << what << " " << l.layout;
     ASSERT_EQ(report.layouts[4].layout, "searched");
     double best_fixed = 1e300;
     for (int l = 0; l < 4; ++l) {

@@ -169,15 +169,28 @@ json::Value to_json(const CostModel& c) {
   return v;
 }
 
-double stage_ms(const CostModel& c, const StageLoad& s, bool remote, Pass pass) {
-  if (s.pairs <= 0) return 0.0;
+double pairs_ms(const CostModel& c, double pairs, bool remote, Pass pass) {
   const double throughput = pass == Pass::Forward
                                 ? (remote ? c.remote_forward_pairs_per_ms : c.local_forward_pairs_per_ms)
                                 : (remote ? c.remote_backward_pairs_per_ms : c.local_backward_pairs_per_ms);
+  return pairs / throughput;
+}
+
+double token_local_ms(const CostModel& c, double tokens, Pass pass) {
+  return tokens * (pass == Pass::Forward ? c.token_local_forward_ms_per_token : c.token_local_backward_ms_per_token);
+}
+
+double own_work_ms(const CostModel& c, double pairs, double tokens) {
+  return pairs * (1.0 / c.local_forward_pairs_per_ms + 1.0 / c.local_backward_pairs_per_ms) +
+         tokens * (c.token_local_forward_ms_per_token + c.token_local_backward_ms_per_token);
+}
+
+double stage_ms(const CostModel& c, const StageLoad& s, bool remote, Pass pass) {
+  if (s.pairs <= 0) return 0.0;
   // The kernel computes whole tiles: price the padded pairs when they are known.
   const int64_t computed = std::max(s.pairs, s.compute_pairs);
-  double ms =
-      c.stage_launch_ms + static_cast<double>(computed) / throughput + c.range_ms * static_cast<double>(s.ranges);
+  double ms = c.stage_launch_ms + pairs_ms(c, static_cast<double>(computed), remote, pass) +
+              c.range_ms * static_cast<double>(s.ranges);
   // The local stage writes the accumulators; every remote stage merges into them.
   if (remote) ms += c.merge_ms_per_query_token * static_cast<double>(s.query_tokens);
   if (c.underfill_pairs > 0 && s.pairs < c.underfill_pairs) {
@@ -281,8 +294,8 @@ Prediction simulate(const CostModel& c, const Links& links, const std::vector<Ra
     }
     compute += stage_ms(c, load.local, false, Pass::Backward);
     const double owned = static_cast<double>(load.owned_tokens);
-    p.forward_ms[r] = owned * c.token_local_forward_ms_per_token + compute_done;
-    p.backward_ms[r] = owned * c.token_local_backward_ms_per_token + std::max(compute, returned);
+    p.forward_ms[r] = token_local_ms(c, owned, Pass::Forward) + compute_done;
+    p.backward_ms[r] = token_local_ms(c, owned, Pass::Backward) + std::max(compute, returned);
     const double total = p.forward_ms[r] + p.backward_ms[r];
     if (r == 0 || total > p.makespan_ms) {
       p.makespan_ms = total;

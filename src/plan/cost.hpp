@@ -93,6 +93,15 @@ struct StageLoad {
 // THE stage cost. An empty stage (no pairs) costs nothing.
 double stage_ms(const CostModel& c, const StageLoad& s, bool remote, Pass pass);
 
+// Its pair term: `pairs` at the throughput of the stage kind and pass.
+double pairs_ms(const CostModel& c, double pairs, bool remote, Pass pass);
+// The token-local work of `tokens` owned tokens in one pass.
+double token_local_ms(const CostModel& c, double tokens, Pass pass);
+// What `pairs` owned pairs and `tokens` owned tokens cost one rank, forward + backward, without
+// launches, merges, ranges, tile padding or communication: the weight by which the balancing layouts
+// rank chunks, and, spread evenly over cp ranks, a lower bound on any plan's makespan.
+double own_work_ms(const CostModel& c, double pairs, double tokens);
+
 // Per rank: the local stage and one StageLoad per wave, with the tokens it owns.
 struct RankLoad {
   StageLoad local;

@@ -21,11 +21,9 @@ namespace {
 // Estimated single-GPU ms of a chunk's own work (its attention pairs plus its token-local work): the
 // weight the balancing layouts and the search use to rank chunks before the simulator prices them.
 std::vector<double> chunk_estimates(const WorkMatrix& w, const CostModel& c) {
-  const double per_pair = 1.0 / c.local_forward_pairs_per_ms + 1.0 / c.local_backward_pairs_per_ms;
-  const double per_token = c.token_local_forward_ms_per_token + c.token_local_backward_ms_per_token;
   std::vector<double> est(w.num_chunks());
   for (int32_t i = 0; i < w.num_chunks(); ++i) {
-    est[i] = static_cast<double>(w.q_weight[i]) * per_pair + static_cast<double>(w.chunk_tokens(i)) * per_token;
+    est[i] = own_work_ms(c, static_cast<double>(w.q_weight[i]), static_cast<double>(w.chunk_tokens(i)));
   }
   return est;
 }
