@@ -14,6 +14,8 @@
 
 #include "core/error.hpp"
 #include "core/json.hpp"
+#include "kernels/cpu/tiles.hpp"
+#include "kernels/cuda/tiles.hpp"
 #include "plan/cost.hpp"
 #include "plan/plan.hpp"
 #include "plan/planner.hpp"
@@ -494,6 +496,21 @@ TEST(Costs, DefaultFileMatchesBuiltInDefaults) {
   EXPECT_EQ(json::dump(to_json(costs_from_json(to_json(file)))), json::dump(to_json(file)));
 }
 
+// The tiles priced are the kernels' own: the CPU kernel's 128 rows over the GQA group x 64 keys.
+TEST(Costs, KernelTilesComeFromTheKernels) {
+  EXPECT_EQ(tile_tokens(KernelTiles::Cpu, 4).query, cpu::kTileRows / 4);
+  EXPECT_EQ(tile_tokens(KernelTiles::Cpu, 4).key, cpu::kKeyBlock);
+  EXPECT_EQ(tile_tokens(KernelTiles::Cpu, 512).query, 1);
+  EXPECT_EQ(tile_tokens(KernelTiles::Cuda, 8).query, cuda::kFwdBlockRows / 8);
+  EXPECT_EQ(tile_tokens(KernelTiles::Cuda, 8).key, cuda::kFwdBlockKeys);
+  EXPECT_EQ(tile_tokens(KernelTiles::Exact, 8).query, 0);
+  const CostModel cpu_file = load_costs(
+      (std::filesystem::path(__FILE__).parent_path().parent_path() / "config" / "costs_cpu.json").string());
+  EXPECT_EQ(cpu_file.kernel_tiles, KernelTiles::Cpu);
+  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"kernel_tiles": "tpu"})")); }).find("kernel_tiles"),
+            std::string::npos);
+}
+
 TEST(Costs, RejectsUnknownKeysAndBadValues) {
   EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"local_forward_pairs_per_m": 1})")); }).find("unknown key"),
             std::string::npos);
@@ -630,8 +647,7 @@ TEST(Cost, TilePaddedAreaCountsEveryTouchedTile) {
 // and small-segment rows cost more than their pairs once a tile is set.
 TEST(Cost, TiledPredictionMatchesSimulationOfThePlan) {
   CostModel c;
-  c.tile_query_tokens = 32;
-  c.tile_key_tokens = 64;
+  c.kernel_tiles = KernelTiles::Cpu;
   for (int cp : {1, 2, 3}) {
     const Row row = scale_row(make_preset("varied5k", cp, 4), 16);
     PlanOptions opt;

@@ -5,8 +5,29 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "kernels/cpu/tiles.hpp"
+#include "kernels/cuda/tiles.hpp"
 
 namespace treecp {
+
+const char* kernel_tiles_name(KernelTiles t) {
+  switch (t) {
+    case KernelTiles::Exact: return "exact";
+    case KernelTiles::Cpu: return "cpu";
+    case KernelTiles::Cuda: return "cuda";
+  }
+  return "?";
+}
+
+TileTokens tile_tokens(KernelTiles t, int64_t group) {
+  require(group >= 1, "tile_tokens: group must be >= 1, got ", group);
+  switch (t) {
+    case KernelTiles::Exact: return {};
+    case KernelTiles::Cpu: return {std::max<int64_t>(1, cpu::kTileRows / group), cpu::kKeyBlock};
+    case KernelTiles::Cuda: return {std::max<int64_t>(1, cuda::kFwdBlockRows / group), cuda::kFwdBlockKeys};
+  }
+  return {};
+}
 
 Link CostModel::link(int src, int dst) const {
   for (const LinkOverride& o : links) {
@@ -66,8 +87,6 @@ CostModel costs_from_json(const json::Value& v) {
   };
   const Integer integers[] = {
       {"underfill_pairs", &c.underfill_pairs},
-      {"tile_query_tokens", &c.tile_query_tokens},
-      {"tile_key_tokens", &c.tile_key_tokens},
       {"activation_bytes_per_token", &c.activation_bytes_per_token},
       {"memory_limit_bytes_per_rank", &c.memory_limit_bytes_per_rank},
   };
@@ -89,7 +108,14 @@ CostModel costs_from_json(const json::Value& v) {
       }
     }
     if (done || key == "note" || key == "source") continue;
-    if (key == "shape") {
+    if (key == "kernel_tiles") {
+      const std::string t = val.as_string("costs.kernel_tiles");
+      bool known = false;
+      for (KernelTiles k : {KernelTiles::Exact, KernelTiles::Cpu, KernelTiles::Cuda}) {
+        if (t == kernel_tiles_name(k)) c.kernel_tiles = k, known = true;
+      }
+      require(known, "costs.kernel_tiles must be exact, cpu or cuda, got '", t, "'");
+    } else if (key == "shape") {
       for (const auto& [sk, sv] : val.as_object("costs.shape")) {
         int64_t* field = sk == "hq"                      ? &c.shape.hq
                          : sk == "hkv"                   ? &c.shape.hkv
@@ -143,8 +169,7 @@ json::Value to_json(const CostModel& c) {
   v.set("remote_forward_pairs_per_ms", c.remote_forward_pairs_per_ms);
   v.set("local_backward_pairs_per_ms", c.local_backward_pairs_per_ms);
   v.set("remote_backward_pairs_per_ms", c.remote_backward_pairs_per_ms);
-  v.set("tile_query_tokens", c.tile_query_tokens);
-  v.set("tile_key_tokens", c.tile_key_tokens);
+  v.set("kernel_tiles", std::string(kernel_tiles_name(c.kernel_tiles)));
   v.set("stage_launch_ms", c.stage_launch_ms);
   v.set("merge_ms_per_query_token", c.merge_ms_per_query_token);
   v.set("range_ms", c.range_ms);

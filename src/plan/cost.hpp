@@ -42,6 +42,18 @@ struct LinkOverride {
   Link link;
 };
 
+// Whose tiles a stage's pair term counts (the kernel computes every tile a slice touches in full):
+// none (exact pairs), the CPU kernel's (kernels/cpu/tiles.hpp) or the CUDA forward kernel's
+// (kernels/cuda/tiles.hpp). JSON: "exact", "cpu", "cuda".
+enum class KernelTiles { Exact, Cpu, Cuda };
+const char* kernel_tiles_name(KernelTiles t);
+
+// A kernel's tile in tokens at `group` query heads per KV head (queries x keys); {0, 0} for Exact.
+struct TileTokens {
+  int64_t query = 0, key = 0;
+};
+TileTokens tile_tokens(KernelTiles t, int64_t group);
+
 struct CostModel {
   AttentionShape shape;
   // Attention pair throughput: local (owned KV) and remote (received KV) stages, forward and backward.
@@ -49,10 +61,9 @@ struct CostModel {
   double remote_forward_pairs_per_ms = 2.03e7;
   double local_backward_pairs_per_ms = 8.33e6;
   double remote_backward_pairs_per_ms = 7.69e6;
-  // The kernel's tile in tokens (queries x keys): a stage's pair term counts every tile a slice touches
-  // in full (tile_padded_area). 0 = count exact pairs (the default until a GPU calibration sets it).
-  int64_t tile_query_tokens = 0;
-  int64_t tile_key_tokens = 0;
+  // Tiles the pair term counts (tile_padded_area at tile_tokens(kernel_tiles, hq / hkv)); exact pairs by
+  // default until a GPU calibration sets "cuda".
+  KernelTiles kernel_tiles = KernelTiles::Exact;
   double stage_launch_ms = 0.02;             // per non-empty stage
   double merge_ms_per_query_token = 1.0e-5;  // per query token a remote stage merges (fwd O/LSE, bwd dQ)
   double range_ms = 0.002;                   // per gathered/scattered range of a stage

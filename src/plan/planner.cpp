@@ -371,15 +371,16 @@ Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
   std::vector<RankLoad> loads(cp);
   std::vector<WaveTraffic> traffic(waves, WaveTraffic(static_cast<size_t>(cp) * cp, 0));
   std::vector<int32_t> stamp(bounds.size(), -1);  // last stage that counted a query chunk
+  const TileTokens tile = tile_tokens(costs.kernel_tiles, costs.shape.hq / costs.shape.hkv);
   int32_t stage_id = 0;
   for (int r = 0; r < cp; ++r) {
     const RankPlan& rp = plan.ranks[r];
     require(rp.stages.size() == waves + 1, "simulate_plan: rank ", r, " has ", rp.stages.size(), " stages");
     RankLoad& l = loads[r];
     l.owned_tokens = rp.owned_tokens();
-    auto computed = [&costs](const Stage& st) {
+    auto computed = [&tile](const Stage& st) {
       int64_t sum = 0;
-      for (const Slice& sl : st.slices) sum += tile_padded_area(sl, costs.tile_query_tokens, costs.tile_key_tokens);
+      for (const Slice& sl : st.slices) sum += tile_padded_area(sl, tile.query, tile.key);
       return sum;
     };
     l.local.pairs = rp.stages[0].pairs;
@@ -648,7 +649,8 @@ Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions
 
   const std::vector<Slice> slices = row_slices(row, options.window);
   const int64_t chunk = options.chunk_tokens > 0 ? options.chunk_tokens : default_chunk_tokens(row.tokens(), cp);
-  const int64_t tq = costs.tile_query_tokens, tk = costs.tile_key_tokens;
+  const TileTokens tile = tile_tokens(costs.kernel_tiles, costs.shape.hq / costs.shape.hkv);
+  const int64_t tq = tile.query, tk = tile.key;
   const WorkMatrix common = build_work_matrix(slices, make_chunk_bounds(row, chunk), tq, tk);
   const WorkMatrix perdoc = build_work_matrix(slices, perdoc_chunk_bounds(row, cp, options.perdoc_min_piece), tq, tk);
   Evaluator ev_common(common, costs, cp), ev_perdoc(perdoc, costs, cp);

@@ -9,15 +9,10 @@
 #include <string_view>
 
 #include "core/error.hpp"
+#include "kernels/cpu/tiles.hpp"
 
 namespace treecp::cpu {
 namespace {
-
-// Rows of a tile: (query, head) pairs of one KV head, about 128 of them so that a key block's scores
-// (128 x 64) and the packed Q/dO rows stay in L2 while the block is processed.
-constexpr int64_t kTileRows = 128;
-// Keys per block: 64 keys x (D + Dv = 128) x 8 bytes = 64 KiB in double, 32 KiB in float.
-constexpr int64_t kKeyBlock = 64;
 
 template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
