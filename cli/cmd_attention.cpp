@@ -151,9 +151,7 @@ int attention_cmd(const std::vector<std::string>& argv) {
   const int64_t ranks = args.get_int_or("--ranks", 1);
   require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
   PlanOptions plan_options;
-  plan_options.layout = args.get_or("--layout", "searched");
-  require(std::find(layout_names().begin(), layout_names().end(), plan_options.layout) != layout_names().end(),
-          "--layout must be one of searched, contiguous, zigzag, perdoc, family; got '", plan_options.layout, "'");
+  plan_options.layout = parse_layout(args.get_or("--layout", "searched"));
   plan_options.chunk_tokens = args.get_int_or("--chunk", 0);
   require(plan_options.chunk_tokens >= 0, "--chunk must be >= 0 (0 = chosen by the planner)");
   const std::string out_dir = args.get("--out");
@@ -223,7 +221,8 @@ int attention_cmd(const std::vector<std::string>& argv) {
       plan_options.window = in.window;
       const Plan plan = make_plan(in.row, comm.size(), costs, plan_options);
       files = dtype == DType::F64 ? compute_cp<double>(in, comm, plan) : compute_cp<float>(in, comm, plan);
-      how = std::to_string(ranks) + " ranks, " + plan.layout + " plan with " + std::to_string(plan.num_waves) + " waves";
+      how = std::to_string(ranks) + " ranks, " + layout_name(plan.layout) + " plan with " +
+            std::to_string(plan.num_waves) + " waves";
       return comm.rank() == 0 ? 1 : 0;  // rank 0 holds the gathered results and writes them
     });
     if (!writer) return 0;

@@ -25,7 +25,7 @@ int plan_command(const std::vector<std::string>& argv) {
   const int64_t seed = args.get_int_or("--seed", 0);
   require(seed >= 0, "--seed must be >= 0, got ", seed);
   PlanOptions options;
-  options.layout = args.get_or("--layout", "searched");
+  options.layout = parse_layout(args.get_or("--layout", "searched"));
   options.window = args.get_int_or("--window", 0);
   require(options.window >= 0, "--window must be >= 0 (0 = none), got ", options.window);
   options.chunk_tokens = args.get_int_or("--chunk", 0);
@@ -49,7 +49,7 @@ int plan_command(const std::vector<std::string>& argv) {
     json::Value layouts = json::Value::array();
     for (const LayoutResult& l : report.layouts) {
       json::Value jl = json::Value::object();
-      jl.set("layout", l.layout);
+      jl.set("layout", std::string(layout_name(l.layout)));
       jl.set("num_waves", static_cast<int64_t>(l.num_waves));
       jl.set("chunks", l.chunks);
       jl.set("makespan_ms", l.makespan_ms);
@@ -69,7 +69,7 @@ int plan_command(const std::vector<std::string>& argv) {
   std::printf(
       "plan: layout %s, cp %d, %zu chunks (chunk size %lld), %d wave%s; KV %lld B/token "
       "(Hkv %lld, D %lld, Dv %lld)\n",
-      plan.layout.c_str(), plan.cp, plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
+      layout_name(plan.layout), plan.cp, plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
       plan.num_waves, plan.num_waves == 1 ? "" : "s", static_cast<long long>(kv),
       static_cast<long long>(costs.shape.hkv), static_cast<long long>(costs.shape.d),
       static_cast<long long>(costs.shape.dv));
@@ -94,7 +94,7 @@ int plan_command(const std::vector<std::string>& argv) {
   }
   std::printf("predicted makespan %.3f ms (slowest rank forward + backward)\n\n", plan.predicted_makespan_ms);
   std::printf("%-12s", "layout");
-  for (const LayoutResult& l : report.layouts) std::printf(" %12s", l.layout.c_str());
+  for (const LayoutResult& l : report.layouts) std::printf(" %12s", layout_name(l.layout));
   std::printf("\n%-12s", "makespan_ms");
   for (const LayoutResult& l : report.layouts) std::printf(" %12.3f", l.makespan_ms);
   std::printf("\n%-12s", "waves");

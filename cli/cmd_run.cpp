@@ -172,7 +172,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       out.set("ranks", n);
       out.set("tokens", S);
       out.set("visible_pairs", st.visible_pairs);
-      out.set("layout", plan.layout);
+      out.set("layout", std::string(layout_name(plan.layout)));
       out.set("waves", plan.num_waves);
       out.set("predicted_makespan_ms", plan.predicted_makespan_ms);
       out.set("planning_ms", report.planning_ms);
@@ -212,10 +212,10 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       std::printf("costs: %s; %u hardware threads for %d ranks\n", cfg.costs_path.c_str(),
                   std::thread::hardware_concurrency(), n);
       std::printf("plan: %s, %zu chunks of %lld tokens, %d waves, predicted makespan %.3f ms, planned in %.2f ms\n",
-                  plan.layout.c_str(), plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
+                  layout_name(plan.layout), plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
                   plan.num_waves, plan.predicted_makespan_ms, report.planning_ms);
       std::printf("  layouts (predicted makespan ms):");
-      for (const auto& l : report.layouts) std::printf("  %s %.3f", l.layout.c_str(), l.makespan_ms);
+      for (const auto& l : report.layouts) std::printf("  %s %.3f", layout_name(l.layout), l.makespan_ms);
       std::printf("\n\n%4s %9s %12s %10s %10s %10s %10s %12s %12s %9s\n", "rank", "tokens", "pairs", "pred_fwd", "fwd_ms",
                   "pred_bwd", "bwd_ms", "bytes_out", "bytes_in", "peak_MiB");
       for (int r = 0; r < n; ++r) {
@@ -279,7 +279,7 @@ int run_main(const std::vector<std::string>& argv) {
   costs.shape.hkv = cfg.hkv;
   costs.shape.d = costs.shape.dv = cfg.d;
   PlanOptions opt;
-  opt.layout = args.get_or("--layout", "searched");
+  opt.layout = parse_layout(args.get_or("--layout", "searched"));
   opt.window = cfg.window;
   opt.chunk_tokens = args.get_int_or("--chunk", 0);
   PlanReport report;

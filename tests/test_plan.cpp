@@ -27,9 +27,11 @@
 #include "common/common.hpp"
 
 namespace treecp {
-namespace {
 
-const std::vector<std::string> kFixed{"contiguous", "zigzag", "perdoc", "family"};
+// gtest prints a Layout by its name.
+void PrintTo(Layout layout, std::ostream* os) { *os << layout_name(layout); }
+
+namespace {
 
 // A random forest of up to 25 segments, lengths 1..max_len, depth <= 4, 0-3 children per segment.
 Row random_row(testing::Rng& rng, int64_t max_len = 40) {
@@ -133,11 +135,11 @@ TEST(Plan, SectionFiveExample) {
   const Row row({{-1, 8}});
   PlanOptions o;
   o.chunk_tokens = 2;
-  o.layout = "contiguous";
+  o.layout = Layout::Contiguous;
   const Plan contiguous = make_plan(row, 2, CostModel{}, o);
   EXPECT_EQ(contiguous.ranks[0].pairs(), 10);
   EXPECT_EQ(contiguous.ranks[1].pairs(), 26);
-  o.layout = "zigzag";
+  o.layout = Layout::Zigzag;
   const Plan folded = make_plan(row, 2, CostModel{}, o);
   EXPECT_EQ(folded.ranks[0].pairs(), 18);
   EXPECT_EQ(folded.ranks[1].pairs(), 18);
@@ -159,9 +161,9 @@ TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
       o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 16)(rng);
       o.perdoc_min_piece = std::uniform_int_distribution<int64_t>(1, 4)(rng);
       o.max_waves = std::uniform_int_distribution<int>(1, 4)(rng);
-      for (const std::string& layout : layout_names()) {
+      for (Layout layout : kLayouts) {
         o.layout = layout;
-        const std::string what = layout + " cp " + std::to_string(cp) + " iteration " + std::to_string(iter) +
+        const std::string what = std::string(layout_name(layout)) + " cp " + std::to_string(cp) + " iteration " + std::to_string(iter) +
                                  " window " + std::to_string(window);
         const Plan plan = make_plan(row, cp, CostModel{}, o);
         ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << what;
@@ -211,12 +213,13 @@ TEST(Plan, SearchedIsNeverPredictedSlowerThanAFixedLayout) {
     ASSERT_EQ(report.layouts.size(), 5u);
     const double bound =
         own_work_ms(costs, static_cast<double>(plan.visible_pairs), static_cast<double>(row.tokens())) / cp;
-    for (const LayoutResult& l : report.layouts) EXPECT_GE(l.makespan_ms, bound * (1 - 1e-12)) << what << " " << l.layout;
-    ASSERT_EQ(report.layouts[4].layout, "searched");
+    for (const LayoutResult& l : report.layouts)
+      EXPECT_GE(l.makespan_ms, bound * (1 - 1e-12)) << what << " " << layout_name(l.layout);
+    ASSERT_EQ(report.layouts[4].layout, Layout::Searched);
     double best_fixed = 1e300;
     for (int l = 0; l < 4; ++l) {
       EXPECT_LE(report.layouts[4].makespan_ms, report.layouts[l].makespan_ms + 1e-12)
-          << what << " vs " << report.layouts[l].layout;
+          << what << " vs " << layout_name(report.layouts[l].layout);
       best_fixed = std::min(best_fixed, report.layouts[l].makespan_ms);
     }
     EXPECT_DOUBLE_EQ(plan.predicted_makespan_ms, report.layouts[4].makespan_ms) << what;
@@ -296,15 +299,15 @@ TEST(Plan, SearchIsCloseToExhaustiveOnSmallInputs) {
 TEST(Plan, SimulatingThePlanGivesItsPredictions) {
   for (int cp : {1, 2, 3, 8}) {
     const Row row = make_preset("varied5k", cp, 2);
-    for (const std::string& layout : layout_names()) {
+    for (Layout layout : kLayouts) {
       PlanOptions o;
       o.layout = layout;
       const Plan plan = make_plan(row, cp, CostModel{}, o);
       const Prediction p = simulate_plan(plan, CostModel{});
       double makespan = 0.0;
       for (int r = 0; r < cp; ++r) {
-        EXPECT_NEAR(p.forward_ms[r], plan.ranks[r].predicted_forward_ms, 1e-9) << layout << " rank " << r;
-        EXPECT_NEAR(p.backward_ms[r], plan.ranks[r].predicted_backward_ms, 1e-9) << layout << " rank " << r;
+        EXPECT_NEAR(p.forward_ms[r], plan.ranks[r].predicted_forward_ms, 1e-9) << layout_name(layout) << " rank " << r;
+        EXPECT_NEAR(p.backward_ms[r], plan.ranks[r].predicted_backward_ms, 1e-9) << layout_name(layout) << " rank " << r;
         makespan = std::max(makespan, p.forward_ms[r] + p.backward_ms[r]);
       }
       EXPECT_NEAR(p.makespan_ms, plan.predicted_makespan_ms, 1e-9);
@@ -365,7 +368,7 @@ TEST(Plan, JsonRoundTrip) {
 TEST(Plan, ValidateRejectsCorruptedPlans) {
   const Row row = make_preset("deep", 3, 0);
   PlanOptions o;
-  o.layout = "zigzag";
+  o.layout = Layout::Zigzag;
   const Plan good = make_plan(row, 3, CostModel{}, o);
   validate_plan(good, row, 0, 3);
   // A stage with at least two slices.
@@ -449,7 +452,7 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
   const Row row = make_preset("longchain", 4, 0);
   CostModel costs;
   PlanOptions o;
-  o.layout = "zigzag";
+  o.layout = Layout::Zigzag;
   PlanReport free_report;
   (void)make_plan(row, 4, costs, o, &free_report);
   const LayoutResult unbounded = free_report.layouts[1];
@@ -461,7 +464,7 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
   validate_plan(plan, row, 0, 4);
   for (const LayoutResult& l : report.layouts) {
     if (l.fits_memory) {
-      EXPECT_LE(l.peak_memory_bytes, costs.memory_limit_bytes_per_rank) << l.layout;
+      EXPECT_LE(l.peak_memory_bytes, costs.memory_limit_bytes_per_rank) << layout_name(l.layout);
     }
   }
   EXPECT_TRUE(report.layouts[1].fits_memory);
@@ -472,7 +475,7 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
 TEST(Costs, SlowerCrossNodeLinksRaiseThePrediction) {
   const Row row = make_preset("varied5k", 4, 0);
   PlanOptions o;
-  o.layout = "zigzag";
+  o.layout = Layout::Zigzag;
   CostModel one_node;
   CostModel two_nodes;
   two_nodes.ranks_per_node = 2;
@@ -651,7 +654,7 @@ TEST(Cost, TiledPredictionMatchesSimulationOfThePlan) {
   for (int cp : {1, 2, 3}) {
     const Row row = scale_row(make_preset("varied5k", cp, 4), 16);
     PlanOptions opt;
-    opt.layout = "contiguous";
+    opt.layout = Layout::Contiguous;
     const Plan tiled = make_plan(row, cp, c, opt);
     const Plan exact = make_plan(row, cp, CostModel{}, opt);
     EXPECT_NEAR(simulate_plan(tiled, c).makespan_ms, tiled.predicted_makespan_ms, 1e-6 * tiled.predicted_makespan_ms);

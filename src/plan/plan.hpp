@@ -21,6 +21,15 @@
 
 namespace treecp {
 
+// The ownership generators of the planner (plan/planner.hpp); Searched refines the best of the others.
+enum class Layout { Contiguous, Zigzag, Perdoc, Family, Searched };
+inline constexpr Layout kLayouts[] = {Layout::Contiguous, Layout::Zigzag, Layout::Perdoc, Layout::Family,
+                                      Layout::Searched};
+// "contiguous", "zigzag", "perdoc", "family", "searched".
+const char* layout_name(Layout layout);
+// The layout of a name; throws treecp::Error naming the known ones.
+Layout parse_layout(std::string_view name);
+
 struct Stage {
   // Visible pairs this stage computes, in canonical token ids: every q row is owned by this rank;
   // k rows are owned (stage 0) or received in this stage's wave (stages >= 1).
@@ -43,7 +52,7 @@ struct RankPlan {
 };
 
 struct Plan {
-  std::string layout;                 // contiguous | zigzag | perdoc | family | searched
+  Layout layout = Layout::Searched;
   int cp = 1;
   int64_t tokens = 0;
   int64_t window = 0;                 // 0 = none; visibility the slices encode

@@ -11,11 +11,6 @@
 
 namespace treecp {
 
-const std::vector<std::string>& layout_names() {
-  static const std::vector<std::string> names{"contiguous", "zigzag", "perdoc", "family", "searched"};
-  return names;
-}
-
 namespace {
 
 // Estimated single-GPU ms of a chunk's own work (its attention pairs plus its token-local work): the
@@ -267,7 +262,7 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
 // ---- the Plan
 
 Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator& evaluator,
-                const std::vector<int32_t>& owner, int waves, const std::string& layout) {
+                const std::vector<int32_t>& owner, int waves, Layout layout) {
   const Evaluator::Result res = evaluator.evaluate(owner, waves);
   require(res.valid, "build_plan: remote key/value data is needed but the plan has no waves");
   const WorkMatrix& w = evaluator.work();
@@ -643,9 +638,6 @@ Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions
   require(options.window >= 0, "window must be >= 0 (0 = none), got ", options.window);
   require(options.chunk_tokens >= 0, "chunk size must be >= 0 (0 = choose), got ", options.chunk_tokens);
   require(options.max_waves >= 1 && options.max_waves <= 16, "max waves must be in [1, 16], got ", options.max_waves);
-  const auto& names = layout_names();
-  require(std::find(names.begin(), names.end(), options.layout) != names.end(), "unknown layout '", options.layout,
-          "' (expected contiguous, zigzag, perdoc, family or searched)");
 
   const std::vector<Slice> slices = row_slices(row, options.window);
   const int64_t chunk = options.chunk_tokens > 0 ? options.chunk_tokens : default_chunk_tokens(row.tokens(), cp);
@@ -658,16 +650,14 @@ Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions
   Search on_common(ev_common, options, evaluations), on_perdoc(ev_perdoc, options, evaluations);
 
   // Fixed layouts, each with its best wave count; then the search from the best of them.
-  Candidate fixed[4] = {
-      on_common.best_waves(contiguous_owner(common, cp)),
-      on_common.best_waves(zigzag_owner(common, cp)),
-      on_perdoc.best_waves(perdoc_owner(row, perdoc, cp, options.perdoc_min_piece)),
-      on_common.best_waves(family_owner(row, common, costs, cp)),
-  };
+  const Candidate contiguous = on_common.best_waves(contiguous_owner(common, cp));
+  const Candidate zigzag = on_common.best_waves(zigzag_owner(common, cp));
+  const Candidate perdoc_fixed = on_perdoc.best_waves(perdoc_owner(row, perdoc, cp, options.perdoc_min_piece));
+  const Candidate family = on_common.best_waves(family_owner(row, common, costs, cp));
   // Search starts on the common grid: the fixed layouts there, an equal-cost contiguous split and
   // whole families never split (no communication at all when it pays).
-  const Candidate* start = &fixed[0];
-  for (const Candidate* c : {&fixed[1], &fixed[3]}) {
+  const Candidate* start = &contiguous;
+  for (const Candidate* c : {&zigzag, &family}) {
     if (better(c->result, start->result)) start = c;
   }
   const Candidate balanced = on_common.best_waves(balanced_owner(common, costs, cp));
@@ -678,22 +668,32 @@ Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions
   Candidate searched = on_common.refine(*start, chunk_estimates(common, costs), moves);
   bool searched_on_perdoc = false;
   // The finer perdoc grid is searched too when its fixed layout beats the common grid's result.
-  if (better(fixed[2].result, searched.result)) {
-    searched = on_perdoc.refine(fixed[2], chunk_estimates(perdoc, costs), moves);
+  if (better(perdoc_fixed.result, searched.result)) {
+    searched = on_perdoc.refine(perdoc_fixed, chunk_estimates(perdoc, costs), moves);
     searched_on_perdoc = true;
   }
 
-  const int chosen = static_cast<int>(std::find(names.begin(), names.end(), options.layout) - names.begin());
-  const Candidate& pick = chosen < 4 ? fixed[chosen] : searched;
-  const bool pick_perdoc = chosen == 2 || (chosen == 4 && searched_on_perdoc);
+  auto candidate = [&](Layout l) -> const Candidate& {
+    switch (l) {
+      case Layout::Contiguous: return contiguous;
+      case Layout::Zigzag: return zigzag;
+      case Layout::Perdoc: return perdoc_fixed;
+      case Layout::Family: return family;
+      case Layout::Searched: break;
+    }
+    return searched;
+  };
+  const Candidate& pick = candidate(options.layout);
+  const bool pick_perdoc =
+      options.layout == Layout::Perdoc || (options.layout == Layout::Searched && searched_on_perdoc);
   Plan plan =
       build_plan(slices, options.window, pick_perdoc ? ev_perdoc : ev_common, pick.owner, pick.waves, options.layout);
   if (report != nullptr) {
     report->layouts.clear();
-    for (int l = 0; l < 5; ++l) {
-      const Candidate& c = l < 4 ? fixed[l] : searched;
+    for (Layout l : kLayouts) {
+      const Candidate& c = candidate(l);
       LayoutResult lr;
-      lr.layout = names[l];
+      lr.layout = l;
       lr.num_waves = c.waves;
       lr.chunks = static_cast<int64_t>(c.owner.size());
       lr.makespan_ms = c.result.prediction.makespan_ms;

@@ -16,11 +16,8 @@ namespace treecp {
 
 class Row;
 
-// "contiguous", "zigzag", "perdoc", "family", "searched".
-const std::vector<std::string>& layout_names();
-
 struct PlanOptions {
-  std::string layout = "searched";
+  Layout layout = Layout::Searched;
   int64_t window = 0;            // 0 = none
   int64_t chunk_tokens = 0;      // 0 = default_chunk_tokens(row, cp)
   int max_waves = 4;             // wave counts tried: 1..max_waves (0 when no rank needs remote KV)
@@ -32,7 +29,7 @@ struct PlanOptions {
 
 // One layout's best schedule, as the report shows it.
 struct LayoutResult {
-  std::string layout;
+  Layout layout = Layout::Searched;
   int num_waves = 0;
   int64_t chunks = 0;
   double makespan_ms = 0.0;
@@ -41,7 +38,7 @@ struct LayoutResult {
 };
 
 struct PlanReport {
-  std::vector<LayoutResult> layouts;  // every layout of layout_names(), in that order
+  std::vector<LayoutResult> layouts;  // every layout of kLayouts, in that order
   int64_t chunk_tokens = 0;           // chosen chunk size (the common grid)
   int evaluations = 0;                // plan evaluations, all layouts and the search together
   int search_moves = 0;               // accepted ownership moves
@@ -112,7 +109,7 @@ class Evaluator {
 
 // The Plan of an ownership and wave count on a work matrix, predictions included.
 Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator& evaluator,
-                const std::vector<int32_t>& owner, int waves, const std::string& layout);
+                const std::vector<int32_t>& owner, int waves, Layout layout);
 
 // The loads a Plan implies (from its slices and ranges) priced with the same cost function.
 Prediction simulate_plan(const Plan& plan, const CostModel& costs);

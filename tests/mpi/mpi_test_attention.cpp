@@ -69,7 +69,7 @@ struct Case {
   int hq, hkv, d, dv;
   int64_t window;
   bool sink;
-  std::string layout;
+  Layout layout;
 };
 
 // double: within 1e-10 of the single-process double run, relative to the array's largest entry.
@@ -128,7 +128,7 @@ void run_case(const Case& c, uint64_t salt) {
   cp.backward(dy_own, dq, dk, dv, c.sink ? &dsink : nullptr);
   comm.all_reduce_sum(dsink.data(), c.hq, CpuBackend<T>::comm_type);  // a replicated weight: the caller reduces
 
-  const std::string what = c.layout + " window " + std::to_string(c.window) + (c.sink ? " sink" : "") + " rank " +
+  const std::string what = std::string(layout_name(c.layout)) + " window " + std::to_string(c.window) + (c.sink ? " sink" : "") + " rank " +
                            std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + " case " +
                            std::to_string(salt);
   auto check = [&](const char* name, const std::vector<T>& got, const std::vector<T>& same,
@@ -154,7 +154,7 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   const Shape shapes[] = {Shape::Ragged, Shape::Deep, Shape::SingleTokens, Shape::GiantFamily, Shape::TinyFamilies};
   int i = 0;
-  for (const std::string& layout : layout_names()) {
+  for (Layout layout : kLayouts) {
     for (Shape s : shapes) {
       const bool gqa = i % 2 == 0;
       out.push_back({s, gqa ? 4 : 2, 2, 8, gqa ? 8 : 6, (i % 3 == 0) ? int64_t{0} : int64_t{3 + i % 11}, i % 4 != 1, layout});
@@ -182,7 +182,7 @@ TEST(DenseAttentionCP, RankWithNoTokensTakesPart) {
   Communicator& comm = *g_comm;
   const Row row({{-1, 2}, {0, 1}});
   PlanOptions opt;
-  opt.layout = "contiguous";
+  opt.layout = Layout::Contiguous;
   opt.chunk_tokens = 1;
   const Plan plan = make_plan(row, comm.size(), CostModel{}, opt);
   CpuBackend<double> be;
@@ -210,7 +210,7 @@ TEST(DenseAttentionCP, MismatchedPlanRefusedOnEveryRank) {
   Communicator& comm = *g_comm;
   const Row row({{-1, 40}, {0, 20}, {0, 30}});
   PlanOptions opt;
-  opt.layout = "zigzag";
+  opt.layout = Layout::Zigzag;
   opt.chunk_tokens = 5;
   CpuBackend<double> be;
   const AttentionDims shape{2, 1, 4, 4, 0.0};
