@@ -62,9 +62,7 @@ struct Inputs {
   Row row;
   NpyArray q, k, v, sink, dout;
   bool has_sink = false, has_dout = false;
-  int64_t window = 0;
-  double scale = 0;  // 0: 1/sqrt(D)
-  int hq = 0, hkv = 0, d = 0, dv = 0;
+  AttentionShape shape;  // from the arrays' shapes, --window and --scale
 };
 
 // Computes everything and returns (file name, bytes) pairs; writes nothing.
@@ -72,13 +70,7 @@ template <class T>
 std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
   const std::vector<T> q = values<T>(in.q), k = values<T>(in.k), v = values<T>(in.v);
   std::vector<T> sink, dout;
-  AttentionProblem<T> p;
-  p.hq = in.hq;
-  p.hkv = in.hkv;
-  p.d = in.d;
-  p.dv = in.dv;
-  p.window = in.window;
-  p.scale = static_cast<T>(in.scale);
+  AttentionInputs<T> p;
   p.q = q.data();
   p.k = k.data();
   p.v = v.data();
@@ -90,16 +82,16 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
     dout = values<T>(in.dout);
     p.dout = dout.data();
   }
-  const AttentionResult<T> r = attention_reference(in.row, p);
+  const AttentionResult<T> r = attention_reference(in.row, in.shape, p);
   const int64_t S = in.row.tokens();
   std::vector<std::pair<std::string, std::string>> files;
-  files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, r.o));
-  files.emplace_back("lse.npy", npy_of<T>({S, in.hq}, r.lse));
+  files.emplace_back("o.npy", npy_of<T>({S, in.shape.hq, in.shape.dv}, r.o));
+  files.emplace_back("lse.npy", npy_of<T>({S, in.shape.hq}, r.lse));
   if (in.has_dout) {
-    files.emplace_back("dq.npy", npy_of<T>({S, in.hq, in.d}, r.dq));
-    files.emplace_back("dk.npy", npy_of<T>({S, in.hkv, in.d}, r.dk));
-    files.emplace_back("dv.npy", npy_of<T>({S, in.hkv, in.dv}, r.dv));
-    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.hq}, r.dsink));
+    files.emplace_back("dq.npy", npy_of<T>({S, in.shape.hq, in.shape.d}, r.dq));
+    files.emplace_back("dk.npy", npy_of<T>({S, in.shape.hkv, in.shape.d}, r.dk));
+    files.emplace_back("dv.npy", npy_of<T>({S, in.shape.hkv, in.shape.dv}, r.dv));
+    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.shape.hq}, r.dsink));
   }
   return files;
 }
@@ -109,35 +101,34 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in) {
 template <class T>
 std::vector<std::pair<std::string, std::string>> compute_cp(const Inputs& in, Communicator& comm, const Plan& plan) {
   const int64_t S = in.row.tokens();
-  const int64_t qw = int64_t{in.hq} * in.d, kw = int64_t{in.hkv} * in.d, vw = int64_t{in.hkv} * in.dv,
-                ow = int64_t{in.hq} * in.dv;
+  const int64_t qw = in.shape.q_width(), kw = in.shape.k_width(), vw = in.shape.v_width(), ow = in.shape.o_width();
   CpuBackend<T> be;
-  DenseAttentionCP<CpuBackend<T>> cp(plan, in.row, AttentionDims{in.hq, in.hkv, in.d, in.dv, in.scale}, comm, be);
+  DenseAttentionCP<CpuBackend<T>> cp(plan, in.row, in.shape, comm, be);
   const auto& owned = plan.ranks[static_cast<size_t>(comm.rank())].owned;
   const auto q = rows_of<T>(in.q.data, qw, owned), k = rows_of<T>(in.k.data, kw, owned),
              v = rows_of<T>(in.v.data, vw, owned);
   const std::vector<T> sink = in.has_sink ? values<T>(in.sink) : std::vector<T>();
   const int64_t rows = cp.owned_rows();
-  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * in.hq));
+  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * in.shape.hq));
   cp.forward(q, k, v, in.has_sink ? &sink : nullptr, y, lse);
   std::vector<T> dq(static_cast<size_t>(rows * qw)), dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * vw)),
-      dsink(static_cast<size_t>(in.hq), T(0));
+      dsink(static_cast<size_t>(in.shape.hq), T(0));
   if (in.has_dout) {
     cp.backward(rows_of<T>(in.dout.data, ow, owned), dq, dk, dv, in.has_sink ? &dsink : nullptr);
-    comm.all_reduce_sum(dsink.data(), in.hq, CpuBackend<T>::comm_type);  // the sink is replicated: reduce it
+    comm.all_reduce_sum(dsink.data(), in.shape.hq, CpuBackend<T>::comm_type);  // the sink is replicated: reduce it
   }
   const Ownership owners = plan_ownership(plan);
   auto gather = [&](const std::vector<T>& a, int64_t width) { return gather_to_root(comm, be, a, owners, width); };
   std::vector<std::pair<std::string, std::string>> files;
-  const auto o0 = gather(y, ow), lse0 = gather(lse, in.hq);
-  files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, o0));
-  files.emplace_back("lse.npy", npy_of<T>({S, in.hq}, lse0));
+  const auto o0 = gather(y, ow), lse0 = gather(lse, in.shape.hq);
+  files.emplace_back("o.npy", npy_of<T>({S, in.shape.hq, in.shape.dv}, o0));
+  files.emplace_back("lse.npy", npy_of<T>({S, in.shape.hq}, lse0));
   if (in.has_dout) {
     const auto dq0 = gather(dq, qw), dk0 = gather(dk, kw), dv0 = gather(dv, vw);
-    files.emplace_back("dq.npy", npy_of<T>({S, in.hq, in.d}, dq0));
-    files.emplace_back("dk.npy", npy_of<T>({S, in.hkv, in.d}, dk0));
-    files.emplace_back("dv.npy", npy_of<T>({S, in.hkv, in.dv}, dv0));
-    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.hq}, dsink));
+    files.emplace_back("dq.npy", npy_of<T>({S, in.shape.hq, in.shape.d}, dq0));
+    files.emplace_back("dk.npy", npy_of<T>({S, in.shape.hkv, in.shape.d}, dk0));
+    files.emplace_back("dv.npy", npy_of<T>({S, in.shape.hkv, in.shape.dv}, dv0));
+    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.shape.hq}, dsink));
   }
   if (comm.rank() != 0) files.clear();
   return files;
@@ -158,8 +149,8 @@ int attention_cmd(const std::vector<std::string>& argv) {
 
   Inputs in;
   in.row = load_row(args.get("--tree"));
-  in.window = args.get_int_or("--window", 0);
-  require(in.window >= 0, "--window must be >= 0 (0 = none), got ", in.window);
+  in.shape.window = args.get_int_or("--window", 0);
+  require(in.shape.window >= 0, "--window must be >= 0 (0 = none), got ", in.shape.window);
   in.q = load_npy(args.get("--q"));
   in.k = load_npy(args.get("--k"));
   in.v = load_npy(args.get("--v"));
@@ -191,18 +182,19 @@ int attention_cmd(const std::vector<std::string>& argv) {
   require(hq % hkv == 0, "q: Hq = ", hq, " must be a multiple of k's Hkv = ", hkv);
   if (in.has_sink) require_shape(in.sink, "sink", {hq});
   if (in.has_dout) require_shape(in.dout, "dout", {S, hq, dv});
-  in.hq = static_cast<int>(hq);
-  in.hkv = static_cast<int>(hkv);
-  in.d = static_cast<int>(d);
-  in.dv = static_cast<int>(dv);
+  in.shape.hq = static_cast<int>(hq);
+  in.shape.hkv = static_cast<int>(hkv);
+  in.shape.d = static_cast<int>(d);
+  in.shape.dv = static_cast<int>(dv);
 
   require_finite(in.q, "q");
   require_finite(in.k, "k");
   require_finite(in.v, "v");
   if (in.has_sink) require_finite(in.sink, "sink", true);
   if (in.has_dout) require_finite(in.dout, "dout");
-  in.scale = args.get_double_or("--scale", 1.0 / std::sqrt(static_cast<double>(d)));
-  require(std::isfinite(in.scale) && in.scale > 0, "--scale must be a finite number > 0, got ", in.scale);
+  in.shape.scale = args.get_double_or("--scale", 1.0 / std::sqrt(static_cast<double>(d)));
+  require(std::isfinite(in.shape.scale) && in.shape.scale > 0, "--scale must be a finite number > 0, got ",
+          in.shape.scale);
 
   // Every input (the cost file too) is checked above, in this process, before any rank starts.
   CostModel costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
@@ -214,12 +206,7 @@ int attention_cmd(const std::vector<std::string>& argv) {
   } else {
     RankGroup group(ranks);
     const bool writer = group.run([&](Communicator& comm) {
-      costs.shape.hq = in.hq;
-      costs.shape.hkv = in.hkv;
-      costs.shape.d = in.d;
-      costs.shape.dv = in.dv;
-      plan_options.window = in.window;
-      const Plan plan = make_plan(in.row, comm.size(), costs, plan_options);
+      const Plan plan = make_plan(in.row, comm.size(), in.shape, costs, plan_options);
       files = dtype == DType::F64 ? compute_cp<double>(in, comm, plan) : compute_cp<float>(in, comm, plan);
       how = std::to_string(ranks) + " ranks, " + layout_name(plan.layout) + " plan with " +
             std::to_string(plan.num_waves) + " waves";

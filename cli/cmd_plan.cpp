@@ -17,7 +17,8 @@ namespace {
 int plan_command(const std::vector<std::string>& argv) {
   Args args("plan", argv);
   args.value("--tree").value("--preset").value("--cp").value("--seed").value("--window").value("--layout");
-  args.value("--costs").value("--chunk").value("--waves").value("--out").flag("--json");
+  args.value("--costs").value("--chunk").value("--waves").value("--out").value("--hq").value("--hkv").value("--d")
+      .value("--dv").flag("--json");
   args.parse();
   require(args.has("--tree") != args.has("--preset"), "plan: give exactly one of --tree FILE or --preset NAME");
   const int64_t cp = args.get_int("--cp");
@@ -26,8 +27,15 @@ int plan_command(const std::vector<std::string>& argv) {
   require(seed >= 0, "--seed must be >= 0, got ", seed);
   PlanOptions options;
   options.layout = parse_layout(args.get_or("--layout", "searched"));
-  options.window = args.get_int_or("--window", 0);
-  require(options.window >= 0, "--window must be >= 0 (0 = none), got ", options.window);
+  // The layer planned for: DESIGN.md's benchmark shape unless given.
+  AttentionShape shape;
+  shape.hq = static_cast<int>(args.get_int_or("--hq", shape.hq));
+  shape.hkv = static_cast<int>(args.get_int_or("--hkv", shape.hkv));
+  shape.d = static_cast<int>(args.get_int_or("--d", shape.d));
+  shape.dv = static_cast<int>(args.get_int_or("--dv", shape.d));
+  shape.window = args.get_int_or("--window", 0);
+  require(shape.window >= 0, "--window must be >= 0 (0 = none), got ", shape.window);
+  shape.validate();
   options.chunk_tokens = args.get_int_or("--chunk", 0);
   require(options.chunk_tokens >= 0, "--chunk must be >= 1 token (or 0 = choose), got ", options.chunk_tokens);
   const int64_t waves = args.get_int_or("--waves", options.max_waves);
@@ -39,8 +47,8 @@ int plan_command(const std::vector<std::string>& argv) {
                       : make_preset(args.get("--preset"), static_cast<int>(cp), static_cast<uint64_t>(seed));
 
   PlanReport report;
-  const Plan plan = make_plan(row, static_cast<int>(cp), costs, options, &report);
-  validate_plan(plan, row, options.window, static_cast<int>(cp));
+  const Plan plan = make_plan(row, static_cast<int>(cp), shape, costs, options, &report);
+  validate_plan(plan, row, shape.window, static_cast<int>(cp));
 
   if (args.get_flag("--json")) {
     json::Value v = plan_to_json(plan);
@@ -62,17 +70,16 @@ int plan_command(const std::vector<std::string>& argv) {
     return 0;
   }
 
-  const int64_t kv = costs.shape.kv_bytes_per_token();
+  const int64_t kv = costs.kv_bytes_per_token(shape);
   std::printf("row: %lld tokens, %d segments, %lld visible pairs%s\n", static_cast<long long>(row.tokens()),
               row.num_segments(), static_cast<long long>(plan.visible_pairs),
-              options.window > 0 ? (", window " + std::to_string(options.window)).c_str() : "");
+              shape.window > 0 ? (", window " + std::to_string(shape.window)).c_str() : "");
   std::printf(
       "plan: layout %s, cp %d, %zu chunks (chunk size %lld), %d wave%s; KV %lld B/token "
       "(Hkv %lld, D %lld, Dv %lld)\n",
       layout_name(plan.layout), plan.cp, plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
       plan.num_waves, plan.num_waves == 1 ? "" : "s", static_cast<long long>(kv),
-      static_cast<long long>(costs.shape.hkv), static_cast<long long>(costs.shape.d),
-      static_cast<long long>(costs.shape.dv));
+      static_cast<long long>(shape.hkv), static_cast<long long>(shape.d), static_cast<long long>(shape.dv));
   std::printf("%4s %9s %6s %15s %15s %13s %13s %9s %9s %9s\n", "rank", "tokens", "ranges", "visible_pairs",
               "remote_pairs", "kv_bytes_in", "kv_bytes_out", "fwd_ms", "bwd_ms", "total_ms");
   for (int r = 0; r < plan.cp; ++r) {
@@ -112,7 +119,8 @@ int plan_command(const std::vector<std::string>& argv) {
 
 const Register kPlan("plan",
                      "(--tree FILE | --preset NAME) --cp N [--seed S] [--window W] [--layout searched|contiguous|"
-                     "zigzag|perdoc|family] [--costs FILE] [--chunk C] [--waves MAX] [--json] [--out FILE]",
+                     "zigzag|perdoc|family] [--costs FILE] [--chunk C] [--waves MAX] [--hq H] [--hkv H] [--d D] "
+                     "[--dv D] [--json] [--out FILE]",
                      plan_command);
 
 }  // namespace

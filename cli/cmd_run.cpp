@@ -36,8 +36,7 @@ namespace treecp::cli {
 namespace {
 
 struct RunConfig {
-  int hq = 8, hkv = 2, d = 64;
-  int64_t window = 0;
+  AttentionShape shape{8, 2, 64, 64};  // --hq, --hkv, --d (= Dv), --window
   bool sink = false;
   uint64_t seed = 0;
   bool json = false;
@@ -77,9 +76,10 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
               const std::string& source) {
   const int me = comm.rank(), n = comm.size();
   const int64_t S = row.tokens();
-  const int64_t qw = int64_t{cfg.hq} * cfg.d, kw = int64_t{cfg.hkv} * cfg.d, ow = qw;
+  const AttentionShape& shape = cfg.shape;
+  const int64_t qw = shape.q_width(), kw = shape.k_width(), ow = shape.o_width();
   CpuBackend<T> be;
-  DenseAttentionCP<CpuBackend<T>> cp(plan, row, AttentionDims{cfg.hq, cfg.hkv, cfg.d, cfg.d, 0.0}, comm, be);
+  DenseAttentionCP<CpuBackend<T>> cp(plan, row, shape, comm, be);
 
   // Inputs arrive in the data loader's contiguous shards; move them to the plan's ownership.
   const Ownership loader = contiguous_ownership(S, n), owners = plan_ownership(plan);
@@ -89,17 +89,17 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   const auto k = redistribute(comm, be, shard_values<T>(s + 2, mine, kw), loader, owners, kw);
   const auto v = redistribute(comm, be, shard_values<T>(s + 3, mine, kw), loader, owners, kw);
   const auto dy = redistribute(comm, be, shard_values<T>(s + 4, mine, ow), loader, owners, ow);
-  std::vector<T> sink(static_cast<size_t>(cfg.hq));
-  for (int h = 0; h < cfg.hq; ++h) sink[static_cast<size_t>(h)] = static_cast<T>(2 * uniform_at(s + 5, static_cast<uint64_t>(h)));
+  std::vector<T> sink(static_cast<size_t>(cfg.shape.hq));
+  for (int h = 0; h < cfg.shape.hq; ++h) sink[static_cast<size_t>(h)] = static_cast<T>(2 * uniform_at(s + 5, static_cast<uint64_t>(h)));
 
   const int64_t rows = cp.owned_rows();
-  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * cfg.hq)), dq(static_cast<size_t>(rows * qw)),
-      dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * kw)), dsink(static_cast<size_t>(cfg.hq), T(0));
+  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * cfg.shape.hq)), dq(static_cast<size_t>(rows * qw)),
+      dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * kw)), dsink(static_cast<size_t>(cfg.shape.hq), T(0));
   comm.barrier();
   cp.forward(q, k, v, cfg.sink ? &sink : nullptr, y, lse);
   comm.barrier();
   cp.backward(dy, dq, dk, dv, cfg.sink ? &dsink : nullptr);
-  comm.all_reduce_sum(dsink.data(), cfg.hq, CpuBackend<T>::comm_type);  // the sink is a replicated weight
+  comm.all_reduce_sum(dsink.data(), cfg.shape.hq, CpuBackend<T>::comm_type);  // the sink is a replicated weight
 
   std::vector<double> mine_stats(kFields, 0.0), all_stats(static_cast<size_t>(kFields * n));
   const RankPlan& rp = plan.ranks[static_cast<size_t>(me)];
@@ -116,7 +116,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
 
   // Everything back on rank 0 in packed order, then the single-process reference there.
   const auto y0 = gather_to_root(comm, be, y, owners, ow);
-  const auto lse0 = gather_to_root(comm, be, lse, owners, cfg.hq);
+  const auto lse0 = gather_to_root(comm, be, lse, owners, cfg.shape.hq);
   const auto dq0 = gather_to_root(comm, be, dq, owners, qw);
   const auto dk0 = gather_to_root(comm, be, dk, owners, kw);
   const auto dv0 = gather_to_root(comm, be, dv, owners, kw);
@@ -125,12 +125,11 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
     const TokenRange all{0, S};
     const auto fq = shard_values<T>(s + 1, all, qw), fk = shard_values<T>(s + 2, all, kw),
                fv = shard_values<T>(s + 3, all, kw), fdy = shard_values<T>(s + 4, all, ow);
-    AttentionProblem<T> prob;
-    prob.hq = cfg.hq, prob.hkv = cfg.hkv, prob.d = cfg.d, prob.dv = cfg.d, prob.window = cfg.window;
+    AttentionInputs<T> prob;
     prob.q = fq.data(), prob.k = fk.data(), prob.v = fv.data(), prob.dout = fdy.data();
     prob.sink = cfg.sink ? sink.data() : nullptr;
     const auto t0 = std::chrono::steady_clock::now();
-    const AttentionResult<T> ref = attention_reference(row, prob);
+    const AttentionResult<T> ref = attention_reference(row, shape, prob);
     const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     auto widen = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
     // The oracle is a double-precision run on the same (rounded) inputs. In double the CP result must
@@ -141,11 +140,10 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       ref64 = ref;
     } else {
       const auto q64 = widen(fq), k64 = widen(fk), v64 = widen(fv), dy64 = widen(fdy), sink64 = widen(sink);
-      AttentionProblem<double> p64;
-      p64.hq = cfg.hq, p64.hkv = cfg.hkv, p64.d = cfg.d, p64.dv = cfg.d, p64.window = cfg.window;
+      AttentionInputs<double> p64;
       p64.q = q64.data(), p64.k = k64.data(), p64.v = v64.data(), p64.dout = dy64.data();
       p64.sink = cfg.sink ? sink64.data() : nullptr;
-      ref64 = attention_reference(row, p64);
+      ref64 = attention_reference(row, shape, p64);
     }
     struct Check {
       std::string name;
@@ -165,7 +163,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
     if (cfg.sink) check("dsink", dsink, ref.dsink, ref64.dsink);
     for (const Check& e : errors) status = e.error <= e.bound ? status : 3;
 
-    const RowStats st = row_stats(row, cfg.window);
+    const RowStats st = row_stats(row, cfg.shape.window);
     if (cfg.json) {
       json::Value out = json::Value::object();
       out.set("source", source);
@@ -207,8 +205,8 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       std::printf("row: %lld tokens, %lld segments, %lld families, depth %d, %lld visible pairs%s\n",
                   static_cast<long long>(S), static_cast<long long>(st.segments), static_cast<long long>(st.families),
                   st.depth, static_cast<long long>(st.visible_pairs),
-                  cfg.window > 0 ? (" (window " + std::to_string(cfg.window) + ")").c_str() : "");
-      std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.hq, cfg.hkv, cfg.d, cfg.sink ? ", learned sink" : "");
+                  cfg.shape.window > 0 ? (" (window " + std::to_string(cfg.shape.window) + ")").c_str() : "");
+      std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.shape.hq, cfg.shape.hkv, cfg.shape.d, cfg.sink ? ", learned sink" : "");
       std::printf("costs: %s; %u hardware threads for %d ranks\n", cfg.costs_path.c_str(),
                   std::thread::hardware_concurrency(), n);
       std::printf("plan: %s, %zu chunks of %lld tokens, %d waves, predicted makespan %.3f ms, planned in %.2f ms\n",
@@ -246,13 +244,13 @@ int run_main(const std::vector<std::string>& argv) {
   if (int rc = 0; relaunch_under_mpi("run", static_cast<int>(ranks), argv, &rc)) return rc;
 
   RunConfig cfg;
-  cfg.hq = static_cast<int>(args.get_int_or("--hq", 8));
-  cfg.hkv = static_cast<int>(args.get_int_or("--hkv", 2));
-  cfg.d = static_cast<int>(args.get_int_or("--d", 64));
-  require(cfg.hq >= 1 && cfg.hkv >= 1 && cfg.hq % cfg.hkv == 0, "--hq must be a positive multiple of --hkv");
-  require(cfg.d >= 1 && cfg.d <= 512, "--d must be in [1, 512]");
-  cfg.window = args.get_int_or("--window", 0);
-  require(cfg.window >= 0, "--window must be >= 0 (0 = none)");
+  cfg.shape.hq = static_cast<int>(args.get_int_or("--hq", 8));
+  cfg.shape.hkv = static_cast<int>(args.get_int_or("--hkv", 2));
+  cfg.shape.d = cfg.shape.dv = static_cast<int>(args.get_int_or("--d", 64));
+  require(cfg.shape.hq >= 1 && cfg.shape.hkv >= 1 && cfg.shape.hq % cfg.shape.hkv == 0, "--hq must be a positive multiple of --hkv");
+  require(cfg.shape.d >= 1 && cfg.shape.d <= 512, "--d must be in [1, 512]");
+  cfg.shape.window = args.get_int_or("--window", 0);
+  require(cfg.shape.window >= 0, "--window must be >= 0 (0 = none)");
   cfg.sink = args.get_flag("--sink");
   cfg.seed = static_cast<uint64_t>(args.get_int_or("--seed", 0));
   cfg.json = args.get_flag("--json");
@@ -275,19 +273,15 @@ int run_main(const std::vector<std::string>& argv) {
   // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json), unless --costs.
   const std::string costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + "/costs_cpu.json");
   CostModel costs = load_costs(costs_path);
-  costs.shape.hq = cfg.hq;
-  costs.shape.hkv = cfg.hkv;
-  costs.shape.d = costs.shape.dv = cfg.d;
   PlanOptions opt;
   opt.layout = parse_layout(args.get_or("--layout", "searched"));
-  opt.window = cfg.window;
   opt.chunk_tokens = args.get_int_or("--chunk", 0);
   PlanReport report;
 
   RankGroup group(ranks);
   return group.run([&](Communicator& world) {
     Communicator* comm = &world;
-    const Plan plan = make_plan(row, comm->size(), costs, opt, &report);
+    const Plan plan = make_plan(row, comm->size(), cfg.shape, costs, opt, &report);
     cfg.costs_path = costs_path;
     return dtype == "double" ? run_typed<double>(*comm, row, plan, report, cfg, source)
                              : run_typed<float>(*comm, row, plan, report, cfg, source);

@@ -25,7 +25,6 @@ namespace {
 
 using cpu::AttnBackwardArgs;
 using cpu::AttnForwardArgs;
-using cpu::AttnShape;
 using cpu::dense_view;
 using cpu::HeadView;
 
@@ -49,6 +48,7 @@ struct Inputs {
   int64_t window = 0;
   double scale = 0;
   std::vector<double> q, k, v, sink, dout;  // sink empty: none
+  AttentionShape shape() const { return {hq, hkv, d, dv, window, scale}; }
 };
 
 Inputs random_inputs(const Row& row, int hq, int hkv, int d, int dv, int64_t window, bool sink, Rng& rng) {
@@ -76,19 +76,13 @@ struct Result {
 template <class T>
 Result run_library(const Row& row, const Inputs& in, bool backward = true) {
   const auto q = cast<T>(in.q), k = cast<T>(in.k), v = cast<T>(in.v), sink = cast<T>(in.sink), dout = cast<T>(in.dout);
-  AttentionProblem<T> p;
-  p.hq = in.hq;
-  p.hkv = in.hkv;
-  p.d = in.d;
-  p.dv = in.dv;
-  p.window = in.window;
-  p.scale = static_cast<T>(in.scale);
+  AttentionInputs<T> p;
   p.q = q.data();
   p.k = k.data();
   p.v = v.data();
   p.sink = sink.empty() ? nullptr : sink.data();
   p.dout = backward ? dout.data() : nullptr;
-  const AttentionResult<T> r = attention_reference(row, p);
+  const AttentionResult<T> r = attention_reference(row, in.shape(), p);
   auto wide = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
   return {wide(r.o), wide(r.lse), wide(r.dq), wide(r.dk), wide(r.dv), wide(r.dsink)};
 }
@@ -456,10 +450,11 @@ TEST(Attention, RandomStageSplitsEqualOneShot) {
         const auto k = gather_rows(in.k, keys, hkv * d), v = gather_rows(in.v, keys, hkv * dv);
         o_r[st].resize(static_cast<size_t>(nq * hq * dv));
         l_r[st].resize(static_cast<size_t>(nq * hq));
-        const AttnShape sh{nq, static_cast<int64_t>(keys.size()), hq, hkv, d, dv};
-        cpu::attention_forward(AttnForwardArgs<double>{sh, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
-                                                       dense_view(v.data(), hkv, dv), dense_view(o_r[st].data(), hq, dv),
-                                                       dense_view(l_r[st].data(), hq, 1), in.scale},
+        const int64_t nk = static_cast<int64_t>(keys.size());
+        cpu::attention_forward(AttnForwardArgs<double>{in.shape(), nq, nk, dense_view(q.data(), hq, d),
+                                                       dense_view(k.data(), hkv, d), dense_view(v.data(), hkv, dv),
+                                                       dense_view(o_r[st].data(), hq, dv),
+                                                       dense_view(l_r[st].data(), hq, 1)},
                                slices_r[st]);
       }
       std::vector<HeadView<const double>> ov, lv;
@@ -500,9 +495,10 @@ TEST(Attention, RandomStageSplitsEqualOneShot) {
       for (int st = 0; st < n_stages; ++st) {
         const auto& keys = stage_keys[static_cast<size_t>(st)];
         const auto k = gather_rows(in.k, keys, hkv * d), v = gather_rows(in.v, keys, hkv * dv);
-        const AttnShape sh{nq, static_cast<int64_t>(keys.size()), hq, hkv, d, dv};
         std::vector<double> dk_buf(k.size(), 0), dv_buf(v.size(), 0), dk_buf2 = dk_buf, dv_buf2 = dv_buf;
-        AttnBackwardArgs<double> b{sh,
+        AttnBackwardArgs<double> b{in.shape(),
+                                   nq,
+                                   static_cast<int64_t>(keys.size()),
                                    dense_view(q.data(), hq, d),
                                    dense_view(k.data(), hkv, d),
                                    dense_view(v.data(), hkv, dv),
@@ -512,8 +508,7 @@ TEST(Attention, RandomStageSplitsEqualOneShot) {
                                    dense_view<const double>(dlse.data(), hq, 1),
                                    dense_view(dq_own.data(), hq, d),
                                    dense_view(dk_buf.data(), hkv, d),
-                                   dense_view(dv_buf.data(), hkv, dv),
-                                   in.scale};
+                                   dense_view(dv_buf.data(), hkv, dv)};
         cpu::attention_backward(b, slices_r[st]);
         b.o = dense_view<const double>(o_r[st].data(), hq, dv);
         b.lse = dense_view<const double>(l_r[st].data(), hq, 1);
@@ -666,14 +661,14 @@ TEST(Attention, EmptyRowsAndNegInfMergeWithoutNaN) {
   TREECP_SEED_TRACE;
   Rng rng = test_rng(909);
   const auto q = randn(rows * hq * d, rng), k = randn(rows * hkv * d, rng), v = randn(rows * hkv * dv, rng);
-  const AttnShape sh{rows, rows, hq, hkv, d, dv};
+  const AttentionShape sh{hq, hkv, d, dv, 0, 0.5};
   // stage A covers rows 0-2, stage B rows 2-3; rows 4, 5 have no key anywhere
   const std::vector<Slice> a{make_slice(0, 3, 0, 3, 0, 100)}, b{make_slice(2, 4, 3, 6, -100, 100)};
   std::vector<double> oa(rows * hq * dv, 7.0), la(rows * hq, 7.0), ob = oa, lb = la;
   auto fwd = [&](const std::vector<Slice>& sl, std::vector<double>& o, std::vector<double>& l) {
-    cpu::attention_forward(AttnForwardArgs<double>{sh, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
-                                                   dense_view(v.data(), hkv, dv), dense_view(o.data(), hq, dv),
-                                                   dense_view(l.data(), hq, 1), 0.5},
+    cpu::attention_forward(AttnForwardArgs<double>{sh, rows, rows, dense_view(q.data(), hq, d),
+                                                   dense_view(k.data(), hkv, d), dense_view(v.data(), hkv, dv),
+                                                   dense_view(o.data(), hq, dv), dense_view(l.data(), hq, 1)},
                            sl);
   };
   fwd(a, oa, la);
@@ -729,11 +724,11 @@ TEST(Attention, EmptyRowsAndNegInfMergeWithoutNaN) {
   std::vector<double> dq(q.size(), 0), dk(k.size(), 0), dvv(v.size(), 0);
   std::vector<double> lse_empty(lm.size(), -kInf), o_zero(om.size(), 0.0);
   cpu::attention_backward(
-      AttnBackwardArgs<double>{sh, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
+      AttnBackwardArgs<double>{sh, rows, rows, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
                                dense_view(v.data(), hkv, dv), dense_view<const double>(o_zero.data(), hq, dv),
                                dense_view<const double>(lse_empty.data(), hq, 1),
                                dense_view<const double>(g.data(), hq, dv), {}, dense_view(dq.data(), hq, d),
-                               dense_view(dk.data(), hkv, d), dense_view(dvv.data(), hkv, dv), 0.5},
+                               dense_view(dk.data(), hkv, d), dense_view(dvv.data(), hkv, dv)},
       a);
   EXPECT_TRUE(all_finite(dq) && all_finite(dk) && all_finite(dvv));
 
@@ -835,13 +830,11 @@ TEST(Attention, StridedViewsEqualDense) {
     std::copy_n(in.v.begin() + t * hkv * dv, hkv * dv, qkv.begin() + t * width + hq * d + hkv * d);
   }
   std::vector<double> o(static_cast<size_t>(S * (hq * dv + 3))), lse(static_cast<size_t>(S * 2 * hq));
-  const AttnShape sh{S, S, hq, hkv, d, dv};
   cpu::attention_forward(
-      AttnForwardArgs<double>{sh, HeadView<const double>{qkv.data(), width, d},
+      AttnForwardArgs<double>{in.shape(), S, S, HeadView<const double>{qkv.data(), width, d},
                               HeadView<const double>{qkv.data() + hq * d, width, d},
                               HeadView<const double>{qkv.data() + hq * d + hkv * d, width, dv},
-                              HeadView<double>{o.data(), hq * dv + 3, dv}, HeadView<double>{lse.data(), 2 * hq, 2},
-                              in.scale},
+                              HeadView<double>{o.data(), hq * dv + 3, dv}, HeadView<double>{lse.data(), 2 * hq, 2}},
       row_slices(row));
   for (int64_t t = 0; t < S; ++t) {
     for (int h = 0; h < hq; ++h) {
@@ -857,17 +850,20 @@ TEST(Attention, StridedViewsEqualDense) {
 TEST(Attention, RefusesBadShapesAndSlices) {
   std::vector<double> buf(64, 1.0);
   const auto view = dense_view<const double>(buf.data(), 1, 1);
-  auto fwd = [&](AttnShape sh, std::vector<Slice> sl) {
-    cpu::attention_forward(AttnForwardArgs<double>{sh, view, view, view, dense_view(buf.data(), 1, 1),
-                                                   dense_view(buf.data(), 1, 1), 1.0},
+  // rows of the Q and K buffers, then the shape
+  auto fwd = [&](int64_t q_rows, int64_t kv_rows, AttentionShape sh, std::vector<Slice> sl) {
+    sh.scale = 1.0;
+    cpu::attention_forward(AttnForwardArgs<double>{sh, q_rows, kv_rows, view, view, view, dense_view(buf.data(), 1, 1),
+                                                   dense_view(buf.data(), 1, 1)},
                            sl);
   };
-  EXPECT_THROW(fwd({4, 4, 3, 2, 1, 1}, {}), Error);                            // hq not a multiple of hkv
-  EXPECT_THROW(fwd({4, 4, 1, 1, 0, 1}, {}), Error);                            // d = 0
-  EXPECT_THROW(fwd({4, 4, 1, 1, 1, 1}, {make_slice(0, 5, 0, 4, 0, 9)}), Error);  // q outside the buffer
-  EXPECT_THROW(fwd({4, 2, 1, 1, 1, 1}, {make_slice(0, 4, 0, 4, 0, 9)}), Error);  // k outside the buffer
+  EXPECT_THROW(fwd(4, 4, {3, 2, 1, 1}, {}), Error);                              // hq not a multiple of hkv
+  EXPECT_THROW(fwd(4, 4, {1, 1, 0, 1}, {}), Error);                              // d = 0
+  EXPECT_THROW(fwd(4, 4, {1, 1, 1, 1}, {make_slice(0, 5, 0, 4, 0, 9)}), Error);  // q outside the buffer
+  EXPECT_THROW(fwd(4, 2, {1, 1, 1, 1}, {make_slice(0, 4, 0, 4, 0, 9)}), Error);  // k outside the buffer
+  EXPECT_THROW(fwd(4, 4, {1, 1, 1, 1, -1}, {}), Error);                          // negative window
   try {
-    fwd({4, 4, 3, 2, 1, 1}, {});
+    fwd(4, 4, {3, 2, 1, 1}, {});
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("hkv"), std::string::npos) << e.what();
   }

@@ -67,19 +67,13 @@ struct Case {
     vt.assign(v.begin(), v.end());
     st.assign(sink.begin(), sink.end());
     dt.assign(dout.begin(), dout.end());
-    AttentionProblem<T> p;
-    p.hq = kHq;
-    p.hkv = kHkv;
-    p.d = kD;
-    p.dv = kDv;
-    p.window = window;
-    p.scale = scale;
+    AttentionInputs<T> p;
     p.q = qt.data();
     p.k = kt.data();
     p.v = vt.data();
     p.sink = with_sink ? st.data() : nullptr;
     p.dout = backward ? dt.data() : nullptr;
-    return attention_reference(row, p);
+    return attention_reference(row, AttentionShape{kHq, kHkv, kD, kDv, window, scale}, p);
   }
 };
 

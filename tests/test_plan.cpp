@@ -33,6 +33,13 @@ void PrintTo(Layout layout, std::ostream* os) { *os << layout_name(layout); }
 
 namespace {
 
+// The layer planned for: DESIGN.md's benchmark shape, with a window.
+AttentionShape layer(int64_t window = 0) {
+  AttentionShape shape;
+  shape.window = window;
+  return shape;
+}
+
 // A random forest of up to 25 segments, lengths 1..max_len, depth <= 4, 0-3 children per segment.
 Row random_row(testing::Rng& rng, int64_t max_len = 40) {
   return testing::random_tree(rng, {.segments = std::uniform_int_distribution<int>(1, 25)(rng), .max_len = max_len});
@@ -136,11 +143,11 @@ TEST(Plan, SectionFiveExample) {
   PlanOptions o;
   o.chunk_tokens = 2;
   o.layout = Layout::Contiguous;
-  const Plan contiguous = make_plan(row, 2, CostModel{}, o);
+  const Plan contiguous = make_plan(row, 2, layer(), CostModel{}, o);
   EXPECT_EQ(contiguous.ranks[0].pairs(), 10);
   EXPECT_EQ(contiguous.ranks[1].pairs(), 26);
   o.layout = Layout::Zigzag;
-  const Plan folded = make_plan(row, 2, CostModel{}, o);
+  const Plan folded = make_plan(row, 2, layer(), CostModel{}, o);
   EXPECT_EQ(folded.ranks[0].pairs(), 18);
   EXPECT_EQ(folded.ranks[1].pairs(), 18);
   EXPECT_EQ(folded.chunk_owner, (std::vector<int32_t>{0, 1, 1, 0}));
@@ -157,7 +164,6 @@ TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
     const int64_t window = iter % 2 == 0 ? std::uniform_int_distribution<int64_t>(1, 40)(rng) : 0;
     for (int cp = 1; cp <= 8; ++cp) {
       PlanOptions o;
-      o.window = window;
       o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 16)(rng);
       o.perdoc_min_piece = std::uniform_int_distribution<int64_t>(1, 4)(rng);
       o.max_waves = std::uniform_int_distribution<int>(1, 4)(rng);
@@ -165,7 +171,7 @@ TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
         o.layout = layout;
         const std::string what = std::string(layout_name(layout)) + " cp " + std::to_string(cp) + " iteration " + std::to_string(iter) +
                                  " window " + std::to_string(window);
-        const Plan plan = make_plan(row, cp, CostModel{}, o);
+        const Plan plan = make_plan(row, cp, layer(window), CostModel{}, o);
         ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << what;
         expect_exact_once(plan, row, window, what);
         expect_one_fetch(plan, what);
@@ -183,9 +189,8 @@ TEST(Plan, PresetPlansValidateAtOddRankCounts) {
       const Row row = make_preset(preset, cp, 1);
       for (int64_t window : {int64_t{0}, int64_t{4096}}) {
         PlanOptions o;
-        o.window = window;
         PlanReport report;
-        const Plan plan = make_plan(row, cp, CostModel{}, o, &report);
+        const Plan plan = make_plan(row, cp, layer(window), CostModel{}, o, &report);
         ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << preset << " cp " << cp;
         expect_one_fetch(plan, preset);
         int64_t pairs = 0;
@@ -209,7 +214,7 @@ TEST(Plan, SearchedIsNeverPredictedSlowerThanAFixedLayout) {
   ASSERT_LE(costs.remote_backward_pairs_per_ms, costs.local_backward_pairs_per_ms);
   auto check = [&](const Row& row, int cp, const PlanOptions& o, const std::string& what) {
     PlanReport report;
-    const Plan plan = make_plan(row, cp, costs, o, &report);
+    const Plan plan = make_plan(row, cp, layer(), costs, o, &report);
     ASSERT_EQ(report.layouts.size(), 5u);
     const double bound =
         own_work_ms(costs, static_cast<double>(plan.visible_pairs), static_cast<double>(row.tokens())) / cp;
@@ -248,7 +253,7 @@ TEST(Plan, SearchedIsNeverPredictedSlowerThanAFixedLayout) {
 TEST(Plan, CausalSequencePrefersFoldingOverContiguous) {
   const Row row({{-1, 262144}});
   PlanReport report;
-  (void)make_plan(row, 4, CostModel{}, PlanOptions{}, &report);
+  (void)make_plan(row, 4, layer(), CostModel{}, PlanOptions{}, &report);
   EXPECT_LT(report.layouts[1].makespan_ms, report.layouts[0].makespan_ms);  // zigzag beats contiguous
   EXPECT_LT(report.layouts[4].makespan_ms, report.layouts[0].makespan_ms);
 }
@@ -270,12 +275,12 @@ TEST(Plan, SearchIsCloseToExhaustiveOnSmallInputs) {
     o.chunk_tokens = (row.tokens() + chunks - 1) / chunks;
     const CostModel costs;
     PlanReport report;
-    const Plan plan = make_plan(row, cp, costs, o, &report);
+    const Plan plan = make_plan(row, cp, layer(), costs, o, &report);
     const WorkMatrix w = build_work_matrix(row_slices(row), plan.chunk_bounds);
     const int32_t n = w.num_chunks();
     if (n > chunks) continue;
     ++compared;
-    Evaluator ev(w, costs, cp);
+    Evaluator ev(w, costs, layer(), cp);
     std::vector<int32_t> owner(n, 0);
     double best = 1e300;
     for (int64_t code = 0;; ++code) {
@@ -302,8 +307,8 @@ TEST(Plan, SimulatingThePlanGivesItsPredictions) {
     for (Layout layout : kLayouts) {
       PlanOptions o;
       o.layout = layout;
-      const Plan plan = make_plan(row, cp, CostModel{}, o);
-      const Prediction p = simulate_plan(plan, CostModel{});
+      const Plan plan = make_plan(row, cp, layer(), CostModel{}, o);
+      const Prediction p = simulate_plan(plan, layer(), CostModel{});
       double makespan = 0.0;
       for (int r = 0; r < cp; ++r) {
         EXPECT_NEAR(p.forward_ms[r], plan.ranks[r].predicted_forward_ms, 1e-9) << layout_name(layout) << " rank " << r;
@@ -323,8 +328,8 @@ TEST(Plan, JsonRoundTrip) {
     const Row row = iter == 0 ? make_preset("deep", 4, 0) : random_row(rng, 100);
     const int cp = 1 + iter % 6;
     PlanOptions o;
-    o.window = iter % 3 == 0 ? 50 : 0;
-    const Plan plan = make_plan(row, cp, CostModel{}, o);
+    const int64_t window = iter % 3 == 0 ? 50 : 0;
+    const Plan plan = make_plan(row, cp, layer(window), CostModel{}, o);
     const json::Value v = plan_to_json(plan);
     for (const char* key : {"predicted_makespan_ms", "visible_pairs", "ranks"}) EXPECT_TRUE(v.contains(key)) << key;
     ASSERT_EQ(v.at("ranks").size(), static_cast<size_t>(cp));
@@ -360,7 +365,7 @@ TEST(Plan, JsonRoundTrip) {
         EXPECT_EQ(a.stages[w].pairs, b.stages[w].pairs);
       }
     }
-    validate_plan(back, row, o.window, cp);
+    validate_plan(back, row, window, cp);
     EXPECT_EQ(json::dump(plan_to_json(back)), json::dump(v));
   }
 }
@@ -369,7 +374,7 @@ TEST(Plan, ValidateRejectsCorruptedPlans) {
   const Row row = make_preset("deep", 3, 0);
   PlanOptions o;
   o.layout = Layout::Zigzag;
-  const Plan good = make_plan(row, 3, CostModel{}, o);
+  const Plan good = make_plan(row, 3, layer(), CostModel{}, o);
   validate_plan(good, row, 0, 3);
   // A stage with at least two slices.
   int r0 = -1;
@@ -454,13 +459,13 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
   PlanOptions o;
   o.layout = Layout::Zigzag;
   PlanReport free_report;
-  (void)make_plan(row, 4, costs, o, &free_report);
+  (void)make_plan(row, 4, layer(), costs, o, &free_report);
   const LayoutResult unbounded = free_report.layouts[1];
   ASSERT_GE(unbounded.num_waves, 1);
   // A bound just below the unbounded choice's peak forces smaller receive buffers (more waves).
   costs.memory_limit_bytes_per_rank = unbounded.peak_memory_bytes - 1;
   PlanReport report;
-  const Plan plan = make_plan(row, 4, costs, o, &report);
+  const Plan plan = make_plan(row, 4, layer(), costs, o, &report);
   validate_plan(plan, row, 0, 4);
   for (const LayoutResult& l : report.layouts) {
     if (l.fits_memory) {
@@ -480,8 +485,8 @@ TEST(Costs, SlowerCrossNodeLinksRaiseThePrediction) {
   CostModel two_nodes;
   two_nodes.ranks_per_node = 2;
   two_nodes.inter_node = {0.5, 1.0e6};  // 1 GB/s
-  const Plan a = make_plan(row, 4, one_node, o);
-  const Plan b = make_plan(row, 4, two_nodes, o);
+  const Plan a = make_plan(row, 4, layer(), one_node, o);
+  const Plan b = make_plan(row, 4, layer(), two_nodes, o);
   EXPECT_EQ(a.chunk_owner, b.chunk_owner);
   EXPECT_GT(b.predicted_makespan_ms, a.predicted_makespan_ms + 0.5);
   // A per-pair override wins over the node rule.
@@ -519,7 +524,10 @@ TEST(Costs, RejectsUnknownKeysAndBadValues) {
             std::string::npos);
   EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"local_forward_pairs_per_ms": 0})")); }).find("> 0"),
             std::string::npos);
-  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"shape": {"hkv": 0}})")); }).find("shape.hkv"),
+  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"kv_bytes_per_element": 0})")); }).find("kv_bytes_per_element"),
+            std::string::npos);
+  // The layer's shape is not a coefficient: make_plan takes it.
+  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"shape": {"hkv": 4}})")); }).find("unknown key"),
             std::string::npos);
 }
 
@@ -541,7 +549,9 @@ TEST(Costs, StageAndTransferTerms) {
   c.intra_node = {0.1, 1000.0};
   c.inter_node = {1.0, 100.0};
   c.rank_bandwidth_bytes_per_ms = 500.0;
-  c.shape = AttentionShape{1, 1, 1, 1, 1, 1};  // 2 bytes per token
+  c.kv_bytes_per_element = c.dkv_bytes_per_element = 1;
+  const AttentionShape tiny{1, 1, 1, 1};  // 2 bytes per token
+  EXPECT_EQ(c.kv_bytes_per_token(tiny), 2);
   const Links links(c, 4);
   WaveTraffic t(16, 0);
   t[1 * 4 + 0] = 100;  // rank 1 -> rank 0, same node: 200 B
@@ -565,7 +575,8 @@ TEST(Costs, SimulatorFollowsTheScheduleModel) {
   c.local_backward_pairs_per_ms = c.remote_backward_pairs_per_ms = 0.5;
   c.intra_node = {0.0, 1.0};
   c.rank_bandwidth_bytes_per_ms = 1e9;
-  c.shape = AttentionShape{1, 1, 1, 1, 1, 1};  // 2 bytes per token both ways
+  c.kv_bytes_per_element = c.dkv_bytes_per_element = 1;
+  const AttentionShape tiny{1, 1, 1, 1};  // 2 bytes per token both ways
   const Links links(c, 2);
   // Rank 0: local 3 ms; wave 0 fetch 4 ms (2 tokens), stage 1 ms; wave 1 fetch 1 ms, stage 2 ms.
   std::vector<RankLoad> loads(2);
@@ -575,7 +586,7 @@ TEST(Costs, SimulatorFollowsTheScheduleModel) {
   std::vector<WaveTraffic> waves(2, WaveTraffic(4, 0));
   waves[0][1 * 2 + 0] = 2;
   waves[1][1 * 2 + 0] = 1;  // 1 token = 2 B at 1 B/ms: 2 ms
-  const Prediction p = simulate(c, links, loads, waves);
+  const Prediction p = simulate(c, links, tiny, loads, waves);
   // forward: compute 3, fetch0 ready 4 -> start 4, fetch1 ready 4 + 2 = 6, done 5; start 6, done 8.
   EXPECT_DOUBLE_EQ(p.forward_ms[0], 8.0);
   // backward: wave 1 2 x 2 = 4 ms, return 2 ms -> 6; wave 0 +2 ms = 6, return 4 ms -> 10; local +6 = 12.
@@ -655,9 +666,9 @@ TEST(Cost, TiledPredictionMatchesSimulationOfThePlan) {
     const Row row = scale_row(make_preset("varied5k", cp, 4), 16);
     PlanOptions opt;
     opt.layout = Layout::Contiguous;
-    const Plan tiled = make_plan(row, cp, c, opt);
-    const Plan exact = make_plan(row, cp, CostModel{}, opt);
-    EXPECT_NEAR(simulate_plan(tiled, c).makespan_ms, tiled.predicted_makespan_ms, 1e-6 * tiled.predicted_makespan_ms);
+    const Plan tiled = make_plan(row, cp, layer(), c, opt);
+    const Plan exact = make_plan(row, cp, layer(), CostModel{}, opt);
+    EXPECT_NEAR(simulate_plan(tiled, layer(), c).makespan_ms, tiled.predicted_makespan_ms, 1e-6 * tiled.predicted_makespan_ms);
     EXPECT_GT(tiled.predicted_makespan_ms, exact.predicted_makespan_ms);
   }
 }

@@ -89,6 +89,8 @@ CostModel costs_from_json(const json::Value& v) {
       {"underfill_pairs", &c.underfill_pairs},
       {"activation_bytes_per_token", &c.activation_bytes_per_token},
       {"memory_limit_bytes_per_rank", &c.memory_limit_bytes_per_rank},
+      {"kv_bytes_per_element", &c.kv_bytes_per_element},
+      {"dkv_bytes_per_element", &c.dkv_bytes_per_element},
   };
   for (const auto& [key, val] : v.as_object("costs")) {
     bool done = false;
@@ -104,6 +106,8 @@ CostModel costs_from_json(const json::Value& v) {
       if (key == s.name) {
         *s.value = val.as_int(std::string("costs.") + s.name);
         require(*s.value >= 0 || key == "memory_limit_bytes_per_rank", "costs.", s.name, " must be >= 0");
+        require(*s.value > 0 || (key != "kv_bytes_per_element" && key != "dkv_bytes_per_element"), "costs.", s.name,
+                " must be > 0");
         done = true;
       }
     }
@@ -115,19 +119,6 @@ CostModel costs_from_json(const json::Value& v) {
         if (t == kernel_tiles_name(k)) c.kernel_tiles = k, known = true;
       }
       require(known, "costs.kernel_tiles must be exact, cpu or cuda, got '", t, "'");
-    } else if (key == "shape") {
-      for (const auto& [sk, sv] : val.as_object("costs.shape")) {
-        int64_t* field = sk == "hq"                      ? &c.shape.hq
-                         : sk == "hkv"                   ? &c.shape.hkv
-                         : sk == "d"                     ? &c.shape.d
-                         : sk == "dv"                    ? &c.shape.dv
-                         : sk == "kv_bytes_per_element"  ? &c.shape.kv_bytes_per_element
-                         : sk == "dkv_bytes_per_element" ? &c.shape.dkv_bytes_per_element
-                                                         : nullptr;
-        require(field != nullptr, "costs.shape: unknown key '", sk, "'");
-        *field = sv.as_int("costs.shape." + sk);
-        require(*field > 0, "costs.shape.", sk, " must be > 0");
-      }
     } else if (key == "ranks_per_node") {
       const int64_t n = val.as_int("costs.ranks_per_node");
       require(n >= 1 && n <= 1 << 20, "costs.ranks_per_node must be >= 1, got ", n);
@@ -157,14 +148,8 @@ CostModel load_costs(const std::string& path) { return costs_from_json(json::par
 
 json::Value to_json(const CostModel& c) {
   json::Value v = json::Value::object();
-  json::Value shape = json::Value::object();
-  shape.set("hq", c.shape.hq);
-  shape.set("hkv", c.shape.hkv);
-  shape.set("d", c.shape.d);
-  shape.set("dv", c.shape.dv);
-  shape.set("kv_bytes_per_element", c.shape.kv_bytes_per_element);
-  shape.set("dkv_bytes_per_element", c.shape.dkv_bytes_per_element);
-  v.set("shape", shape);
+  v.set("kv_bytes_per_element", c.kv_bytes_per_element);
+  v.set("dkv_bytes_per_element", c.dkv_bytes_per_element);
   v.set("local_forward_pairs_per_ms", c.local_forward_pairs_per_ms);
   v.set("remote_forward_pairs_per_ms", c.remote_forward_pairs_per_ms);
   v.set("local_backward_pairs_per_ms", c.local_backward_pairs_per_ms);
@@ -276,8 +261,8 @@ double exchange_ms(const CostModel& c, const Links& links, const WaveTraffic& tr
   return exchange_with_totals(c, links, traffic, out.data(), in.data(), rank, bytes_per_token, inbound);
 }
 
-Prediction simulate(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                    const std::vector<WaveTraffic>& waves) {
+Prediction simulate(const CostModel& c, const Links& links, const AttentionShape& shape,
+                    const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves) {
   const int cp = links.cp();
   require(static_cast<int>(loads.size()) == cp, "simulate: ", loads.size(), " rank loads for cp = ", cp);
   const size_t num_waves = waves.size();
@@ -290,7 +275,7 @@ Prediction simulate(const CostModel& c, const Links& links, const std::vector<Ra
       std::copy(i.begin(), i.end(), in.begin() + static_cast<ptrdiff_t>(w * cp));
     }
   }
-  const int64_t kv_bytes = c.shape.kv_bytes_per_token(), dkv_bytes = c.shape.dkv_bytes_per_token();
+  const int64_t kv_bytes = c.kv_bytes_per_token(shape), dkv_bytes = c.dkv_bytes_per_token(shape);
   Prediction p;
   p.forward_ms.assign(cp, 0.0);
   p.backward_ms.assign(cp, 0.0);

@@ -15,17 +15,9 @@
 #include <vector>
 
 #include "core/json.hpp"
+#include "kernels/shapes.hpp"
 
 namespace treecp {
-
-// The execution shape the byte and memory terms use (DESIGN.md benchmark shape by default).
-struct AttentionShape {
-  int64_t hq = 32, hkv = 4, d = 128, dv = 128;
-  int64_t kv_bytes_per_element = 2;   // bf16 K and V on the wire
-  int64_t dkv_bytes_per_element = 4;  // fp32 dK and dV returned to their owner
-  int64_t kv_bytes_per_token() const { return hkv * (d + dv) * kv_bytes_per_element; }
-  int64_t dkv_bytes_per_token() const { return hkv * (d + dv) * dkv_bytes_per_element; }
-};
 
 struct Link {
   double latency_ms = 0.0;
@@ -54,8 +46,11 @@ struct TileTokens {
 };
 TileTokens tile_tokens(KernelTiles t, int64_t group);
 
+// The coefficients: no layer shape (the planner takes the layer's AttentionShape, kernels/shapes.hpp).
 struct CostModel {
-  AttentionShape shape;
+  // Wire precision of what a wave moves; bytes per token = hkv x (d + dv) x these.
+  int64_t kv_bytes_per_element = 2;   // bf16 K and V on the wire
+  int64_t dkv_bytes_per_element = 4;  // fp32 dK and dV returned to their owner
   // Attention pair throughput: local (owned KV) and remote (received KV) stages, forward and backward.
   double local_forward_pairs_per_ms = 2.16e7;
   double remote_forward_pairs_per_ms = 2.03e7;
@@ -84,6 +79,11 @@ struct CostModel {
   int64_t memory_limit_bytes_per_rank = 34359738368;  // 32 GiB; <= 0 = unbounded
 
   Link link(int src, int dst) const;
+  // Bytes one token's K and V (dK and dV) take on the wire at the layer's shape.
+  int64_t kv_bytes_per_token(const AttentionShape& s) const { return (s.k_width() + s.v_width()) * kv_bytes_per_element; }
+  int64_t dkv_bytes_per_token(const AttentionShape& s) const {
+    return (s.k_width() + s.v_width()) * dkv_bytes_per_element;
+  }
 };
 
 // Reads a coefficient file; keys not present keep their defaults, unknown keys are refused.
@@ -146,8 +146,9 @@ class Links {
 double exchange_ms(const CostModel& c, const Links& links, const WaveTraffic& traffic, int rank,
                    int64_t bytes_per_token, bool inbound);
 
-// DESIGN.md's simulator over every rank. loads.size() == cp; waves[w] holds wave w's traffic.
-Prediction simulate(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                    const std::vector<WaveTraffic>& waves);
+// DESIGN.md's simulator over every rank, for a layer of `shape`. loads.size() == cp; waves[w] holds wave
+// w's traffic.
+Prediction simulate(const CostModel& c, const Links& links, const AttentionShape& shape,
+                    const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves);
 
 }  // namespace treecp

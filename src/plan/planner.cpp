@@ -132,8 +132,8 @@ std::vector<int32_t> family_owner(const Row& row, const WorkMatrix& w, const Cos
 
 // ---- evaluation
 
-Evaluator::Evaluator(const WorkMatrix& w, const CostModel& c, int cp)
-    : w_(w), c_(c), cp_(cp), n_(w.num_chunks()), links_(c, cp) {
+Evaluator::Evaluator(const WorkMatrix& w, const CostModel& c, const AttentionShape& shape, int cp)
+    : w_(w), c_(c), shape_(shape), cp_(cp), n_(w.num_chunks()), links_(c, cp) {
   require(cp >= 1, "cp must be >= 1, got ", cp);
   need_.assign(n_, 0);
   need_compute_.assign(n_, 0);
@@ -174,7 +174,7 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
   }
   fetch_.clear();
   fetch_start_.assign(static_cast<size_t>(cp) + 1, 0);
-  const int64_t kv_bytes = c_.shape.kv_bytes_per_token();
+  const int64_t kv_bytes = c_.kv_bytes_per_token(shape_);
   recv_tokens_.assign(std::max(waves, 1), 0);
   // One rank at a time, with scratch of one entry per chunk: need_[k] = pairs its queries have with
   // remote key chunk k, wave_[k] = the wave that brings k.
@@ -255,7 +255,7 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
     }
   }
   res.fits_memory = c_.memory_limit_bytes_per_rank <= 0 || res.peak_memory_bytes <= c_.memory_limit_bytes_per_rank;
-  res.prediction = simulate(c_, links_, loads_, traffic_);
+  res.prediction = simulate(c_, links_, shape_, loads_, traffic_);
   return res;
 }
 
@@ -357,7 +357,7 @@ Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator&
   return plan;
 }
 
-Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
+Prediction simulate_plan(const Plan& plan, const AttentionShape& shape, const CostModel& costs) {
   const int cp = plan.cp;
   require(cp >= 1 && static_cast<int>(plan.ranks.size()) == cp, "simulate_plan: plan has ", plan.ranks.size(),
           " ranks for cp = ", cp);
@@ -366,7 +366,7 @@ Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
   std::vector<RankLoad> loads(cp);
   std::vector<WaveTraffic> traffic(waves, WaveTraffic(static_cast<size_t>(cp) * cp, 0));
   std::vector<int32_t> stamp(bounds.size(), -1);  // last stage that counted a query chunk
-  const TileTokens tile = tile_tokens(costs.kernel_tiles, costs.shape.hq / costs.shape.hkv);
+  const TileTokens tile = tile_tokens(costs.kernel_tiles, shape.group());
   int32_t stage_id = 0;
   for (int r = 0; r < cp; ++r) {
     const RankPlan& rp = plan.ranks[r];
@@ -402,7 +402,7 @@ Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
       }
     }
   }
-  return simulate(costs, Links(costs, cp), loads, traffic);
+  return simulate(costs, Links(costs, cp), shape, loads, traffic);
 }
 
 // ---- the search
@@ -632,20 +632,21 @@ class Search {
 
 }  // namespace
 
-Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions& options, PlanReport* report) {
+Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs, const PlanOptions& options,
+               PlanReport* report) {
   const auto t0 = std::chrono::steady_clock::now();
   require(cp >= 1 && cp <= 4096, "cp must be in [1, 4096], got ", cp);
-  require(options.window >= 0, "window must be >= 0 (0 = none), got ", options.window);
+  shape.validate();
   require(options.chunk_tokens >= 0, "chunk size must be >= 0 (0 = choose), got ", options.chunk_tokens);
   require(options.max_waves >= 1 && options.max_waves <= 16, "max waves must be in [1, 16], got ", options.max_waves);
 
-  const std::vector<Slice> slices = row_slices(row, options.window);
+  const std::vector<Slice> slices = row_slices(row, shape.window);
   const int64_t chunk = options.chunk_tokens > 0 ? options.chunk_tokens : default_chunk_tokens(row.tokens(), cp);
-  const TileTokens tile = tile_tokens(costs.kernel_tiles, costs.shape.hq / costs.shape.hkv);
+  const TileTokens tile = tile_tokens(costs.kernel_tiles, shape.group());
   const int64_t tq = tile.query, tk = tile.key;
   const WorkMatrix common = build_work_matrix(slices, make_chunk_bounds(row, chunk), tq, tk);
   const WorkMatrix perdoc = build_work_matrix(slices, perdoc_chunk_bounds(row, cp, options.perdoc_min_piece), tq, tk);
-  Evaluator ev_common(common, costs, cp), ev_perdoc(perdoc, costs, cp);
+  Evaluator ev_common(common, costs, shape, cp), ev_perdoc(perdoc, costs, shape, cp);
   int evaluations = 0, moves = 0;
   Search on_common(ev_common, options, evaluations), on_perdoc(ev_perdoc, options, evaluations);
 
@@ -687,7 +688,7 @@ Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions
   const bool pick_perdoc =
       options.layout == Layout::Perdoc || (options.layout == Layout::Searched && searched_on_perdoc);
   Plan plan =
-      build_plan(slices, options.window, pick_perdoc ? ev_perdoc : ev_common, pick.owner, pick.waves, options.layout);
+      build_plan(slices, shape.window, pick_perdoc ? ev_perdoc : ev_common, pick.owner, pick.waves, options.layout);
   if (report != nullptr) {
     report->layouts.clear();
     for (Layout l : kLayouts) {

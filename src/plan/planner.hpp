@@ -18,7 +18,6 @@ class Row;
 
 struct PlanOptions {
   Layout layout = Layout::Searched;
-  int64_t window = 0;            // 0 = none
   int64_t chunk_tokens = 0;      // 0 = default_chunk_tokens(row, cp)
   int max_waves = 4;             // wave counts tried: 1..max_waves (0 when no rank needs remote KV)
   int search_evaluations = 160;  // budget of plan evaluations for the ownership moves
@@ -45,8 +44,10 @@ struct PlanReport {
   double planning_ms = 0.0;           // wall time of make_plan
 };
 
-// Plans a row for `cp` ranks with the requested layout; the report (optional) has every layout.
-Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions& options,
+// Plans a row for `cp` ranks and a layer of `shape` (its window decides the visibility; its head dims
+// the bytes a wave moves and the kernel tiles) with the requested layout; the report (optional) has
+// every layout.
+Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs, const PlanOptions& options,
                PlanReport* report = nullptr);
 
 // ---- the parts, exposed for tests and benchmarks
@@ -61,10 +62,11 @@ std::vector<int32_t> perdoc_owner(const Row& row, const WorkMatrix& w, int cp, i
 std::vector<int32_t> family_owner(const Row& row, const WorkMatrix& w, const CostModel& c, int cp, bool split = true);
 std::vector<int32_t> balanced_owner(const WorkMatrix& w, const CostModel& c, int cp);  // equal cost, in order
 
-// Prices ownerships on one work matrix; reuses its buffers between calls (not thread-safe).
+// Prices ownerships on one work matrix for a layer of `shape`; reuses its buffers between calls (not
+// thread-safe).
 class Evaluator {
  public:
-  Evaluator(const WorkMatrix& w, const CostModel& c, int cp);
+  Evaluator(const WorkMatrix& w, const CostModel& c, const AttentionShape& shape, int cp);
 
   struct Result {
     Prediction prediction;
@@ -92,6 +94,7 @@ class Evaluator {
  private:
   const WorkMatrix& w_;
   const CostModel& c_;
+  AttentionShape shape_;
   int cp_;
   int32_t n_;
   Links links_;
@@ -111,7 +114,8 @@ class Evaluator {
 Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator& evaluator,
                 const std::vector<int32_t>& owner, int waves, Layout layout);
 
-// The loads a Plan implies (from its slices and ranges) priced with the same cost function.
-Prediction simulate_plan(const Plan& plan, const CostModel& costs);
+// The loads a Plan implies (from its slices and ranges) priced with the same cost function, for a
+// layer of `shape`.
+Prediction simulate_plan(const Plan& plan, const AttentionShape& shape, const CostModel& costs);
 
 }  // namespace treecp

@@ -42,16 +42,17 @@ class CpuBackend {
     }
   }
 
-  void attention_forward(const AttentionDims& sh, const Buffer& q, int64_t q_rows, const Buffer& k, const Buffer& v,
+  void attention_forward(const AttentionShape& sh, const Buffer& q, int64_t q_rows, const Buffer& k, const Buffer& v,
                          int64_t kv_rows, const std::vector<Slice>& slices, Buffer& o, Buffer& lse) {
     cpu::AttnForwardArgs<T> a;
-    a.shape = kernel_shape(sh, q_rows, kv_rows);
+    a.shape = sh;
+    a.q_rows = q_rows;
+    a.kv_rows = kv_rows;
     a.q = cpu::dense_view<const T>(q.data(), sh.hq, sh.d);
     a.k = cpu::dense_view<const T>(k.data(), sh.hkv, sh.d);
     a.v = cpu::dense_view<const T>(v.data(), sh.hkv, sh.dv);
     a.o = cpu::dense_view<T>(o.data(), sh.hq, sh.dv);
     a.lse = cpu::dense_view<T>(lse.data(), sh.hq, 1);
-    a.scale = static_cast<T>(sh.softmax_scale());
     cpu::attention_forward(a, slices);
   }
 
@@ -111,11 +112,13 @@ class CpuBackend {
     cpu::sink_backward(s);
   }
 
-  void attention_backward(const AttentionDims& sh, const Buffer& q, int64_t q_rows, const Buffer& k, const Buffer& v,
+  void attention_backward(const AttentionShape& sh, const Buffer& q, int64_t q_rows, const Buffer& k, const Buffer& v,
                           int64_t kv_rows, const Buffer& o, const Buffer& lse, const Buffer& d_o, const Buffer& dlse,
                           const std::vector<Slice>& slices, Buffer& dq, Buffer& dk, Buffer& dv) {
     cpu::AttnBackwardArgs<T> a;
-    a.shape = kernel_shape(sh, q_rows, kv_rows);
+    a.shape = sh;
+    a.q_rows = q_rows;
+    a.kv_rows = kv_rows;
     a.q = cpu::dense_view<const T>(q.data(), sh.hq, sh.d);
     a.k = cpu::dense_view<const T>(k.data(), sh.hkv, sh.d);
     a.v = cpu::dense_view<const T>(v.data(), sh.hkv, sh.dv);
@@ -126,21 +129,10 @@ class CpuBackend {
     a.dq = cpu::dense_view<T>(dq.data(), sh.hq, sh.d);
     a.dk = cpu::dense_view<T>(dk.data(), sh.hkv, sh.d);
     a.dv = cpu::dense_view<T>(dv.data(), sh.hkv, sh.dv);
-    a.scale = static_cast<T>(sh.softmax_scale());
     cpu::attention_backward(a, slices);
   }
 
  private:
-  static cpu::AttnShape kernel_shape(const AttentionDims& sh, int64_t q_rows, int64_t kv_rows) {
-    cpu::AttnShape s;
-    s.q_rows = q_rows;
-    s.kv_rows = kv_rows;
-    s.hq = sh.hq;
-    s.hkv = sh.hkv;
-    s.d = sh.d;
-    s.dv = sh.dv;
-    return s;
-  }
   static void check(const Buffer& b, int64_t row, int64_t rows, int64_t width, const char* what) {
     require(row >= 0 && rows >= 0 && (row + rows) * width <= static_cast<int64_t>(b.size()), what,
             ": rows [", row, ", ", row + rows, ") of width ", width, " outside a buffer of ", b.size(), " elements");

@@ -33,14 +33,16 @@ class DenseAttentionCP {
   using Real = typename Backend::Real;
   using Buffer = typename Backend::Buffer;
 
-  // Checks the plan against the row and the communicator on every rank, and agrees on the verdict
-  // before any data moves: a bad plan throws the same error on every rank, no collective hangs.
-  DenseAttentionCP(const Plan& plan, const Row& row, const AttentionDims& shape, Communicator& comm, Backend& backend)
+  // Checks the shape, and the plan against the row, the layer's window and the communicator, on every
+  // rank, and agrees on the verdict before any data moves: a bad plan throws the same error on every
+  // rank, no collective hangs.
+  DenseAttentionCP(const Plan& plan, const Row& row, const AttentionShape& shape, Communicator& comm, Backend& backend)
       : plan_(plan), shape_(shape), comm_(comm), be_(backend) {
     std::string problem;
     try {
+      shape.validate();
       require(plan.cp == comm.size(), "plan is for ", plan.cp, " ranks but the communicator has ", comm.size());
-      validate_plan(plan, row, plan.window, comm.size());
+      validate_plan(plan, row, shape.window, comm.size());
     } catch (const Error& e) {
       problem = e.what();
     }
@@ -205,7 +207,7 @@ class DenseAttentionCP {
   }
 
   const Plan& plan_;
-  AttentionDims shape_;
+  AttentionShape shape_;
   Communicator& comm_;
   Backend& be_;
   RowMap owned_;

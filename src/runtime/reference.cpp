@@ -9,59 +9,69 @@
 namespace treecp {
 
 template <class T>
-AttentionResult<T> attention_reference(const Row& row, const AttentionProblem<T>& p) {
-  const int64_t S = row.tokens();
-  const cpu::AttnShape sh{S, S, p.hq, p.hkv, p.d, p.dv};
+AttentionResult<T> attention_reference(const Row& row, const AttentionShape& sh, const AttentionInputs<T>& p) {
   sh.validate();
-  require(p.window >= 0, "attention: window must be >= 0 (0 = none), got ", p.window);
-  const T scale = p.scale == T(0) ? T(1) / std::sqrt(static_cast<T>(p.d)) : p.scale;
-  const auto n_o = static_cast<size_t>(S * p.hq * p.dv);
-  const auto n_lse = static_cast<size_t>(S * p.hq);
+  const int64_t S = row.tokens();
+  const auto n_o = static_cast<size_t>(S * sh.o_width());
+  const auto n_lse = static_cast<size_t>(S * sh.hq);
 
-  const std::vector<Slice> slices = row_slices(row, p.window);
+  const std::vector<Slice> slices = row_slices(row, sh.window);
   AttentionResult<T> res;
   std::vector<T> o_tok(n_o);
   res.lse.resize(n_lse);
-  const auto q = cpu::dense_view(p.q, p.hq, p.d);
-  const auto k = cpu::dense_view(p.k, p.hkv, p.d);
-  const auto v = cpu::dense_view(p.v, p.hkv, p.dv);
-  const auto o_view = cpu::dense_view<const T>(o_tok.data(), p.hq, p.dv);
-  const auto lse_view = cpu::dense_view<const T>(res.lse.data(), p.hq, 1);
-  cpu::attention_forward(cpu::AttnForwardArgs<T>{sh, q, k, v, cpu::dense_view(o_tok.data(), p.hq, p.dv),
-                                       cpu::dense_view(res.lse.data(), p.hq, 1), scale},
-                    slices);
-  const cpu::SinkArgs<T> sink{S, p.hq, p.dv, p.sink, o_view, lse_view, {}};
+  const auto q = cpu::dense_view(p.q, sh.hq, sh.d);
+  const auto k = cpu::dense_view(p.k, sh.hkv, sh.d);
+  const auto v = cpu::dense_view(p.v, sh.hkv, sh.dv);
+  const auto o_view = cpu::dense_view<const T>(o_tok.data(), sh.hq, sh.dv);
+  const auto lse_view = cpu::dense_view<const T>(res.lse.data(), sh.hq, 1);
+  cpu::attention_forward(cpu::AttnForwardArgs<T>{sh, S, S, q, k, v, cpu::dense_view(o_tok.data(), sh.hq, sh.dv),
+                                                 cpu::dense_view(res.lse.data(), sh.hq, 1)},
+                         slices);
+  const cpu::SinkArgs<T> sink{S, sh.hq, sh.dv, p.sink, o_view, lse_view, {}};
   if (p.sink) {
     res.o.resize(n_o);
     cpu::SinkArgs<T> fwd = sink;
-    fwd.y = cpu::dense_view(res.o.data(), p.hq, p.dv);
+    fwd.y = cpu::dense_view(res.o.data(), sh.hq, sh.dv);
     cpu::sink_forward(fwd);
   } else {
     res.o = o_tok;
   }
   if (!p.dout) return res;
 
-  res.dq.assign(static_cast<size_t>(S * p.hq * p.d), T(0));
-  res.dk.assign(static_cast<size_t>(S * p.hkv * p.d), T(0));
-  res.dv.assign(static_cast<size_t>(S * p.hkv * p.dv), T(0));
-  cpu::AttnBackwardArgs<T> bwd{sh, q, k, v, o_view, lse_view, cpu::dense_view(p.dout, p.hq, p.dv), {},
-                          cpu::dense_view(res.dq.data(), p.hq, p.d), cpu::dense_view(res.dk.data(), p.hkv, p.d),
-                          cpu::dense_view(res.dv.data(), p.hkv, p.dv), scale};
+  res.dq.assign(static_cast<size_t>(S * sh.q_width()), T(0));
+  res.dk.assign(static_cast<size_t>(S * sh.k_width()), T(0));
+  res.dv.assign(static_cast<size_t>(S * sh.v_width()), T(0));
+  cpu::AttnBackwardArgs<T> bwd{sh,
+                               S,
+                               S,
+                               q,
+                               k,
+                               v,
+                               o_view,
+                               lse_view,
+                               cpu::dense_view(p.dout, sh.hq, sh.dv),
+                               {},
+                               cpu::dense_view(res.dq.data(), sh.hq, sh.d),
+                               cpu::dense_view(res.dk.data(), sh.hkv, sh.d),
+                               cpu::dense_view(res.dv.data(), sh.hkv, sh.dv)};
   std::vector<T> do_tok, dlse;
   if (p.sink) {
     do_tok.resize(n_o);
     dlse.resize(n_lse);
-    res.dsink.assign(static_cast<size_t>(p.hq), T(0));
-    cpu::sink_backward(cpu::SinkBackwardArgs<T>{sink, cpu::dense_view(p.dout, p.hq, p.dv), cpu::dense_view(do_tok.data(), p.hq, p.dv),
-                                      cpu::dense_view(dlse.data(), p.hq, 1), res.dsink.data()});
-    bwd.dout = cpu::dense_view<const T>(do_tok.data(), p.hq, p.dv);
-    bwd.dlse = cpu::dense_view<const T>(dlse.data(), p.hq, 1);
+    res.dsink.assign(static_cast<size_t>(sh.hq), T(0));
+    cpu::sink_backward(cpu::SinkBackwardArgs<T>{sink, cpu::dense_view(p.dout, sh.hq, sh.dv),
+                                                cpu::dense_view(do_tok.data(), sh.hq, sh.dv),
+                                                cpu::dense_view(dlse.data(), sh.hq, 1), res.dsink.data()});
+    bwd.dout = cpu::dense_view<const T>(do_tok.data(), sh.hq, sh.dv);
+    bwd.dlse = cpu::dense_view<const T>(dlse.data(), sh.hq, 1);
   }
   cpu::attention_backward(bwd, slices);
   return res;
 }
 
-template AttentionResult<float> attention_reference<float>(const Row&, const AttentionProblem<float>&);
-template AttentionResult<double> attention_reference<double>(const Row&, const AttentionProblem<double>&);
+template AttentionResult<float> attention_reference<float>(const Row&, const AttentionShape&,
+                                                           const AttentionInputs<float>&);
+template AttentionResult<double> attention_reference<double>(const Row&, const AttentionShape&,
+                                                             const AttentionInputs<double>&);
 
 }  // namespace treecp

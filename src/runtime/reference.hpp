@@ -12,16 +12,14 @@ namespace treecp {
 
 class Row;
 
+// A whole row's arrays, C order, S = row.tokens().
 template <class T>
-struct AttentionProblem {
-  int hq = 0, hkv = 0, d = 0, dv = 0;
-  int64_t window = 0;         // sliding window on logical positions, 0 = none
-  T scale = 0;                // 0 means 1/sqrt(d)
-  const T* q = nullptr;       // C order [S, hq, d], S = row.tokens()
-  const T* k = nullptr;       // [S, hkv, d]
-  const T* v = nullptr;       // [S, hkv, dv]
-  const T* sink = nullptr;    // [hq] or nullptr (no sink)
-  const T* dout = nullptr;    // [S, hq, dv] gradient of the final output, or nullptr (forward only)
+struct AttentionInputs {
+  const T* q = nullptr;     // [S, hq, d]
+  const T* k = nullptr;     // [S, hkv, d]
+  const T* v = nullptr;     // [S, hkv, dv]
+  const T* sink = nullptr;  // [hq] or nullptr (no sink)
+  const T* dout = nullptr;  // [S, hq, dv] gradient of the final output, or nullptr (forward only)
 };
 
 template <class T>
@@ -32,8 +30,8 @@ struct AttentionResult {
   std::vector<T> dsink;       // with dout and a sink: [hq]
 };
 
-// Whole-row forward (and backward with dout) in one process over row_slices(row, window).
+// Whole-row forward (and backward with dout) in one process over row_slices(row, shape.window).
 template <class T>
-AttentionResult<T> attention_reference(const Row& row, const AttentionProblem<T>& problem);
+AttentionResult<T> attention_reference(const Row& row, const AttentionShape& shape, const AttentionInputs<T>& in);
 
 }  // namespace treecp

@@ -65,9 +65,8 @@ std::vector<double> widen(const std::vector<T>& x) {
 }
 
 struct Case {
-  Shape shape;
-  int hq, hkv, d, dv;
-  int64_t window;
+  Shape tree;
+  AttentionShape shape;
   bool sink;
   Layout layout;
 };
@@ -80,37 +79,34 @@ void run_case(const Case& c, uint64_t salt) {
   Communicator& comm = *g_comm;
   TREECP_SEED_TRACE;
   testing::Rng rng = testing::test_rng(salt);
-  const Row row = make_tree(c.shape, rng);
+  const Row row = make_tree(c.tree, rng);
   const int64_t S = row.tokens();
-  const int64_t qw = int64_t{c.hq} * c.d, kw = int64_t{c.hkv} * c.d, vw = int64_t{c.hkv} * c.dv, ow = int64_t{c.hq} * c.dv;
+  const AttentionShape& shape = c.shape;
+  const int64_t qw = shape.q_width(), kw = shape.k_width(), vw = shape.v_width(), ow = shape.o_width();
   const auto q = random_array<T>(rng, S * qw), k = random_array<T>(rng, S * kw), v = random_array<T>(rng, S * vw),
              dy = random_array<T>(rng, S * ow);
-  std::vector<T> sink = random_array<T>(rng, c.hq);
+  std::vector<T> sink = random_array<T>(rng, shape.hq);
   for (T& s : sink) s *= 3;  // logits of the order of the scores
 
-  AttentionProblem<T> prob;
-  prob.hq = c.hq, prob.hkv = c.hkv, prob.d = c.d, prob.dv = c.dv, prob.window = c.window;
+  AttentionInputs<T> prob;
   prob.q = q.data(), prob.k = k.data(), prob.v = v.data(), prob.dout = dy.data();
   prob.sink = c.sink ? sink.data() : nullptr;
-  const AttentionResult<T> ref = attention_reference(row, prob);
+  const AttentionResult<T> ref = attention_reference(row, shape, prob);
   AttentionResult<double> exact;
   if constexpr (sizeof(T) == 8) {
     exact = ref;
   } else {
     const auto q64 = widen(q), k64 = widen(k), v64 = widen(v), dy64 = widen(dy), sink64 = widen(sink);
-    AttentionProblem<double> p64;
-    p64.hq = c.hq, p64.hkv = c.hkv, p64.d = c.d, p64.dv = c.dv, p64.window = c.window;
+    AttentionInputs<double> p64;
     p64.q = q64.data(), p64.k = k64.data(), p64.v = v64.data(), p64.dout = dy64.data();
     p64.sink = c.sink ? sink64.data() : nullptr;
-    exact = attention_reference(row, p64);
+    exact = attention_reference(row, shape, p64);
   }
 
   PlanOptions opt;
   opt.layout = c.layout;
-  opt.window = c.window;
   opt.chunk_tokens = std::max<int64_t>(1, S / 23);  // many chunks: fragmented ownership, several waves
-  const Plan plan = make_plan(row, comm.size(), CostModel{}, opt);
-  AttentionDims shape{c.hq, c.hkv, c.d, c.dv, 0.0};
+  const Plan plan = make_plan(row, comm.size(), shape, CostModel{}, opt);
   CpuBackend<T> be;
   DenseAttentionCP<CpuBackend<T>> cp(plan, row, shape, comm, be);
   const auto& owned = plan.ranks[static_cast<size_t>(comm.rank())].owned;
@@ -121,14 +117,14 @@ void run_case(const Case& c, uint64_t salt) {
   const std::vector<T> q_own = redistribute(comm, be, rows_of<T>(q, qw, from[static_cast<size_t>(comm.rank())]), from, to, qw);
   const std::vector<T> k_own = rows_of<T>(k, kw, owned), v_own = rows_of<T>(v, vw, owned), dy_own = rows_of<T>(dy, ow, owned);
   const int64_t rows = cp.owned_rows();
-  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * c.hq));
+  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * shape.hq));
   std::vector<T> dq(static_cast<size_t>(rows * qw)), dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * vw));
-  std::vector<T> dsink(static_cast<size_t>(c.hq), T(0));
+  std::vector<T> dsink(static_cast<size_t>(shape.hq), T(0));
   cp.forward(q_own, k_own, v_own, c.sink ? &sink : nullptr, y, lse);
   cp.backward(dy_own, dq, dk, dv, c.sink ? &dsink : nullptr);
-  comm.all_reduce_sum(dsink.data(), c.hq, CpuBackend<T>::comm_type);  // a replicated weight: the caller reduces
+  comm.all_reduce_sum(dsink.data(), shape.hq, CpuBackend<T>::comm_type);  // a replicated weight: the caller reduces
 
-  const std::string what = std::string(layout_name(c.layout)) + " window " + std::to_string(c.window) + (c.sink ? " sink" : "") + " rank " +
+  const std::string what = std::string(layout_name(c.layout)) + " window " + std::to_string(shape.window) + (c.sink ? " sink" : "") + " rank " +
                            std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + " case " +
                            std::to_string(salt);
   auto check = [&](const char* name, const std::vector<T>& got, const std::vector<T>& same,
@@ -143,11 +139,11 @@ void run_case(const Case& c, uint64_t salt) {
     }
   };
   check("O", y, ref.o, exact.o, owned, ow);
-  check("LSE", lse, ref.lse, exact.lse, owned, c.hq);
+  check("LSE", lse, ref.lse, exact.lse, owned, shape.hq);
   check("dQ", dq, ref.dq, exact.dq, owned, qw);
   check("dK", dk, ref.dk, exact.dk, owned, kw);
   check("dV", dv, ref.dv, exact.dv, owned, vw);
-  if (c.sink) check("dsink", dsink, ref.dsink, exact.dsink, {{0, 1}}, c.hq);
+  if (c.sink) check("dsink", dsink, ref.dsink, exact.dsink, {{0, 1}}, shape.hq);
 }
 
 std::vector<Case> cases() {
@@ -157,7 +153,8 @@ std::vector<Case> cases() {
   for (Layout layout : kLayouts) {
     for (Shape s : shapes) {
       const bool gqa = i % 2 == 0;
-      out.push_back({s, gqa ? 4 : 2, 2, 8, gqa ? 8 : 6, (i % 3 == 0) ? int64_t{0} : int64_t{3 + i % 11}, i % 4 != 1, layout});
+      const AttentionShape shape{gqa ? 4 : 2, 2, 8, gqa ? 8 : 6, (i % 3 == 0) ? int64_t{0} : int64_t{3 + i % 11}};
+      out.push_back({s, shape, i % 4 != 1, layout});
       ++i;
     }
   }
@@ -184,16 +181,16 @@ TEST(DenseAttentionCP, RankWithNoTokensTakesPart) {
   PlanOptions opt;
   opt.layout = Layout::Contiguous;
   opt.chunk_tokens = 1;
-  const Plan plan = make_plan(row, comm.size(), CostModel{}, opt);
+  const AttentionShape shape{2, 1, 4, 4};
+  const Plan plan = make_plan(row, comm.size(), shape, CostModel{}, opt);
   CpuBackend<double> be;
-  DenseAttentionCP<CpuBackend<double>> cp(plan, row, AttentionDims{2, 1, 4, 4, 0.0}, comm, be);
+  DenseAttentionCP<CpuBackend<double>> cp(plan, row, shape, comm, be);
   testing::Rng rng = testing::test_rng(1);
   const auto q = random_array<double>(rng, 3 * 8), k = random_array<double>(rng, 3 * 4),
              v = random_array<double>(rng, 3 * 4), dy = random_array<double>(rng, 3 * 8);
-  AttentionProblem<double> prob;
-  prob.hq = 2, prob.hkv = 1, prob.d = 4, prob.dv = 4;
+  AttentionInputs<double> prob;
   prob.q = q.data(), prob.k = k.data(), prob.v = v.data(), prob.dout = dy.data();
-  const auto ref = attention_reference(row, prob);
+  const auto ref = attention_reference(row, shape, prob);
   const auto& owned = plan.ranks[static_cast<size_t>(comm.rank())].owned;
   std::vector<double> y(static_cast<size_t>(cp.owned_rows() * 8)), lse(static_cast<size_t>(cp.owned_rows() * 2)),
       dq(y.size()), dk(static_cast<size_t>(cp.owned_rows() * 4)), dv(dk.size());
@@ -213,9 +210,9 @@ TEST(DenseAttentionCP, MismatchedPlanRefusedOnEveryRank) {
   opt.layout = Layout::Zigzag;
   opt.chunk_tokens = 5;
   CpuBackend<double> be;
-  const AttentionDims shape{2, 1, 4, 4, 0.0};
+  const AttentionShape shape{2, 1, 4, 4};
   // wrong rank count
-  const Plan other = make_plan(row, comm.size() + 1, CostModel{}, opt);
+  const Plan other = make_plan(row, comm.size() + 1, shape, CostModel{}, opt);
   try {
     DenseAttentionCP<CpuBackend<double>> cp(other, row, shape, comm, be);
     ADD_FAILURE() << "a plan for another rank count was accepted";
@@ -223,9 +220,18 @@ TEST(DenseAttentionCP, MismatchedPlanRefusedOnEveryRank) {
     EXPECT_NE(std::string(e.what()).find("plan"), std::string::npos) << e.what();
   }
   // a plan for another row
-  const Plan plan = make_plan(row, comm.size(), CostModel{}, opt);
+  const Plan plan = make_plan(row, comm.size(), shape, CostModel{}, opt);
   const Row longer({{-1, 40}, {0, 20}, {0, 31}});
   EXPECT_THROW((DenseAttentionCP<CpuBackend<double>>(plan, longer, shape, comm, be)), Error);
+  // a plan for another window: the layer's window is the shape's, the plan's visibility must match it
+  AttentionShape windowed = shape;
+  windowed.window = 7;
+  try {
+    DenseAttentionCP<CpuBackend<double>> cp(plan, row, windowed, comm, be);
+    ADD_FAILURE() << "a plan without a window was accepted for a layer with one";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("window"), std::string::npos) << e.what();
+  }
   // corrupted on rank 0 only: every rank refuses, none hangs
   Plan broken = plan;
   if (comm.rank() == 0) {

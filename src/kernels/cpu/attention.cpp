@@ -246,7 +246,7 @@ struct Workspace {
   int64_t block_q = 0;  // queries per block
   std::vector<T> qp, dop, kt, vt, s, p, ds, acc, m, l, lse, delta, dqp;
 
-  explicit Workspace(const AttnShape& sh) {
+  explicit Workspace(const AttentionShape& sh) {
     const int G = sh.group();
     block_q = std::max<int64_t>(1, kTileRows / G);
     const auto rows = static_cast<size_t>(block_q * G);
@@ -290,9 +290,10 @@ void pack_transposed(const HeadView<const T>& x, int g, int64_t kb, int64_t nk, 
 // softmax (running max m, denominator l, unnormalised acc += P V), merged into O/LSE at the end.
 template <class Isa, class T>
 TREECP_TILE_INLINE void forward_slice(const AttnForwardArgs<T>& a, const Slice& s, Workspace<T>& w) {
-  const AttnShape& sh = a.shape;
+  const AttentionShape& sh = a.shape;
   const int G = sh.group();
   const int d = sh.d, dv = sh.dv;
+  const T scale = static_cast<T>(sh.softmax_scale());
   for (int g = 0; g < sh.hkv; ++g) {
     for (int64_t qb = s.q_begin; qb < s.q_end; qb += w.block_q) {
       const int64_t qe = std::min(qb + w.block_q, s.q_end);
@@ -320,7 +321,7 @@ TREECP_TILE_INLINE void forward_slice(const AttnForwardArgs<T>& a, const Slice& 
           if (j0 >= j1) continue;
           T mx = kNegInf<T>;
           for (int64_t j = j0; j < j1; ++j) {
-            sr[j] *= a.scale;
+            sr[j] *= scale;
             mx = std::max(mx, sr[j]);
           }
           const T m_new = std::max(w.m[r], mx);
@@ -355,9 +356,10 @@ TREECP_TILE_INLINE void forward_slice(const AttnForwardArgs<T>& a, const Slice& 
 template <class Isa, class T>
 TREECP_TILE_INLINE void backward_slice(const AttnBackwardArgs<T>& a, const Slice& s, const std::vector<T>& delta,
                                        Workspace<T>& w) {
-  const AttnShape& sh = a.shape;
+  const AttentionShape& sh = a.shape;
   const int G = sh.group();
   const int d = sh.d, dv = sh.dv;
+  const T scale = static_cast<T>(sh.softmax_scale());
   for (int g = 0; g < sh.hkv; ++g) {
     for (int64_t qb = s.q_begin; qb < s.q_end; qb += w.block_q) {
       const int64_t qe = std::min(qb + w.block_q, s.q_end);
@@ -396,9 +398,9 @@ TREECP_TILE_INLINE void backward_slice(const AttnBackwardArgs<T>& a, const Slice
             std::fill(dsr, dsr + nk, T(0));
             continue;
           }
-          for (int64_t j = j0; j < j1; ++j) pr[j] = sr[j] * a.scale - lse;
+          for (int64_t j = j0; j < j1; ++j) pr[j] = sr[j] * scale - lse;
           exp_inplace<Isa>(pr + j0, j1 - j0);
-          for (int64_t j = 0; j < nk; ++j) dsr[j] = pr[j] * (dsr[j] - dl) * a.scale;
+          for (int64_t j = 0; j < nk; ++j) dsr[j] = pr[j] * (dsr[j] - dl) * scale;
         }
         const int64_t nr = rz - ra;
         gemm_acc<Isa>(nk, dv, nr, w.p.data() + ra * nk, 1, nk, w.dop.data() + ra * dv, dv, a.dv.at(kb, g),
@@ -484,23 +486,12 @@ void require_view(const void* data, int64_t rows, const char* name) {
 
 }  // namespace
 
-void AttnShape::validate() const {
-  require(q_rows >= 0, "attention: q_rows must be >= 0, got ", q_rows);
-  require(kv_rows >= 0, "attention: kv_rows must be >= 0, got ", kv_rows);
-  require(hq > 0, "attention: hq must be > 0, got ", hq);
-  require(hkv > 0, "attention: hkv must be > 0, got ", hkv);
-  require(hq % hkv == 0, "attention: hq (", hq, ") must be a multiple of hkv (", hkv, ")");
-  require(d > 0, "attention: d must be > 0, got ", d);
-  require(dv > 0, "attention: dv must be > 0, got ", dv);
-}
-
-void validate_slices(const AttnShape& shape, const std::vector<Slice>& slices) {
+void validate_slices(int64_t q_rows, int64_t kv_rows, const std::vector<Slice>& slices) {
   for (size_t i = 0; i < slices.size(); ++i) {
     const Slice& s = slices[i];
     if (s.empty()) continue;
-    require(s.q_begin >= 0 && s.q_end <= shape.q_rows && s.k_begin >= 0 && s.k_end <= shape.kv_rows,
-            "attention: slice ", i, " ", to_string(s), " outside the buffers q[0,", shape.q_rows, ") k[0,",
-            shape.kv_rows, ")");
+    require(s.q_begin >= 0 && s.q_end <= q_rows && s.k_begin >= 0 && s.k_end <= kv_rows, "attention: slice ", i, " ",
+            to_string(s), " outside the buffers q[0,", q_rows, ") k[0,", kv_rows, ")");
   }
 }
 
@@ -509,24 +500,24 @@ namespace {
 // The checks forward and backward share: shape, slices inside the buffers, scale, Q/K/V/O/LSE views.
 template <class Args>
 void check_common_args(const Args& args, const std::vector<Slice>& slices, const char* what) {
-  const AttnShape& sh = args.shape;
-  sh.validate();
-  validate_slices(sh, slices);
-  require(std::isfinite(args.scale), what, ": scale must be finite");
-  require_view(args.q.data, sh.q_rows, "q");
-  require_view(args.k.data, sh.kv_rows, "k");
-  require_view(args.v.data, sh.kv_rows, "v");
-  require_view(args.o.data, sh.q_rows, "o");
-  require_view(args.lse.data, sh.q_rows, "lse");
+  args.shape.validate();
+  require(args.q_rows >= 0 && args.kv_rows >= 0, what, ": q_rows and kv_rows must be >= 0, got ", args.q_rows, ", ",
+          args.kv_rows);
+  validate_slices(args.q_rows, args.kv_rows, slices);
+  require_view(args.q.data, args.q_rows, "q");
+  require_view(args.k.data, args.kv_rows, "k");
+  require_view(args.v.data, args.kv_rows, "v");
+  require_view(args.o.data, args.q_rows, "o");
+  require_view(args.lse.data, args.q_rows, "lse");
 }
 
 }  // namespace
 
 template <class T>
 void attention_forward(const AttnForwardArgs<T>& args, const std::vector<Slice>& slices) {
-  const AttnShape& sh = args.shape;
+  const AttentionShape& sh = args.shape;
   check_common_args(args, slices, "attention_forward");
-  for (int64_t q = 0; q < sh.q_rows; ++q) {
+  for (int64_t q = 0; q < args.q_rows; ++q) {
     for (int h = 0; h < sh.hq; ++h) {
       std::fill(args.o.at(q, h), args.o.at(q, h) + sh.dv, T(0));
       *args.lse.at(q, h) = kNegInf<T>;
@@ -538,15 +529,15 @@ void attention_forward(const AttnForwardArgs<T>& args, const std::vector<Slice>&
 
 template <class T>
 void attention_backward(const AttnBackwardArgs<T>& args, const std::vector<Slice>& slices) {
-  const AttnShape& sh = args.shape;
+  const AttentionShape& sh = args.shape;
   check_common_args(args, slices, "attention_backward");
-  require_view(args.dout.data, sh.q_rows, "dout");
-  require_view(args.dq.data, sh.q_rows, "dq");
-  require_view(args.dk.data, sh.kv_rows, "dk");
-  require_view(args.dv.data, sh.kv_rows, "dv");
+  require_view(args.dout.data, args.q_rows, "dout");
+  require_view(args.dq.data, args.q_rows, "dq");
+  require_view(args.dk.data, args.kv_rows, "dk");
+  require_view(args.dv.data, args.kv_rows, "dv");
   // delta[q * hq + h] = dot(dO, O) - dLSE of the complete output
-  std::vector<T> delta(static_cast<size_t>(sh.q_rows * sh.hq));
-  for (int64_t q = 0; q < sh.q_rows; ++q) {
+  std::vector<T> delta(static_cast<size_t>(args.q_rows * sh.hq));
+  for (int64_t q = 0; q < args.q_rows; ++q) {
     for (int h = 0; h < sh.hq; ++h) {
       T dl = dot(args.dout.at(q, h), args.o.at(q, h), sh.dv);
       if (args.dlse.data) dl -= *args.dlse.at(q, h);

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/shapes.hpp"
 #include "kernels/slice.hpp"
 
 namespace treecp::cpu {
@@ -53,28 +54,18 @@ HeadView<P> dense_view(P* data, int heads, int dim) {
   return HeadView<P>{data, static_cast<int64_t>(heads) * dim, dim};
 }
 
-struct AttnShape {
-  int64_t q_rows = 0;   // rows of the Q, O, LSE buffers
-  int64_t kv_rows = 0;  // rows of the K, V buffers
-  int hq = 0, hkv = 0;  // query heads, KV heads (hq a multiple of hkv)
-  int d = 0, dv = 0;    // query/key head dim, value head dim
-
-  int group() const { return hq / hkv; }  // query heads per KV head
-  // Throws treecp::Error naming the field when a size is out of range.
-  void validate() const;
-};
-
 // Throws unless every slice lies inside [0, q_rows) x [0, kv_rows). Slices of one call must not
 // overlap (each visible pair at most once); that is the caller's contract and is not checked here.
-void validate_slices(const AttnShape& shape, const std::vector<Slice>& slices);
+void validate_slices(int64_t q_rows, int64_t kv_rows, const std::vector<Slice>& slices);
 
 template <class T>
 struct AttnForwardArgs {
-  AttnShape shape;
+  AttentionShape shape;  // heads, head dims, softmax scale (its window is already in the slices)
+  int64_t q_rows = 0;    // rows of the Q, O, LSE buffers
+  int64_t kv_rows = 0;   // rows of the K, V buffers
   HeadView<const T> q, k, v;
   HeadView<T> o;    // written for every q row: rows that no slice touches get O = 0
   HeadView<T> lse;  // written for every q row: LSE = -inf where no key is visible
-  T scale = 0;      // softmax scale, usually 1/sqrt(d)
 };
 
 // O and LSE of the query rows over the union of the slices' pairs (this stage's keys only).
@@ -83,7 +74,8 @@ void attention_forward(const AttnForwardArgs<T>& args, const std::vector<Slice>&
 
 template <class T>
 struct AttnBackwardArgs {
-  AttnShape shape;
+  AttentionShape shape;
+  int64_t q_rows = 0, kv_rows = 0;
   HeadView<const T> q, k, v;
   // The COMPLETE output and LSE of each query (over all its keys, every stage, before any sink):
   // probabilities are exp(s - lse), and D = dot(dO, O) - dLSE couples keys of all stages.
@@ -92,7 +84,6 @@ struct AttnBackwardArgs {
   HeadView<const T> dlse;  // dJ/dLSE (with a sink: from sink_backward); data == nullptr means zero
   // Accumulated (+=): contributions of several stages (and of several calls) add.
   HeadView<T> dq, dk, dv;
-  T scale = 0;
 };
 
 // dQ, dK, dV contributions of the slices' pairs, given the complete O and LSE.

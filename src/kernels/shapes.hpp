@@ -1,0 +1,30 @@
+// The shape of each layer kind, one struct per kind: filled once where a layer is described (the
+// CLI, a binding, a test), checked once there by validate(), and passed unchanged to the planner
+// (byte terms, tiles), the runtime (buffer widths) and the kernels. Plain values, no tensors.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace treecp {
+
+// Attention: Q [S, hq, d], K [S, hkv, d], V [S, hkv, dv], O [S, hq, dv]; query head h reads KV head
+// h / (hq / hkv). The window is part of the layer (a layer with another window has other slices and
+// needs its own plan: runtime/dense_attention.hpp refuses a plan for another window).
+struct AttentionShape {
+  int hq = 32, hkv = 4;     // query heads, KV heads (hq a multiple of hkv)
+  int d = 128, dv = 128;    // query/key head dim, value head dim
+  int64_t window = 0;       // sliding window on logical positions, 0 = none
+  double scale = 0.0;       // softmax scale; <= 0 means 1 / sqrt(d)
+
+  int group() const { return hq / hkv; }  // query heads per KV head
+  double softmax_scale() const { return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d)); }
+  int64_t q_width() const { return int64_t{hq} * d; }   // elements per token of Q (and dQ)
+  int64_t k_width() const { return int64_t{hkv} * d; }  // of K
+  int64_t v_width() const { return int64_t{hkv} * dv; } // of V
+  int64_t o_width() const { return int64_t{hq} * dv; }  // of O
+  // Throws treecp::Error naming the field when a size is out of range or the window is negative.
+  void validate() const;
+};
+
+}  // namespace treecp
