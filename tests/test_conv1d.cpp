@@ -7,6 +7,7 @@
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "runtime/conv_cp.hpp"
+#include "runtime/cpu_backend.hpp"
 #include "common/gdn.hpp"
 
 namespace treecp {
@@ -22,13 +23,12 @@ struct ConvRun {
 ConvRun run_one_rank(const Row& row, int C, int K, bool silu, const std::vector<double>& x, const std::vector<double>& w,
                  const std::vector<double>& b, const std::vector<double>& dy) {
   auto comm = make_self_communicator();
-  const Ownership layout = contiguous_ownership(row.tokens(), 1);
-  const Conv1dArgs args{C, K, silu};
-  ConvRun r{std::vector<double>(x.size()), std::vector<double>(x.size(), 0.0), std::vector<double>(w.size(), 0.0),
-        std::vector<double>(static_cast<size_t>(C), 0.0)};
-  conv1d_cp_forward(*comm, row, layout, args, x.data(), w.data(), b.empty() ? nullptr : b.data(), r.y.data());
-  conv1d_cp_backward(*comm, row, layout, args, x.data(), w.data(), b.empty() ? nullptr : b.data(), dy.data(),
-                     r.dx.data(), r.dw.data(), b.empty() ? nullptr : r.db.data());
+  CpuBackend<double> be;
+  ConvCP<CpuBackend<double>> conv(contiguous_ownership(row.tokens(), 1), row, ConvShape{C, K, silu}, *comm, be);
+  ConvRun r{std::vector<double>(x.size()), std::vector<double>(x.size()), std::vector<double>(w.size()),
+            std::vector<double>(static_cast<size_t>(C))};
+  conv.forward(x, w, b.empty() ? nullptr : &b, r.y);
+  conv.backward(dy, r.dx, r.dw, b.empty() ? nullptr : &r.db);
   return r;
 }
 
@@ -108,10 +108,9 @@ TEST(Conv1d, RefusesBadLayouts) {
   EXPECT_THROW(validate_ownership({{{0, 4}}, {{3, 7}}}, row.tokens()), Error);  // token 3 twice
   EXPECT_THROW(validate_ownership({{{4, 7}, {0, 4}}}, row.tokens()), Error);    // unsorted
   auto comm = make_self_communicator();
-  std::vector<double> x(7), w(4), y(7);
-  EXPECT_THROW(conv1d_cp_forward<double>(*comm, row, {{{0, 7}}}, Conv1dArgs{1, 0, false}, x.data(), w.data(), nullptr,
-                                         y.data()),
-               Error);
+  CpuBackend<double> be;
+  EXPECT_THROW((ConvCP<CpuBackend<double>>({{{0, 7}}}, row, ConvShape{1, 0, false}, *comm, be)), Error);  // width 0
+  EXPECT_THROW((ConvCP<CpuBackend<double>>({{{0, 6}}}, row, ConvShape{1, 2, false}, *comm, be)), Error);  // token 6
 }
 
 }  // namespace

@@ -40,10 +40,10 @@ struct Inputs {
     return {cv(q), cv(k), cv(v), cv(g), cv(beta)};
   }
   template <class T>
-  GdnParams<T> params(const Typed<T>& t, int chunk, T scale = T(0.7)) const {
+  GdnParams<T> params(const Typed<T>& t, int chunk, double scale = 0.7) const {
     GdnParams<T> p;
     p.q = t.q.data(); p.k = t.k.data(); p.v = t.v.data(); p.g = t.g.data(); p.beta = t.beta.data();
-    p.tokens = S; p.heads = H; p.dk = dk; p.dv = dv; p.gate = gate; p.scale = scale; p.chunk = chunk;
+    p.tokens = S; p.shape = GdnShape{H, dk, dv, gate, scale, chunk};
     return p;
   }
 };
@@ -54,8 +54,8 @@ std::vector<double> widen(const std::vector<T>& x) { return std::vector<double>(
 // Forward over all heads from per-head initial states; returns y and final states.
 template <class T>
 void run_forward(const GdnParams<T>& p, bool chunked, int64_t t0, int64_t t1, std::vector<T>& states, std::vector<T>& y) {
-  const size_t sz = static_cast<size_t>(p.dk) * p.dv;
-  for (int h = 0; h < p.heads; ++h) {
+  const size_t sz = static_cast<size_t>(p.shape.dk) * p.shape.dv;
+  for (int h = 0; h < p.shape.heads; ++h) {
     if (chunked) gdn_chunked_forward(p, h, t0, t1, states.data() + h * sz, y.data());
     else gdn_recurrent_forward(p, h, t0, t1, states.data() + h * sz, y.data());
   }
@@ -89,7 +89,7 @@ TEST_P(GdnKernel, ChunkedFloatWithinFloatRecurrenceError) {
   auto td = in.as<double>();
   auto tf = in.as<float>();
   auto pd = in.params(td, 64);
-  auto pf = in.params(tf, 64, 0.7f);
+  auto pf = in.params(tf, 64);
   std::vector<double> s_ref(2 * 16 * 8, 0.0), y_ref(S * 2 * 8);
   run_forward(pd, false, 0, S, s_ref, y_ref);
   std::vector<float> s_rec(2 * 16 * 8, 0.f), s_chk = s_rec, y_rec(S * 2 * 8), y_chk(S * 2 * 8);

@@ -14,4 +14,16 @@ void AttentionShape::validate() const {
   require(std::isfinite(scale), "attention: scale must be finite, got ", scale);
 }
 
+void GdnShape::validate() const {
+  require(heads >= 1, "gdn: heads must be >= 1, got ", heads);
+  require(dk >= 1 && dv >= 1, "gdn: dk and dv must be >= 1, got ", dk, " and ", dv);
+  require(chunk >= 1 && chunk <= 4096, "gdn: chunk must be in [1, 4096], got ", chunk);
+  require(std::isfinite(scale), "gdn: scale must be finite, got ", scale);
+}
+
+void ConvShape::validate() const {
+  require(channels >= 1, "conv1d: channels must be >= 1, got ", channels);
+  require(width >= 1 && width <= 64, "conv1d: width must be in [1, 64], got ", width);
+}
+
 }  // namespace treecp

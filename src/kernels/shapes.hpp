@@ -27,4 +27,37 @@ struct AttentionShape {
   void validate() const;
 };
 
+// Gated DeltaNet / KDA (kernels/cpu/gdn.hpp): per token and head q, k [dk], v [dv], a log-decay g
+// (one per head for GDN, one per key channel for KDA) and beta; the state per head is dk x dv.
+enum class GdnGate {
+  Scalar,      // GDN: g [S, H]
+  PerChannel,  // KDA: g [S, H, dk]
+};
+
+struct GdnShape {
+  int heads = 32;
+  int dk = 128, dv = 128;
+  GdnGate gate = GdnGate::Scalar;
+  double scale = 1.0;  // y = scale S^T q
+  int chunk = 64;      // tokens per chunk of the chunked form
+
+  int64_t qk_width() const { return int64_t{heads} * dk; }  // elements per token of q and k
+  int64_t v_width() const { return int64_t{heads} * dv; }   // of v and y
+  int64_t g_width() const { return gate == GdnGate::Scalar ? heads : int64_t{heads} * dk; }  // of g
+  int64_t state_elements() const { return int64_t{heads} * dk * dv; }  // one state, every head
+  // One head's summary block: M (dk x dk) then E (dk x dv), S_out = M S_in + E.
+  int64_t map_block() const { return int64_t{dk} * (dk + dv); }
+  int64_t map_elements() const { return heads * map_block(); }  // one summary, every head
+  void validate() const;
+};
+
+// Causal depthwise conv1d along logical paths (kernels/cpu/conv1d.hpp): x [S, channels], weight
+// [channels, width], an optional bias, SiLU optionally applied.
+struct ConvShape {
+  int channels = 1;
+  int width = 4;
+  bool silu = false;
+  void validate() const;
+};
+
 }  // namespace treecp

@@ -100,6 +100,26 @@ std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int
   return out;
 }
 
+int gdn_holder(const GdnPlan& plan, int32_t seg) { return plan.chained[seg] ? plan.ranks - 1 : plan.owner[seg]; }
+
+int gdn_step(const GdnPlan& plan, int32_t seg) { return plan.chained[seg] ? 2 * plan.phase[seg] - 1 : 2 * plan.phase[seg]; }
+
+GdnSchedule gdn_schedule(const Row& row, const GdnPlan& plan) {
+  GdnSchedule sc;
+  sc.steps = 2 * plan.num_phases - 1;
+  sc.transfers.resize(static_cast<size_t>(sc.steps));
+  sc.segments.resize(static_cast<size_t>(sc.steps));
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    const int st = gdn_step(plan, s);
+    sc.segments[static_cast<size_t>(st)].push_back(s);
+    const int32_t p = row.parent(s);
+    if (p >= 0 && (plan.chained[s] || plan.chained[p])) {
+      sc.transfers[static_cast<size_t>(st)].push_back({s, gdn_holder(plan, p), plan.chained[s] ? 0 : plan.owner[s]});
+    }
+  }
+  return sc;
+}
+
 Ownership gdn_ownership(const Row& row, const GdnPlan& plan) {
   Ownership out(static_cast<size_t>(plan.ranks));
   for (int r = 0; r < plan.ranks; ++r) out[static_cast<size_t>(r)] = gdn_rank_ranges(row, plan, r);
@@ -247,9 +267,8 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
   // backward gradient, so the same volume twice).
   std::vector<std::vector<double>> sent(busy), recvd(busy);
   std::vector<int> chains_in_step(static_cast<size_t>(steps), 0);
-  auto holder = [&](int32_t s) { return plan.chained[s] ? N - 1 : plan.owner[s]; };
   for (int32_t s = 0; s < n; ++s) {
-    const int step = plan.chained[s] ? 2 * plan.phase[s] - 1 : 2 * plan.phase[s];
+    const int step = gdn_step(plan, s);
     auto& b = busy[static_cast<size_t>(step)];
     if (plan.chained[s]) {
       ++chains_in_step[static_cast<size_t>(step)];
@@ -261,7 +280,7 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
     const int32_t p = row.parent(s);
     if (p < 0) continue;
     const int dst = plan.chained[s] ? 0 : plan.owner[s];
-    const int src = holder(p);
+    const int src = gdn_holder(plan, p);
     if (src == dst) continue;
     sent[static_cast<size_t>(step)][src] += 2 * state_bytes;
     recvd[static_cast<size_t>(step)][dst] += 2 * state_bytes;

@@ -16,18 +16,12 @@
 #include <vector>
 
 #include "core/json.hpp"
+#include "kernels/shapes.hpp"
 #include "plan/cost.hpp"
 #include "plan/ownership.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
-
-struct GdnShape {
-  int heads = 32;
-  int dk = 128;
-  int dv = 128;
-  int chunk = 64;
-};
 
 // The one cost model of the GDN planner, simulator and benchmark report, in the dense model's units
 // (plan/cost.hpp: ms, bytes/ms). Coefficients are calibrated by bench_gdn on the machine that runs the
@@ -69,6 +63,27 @@ struct GdnPlan {
   // Reads what to_json wrote; validate against the row with validate_gdn_plan.
   static GdnPlan from_json(const json::Value& v);
 };
+
+// The DAG steps of a plan as the runtime walks them: step 2p is local phase p, step 2p - 1 chain
+// phase p. Before a step, the final states its segments start from travel from their holders: a
+// transfer moves the final state of row.parent(seg) from `src` (its holder: the owner of a local
+// segment, the last rank for a chain) to `dst` (the rank that starts seg: its owner, or rank 0 of a
+// chain); the backward sends the gradient of that state the other way. A local child of a local
+// parent needs no transfer (same unit, same rank, same step).
+struct GdnTransfer {
+  int32_t seg;
+  int src, dst;
+};
+struct GdnSchedule {
+  int steps = 1;
+  std::vector<std::vector<GdnTransfer>> transfers;  // per step
+  std::vector<std::vector<int32_t>> segments;       // per step, in DFS order
+};
+GdnSchedule gdn_schedule(const Row& row, const GdnPlan& plan);
+// The rank that holds a segment's final state: its owner, or the last rank for a chained segment.
+int gdn_holder(const GdnPlan& plan, int32_t seg);
+// The step a segment runs in.
+int gdn_step(const GdnPlan& plan, int32_t seg);
 
 // Physical ranges rank r holds, sorted and merged: its buffers lay them out in this order.
 std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int rank);

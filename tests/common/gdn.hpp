@@ -1,6 +1,6 @@
 // The GDN/KDA and conv1d tests' own part of tests/common (single process and MPI): random inputs
 // shaped like a real layer, the one-process tree references (the token recurrence; conv1d by explicit
-// root-to-token paths), and a rank's buffers cut from whole-row arrays.
+// root-to-token paths), a rank's buffers cut from whole-row arrays, and a run of GDN CP over them.
 #pragma once
 
 #include <cmath>
@@ -8,7 +8,11 @@
 #include <vector>
 
 #include "common/common.hpp"
+#include "comm/communicator.hpp"
 #include "kernels/cpu/gdn.hpp"
+#include "plan/gdn_plan.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "runtime/gdn_cp.hpp"
 #include "runtime/row_map.hpp"
 #include "tree/row.hpp"
 
@@ -21,6 +25,7 @@ struct GdnData {
   GdnGate gate = GdnGate::Scalar;
   std::vector<double> q, k, v, g, beta, dy;
   int64_t g_width() const { return gate == GdnGate::Scalar ? 1 : dk; }
+  GdnShape shape(double scale, int chunk = 64) const { return {H, dk, dv, gate, scale, chunk}; }
 };
 
 inline GdnData random_gdn_data(int64_t S, int H, int dk, int dv, GdnGate gate, Rng& rng) {
@@ -50,13 +55,14 @@ inline GdnData random_gdn_data(int64_t S, int H, int dk, int dv, GdnGate gate, R
   return d;
 }
 
+// A rank's share of the inputs (also the CPU backend's buffers: std::vector<T>).
 template <class T>
 struct GdnBuffers {
   std::vector<T> q, k, v, g, beta, dy;
-  GdnParams<T> params(const GdnData& d, int64_t tokens, int chunk, T scale) const {
+  GdnParams<T> params(const GdnShape& shape, int64_t tokens) const {
     GdnParams<T> p;
     p.q = q.data(); p.k = k.data(); p.v = v.data(); p.g = g.data(); p.beta = beta.data();
-    p.tokens = tokens; p.heads = d.H; p.dk = d.dk; p.dv = d.dv; p.gate = d.gate; p.scale = scale; p.chunk = chunk;
+    p.tokens = tokens; p.shape = shape;
     return p;
   }
 };
@@ -68,6 +74,23 @@ GdnBuffers<T> gdn_buffers(const GdnData& d, const std::vector<TokenRange>& range
           rows_of<T>(d.beta, d.H, ranges), rows_of<T>(d.dy, d.H * d.dv, ranges)};
 }
 
+// GDN CP (runtime/gdn_cp.hpp) on the CPU backend over this rank's buffers, forward and backward.
+template <class T>
+struct GdnRun {
+  std::vector<T> y, dq, dk, dv, dg, dbeta;
+};
+template <class T>
+GdnRun<T> run_gdn_cp(Communicator& comm, const Row& row, const GdnPlan& plan, const GdnShape& shape,
+                     const GdnBuffers<T>& in) {
+  CpuBackend<T> be;
+  GdnCP<CpuBackend<T>> cp(plan, row, shape, comm, be);
+  GdnRun<T> r{std::vector<T>(in.v.size()), std::vector<T>(in.q.size()), std::vector<T>(in.k.size()),
+              std::vector<T>(in.v.size()), std::vector<T>(in.g.size()), std::vector<T>(in.beta.size())};
+  cp.forward(in.q, in.k, in.v, in.g, in.beta, r.y);
+  cp.backward(in.dy, r.dq, r.dk, r.dv, r.dg, r.dbeta);
+  return r;
+}
+
 struct GdnReference {
   std::vector<double> y, dq, dk, dv, dg, dbeta;
 };
@@ -77,7 +100,7 @@ struct GdnReference {
 inline GdnReference gdn_tree_reference(const Row& row, const GdnData& d, double scale, bool backward = true) {
   GdnParams<double> p;
   p.q = d.q.data(); p.k = d.k.data(); p.v = d.v.data(); p.g = d.g.data(); p.beta = d.beta.data();
-  p.tokens = d.S; p.heads = d.H; p.dk = d.dk; p.dv = d.dv; p.gate = d.gate; p.scale = scale;
+  p.tokens = d.S; p.shape = d.shape(scale);
   const int64_t ssz = static_cast<int64_t>(d.dk) * d.dv, state = d.H * ssz;
   const int32_t n = row.num_segments();
   std::vector<std::vector<double>> s_in(static_cast<size_t>(n)), s_out(static_cast<size_t>(n));

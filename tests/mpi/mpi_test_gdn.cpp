@@ -11,6 +11,7 @@
 #include "common/gdn.hpp"
 #include "common/mpi_main.hpp"
 #include "runtime/conv_cp.hpp"
+#include "runtime/cpu_backend.hpp"
 #include "runtime/gdn_cp.hpp"
 #include "plan/gdn_plan.hpp"
 
@@ -34,7 +35,7 @@ std::vector<uint8_t> chained_set(const Row& row, int mode, testing::Rng& rng, in
   std::vector<uint8_t> c(n, 0);
   if (mode == 3) {
     // A shape whose summaries are cheap next to the tokens: the planner chains the long segments.
-    GdnShape shape{32, 128, 128, 64};
+    const GdnShape shape;  // DESIGN.md's GDN shape
     GdnCostModel m;
     m.link.latency_ms = 0.0;
     return plan_gdn(row, ranks, shape, m).chained;
@@ -55,17 +56,11 @@ void check_case(MpiCommunicator& comm, const Case& cs, GdnGate gate) {
   const GdnPlan plan = make_gdn_plan(row, comm.size(), chained_set(row, cs.chain_mode, rng, comm.size()));
   validate_gdn_plan(row, plan);
   const auto ranges = gdn_rank_ranges(row, plan, comm.rank());
-  auto buf = testing::gdn_buffers<T>(d, ranges);
-  int64_t tokens = 0;
-  for (const auto& r : ranges) tokens += r.size();
+  const int64_t tokens = tokens_of(ranges);
   // Chunks of 5 cross every boundary; the default 64 runs on the longer rows.
   const int chunk = cs.max_len >= 80 ? 64 : 5;
-  const auto p = buf.params(d, tokens, chunk, static_cast<T>(scale));
-  std::vector<T> y(static_cast<size_t>(tokens * d.H * d.dv)), dq(buf.q.size()), dk(buf.k.size()), dv(buf.v.size()),
-      dg(buf.g.size()), dbeta(buf.beta.size());
-  const auto saved = gdn_cp_forward(comm, row, plan, p, y.data());
-  gdn_cp_backward(comm, row, plan, p, saved, buf.dy.data(),
-                  GdnGrads<T>{dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data()});
+  const GdnShape shape = d.shape(scale, chunk);
+  const testing::GdnRun<T> got = testing::run_gdn_cp(comm, row, plan, shape, testing::gdn_buffers<T>(d, ranges));
   // double: rounding only. float: within a small multiple of the error that the same kernels make in
   // float in one process (all segments local), measured per array against the double reference.
   const bool is_double = sizeof(T) == 8;
@@ -73,15 +68,9 @@ void check_case(MpiCommunicator& comm, const Case& cs, GdnGate gate) {
   if (!is_double) {
     auto self = make_self_communicator();
     const GdnPlan one = make_gdn_plan(row, 1, std::vector<uint8_t>(static_cast<size_t>(row.num_segments()), 0));
-    auto fb = testing::gdn_buffers<float>(d, {{0, row.tokens()}});
-    const auto fp = fb.params(d, row.tokens(), chunk, static_cast<float>(scale));
-    std::vector<float> fy(d.v.size()), fdq(d.q.size()), fdk(d.k.size()), fdv(d.v.size()), fdg(d.g.size()),
-        fdb(d.beta.size());
-    const auto fs = gdn_cp_forward(*self, row, one, fp, fy.data());
-    gdn_cp_backward(*self, row, one, fp, fs, fb.dy.data(),
-                    GdnGrads<float>{fdq.data(), fdk.data(), fdv.data(), fdg.data(), fdb.data()});
+    const auto f = testing::run_gdn_cp(*self, row, one, shape, testing::gdn_buffers<float>(d, {{0, row.tokens()}}));
     auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
-    fref = {widen(fy), widen(fdq), widen(fdk), widen(fdv), widen(fdg), widen(fdb)};
+    fref = {widen(f.y), widen(f.dq), widen(f.dk), widen(f.dv), widen(f.dg), widen(f.dbeta)};
   }
   auto expect_close = [&](const std::vector<T>& got, const std::vector<double>& want, int64_t width, const char* name) {
     const std::vector<double> mine = rows_of<double>(want, width, ranges);
@@ -100,12 +89,12 @@ void check_case(MpiCommunicator& comm, const Case& cs, GdnGate gate) {
                                           1e-6 * (1 + max_abs(want))))
         << what;
   };
-  expect_close(y, ref.y, d.H * d.dv, "y");
-  expect_close(dq, ref.dq, d.H * d.dk, "dq");
-  expect_close(dk, ref.dk, d.H * d.dk, "dk");
-  expect_close(dv, ref.dv, d.H * d.dv, "dv");
-  expect_close(dg, ref.dg, d.H * d.g_width(), "dg");
-  expect_close(dbeta, ref.dbeta, d.H, "dbeta");
+  expect_close(got.y, ref.y, d.H * d.dv, "y");
+  expect_close(got.dq, ref.dq, d.H * d.dk, "dq");
+  expect_close(got.dk, ref.dk, d.H * d.dk, "dk");
+  expect_close(got.dv, ref.dv, d.H * d.dv, "dv");
+  expect_close(got.dg, ref.dg, d.H * d.g_width(), "dg");
+  expect_close(got.dbeta, ref.dbeta, d.H, "dbeta");
 }
 
 const Case kCases[] = {
@@ -141,23 +130,21 @@ TEST(MpiGdn, ScanIndependentOfRankCount) {
   const int64_t S = 97;
   testing::Rng rng = testing::test_rng(5);
   const GdnData d = testing::random_gdn_data(S, 2, 4, 3, GdnGate::PerChannel, rng);
-  auto buf = testing::gdn_buffers<double>(d, {{0, S}});
-  const auto p = buf.params(d, S, 8, 1.0);
-  const int dk = d.dk, dv = d.dv, H = d.H;
-  const int64_t blk = dk * (dk + dv);
+  const auto buf = testing::gdn_buffers<double>(d, {{0, S}});
+  const GdnShape shape = d.shape(1.0, 8);
+  CpuBackend<double> be;
+  const GdnInputs<std::vector<double>> in{&buf.q, &buf.k, &buf.v, &buf.g, &buf.beta};
   for (int dir : {+1, -1}) {
     // Rank r's shard is [cut(r), cut(r+1)) in scan order; rank 0 of the scan order may hold nothing.
     auto cut = [&](int pos) { return pos == 0 ? 0 : S * pos / N; };
     const int pos = dir > 0 ? me : N - 1 - me;
-    std::vector<double> own(static_cast<size_t>(H * blk)), excl;
-    for (int h = 0; h < H; ++h)
-      gdn_chunked_summary(p, h, cut(pos), cut(pos + 1), own.data() + h * blk, own.data() + h * blk + dk * dk);
-    const bool have = gdn_exclusive_scan<double>(comm, dir, 1, H, dk, dv, own, excl);
+    std::vector<double> own = be.alloc(shape.map_elements()), excl;
+    be.gdn_summary(shape, in, cut(pos), cut(pos + 1) - cut(pos), own, 0);
+    const bool have = gdn_exclusive_scan(comm, be, shape, dir, 1, own, excl);
     EXPECT_EQ(have, pos > 0);
     if (!have) continue;
-    std::vector<double> want(static_cast<size_t>(H * blk));
-    for (int h = 0; h < H; ++h)
-      gdn_chunked_summary(p, h, 0, cut(pos), want.data() + h * blk, want.data() + h * blk + dk * dk);
+    std::vector<double> want = be.alloc(shape.map_elements());
+    be.gdn_summary(shape, in, 0, cut(pos), want, 0);
     EXPECT_LT(max_error(excl, want), 1e-12) << "rank " << me << " of " << N << " direction " << dir;
   }
 }
@@ -186,11 +173,11 @@ TEST(MpiConv1d, EqualsExplicitPaths) {
         const auto ref = testing::conv_tree_reference(row, x, w, b, C, K, silu, dy);
         const auto& mine = layout[static_cast<size_t>(me)];
         const auto xl = rows_of<double>(x, C, mine), dyl = rows_of<double>(dy, C, mine);
-        std::vector<double> y(xl.size()), dx(xl.size(), 0.0), dw(w.size(), 0.0), db(b.size(), 0.0);
-        const Conv1dArgs args{C, K, silu};
-        conv1d_cp_forward(comm, row, layout, args, xl.data(), w.data(), b.data(), y.data());
-        conv1d_cp_backward(comm, row, layout, args, xl.data(), w.data(), b.data(), dyl.data(), dx.data(), dw.data(),
-                           db.data());
+        std::vector<double> y(xl.size()), dx(xl.size()), dw(w.size()), db(b.size());
+        CpuBackend<double> be;
+        ConvCP<CpuBackend<double>> conv(layout, row, ConvShape{C, K, silu}, comm, be);
+        conv.forward(xl, w, &b, y);
+        conv.backward(dyl, dx, dw, &db);
         EXPECT_LT(max_error(y, rows_of<double>(ref.y, C, mine)), 1e-12) << "tree " << tree << " K " << K << " layout " << lay;
         EXPECT_LT(max_error(dx, rows_of<double>(ref.dx, C, mine)), 1e-12) << "tree " << tree << " K " << K;
         EXPECT_LT(max_error(dw, ref.dw), 1e-11);

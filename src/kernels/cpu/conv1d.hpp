@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/shapes.hpp"
+
 namespace treecp {
 
 template <class T>
@@ -17,9 +19,7 @@ struct Conv1dParams {
   const T* bias = nullptr;       // [channels] or null
   int64_t rows = 0;              // rows of x (outputs + halo)
   int64_t out_rows = 0;          // outputs are rows [0, out_rows)
-  int channels = 0;
-  int width = 4;
-  bool silu = false;
+  ConvShape shape;               // channels, width, SiLU
 };
 
 template <class T>

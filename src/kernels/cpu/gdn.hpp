@@ -15,12 +15,9 @@
 
 #include <cstdint>
 
-namespace treecp {
+#include "kernels/shapes.hpp"
 
-enum class GdnGate {
-  Scalar,      // GDN: g [S, H]
-  PerChannel,  // KDA: g [S, H, dk]
-};
+namespace treecp {
 
 // Token-major arrays of one rank's tokens: q[t][h][d] = q[(t * heads + h) * dk + d].
 template <class T>
@@ -31,12 +28,8 @@ struct GdnParams {
   const T* g = nullptr;     // [S, H] or [S, H, dk]: natural log of the decay
   const T* beta = nullptr;  // [S, H]
   int64_t tokens = 0;
-  int heads = 0;
-  int dk = 0;
-  int dv = 0;
-  GdnGate gate = GdnGate::Scalar;
-  T scale = 1;
-  int chunk = 64;  // tokens per chunk of the chunked form
+  GdnShape shape;  // heads, head dims, gate kind, output scale, chunk
+  T scale() const { return static_cast<T>(shape.scale); }
 };
 
 // Gradient arrays, same layouts as the inputs. Kernels ADD into them (a token's gradient is written
@@ -52,7 +45,7 @@ struct GdnGrads {
   bool any() const { return dq || dk || dv || dg || dbeta; }
 };
 
-// Checks sizes, gate kind and chunk; names the field at fault.
+// Checks the shape, the token count and the arrays; names the field at fault.
 template <class T>
 void gdn_check_params(const GdnParams<T>& p);
 
