@@ -211,6 +211,37 @@ TEST_P(GdnKernel, StateOnlyBackwardMatchesFull) {
   EXPECT_LT(max_error(a, b), 1e-13);
 }
 
+// The layer's q/k normalisation: unit vectors out, its backward against central differences.
+TEST(GdnKernelNorm, L2NormUnitRowsAndFiniteDifferences) {
+  TREECP_SEED_TRACE;
+  Rng rng = testing::test_rng(21);
+  const int64_t groups = 5;
+  const int dim = 6;
+  const std::vector<double> x = randn(groups * dim, rng, 2.0), w = randn(groups * dim, rng);
+  std::vector<double> y(x.size()), dx(x.size(), 0.0);
+  l2norm_forward(x.data(), groups, dim, y.data());
+  for (int64_t g = 0; g < groups; ++g) {
+    double n = 0;
+    for (int i = 0; i < dim; ++i) n += y[g * dim + i] * y[g * dim + i];
+    EXPECT_NEAR(n, 1.0, 1e-6);
+  }
+  l2norm_backward(x.data(), w.data(), groups, dim, dx.data());
+  auto loss = [&](const std::vector<double>& xx) {
+    std::vector<double> yy(xx.size());
+    l2norm_forward(xx.data(), groups, dim, yy.data());
+    double j = 0;
+    for (size_t i = 0; i < yy.size(); ++i) j += yy[i] * w[i];
+    return j;
+  };
+  const double eps = 1e-6;
+  for (size_t i = 0; i < x.size(); ++i) {
+    std::vector<double> xp = x, xm = x;
+    xp[i] += eps;
+    xm[i] -= eps;
+    EXPECT_NEAR(dx[i], (loss(xp) - loss(xm)) / (2 * eps), 1e-7) << "dx[" << i << "]";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Gates, GdnKernel, ::testing::Values(GdnGate::Scalar, GdnGate::PerChannel),
                          [](const auto& info) { return info.param == GdnGate::Scalar ? "GDN" : "KDA"; });
 

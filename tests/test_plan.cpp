@@ -183,6 +183,30 @@ TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
   EXPECT_EQ(plans, 24 * 8 * 5);
 }
 
+// Attention layers with different windows share one ownership: the plan for the second window keeps
+// the first plan's chunks and owners and still computes every visible pair of its window once.
+TEST(Plan, AnotherWindowKeepsTheOwnership) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(13);
+  for (int iter = 0; iter < 12; ++iter) {
+    const Row row = random_row(rng);
+    const int cp = 1 + iter % 6;
+    PlanOptions o;
+    o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 12)(rng);
+    o.layout = kLayouts[static_cast<size_t>(iter) % 5];
+    const Plan base = make_plan(row, cp, layer(), CostModel{}, o);
+    const int64_t window = std::uniform_int_distribution<int64_t>(1, 30)(rng);
+    const Plan other = plan_for_ownership(base, row, layer(window), CostModel{});
+    const std::string what = "iteration " + std::to_string(iter) + " window " + std::to_string(window);
+    EXPECT_EQ(other.chunk_owner, base.chunk_owner) << what;
+    EXPECT_EQ(plan_ownership(other), plan_ownership(base)) << what;
+    EXPECT_EQ(other.window, window);
+    ASSERT_NO_THROW(validate_plan(other, row, window, cp)) << what;
+    expect_exact_once(other, row, window, what);
+    expect_one_fetch(other, what);
+  }
+}
+
 TEST(Plan, PresetPlansValidateAtOddRankCounts) {
   for (int cp : {3, 5, 6}) {
     for (const char* preset : {"varied5k", "deep", "art-varied5k"}) {

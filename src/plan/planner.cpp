@@ -632,6 +632,23 @@ class Search {
 
 }  // namespace
 
+Plan plan_for_ownership(const Plan& base, const Row& row, const AttentionShape& shape, const CostModel& costs,
+                        int max_waves) {
+  shape.validate();
+  require(base.tokens == row.tokens(), "plan_for_ownership: the base plan covers ", base.tokens,
+          " tokens but the row has ", row.tokens());
+  require(max_waves >= 1 && max_waves <= 16, "max waves must be in [1, 16], got ", max_waves);
+  const std::vector<Slice> slices = row_slices(row, shape.window);
+  const TileTokens tile = tile_tokens(costs.kernel_tiles, shape.group());
+  const WorkMatrix w = build_work_matrix(slices, base.chunk_bounds, tile.query, tile.key);
+  Evaluator ev(w, costs, shape, base.cp);
+  PlanOptions options;
+  options.max_waves = max_waves;
+  int evaluations = 0;
+  const Candidate best = Search(ev, options, evaluations).best_waves(base.chunk_owner);
+  return build_plan(slices, shape.window, ev, best.owner, best.waves, base.layout);
+}
+
 Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs, const PlanOptions& options,
                PlanReport* report) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -50,6 +50,13 @@ struct PlanReport {
 Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs, const PlanOptions& options,
                PlanReport* report = nullptr);
 
+// A plan for another attention layer of the same row that keeps `base`'s ownership (its chunks and
+// their owners), so that attention layers with different windows exchange no activations between them:
+// the stages, their slices and the wave count (the best of 1..max_waves, or none when no rank needs
+// remote keys) are planned for `shape` (its window) on that ownership. The layout name is base's.
+Plan plan_for_ownership(const Plan& base, const Row& row, const AttentionShape& shape, const CostModel& costs,
+                        int max_waves = 4);
+
 // ---- the parts, exposed for tests and benchmarks
 
 // Ownership generators: chunk -> rank.

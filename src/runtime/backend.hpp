@@ -40,6 +40,8 @@
 //   void gdn_adjoint(const GdnShape&, const Buffer& map, const Buffer& a, const Buffer* g, Buffer& maps,
 //                    int64_t item);   // a run's gradient map: (Mᵀ, a), or with dL/dS_out g: (0, Mᵀ g + a)
 //   void gdn_map_state(const GdnShape&, const Buffer& maps, int64_t item, Buffer& state);  // state = E
+//   void l2norm_forward(const Buffer& x, int64_t groups, int dim, Buffer& y);   // per dim-vector, q/k of a layer
+//   void l2norm_backward(const Buffer& x, const Buffer& dy, int64_t groups, int dim, Buffer& dx);  // dx +=
 //
 // Short convolution over rows linked by their logical predecessor (runtime/conv_cp.hpp;
 // kernels/cpu/conv1d.hpp): x holds the outputs' rows then halo rows, prev[r] is r's predecessor row.

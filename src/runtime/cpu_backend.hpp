@@ -241,6 +241,18 @@ class CpuBackend {
     }
   }
 
+  void l2norm_forward(const Buffer& x, int64_t groups, int dim, Buffer& y) {
+    check(x, 0, groups, dim, "l2norm x");
+    check(y, 0, groups, dim, "l2norm y");
+    treecp::l2norm_forward(x.data(), groups, dim, y.data());
+  }
+  void l2norm_backward(const Buffer& x, const Buffer& dy, int64_t groups, int dim, Buffer& dx) {
+    check(x, 0, groups, dim, "l2norm x");
+    check(dy, 0, groups, dim, "l2norm dy");
+    check(dx, 0, groups, dim, "l2norm dx");
+    treecp::l2norm_backward(x.data(), dy.data(), groups, dim, dx.data());
+  }
+
   // ---- short convolution
 
   void conv1d_forward(const ConvShape& sh, const Buffer& x, const std::vector<int64_t>& prev, int64_t out_rows,

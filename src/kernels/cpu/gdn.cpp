@@ -597,6 +597,34 @@ void gdn_apply_transposed(int dk, int dv, const T* M, const T* a, const T* ds, T
     }
 }
 
+template <class T>
+void l2norm_forward(const T* x, int64_t groups, int dim, T* y) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const T* xi = x + g * dim;
+    T ss = 0;
+    for (int i = 0; i < dim; ++i) ss += xi[i] * xi[i];
+    const T inv = T(1) / std::sqrt(ss + static_cast<T>(kL2NormEps));
+    for (int i = 0; i < dim; ++i) y[g * dim + i] = xi[i] * inv;
+  }
+}
+
+template <class T>
+void l2norm_backward(const T* x, const T* dy, int64_t groups, int dim, T* dx) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const T* xi = x + g * dim;
+    const T* gi = dy + g * dim;
+    T ss = 0, xg = 0;
+    for (int i = 0; i < dim; ++i) {
+      ss += xi[i] * xi[i];
+      xg += xi[i] * gi[i];
+    }
+    const T inv = T(1) / std::sqrt(ss + static_cast<T>(kL2NormEps));
+    // y = x inv: dJ/dx = inv (dy - y (y·dy)) = inv dy - x inv³ (x·dy)
+    const T c = xg * inv * inv * inv;
+    for (int i = 0; i < dim; ++i) dx[g * dim + i] += inv * gi[i] - c * xi[i];
+  }
+}
+
 #define TREECP_GDN_INSTANTIATE(T)                                                                             \
   template void gdn_check_params<T>(const GdnParams<T>&);                                                   \
   template void gdn_recurrent_forward<T>(const GdnParams<T>&, int, int64_t, int64_t, T*, T*);               \
@@ -608,7 +636,9 @@ void gdn_apply_transposed(int dk, int dv, const T* M, const T* a, const T* ds, T
   template void gdn_chunked_summary<T>(const GdnParams<T>&, int, int64_t, int64_t, T*, T*);                 \
   template void gdn_compose<T>(int, int, const T*, const T*, const T*, const T*, T*, T*);                   \
   template void gdn_apply<T>(int, int, const T*, const T*, const T*, T*);                                   \
-  template void gdn_apply_transposed<T>(int, int, const T*, const T*, const T*, T*);
+  template void gdn_apply_transposed<T>(int, int, const T*, const T*, const T*, T*);                       \
+  template void l2norm_forward<T>(const T*, int64_t, int, T*);                                               \
+  template void l2norm_backward<T>(const T*, const T*, int64_t, int, T*);
 
 TREECP_GDN_INSTANTIATE(float)
 TREECP_GDN_INSTANTIATE(double)

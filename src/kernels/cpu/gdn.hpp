@@ -80,4 +80,15 @@ void gdn_apply(int dk, int dv, const T* M, const T* E, const T* s, T* out);
 template <class T>
 void gdn_apply_transposed(int dk, int dv, const T* M, const T* a, const T* ds, T* out);
 
+// ---- the layer's q/k normalisation (GDN and KDA layers L2-normalise q and k per head, which keeps
+// the delta rule contractive: with |k| = 1 and beta in (0, 1) the state's update I - beta k kᵀ has
+// eigenvalues in [1 - beta, 1])
+// Every one of `groups` consecutive vectors of `dim` elements: y = x / sqrt(|x|² + kL2NormEps).
+inline constexpr double kL2NormEps = 1e-6;
+template <class T>
+void l2norm_forward(const T* x, int64_t groups, int dim, T* y);
+// Adds dJ/dx = (dy - y (y·dy)) / sqrt(|x|² + eps) for each vector.
+template <class T>
+void l2norm_backward(const T* x, const T* dy, int64_t groups, int dim, T* dx);
+
 }  // namespace treecp
