@@ -1,3 +1,5 @@
+// core/: the ground every layer stands on: errors, JSON, .npy files, counter-based random values.
+//
 // NumPy .npy files: little-endian float32 ('<f4') or float64 ('<f8'), C order, format 1.0/2.0/3.0.
 // Anything else (big-endian, Fortran order, other dtypes, truncated data) is refused by name.
 #pragma once

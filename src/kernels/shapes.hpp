@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // The shape of each layer kind, one struct per kind: filled once where a layer is described (the
 // CLI, a binding, a test), checked once there by validate(), and passed unchanged to the planner
 // (byte terms, tiles), the runtime (buffer widths) and the kernels. Plain values, no tensors.

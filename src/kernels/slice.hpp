@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // The slice band: the one description of visibility that kernels take (CPU and CUDA alike), as
 // (q_range, k_range, band) with one closed-form area. Query q sees key k of a slice iff
 // q in [q_begin, q_end), k in [k_begin, k_end) and diag_min <= q - k < diag_max.

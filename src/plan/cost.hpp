@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
+// cost models, and the Plans they produce (no tensor values).
+//
 // The cost model of DESIGN.md "Schedule model": coefficients (a JSON file), the one stage-cost and
 // transfer-cost function, and the forward/backward schedule simulator. The planner, the plan
 // simulator and every report call these; no other file prices a stage.

@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
+// cost models, and the Plans they produce (no tensor values).
+//
 // The GDN/KDA planner (beside the dense one, plan/planner.hpp): where each segment of a packed row
 // runs in a GDN/KDA layer under context parallelism, what that is predicted to cost, and the bounded
 // search over chained sets. Pure data: no tensor values.

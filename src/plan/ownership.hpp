@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
+// cost models, and the Plans they produce (no tensor values).
+//
 // Ownership: which rank holds which tokens of a row (DESIGN.md's second object, beside visibility
 // and schedule). A token range is a physical [begin, end); an Ownership lists, per rank, the sorted
 // disjoint ranges that rank holds, and a rank's buffers hold its tokens in that order. Every layer

@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
+// cost models, and the Plans they produce (no tensor values).
+//
 // A Plan: which rank owns which token chunks, and which stages each rank runs with which remote KV.
 // Pure data (no tensor values), JSON round trip, computed once per row and reused by every layer with
 // the same geometry. The runtime only executes it.

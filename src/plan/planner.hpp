@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
+// cost models, and the Plans they produce (no tensor values).
+//
 // The planner: layouts as ownership generators, the schedule (which remote key chunks each rank
 // fetches in which wave), evaluation through the cost model, a bounded ownership search, and the
 // construction of the Plan the runtime executes.

@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // What the runtime's protocol code needs from a Backend (CPU now, CUDA later). The protocol never
 // touches tensor elements itself: it moves rows between buffers and calls these kernels, so the same
 // protocol runs on host buffers over MPI and on device buffers over NCCL. Shapes are kernels/shapes.hpp's.

@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Causal depthwise conv1d (the short convolution of GDN/KDA layers) over a packed prefix-tree row
 // whose tokens are spread over ranks by any Ownership (plan/ownership.hpp; a rank's buffers hold its
 // tokens in that order), generic over a Backend (runtime/backend.hpp) and a Communicator. Each rank

@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // The CPU Backend of the runtime (runtime/backend.hpp) over kernels/cpu: host vectors, float or double;
 // attention, GDN/KDA and the short convolution.
 #pragma once

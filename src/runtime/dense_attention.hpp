@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Dense attention context parallelism (ART 03-04): executes a Plan on one rank, generic over a
 // Backend (runtime/backend.hpp) and a Communicator. Q and O stay with their owner; stage 0 runs owned
 // queries against owned keys while wave 1's KV travels; each remote wave's KV is consumed by its stage

@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // GDN / KDA context parallelism over a packed prefix-tree row: executes a GdnPlan (plan/gdn_plan.hpp)
 // on one rank, generic over a Backend (runtime/backend.hpp) and a Communicator, like dense attention.
 //

@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Hybrid stacks (attention and GDN/KDA layers in one model, as in Qwen3-Next and Kimi Linear) over one
 // packed row, generic over a Backend and a Communicator.
 //

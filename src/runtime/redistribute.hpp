@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Moving a packed row between ownerships (plan/ownership.hpp): from the data loader's contiguous
 // shards to a plan's ownership, from one layer kind's ownership to the next's, and gathering a
 // distributed array onto one rank. One all-to-all each; both sides enumerate the intersections of

@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // One process over a whole row, straight on the CPU kernels (kernels/cpu): the CLI's one-process path
 // and the oracle every CP test and `treecp run` compare with. Buffer rows are token ids here, so no
 // plan, no exchange and no Backend are involved.

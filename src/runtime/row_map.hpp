@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Where canonical tokens live in a rank's buffers: the one token-to-buffer-row map. A RowMap lays a
 // list of disjoint canonical ranges out contiguously, in the list's order: buffer row of token t in
 // ranges[i] = offset(i) + (t - ranges[i].begin). Kernels see slices in buffer coordinates; to_buffer()

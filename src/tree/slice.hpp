@@ -1,3 +1,5 @@
+// tree/: packed prefix-tree rows: segments, positions, visibility as slices, workload presets, accounting.
+//
 // A row's visibility as slices (kernels/slice.hpp holds the band itself): per segment, one slice
 // against each strict ancestor and one against itself, in token ids; and slices cut at chunk bounds.
 #pragma once

@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Attention algebra on the CPU (ART §02–§04, §06; DESIGN.md "Algebra to keep exact"): slice attention
 // forward with LSE, the stable merge of partial (O, LSE) and its backward, the learned sink applied once
 // to the composed output, and the staged backward that uses the complete O and LSE. Templated over float

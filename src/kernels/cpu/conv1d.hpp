@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Causal depthwise conv1d on the CPU over tokens linked by their logical predecessor, so that a packed
 // prefix tree (a child continues its parent's tail, not its storage neighbour) and halo rows received
 // from other ranks need no padding or copies:

@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Gated DeltaNet (GDN) and Kimi Delta Attention (KDA) on the CPU: the token recurrence (the oracle),
 // its chunked UT/WY form (the kernel), shard summaries and their algebra. One head, one run of
 // consecutive tokens per call; the runtime loops over heads and runs.

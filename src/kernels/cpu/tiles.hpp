@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // The CPU attention kernel's tile (kernels/cpu/attention.cpp): the numbers the kernel loops by and
 // the cost model (plan/cost.hpp, kernel_tiles "cpu") prices a slice's padded pairs with.
 #pragma once

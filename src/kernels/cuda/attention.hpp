@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Slice attention on NVIDIA GPUs (sm_90a first): the CUDA side of the attention contract.
 //
 // Contract (mirrors kernels/cpu): slices are in BUFFER coordinates: q rows index the Q buffer, k rows

@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // The CUDA attention kernels' tile sizes (kernels/cuda/attention.hpp includes them): plain constants
 // without CUDA headers, so that the cost model (plan/cost.hpp, kernel_tiles "cuda") prices a slice's
 // padded pairs with the kernels' own numbers on machines without a CUDA toolkit.
