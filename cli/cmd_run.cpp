@@ -139,11 +139,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
     if constexpr (sizeof(T) == 8) {
       ref64 = ref;
     } else {
-      const auto q64 = widen(fq), k64 = widen(fk), v64 = widen(fv), dy64 = widen(fdy), sink64 = widen(sink);
-      AttentionInputs<double> p64;
-      p64.q = q64.data(), p64.k = k64.data(), p64.v = v64.data(), p64.dout = dy64.data();
-      p64.sink = cfg.sink ? sink64.data() : nullptr;
-      ref64 = attention_reference(row, shape, p64);
+      ref64 = attention_reference_double(row, shape, prob);
     }
     struct Check {
       std::string name;

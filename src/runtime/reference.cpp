@@ -69,6 +69,27 @@ AttentionResult<T> attention_reference(const Row& row, const AttentionShape& sh,
   return res;
 }
 
+template <class T>
+AttentionResult<double> attention_reference_double(const Row& row, const AttentionShape& sh,
+                                                   const AttentionInputs<T>& p) {
+  if constexpr (sizeof(T) == sizeof(double)) {
+    return attention_reference(row, sh, p);
+  } else {
+    const int64_t S = row.tokens();
+    auto widen = [](const T* x, int64_t n) { return x ? std::vector<double>(x, x + n) : std::vector<double>(); };
+    const std::vector<double> q = widen(p.q, S * sh.q_width()), k = widen(p.k, S * sh.k_width()),
+                              v = widen(p.v, S * sh.v_width()), sink = widen(p.sink, sh.hq),
+                              dout = widen(p.dout, S * sh.o_width());
+    return attention_reference(row, sh,
+                               AttentionInputs<double>{q.data(), k.data(), v.data(), p.sink ? sink.data() : nullptr,
+                                                       p.dout ? dout.data() : nullptr});
+  }
+}
+
+template AttentionResult<double> attention_reference_double<float>(const Row&, const AttentionShape&,
+                                                                   const AttentionInputs<float>&);
+template AttentionResult<double> attention_reference_double<double>(const Row&, const AttentionShape&,
+                                                                    const AttentionInputs<double>&);
 template AttentionResult<float> attention_reference<float>(const Row&, const AttentionShape&,
                                                            const AttentionInputs<float>&);
 template AttentionResult<double> attention_reference<double>(const Row&, const AttentionShape&,

@@ -37,4 +37,10 @@ struct AttentionResult {
 template <class T>
 AttentionResult<T> attention_reference(const Row& row, const AttentionShape& shape, const AttentionInputs<T>& in);
 
+// The same in double on the inputs as T holds them: the oracle a run in precision T is measured
+// against (with the T run's own attention_reference as the same-precision reference).
+template <class T>
+AttentionResult<double> attention_reference_double(const Row& row, const AttentionShape& shape,
+                                                   const AttentionInputs<T>& in);
+
 }  // namespace treecp

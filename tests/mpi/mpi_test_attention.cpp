@@ -92,16 +92,7 @@ void run_case(const Case& c, uint64_t salt) {
   prob.q = q.data(), prob.k = k.data(), prob.v = v.data(), prob.dout = dy.data();
   prob.sink = c.sink ? sink.data() : nullptr;
   const AttentionResult<T> ref = attention_reference(row, shape, prob);
-  AttentionResult<double> exact;
-  if constexpr (sizeof(T) == 8) {
-    exact = ref;
-  } else {
-    const auto q64 = widen(q), k64 = widen(k), v64 = widen(v), dy64 = widen(dy), sink64 = widen(sink);
-    AttentionInputs<double> p64;
-    p64.q = q64.data(), p64.k = k64.data(), p64.v = v64.data(), p64.dout = dy64.data();
-    p64.sink = c.sink ? sink64.data() : nullptr;
-    exact = attention_reference(row, shape, p64);
-  }
+  const AttentionResult<double> exact = attention_reference_double(row, shape, prob);
 
   PlanOptions opt;
   opt.layout = c.layout;
