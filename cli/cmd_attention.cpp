@@ -4,12 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <filesystem>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "arrays.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
@@ -26,37 +25,6 @@
 
 namespace treecp::cli {
 namespace {
-
-const char* dtype_name(DType t) { return t == DType::F32 ? "float32" : "float64"; }
-
-// Requires a 3-d array [rows, *, *]; `expected` names the dimensions for the message.
-void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, const std::string& expected) {
-  require(a.shape.size() == 3 && a.shape[0] == rows, name, ": expected shape ", expected, " with S = ", rows,
-          ", got ", a.shape_string());
-}
-
-// NaN or infinity in an input would propagate silently into every output that reads it.
-void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf = false) {
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double x = a.data[i];
-    const bool ok = std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity());
-    require(ok, name, ": element ", i, " is ", x, " (expected finite values", allow_neg_inf ? " or -inf" : "", ")");
-  }
-}
-
-template <class T>
-std::vector<T> values(const NpyArray& a) {
-  return std::vector<T>(a.data.begin(), a.data.end());
-}
-
-template <class T>
-std::string npy_of(const std::vector<int64_t>& shape, const std::vector<T>& data) {
-  if constexpr (std::is_same_v<T, float>) {
-    return npy_bytes(shape, data.data());
-  } else {
-    return npy_bytes(shape, data.data(), DType::F64);
-  }
-}
 
 struct Inputs {
   Row row;
@@ -161,14 +129,10 @@ int attention_cmd(const std::vector<std::string>& argv) {
 
   // One precision for every array: float64 computes in double, float32 in float.
   const DType dtype = in.q.dtype;
-  auto same_dtype = [&](const NpyArray& a, const char* name) {
-    require(a.dtype == dtype, name, " is ", dtype_name(a.dtype), " but q is ", dtype_name(dtype),
-            ": mixing dtypes is refused (give every array the same dtype)");
-  };
-  same_dtype(in.k, "k");
-  same_dtype(in.v, "v");
-  if (in.has_sink) same_dtype(in.sink, "sink");
-  if (in.has_dout) same_dtype(in.dout, "dout");
+  require_same_dtype(in.k, "k", in.q, "q");
+  require_same_dtype(in.v, "v", in.q, "q");
+  if (in.has_sink) require_same_dtype(in.sink, "sink", in.q, "q");
+  if (in.has_dout) require_same_dtype(in.dout, "dout", in.q, "q");
 
   const int64_t S = in.row.tokens();
   require_rank3(in.q, "q", S, "[S, Hq, D]");
@@ -215,17 +179,7 @@ int attention_cmd(const std::vector<std::string>& argv) {
     if (!writer) return 0;
   }
 
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  require(!ec && std::filesystem::is_directory(out_dir), "--out: cannot create directory '", out_dir, "'",
-          ec ? ": " + ec.message() : std::string());
-  for (const auto& [name, bytes] : files) write_output((std::filesystem::path(out_dir) / name).string(), bytes);
-  // Outputs an earlier run left in DIR that this run does not produce (e.g. gradients of a run with
-  // --dout, now without) would be read as this run's: remove them.
-  for (const char* name : {"dq.npy", "dk.npy", "dv.npy", "dsink.npy"}) {
-    const bool written = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.first == name; });
-    if (!written) std::filesystem::remove(std::filesystem::path(out_dir) / name, ec);
-  }
+  write_files(out_dir, files, {"dq.npy", "dk.npy", "dv.npy", "dsink.npy"});
   std::printf("attention: %lld tokens, Hq %lld, Hkv %lld, D %lld, Dv %lld, %s%s, %s: wrote %zu files to %s\n",
               static_cast<long long>(S), static_cast<long long>(hq), static_cast<long long>(hkv),
               static_cast<long long>(d), static_cast<long long>(dv), dtype_name(dtype),

@@ -10,6 +10,7 @@
 #include "plan/planner.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
+#include "viz/plan_svg.hpp"
 
 namespace treecp::cli {
 namespace {
@@ -17,8 +18,8 @@ namespace {
 int plan_command(const std::vector<std::string>& argv) {
   Args args("plan", argv);
   args.value("--tree").value("--preset").value("--cp").value("--seed").value("--window").value("--layout");
-  args.value("--costs").value("--chunk").value("--waves").value("--out").value("--hq").value("--hkv").value("--d")
-      .value("--dv").flag("--json");
+  args.value("--costs").value("--chunk").value("--waves").value("--out").value("--svg").value("--hq").value("--hkv")
+      .value("--d").value("--dv").flag("--json");
   args.parse();
   require(args.has("--tree") != args.has("--preset"), "plan: give exactly one of --tree FILE or --preset NAME");
   const int64_t cp = args.get_int("--cp");
@@ -41,6 +42,9 @@ int plan_command(const std::vector<std::string>& argv) {
   const int64_t waves = args.get_int_or("--waves", options.max_waves);
   require(waves >= 1 && waves <= 16, "--waves (most waves tried) must be in [1, 16], got ", waves);
   options.max_waves = static_cast<int>(waves);
+  const std::string svg_path = args.get_or("--svg", "");
+  require(!args.has("--svg") || (!svg_path.empty() && svg_path != "-"), "plan: --svg needs a file path, got '",
+          svg_path, "'");
   const CostModel costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
   const Row row = args.has("--tree")
                       ? load_row(args.get("--tree"))
@@ -49,6 +53,15 @@ int plan_command(const std::vector<std::string>& argv) {
   PlanReport report;
   const Plan plan = make_plan(row, static_cast<int>(cp), shape, costs, options, &report);
   validate_plan(plan, row, shape.window, static_cast<int>(cp));
+  if (!svg_path.empty()) {
+    viz::PlanPicture picture;
+    picture.title = args.has("--tree") ? args.get("--tree")
+                                       : args.get("--preset") + " (seed " + std::to_string(seed) + ")";
+    picture.title += ", cp " + std::to_string(cp) + ", layout " + layout_name(plan.layout);
+    picture.subtitle = "cost coefficients: " + (args.has("--costs") ? args.get("--costs")
+                                                                      : std::string("built-in defaults (one H200 per rank)"));
+    write_output(svg_path, viz::plan_svg(row, plan, simulate_plan_timeline(plan, shape, costs), picture));
+  }
 
   if (args.get_flag("--json")) {
     json::Value v = plan_to_json(plan);
@@ -120,7 +133,7 @@ int plan_command(const std::vector<std::string>& argv) {
 const Register kPlan("plan",
                      "(--tree FILE | --preset NAME) --cp N [--seed S] [--window W] [--layout searched|contiguous|"
                      "zigzag|perdoc|family] [--costs FILE] [--chunk C] [--waves MAX] [--hq H] [--hkv H] [--d D] "
-                     "[--dv D] [--json] [--out FILE]",
+                     "[--dv D] [--json] [--out FILE] [--svg FILE]",
                      plan_command);
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -15,10 +16,12 @@
 #include <vector>
 
 #include "command.hpp"
+#include "gpu.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "core/random.hpp"
+#include "core/trace.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "runtime/reference.hpp"
 #include "launcher.hpp"
@@ -27,9 +30,11 @@
 #include "runtime/cpu_backend.hpp"
 #include "runtime/dense_attention.hpp"
 #include "runtime/redistribute.hpp"
+#include "runtime/span_gather.hpp"
 #include "tree/accounting.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
+#include "viz/schedule.hpp"
 
 
 namespace treecp::cli {
@@ -41,6 +46,9 @@ struct RunConfig {
   uint64_t seed = 0;
   bool json = false;
   std::string costs_path;
+  // --trace FILE: every rank's measured spans and the plan's predicted ones, written by rank 0.
+  std::string trace_path;
+  std::vector<Span> predicted;
 };
 
 // Per-rank figures gathered on rank 0, one fixed-size record each.
@@ -71,6 +79,14 @@ double rel_error(const std::vector<double>& got, const std::vector<double>& ref)
   return err / scale;
 }
 
+// The runtime's stage names ("fwd wave 2", "bwd wait 1", "bwd return 1", "fwd merge+sink") as trace categories.
+const char* measured_category(const std::string& name) {
+  if (name.find(" wait ") != std::string::npos) return "wait";
+  if (name.find(" return ") != std::string::npos) return "return";  // waiting for dK/dV, then adding them
+  if (name.find("merge") != std::string::npos || name.find("prep") != std::string::npos) return "merge";
+  return "stage";
+}
+
 template <class T>
 int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanReport& report, const RunConfig& cfg,
               const std::string& source) {
@@ -95,10 +111,30 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   const int64_t rows = cp.owned_rows();
   std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * cfg.shape.hq)), dq(static_cast<size_t>(rows * qw)),
       dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * kw)), dsink(static_cast<size_t>(cfg.shape.hq), T(0));
+  // Measured spans: the calls this command makes, and the runtime's stages inside them.
+  SpanRecorder spans(me);
   comm.barrier();
+  spans.reset_origin();  // t = 0 on every rank as the barrier releases them
+  const double forward_begin = spans.now_ms();
   cp.forward(q, k, v, cfg.sink ? &sink : nullptr, y, lse);
+  const double forward_end = spans.now_ms();
   comm.barrier();
+  const double backward_begin = spans.now_ms();
   cp.backward(dy, dq, dk, dv, cfg.sink ? &dsink : nullptr);
+  const double backward_end = spans.now_ms();
+  spans.record("forward", "pass", forward_begin, forward_end);
+  spans.record("barrier", "wait", forward_end, backward_begin);
+  spans.record("backward", "pass", backward_begin, backward_end);
+  if (!cfg.trace_path.empty()) {
+    // The runtime times its stages from its own first mark, taken just after forward_begin; clamping
+    // into the pass absorbs that gap so that the stages nest in their pass.
+    for (const StageSpan& st : cp.spans()) {
+      const bool fwd = st.name.rfind("fwd", 0) == 0;
+      const double lo = fwd ? forward_begin : backward_begin, hi = fwd ? forward_end : backward_end;
+      const double b = std::clamp(forward_begin + st.begin_ms, lo, hi), e = std::clamp(forward_begin + st.end_ms, b, hi);
+      spans.record(st.name, measured_category(st.name), b, e);
+    }
+  }
   comm.all_reduce_sum(dsink.data(), cfg.shape.hq, CpuBackend<T>::comm_type);  // the sink is a replicated weight
 
   std::vector<double> mine_stats(kFields, 0.0), all_stats(static_cast<size_t>(kFields * n));
@@ -113,6 +149,8 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   mine_stats[kRecv] = static_cast<double>(cp.traffic().bytes_received);
   mine_stats[kPeakMiB] = peak_rss_mib();
   comm.all_gather(mine_stats.data(), all_stats.data(), kFields, CommType::F64);
+  std::vector<Span> trace;
+  if (!cfg.trace_path.empty()) trace = gather_spans(comm, spans.spans(), 0);
 
   // Everything back on rank 0 in packed order, then the single-process reference there.
   const auto y0 = gather_to_root(comm, be, y, owners, ow);
@@ -158,6 +196,11 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
     check("dv", dv0, ref.dv, ref64.dv);
     if (cfg.sink) check("dsink", dsink, ref.dsink, ref64.dsink);
     for (const Check& e : errors) status = e.error <= e.bound ? status : 3;
+    // A run that does not match writes nothing.
+    if (status == 0 && !cfg.trace_path.empty()) {
+      trace.insert(trace.end(), cfg.predicted.begin(), cfg.predicted.end());
+      write_chrome_trace(trace, cfg.trace_path);
+    }
 
     const RowStats st = row_stats(row, cfg.shape.window);
     if (cfg.json) {
@@ -195,6 +238,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       out.set("max_rel_error", errs);
       out.set("error_bound", bounds);
       out.set("ok", status == 0);
+      if (status == 0 && !cfg.trace_path.empty()) out.set("trace", cfg.trace_path);
       std::cout << json::dump(out, 2) << "\n";
     } else {
       std::printf("treecp run: %s, %d ranks, %s\n", source.c_str(), n, sizeof(T) == 8 ? "double" : "float");
@@ -205,9 +249,11 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.shape.hq, cfg.shape.hkv, cfg.shape.d, cfg.sink ? ", learned sink" : "");
       std::printf("costs: %s; %u hardware threads for %d ranks\n", cfg.costs_path.c_str(),
                   std::thread::hardware_concurrency(), n);
-      std::printf("plan: %s, %zu chunks of %lld tokens, %d waves, predicted makespan %.3f ms, planned in %.2f ms\n",
+      std::printf("plan: %s, %zu chunks of %lld tokens, %d waves (backward KV %s), predicted makespan %.3f ms, "
+                  "planned in %.2f ms\n",
                   layout_name(plan.layout), plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
-                  plan.num_waves, plan.predicted_makespan_ms, report.planning_ms);
+                  plan.num_waves, plan.refetch_backward ? "fetched again" : "kept", plan.predicted_makespan_ms,
+                  report.planning_ms);
       std::printf("  layouts (predicted makespan ms):");
       for (const auto& l : report.layouts) std::printf("  %s %.3f", layout_name(l.layout), l.makespan_ms);
       std::printf("\n\n%4s %9s %12s %10s %10s %10s %10s %12s %12s %9s\n", "rank", "tokens", "pairs", "pred_fwd", "fwd_ms",
@@ -222,6 +268,10 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       std::printf("max relative error vs the double-precision reference (bound):\n ");
       for (const Check& e : errors) std::printf("  %s %.2e (%.1e)", e.name.c_str(), e.error, e.bound);
       std::printf("\n%s\n", status == 0 ? "OK: every output and gradient matches" : "MISMATCH");
+      if (status == 0 && !cfg.trace_path.empty()) {
+        std::printf("trace: %s (%zu spans; open in https://ui.perfetto.dev or chrome://tracing)\n",
+                    cfg.trace_path.c_str(), trace.size());
+      }
     }
   }
   int64_t verdict = status;
@@ -233,16 +283,34 @@ int run_main(const std::vector<std::string>& argv) {
   Args args("run", argv);
   args.value("--preset").value("--tree").value("--ranks").value("--window").value("--layout").value("--scale")
       .value("--seed").value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype")
-      .flag("--sink").flag("--json");
+      .value("--device").value("--reps").value("--backward-kv").value("--trace").flag("--sink").flag("--json")
+      .flag("--full");
   args.parse();
+  const std::string device = args.get_or("--device", "cpu");
+  require(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
+  const bool gpu = device == "cuda";
+  if (gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
+  require(gpu || (!args.has("--reps") && !args.has("--full")), "--reps and --full go with --device cuda");
+  const std::string backward_kv = args.get_or("--backward-kv", "auto");
+  require(backward_kv == "auto" || backward_kv == "keep" || backward_kv == "refetch",
+          "--backward-kv must be auto, keep or refetch, got '", backward_kv, "'");
+  require(!gpu || !args.has("--dtype"), "--dtype goes with --device cpu (GPU ranks compute in bf16)");
   const int64_t ranks = args.get_int_or("--ranks", 4);
   require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
+  // Checked before any rank starts: a trace that cannot be written would be found only after the run.
+  const std::string trace_path = args.get_or("--trace", "");
+  if (args.has("--trace")) {
+    require(!trace_path.empty() && trace_path != "-", "--trace needs a file path, got '", trace_path, "'");
+    const std::filesystem::path dir = std::filesystem::absolute(trace_path).parent_path();
+    require(std::filesystem::is_directory(dir), "--trace: directory '", dir.string(), "' does not exist");
+  }
   if (int rc = 0; relaunch_under_mpi("run", static_cast<int>(ranks), argv, &rc)) return rc;
 
   RunConfig cfg;
-  cfg.shape.hq = static_cast<int>(args.get_int_or("--hq", 8));
-  cfg.shape.hkv = static_cast<int>(args.get_int_or("--hkv", 2));
-  cfg.shape.d = cfg.shape.dv = static_cast<int>(args.get_int_or("--d", 64));
+  cfg.shape.hq = static_cast<int>(args.get_int_or("--hq", gpu ? 32 : 8));
+  cfg.shape.hkv = static_cast<int>(args.get_int_or("--hkv", gpu ? 4 : 2));
+  cfg.shape.d = cfg.shape.dv = static_cast<int>(args.get_int_or("--d", gpu ? 128 : 64));
+  if (gpu) require(cfg.shape.d == 64 || cfg.shape.d == 128, "--d must be 64 or 128 on GPUs, got ", cfg.shape.d);
   require(cfg.shape.hq >= 1 && cfg.shape.hkv >= 1 && cfg.shape.hq % cfg.shape.hkv == 0, "--hq must be a positive multiple of --hkv");
   require(cfg.shape.d >= 1 && cfg.shape.d <= 512, "--d must be in [1, 512]");
   cfg.shape.window = args.get_int_or("--window", 0);
@@ -250,6 +318,7 @@ int run_main(const std::vector<std::string>& argv) {
   cfg.sink = args.get_flag("--sink");
   cfg.seed = static_cast<uint64_t>(args.get_int_or("--seed", 0));
   cfg.json = args.get_flag("--json");
+  cfg.trace_path = trace_path;
   const std::string dtype = args.get_or("--dtype", "float");
   require(dtype == "float" || dtype == "double", "--dtype must be float or double, got '", dtype, "'");
   require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");
@@ -262,31 +331,49 @@ int run_main(const std::vector<std::string>& argv) {
     source = args.get("--tree");
   } else {
     const std::string preset = args.get_or("--preset", "longchain");
-    const int64_t scale = args.get_int_or("--scale", 64);
+    const int64_t scale = args.get_int_or("--scale", gpu && args.get_flag("--full") ? 1 : 64);
     row = scale_row(make_preset(preset, static_cast<int>(ranks), cfg.seed), scale);
     source = preset + " (cp " + std::to_string(ranks) + ", lengths / " + std::to_string(scale) + ")";
   }
-  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json), unless --costs.
-  const std::string costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + "/costs_cpu.json");
-  CostModel costs = load_costs(costs_path);
+  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
+  // rank (config/costs_default.json); --costs overrides either.
+  const std::string costs_path = args.get_or(
+      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_default.json" : "/costs_cpu.json"));
+  const CostModel costs = load_costs(costs_path);
   PlanOptions opt;
   opt.layout = parse_layout(args.get_or("--layout", "searched"));
   opt.chunk_tokens = args.get_int_or("--chunk", 0);
+  opt.backward_kv = backward_kv;
   PlanReport report;
 
   RankGroup group(ranks);
+  if (gpu) {
+    GpuRunConfig g;
+    g.shape = cfg.shape, g.sink = cfg.sink, g.seed = cfg.seed, g.json = cfg.json;
+    g.full = args.get_flag("--full");
+    g.reps = static_cast<int>(args.get_int_or("--reps", 5));
+    require(g.reps >= 1 && g.reps <= 1000, "--reps must be in [1, 1000], got ", g.reps);
+    g.costs_path = costs_path;
+    g.source = source;
+    return group.run([&](Communicator& world) { return run_on_gpus(world, row, costs, opt, g); });
+  }
   return group.run([&](Communicator& world) {
     Communicator* comm = &world;
     const Plan plan = make_plan(row, comm->size(), cfg.shape, costs, opt, &report);
     cfg.costs_path = costs_path;
+    if (!cfg.trace_path.empty() && comm->rank() == 0) {
+      cfg.predicted = viz::predicted_spans(simulate_plan_timeline(plan, cfg.shape, costs));
+    }
     return dtype == "double" ? run_typed<double>(*comm, row, plan, report, cfg, source)
                              : run_typed<float>(*comm, row, plan, report, cfg, source);
   });
 }
 
 const Register kRun("run",
-                    "[--preset NAME | --tree FILE] [--ranks N] [--window W] [--sink] [--layout L] [--dtype float|double]: "
-                    "plan, run dense attention CP forward+backward on N ranks, check against one process, report",
+                    "[--preset NAME | --tree FILE] [--ranks N] [--device cpu|cuda] [--window W] [--sink] [--layout L] "
+                    "[--dtype float|double] [--full] [--reps N] [--backward-kv auto|keep|refetch] [--trace FILE]: plan, run "
+                    "dense attention CP forward+backward on N ranks (CPU processes or GPUs), check against one process, "
+                    "report",
                     run_main);
 
 }  // namespace

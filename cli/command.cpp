@@ -1,11 +1,11 @@
 #include "command.hpp"
 
-#include <cstdio>
+#include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 
 #include "core/error.hpp"
+#include "core/file.hpp"
 
 namespace treecp::cli {
 
@@ -105,23 +105,7 @@ void write_output(const std::string& path, const std::string& text) {
     std::cout.flush();
     return;
   }
-  const std::string tmp = path + ".tmp-treecp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    require(out.good(), "cannot write '", path, "'");
-    out << text;
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      fail("error while writing '", path, "'");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    fail("cannot write '", path, "': ", ec.message());
-  }
+  write_file_atomic(path, text);
 }
 
 }  // namespace treecp::cli

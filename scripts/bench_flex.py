@@ -135,6 +135,12 @@ def main():
                     help="skip torch SDPA (cuDNN, FA2) on gathered root-to-segment paths")
     args = ap.parse_args()
     dev = torch.device("cuda")
+    # One compiled graph per (shape, grad mode): six presets of two lengths, forward and forward+backward,
+    # pass dynamo's default limit of 8 recompilations, after which flex_attention silently falls back to the
+    # unfused path (and runs out of memory on these rows).
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
     flex = torch.compile(flex_attention, dynamic=False)
     treecp = {}
     if args.treecp and os.path.exists(args.treecp):

@@ -1,4 +1,4 @@
-// The .npy reader and writer: round trips in float32 and float64, and every refused file by name.
+// The .npy reader and writer: round trips in float32, float64 and int64, and every refused file by name.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -77,6 +77,27 @@ TEST(Npy, RefusesWhatItCannotReadByName) {
   EXPECT_NE(error_of(dir / "missing.npy").find("cannot read file"), std::string::npos);
   // every message names the file
   EXPECT_NE(error_of(dir / "fo.npy").find("fo.npy"), std::string::npos);
+}
+
+TEST(Npy, Int64IdsRoundTripExactly) {
+  TempDir dir("treecp_npy_i64");
+  const std::vector<int64_t> ids = {0, -1, 2147483646, 5, (int64_t{1} << 62) + 3, 7};
+  write_file(dir / "ids.npy", npy_bytes({3, 2}, ids.data()));
+  const NpyInt64Array a = load_npy_int64(dir / "ids.npy");
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(a.data, ids);
+  // the float readers refuse it by dtype, the int64 reader refuses floats
+  EXPECT_NE(error_of(dir / "ids.npy").find("'<i8' is not supported"), std::string::npos);
+  const std::vector<float> f = {1.0f, 2.0f};
+  write_file(dir / "f.npy", npy_bytes({2}, f.data()));
+  try {
+    load_npy_int64(dir / "f.npy");
+    ADD_FAILURE() << "a float32 file was read as int64";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected little-endian int64 '<i8'"), std::string::npos) << e.what();
+  }
+  write_file(dir / "short.npy", npy_file("{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }", std::string(16, '\0')));
+  EXPECT_THROW(load_npy_int64(dir / "short.npy"), Error);
 }
 
 TEST(Npy, ShapeCheckNamesTheArray) {

@@ -20,6 +20,7 @@
 #include "plan/plan.hpp"
 #include "plan/planner.hpp"
 #include "plan/work.hpp"
+#include "common/schedule.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
@@ -183,28 +184,37 @@ TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
   EXPECT_EQ(plans, 24 * 8 * 5);
 }
 
-// Attention layers with different windows share one ownership: the plan for the second window keeps
-// the first plan's chunks and owners and still computes every visible pair of its window once.
-TEST(Plan, AnotherWindowKeepsTheOwnership) {
+// Attention layers with different windows share one ownership: the plan for another window keeps the
+// base plan's chunks and owners and still computes every visible pair of its window once, each remote
+// chunk fetched once.
+TEST(Plan, AnotherWindowKeepsTheOwnershipAndCoversEveryPairOnce) {
   TREECP_SEED_TRACE;
-  testing::Rng rng = testing::test_rng(13);
+  testing::Rng rng = testing::test_rng(23);
   for (int iter = 0; iter < 12; ++iter) {
     const Row row = random_row(rng);
-    const int cp = 1 + iter % 6;
-    PlanOptions o;
-    o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 12)(rng);
-    o.layout = kLayouts[static_cast<size_t>(iter) % 5];
-    const Plan base = make_plan(row, cp, layer(), CostModel{}, o);
-    const int64_t window = std::uniform_int_distribution<int64_t>(1, 30)(rng);
-    const Plan other = plan_for_ownership(base, row, layer(window), CostModel{});
-    const std::string what = "iteration " + std::to_string(iter) + " window " + std::to_string(window);
-    EXPECT_EQ(other.chunk_owner, base.chunk_owner) << what;
-    EXPECT_EQ(plan_ownership(other), plan_ownership(base)) << what;
-    EXPECT_EQ(other.window, window);
-    ASSERT_NO_THROW(validate_plan(other, row, window, cp)) << what;
-    expect_exact_once(other, row, window, what);
-    expect_one_fetch(other, what);
+    for (int cp = 1; cp <= 5; ++cp) {
+      PlanOptions o;
+      o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 16)(rng);
+      o.layout = kLayouts[static_cast<size_t>(iter + cp) % 5];
+      const Plan base = make_plan(row, cp, layer(), CostModel{}, o);
+      for (int64_t window : {int64_t{0}, std::uniform_int_distribution<int64_t>(1, 30)(rng)}) {
+        const std::string what = "cp " + std::to_string(cp) + " iteration " + std::to_string(iter) + " window " +
+                                 std::to_string(window);
+        const Plan plan = plan_for_ownership(row, base, layer(window), CostModel{}, o);
+        ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << what;
+        EXPECT_EQ(plan.window, window) << what;
+        expect_exact_once(plan, row, window, what);
+        expect_one_fetch(plan, what);
+        EXPECT_EQ(plan.chunk_bounds, base.chunk_bounds) << what;
+        EXPECT_EQ(plan.chunk_owner, base.chunk_owner) << what;
+        EXPECT_EQ(plan_ownership(plan), plan_ownership(base)) << what;
+      }
+    }
   }
+  EXPECT_THROW(plan_for_ownership(make_preset("fixed5k", 2, 0), make_plan(make_preset("fixed5k", 1, 0), 1, layer(),
+                                                                          CostModel{}, PlanOptions{}),
+                                  layer(), CostModel{}),
+               Error);
 }
 
 TEST(Plan, PresetPlansValidateAtOddRankCounts) {
@@ -478,6 +488,10 @@ TEST(Plan, ValidateRejectsCorruptedPlans) {
 }
 
 TEST(Plan, MemoryBoundTradesWavesForBuffers) {
+  // The bound counts what the runtime holds (plan/memory.hpp): with the received KV kept for the backward,
+  // every wave's buffer at once; fetched again, the wave in use and the next one. A bound just below the kept
+  // choice's peak makes the planner fetch again; fetching again, a bound below that makes it pick another wave
+  // count whose buffers fit.
   const Row row = make_preset("longchain", 4, 0);
   CostModel costs;
   PlanOptions o;
@@ -486,7 +500,7 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
   (void)make_plan(row, 4, layer(), costs, o, &free_report);
   const LayoutResult unbounded = free_report.layouts[1];
   ASSERT_GE(unbounded.num_waves, 1);
-  // A bound just below the unbounded choice's peak forces smaller receive buffers (more waves).
+  ASSERT_FALSE(unbounded.refetch_backward) << "keeping fits without a bound";
   costs.memory_limit_bytes_per_rank = unbounded.peak_memory_bytes - 1;
   PlanReport report;
   const Plan plan = make_plan(row, 4, layer(), costs, o, &report);
@@ -497,8 +511,21 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
     }
   }
   EXPECT_TRUE(report.layouts[1].fits_memory);
-  EXPECT_GT(report.layouts[1].num_waves, unbounded.num_waves);
+  EXPECT_TRUE(report.layouts[1].refetch_backward);
+  EXPECT_TRUE(plan.refetch_backward);
   EXPECT_TRUE(report.layouts[4].fits_memory);
+
+  o.backward_kv = "refetch";
+  costs.memory_limit_bytes_per_rank = 0;
+  PlanReport refetch_report;
+  (void)make_plan(row, 4, layer(), costs, o, &refetch_report);
+  const LayoutResult refetch = refetch_report.layouts[1];
+  costs.memory_limit_bytes_per_rank = refetch.peak_memory_bytes - 1;
+  PlanReport tight;
+  (void)make_plan(row, 4, layer(), costs, o, &tight);
+  EXPECT_TRUE(tight.layouts[1].fits_memory);
+  EXPECT_LE(tight.layouts[1].peak_memory_bytes, costs.memory_limit_bytes_per_rank);
+  EXPECT_NE(tight.layouts[1].num_waves, refetch.num_waves) << "other receive buffers";
 }
 
 TEST(Costs, SlowerCrossNodeLinksRaiseThePrediction) {
@@ -588,29 +615,9 @@ TEST(Costs, StageAndTransferTerms) {
 }
 
 TEST(Costs, SimulatorFollowsTheScheduleModel) {
-  CostModel c;
-  c.stage_launch_ms = 0.0;
-  c.range_ms = 0.0;
-  c.merge_ms_per_query_token = 0.0;
-  c.underfill_pairs = 0;
-  c.token_local_forward_ms_per_token = 0.0;
-  c.token_local_backward_ms_per_token = 0.0;
-  c.local_forward_pairs_per_ms = c.remote_forward_pairs_per_ms = 1.0;
-  c.local_backward_pairs_per_ms = c.remote_backward_pairs_per_ms = 0.5;
-  c.intra_node = {0.0, 1.0};
-  c.rank_bandwidth_bytes_per_ms = 1e9;
-  c.kv_bytes_per_element = c.dkv_bytes_per_element = 1;
-  const AttentionShape tiny{1, 1, 1, 1};  // 2 bytes per token both ways
-  const Links links(c, 2);
-  // Rank 0: local 3 ms; wave 0 fetch 4 ms (2 tokens), stage 1 ms; wave 1 fetch 1 ms, stage 2 ms.
-  std::vector<RankLoad> loads(2);
-  loads[0].local = {3, 0, 0};
-  loads[0].waves = {{1, 0, 1}, {2, 0, 1}};
-  loads[1].waves = {{0, 0, 0}, {0, 0, 0}};
-  std::vector<WaveTraffic> waves(2, WaveTraffic(4, 0));
-  waves[0][1 * 2 + 0] = 2;
-  waves[1][1 * 2 + 0] = 1;  // 1 token = 2 B at 1 B/ms: 2 ms
-  const Prediction p = simulate(c, links, tiny, loads, waves);
+  const testing::ScheduleCase s = testing::hand_worked_schedule();
+  const Links links(s.costs, 2);
+  const Prediction p = simulate(s.costs, links, s.shape, s.loads, s.waves);
   // forward: compute 3, fetch0 ready 4 -> start 4, fetch1 ready 4 + 2 = 6, done 5; start 6, done 8.
   EXPECT_DOUBLE_EQ(p.forward_ms[0], 8.0);
   // backward: wave 1 2 x 2 = 4 ms, return 2 ms -> 6; wave 0 +2 ms = 6, return 4 ms -> 10; local +6 = 12.

@@ -206,6 +206,7 @@ int main(int argc, char** argv) {
         plan = build_tile_plan(row_slices(row), S, S, kHq / kHkv);
         const auto t1 = std::chrono::steady_clock::now();
         dplan.upload(plan);
+        check_cuda(cudaDeviceSynchronize(), "upload");  // the copy has landed
         const auto t2 = std::chrono::steady_clock::now();
         build.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
         setup.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());

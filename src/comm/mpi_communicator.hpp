@@ -1,5 +1,5 @@
 // comm/: a narrow communicator (all-to-all with per-peer counts, grouped send/receive, all-reduce,
-// all-gather, barrier, agreement) and its MPI implementation.
+// all-gather, barrier, agreement) and its MPI, NCCL and thread implementations.
 //
 // The MPI backend of Communicator (CPU ranks, host buffers). Compiled only when MPI is found
 // (TREECP_HAVE_MPI). Every MPI call is checked: the communicator runs with MPI_ERRORS_RETURN and a

@@ -1,4 +1,4 @@
-// core/: the ground every layer stands on: errors, JSON, .npy files, counter-based random values.
+// core/: the ground every layer stands on: errors, JSON, .npy and output files, trace spans, random values.
 //
 // A small JSON value with a strict parser and a writer. Parse errors name line and column.
 // Integers keep full int64 precision (token counts reach 2^31 and pair counts 2^62).

@@ -1,7 +1,9 @@
 #include "core/npy.hpp"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -48,8 +50,25 @@ std::string header_field(const std::string& header, const std::string& key, cons
 
 }  // namespace
 
-NpyArray load_npy(const std::string& path) {
-  const std::string bytes = json::read_file(path);
+namespace {
+
+// A .npy file split into its header fields and the offset of its data.
+struct RawNpy {
+  std::string bytes;
+  std::string descr;  // e.g. "'<f4'"
+  std::vector<int64_t> shape;
+  size_t offset = 0;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+RawNpy read_raw(const std::string& path) {
+  RawNpy raw;
+  raw.bytes = json::read_file(path);
+  const std::string& bytes = raw.bytes;
   require(bytes.size() >= 10 && bytes.compare(0, 6, "\x93NUMPY") == 0, path, ": not a .npy file (bad magic)");
   const auto major = static_cast<unsigned char>(bytes[6]);
   size_t header_len = 0, offset = 0;
@@ -67,17 +86,8 @@ NpyArray load_npy(const std::string& path) {
   }
   require(bytes.size() >= offset + header_len, path, ": truncated .npy header");
   const std::string header = bytes.substr(offset, header_len);
-  offset += header_len;
-
-  NpyArray arr;
-  const std::string descr = header_field(header, "descr", path);
-  if (descr == "'<f4'") {
-    arr.dtype = DType::F32;
-  } else if (descr == "'<f8'") {
-    arr.dtype = DType::F64;
-  } else {
-    fail(path, ": dtype ", descr, " is not supported (expected little-endian float32 '<f4' or float64 '<f8')");
-  }
+  raw.offset = offset + header_len;
+  raw.descr = header_field(header, "descr", path);
   const std::string order = header_field(header, "fortran_order", path);
   require(order == "False", path, ": Fortran-ordered arrays are not supported (expected C order)");
   const std::string shape = header_field(header, "shape", path);
@@ -89,21 +99,53 @@ NpyArray load_npy(const std::string& path) {
     size_t q = p;
     while (q < shape.size() - 1 && shape[q] >= '0' && shape[q] <= '9') ++q;
     require(q > p, path, ": malformed .npy shape ", shape);
-    arr.shape.push_back(std::stoll(shape.substr(p, q - p)));
+    raw.shape.push_back(std::stoll(shape.substr(p, q - p)));
     p = q;
   }
+  return raw;
+}
+
+void require_data_size(const RawNpy& raw, size_t elem, const std::string& path) {
+  const int64_t n = raw.numel();
+  require(raw.bytes.size() - raw.offset == static_cast<size_t>(n) * elem, path, ": data size ", raw.bytes.size() - raw.offset,
+          " bytes does not match shape ", shape_string(raw.shape), " (", n * static_cast<int64_t>(elem), " bytes)");
+}
+
+}  // namespace
+
+NpyArray load_npy(const std::string& path) {
+  const RawNpy raw = read_raw(path);
+  NpyArray arr;
+  if (raw.descr == "'<f4'") {
+    arr.dtype = DType::F32;
+  } else if (raw.descr == "'<f8'") {
+    arr.dtype = DType::F64;
+  } else {
+    fail(path, ": dtype ", raw.descr, " is not supported (expected little-endian float32 '<f4' or float64 '<f8')");
+  }
+  arr.shape = raw.shape;
   const int64_t n = arr.numel();
-  const size_t elem = arr.dtype == DType::F32 ? 4 : 8;
-  require(bytes.size() - offset == static_cast<size_t>(n) * elem, path, ": data size ", bytes.size() - offset,
-          " bytes does not match shape ", arr.shape_string(), " (", n * static_cast<int64_t>(elem), " bytes)");
+  require_data_size(raw, arr.dtype == DType::F32 ? 4 : 8, path);
+  const char* data = raw.bytes.data() + raw.offset;
   arr.data.resize(static_cast<size_t>(n));
   if (arr.dtype == DType::F32) {
     std::vector<float> tmp(static_cast<size_t>(n));
-    std::memcpy(tmp.data(), bytes.data() + offset, tmp.size() * 4);
+    std::memcpy(tmp.data(), data, tmp.size() * 4);
     for (size_t i = 0; i < tmp.size(); ++i) arr.data[i] = tmp[i];
   } else {
-    std::memcpy(arr.data.data(), bytes.data() + offset, arr.data.size() * 8);
+    std::memcpy(arr.data.data(), data, arr.data.size() * 8);
   }
+  return arr;
+}
+
+NpyInt64Array load_npy_int64(const std::string& path) {
+  const RawNpy raw = read_raw(path);
+  require(raw.descr == "'<i8'", path, ": dtype ", raw.descr, " is not supported here (expected little-endian int64 '<i8')");
+  require_data_size(raw, 8, path);
+  NpyInt64Array arr;
+  arr.shape = raw.shape;
+  arr.data.resize(static_cast<size_t>(raw.numel()));
+  std::memcpy(arr.data.data(), raw.bytes.data() + raw.offset, arr.data.size() * 8);
   return arr;
 }
 
@@ -145,6 +187,14 @@ std::string npy_bytes(const std::vector<int64_t>& shape, const double* data, DTy
   return out;
 }
 
+std::string npy_bytes(const std::vector<int64_t>& shape, const int64_t* data) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::string out = npy_header(shape, "<i8");
+  out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n) * 8);
+  return out;
+}
+
 std::string npy_bytes(const std::vector<int64_t>& shape, const float* data) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -156,5 +206,15 @@ std::string npy_bytes(const std::vector<int64_t>& shape, const float* data) {
 void require_shape(const NpyArray& arr, const std::string& name, const std::vector<int64_t>& expected) {
   require(arr.shape == expected, name, ": expected shape ", shape_string(expected), ", got ", arr.shape_string());
 }
+
+void require_finite(const NpyArray& a, const std::string& name, bool allow_neg_inf) {
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    const double x = a.data[i];
+    const bool ok = std::isfinite(x) || (allow_neg_inf && x == -std::numeric_limits<double>::infinity());
+    require(ok, name, ": element ", i, " is ", x, " (expected finite values", allow_neg_inf ? " or -inf" : "", ")");
+  }
+}
+
+const char* dtype_name(DType t) { return t == DType::F32 ? "float32" : "float64"; }
 
 }  // namespace treecp

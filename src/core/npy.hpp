@@ -1,7 +1,8 @@
-// core/: the ground every layer stands on: errors, JSON, .npy files, counter-based random values.
+// core/: the ground every layer stands on: errors, JSON, .npy and output files, trace spans, random values.
 //
-// NumPy .npy files: little-endian float32 ('<f4') or float64 ('<f8'), C order, format 1.0/2.0/3.0.
-// Anything else (big-endian, Fortran order, other dtypes, truncated data) is refused by name.
+// NumPy .npy files: little-endian float32 ('<f4') or float64 ('<f8'), C order, format 1.0/2.0/3.0; and
+// int64 ('<i8') for token ids, through their own functions. Anything else (big-endian, Fortran order,
+// other dtypes, truncated data) is refused by name.
 #pragma once
 
 #include <cstdint>
@@ -22,11 +23,25 @@ struct NpyArray {
 };
 
 NpyArray load_npy(const std::string& path);
+
+// An int64 array (token ids), read and written exactly.
+struct NpyInt64Array {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> data;
+};
+NpyInt64Array load_npy_int64(const std::string& path);
 // Serialises to the bytes of a .npy file (written by the caller, so that nothing is written on error).
 std::string npy_bytes(const std::vector<int64_t>& shape, const double* data, DType dtype);
 std::string npy_bytes(const std::vector<int64_t>& shape, const float* data);
+std::string npy_bytes(const std::vector<int64_t>& shape, const int64_t* data);  // '<i8'
+
 // Requires arr.shape == expected; the message names the array (e.g. "q") and both shapes.
 void require_shape(const NpyArray& arr, const std::string& name, const std::vector<int64_t>& expected);
+// NaN or infinity in an input would propagate silently into every output that reads it: requires
+// finite values (and -inf where allow_neg_inf); the message names the array and the element.
+void require_finite(const NpyArray& arr, const std::string& name, bool allow_neg_inf = false);
+// "float32" / "float64".
+const char* dtype_name(DType t);
 std::string shape_string(const std::vector<int64_t>& shape);
 
 }  // namespace treecp

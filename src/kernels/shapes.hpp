@@ -16,7 +16,7 @@ namespace treecp {
 // needs its own plan: runtime/dense_attention.hpp refuses a plan for another window).
 struct AttentionShape {
   int hq = 32, hkv = 4;     // query heads, KV heads (hq a multiple of hkv)
-  int d = 128, dv = 128;    // query/key head dim, value head dim
+  int d = 128, dv = 128;    // query/key head dim, value head dim (0: keys only, a sparse MLA indexer)
   int64_t window = 0;       // sliding window on logical positions, 0 = none
   double scale = 0.0;       // softmax scale; <= 0 means 1 / sqrt(d)
 
@@ -28,6 +28,16 @@ struct AttentionShape {
   int64_t o_width() const { return int64_t{hq} * dv; }  // of O
   // Throws treecp::Error naming the field when a size is out of range or the window is negative.
   void validate() const;
+};
+
+// The state geometry of an affine-state recurrence (runtime/affine_cp.hpp): per head a rows x cols state
+// S and, for a run of tokens, S_out = M S_in + E with M rows x rows. GDN/KDA: rows = dk, cols = dv;
+// Mamba-2: rows = 1 (a scalar decay), cols = N P. A summary is every head's M then E, one block each.
+struct AffineShape {
+  int heads = 1, rows = 1, cols = 1;
+  int64_t state_elements() const { return int64_t{heads} * rows * cols; }  // one state, every head
+  int64_t map_block() const { return int64_t{rows} * (rows + cols); }       // one head's (M, E)
+  int64_t map_elements() const { return heads * map_block(); }               // one summary, every head
 };
 
 // Gated DeltaNet / KDA (kernels/cpu/gdn.hpp): per token and head q, k [dk], v [dv], a log-decay g
@@ -47,10 +57,7 @@ struct GdnShape {
   int64_t qk_width() const { return int64_t{heads} * dk; }  // elements per token of q and k
   int64_t v_width() const { return int64_t{heads} * dv; }   // of v and y
   int64_t g_width() const { return gate == GdnGate::Scalar ? heads : int64_t{heads} * dk; }  // of g
-  int64_t state_elements() const { return int64_t{heads} * dk * dv; }  // one state, every head
-  // One head's summary block: M (dk x dk) then E (dk x dv), S_out = M S_in + E.
-  int64_t map_block() const { return int64_t{dk} * (dk + dv); }
-  int64_t map_elements() const { return heads * map_block(); }  // one summary, every head
+  AffineShape affine() const { return {heads, dk, dv}; }  // the state: dk x dv per head
   void validate() const;
 };
 

@@ -13,6 +13,7 @@
 // slices, runtime/row_map.hpp); this header knows neither rows nor buffers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -36,6 +37,10 @@ struct Slice {
   int64_t q_len() const { return q_end - q_begin; }
   int64_t k_len() const { return k_end - k_begin; }
   bool empty() const { return q_end <= q_begin || k_end <= k_begin || diag_max <= diag_min; }
+  // Keys query q sees in the slice: [key_begin(q), key_end(q)), empty when key_end(q) <= key_begin(q);
+  // both nondecreasing in q (from k_begin <= k < k_end and diag_min <= q - k < diag_max).
+  int64_t key_begin(int64_t q) const { return std::max(k_begin, q - diag_max + 1); }
+  int64_t key_end(int64_t q) const { return std::min(k_end, q - diag_min + 1); }
   bool contains(int64_t q, int64_t k) const {
     return q >= q_begin && q < q_end && k >= k_begin && k < k_end && q - k >= diag_min && q - k < diag_max;
   }

@@ -261,8 +261,14 @@ double exchange_ms(const CostModel& c, const Links& links, const WaveTraffic& tr
   return exchange_with_totals(c, links, traffic, out.data(), in.data(), rank, bytes_per_token, inbound);
 }
 
-Prediction simulate(const CostModel& c, const Links& links, const AttentionShape& shape,
-                    const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves) {
+bool is_transfer(SpanKind kind) { return kind == SpanKind::Fetch || kind == SpanKind::Return; }
+
+namespace {
+
+// The simulator. With `spans` it also records the schedule it computes; the numbers are the same either way.
+Prediction simulate_into(const CostModel& c, const Links& links, const AttentionShape& shape,
+                         const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves, bool refetch,
+                         std::vector<ScheduleSpan>* spans) {
   const int cp = links.cp();
   require(static_cast<int>(loads.size()) == cp, "simulate: ", loads.size(), " rank loads for cp = ", cp);
   const size_t num_waves = waves.size();
@@ -286,26 +292,63 @@ Prediction simulate(const CostModel& c, const Links& links, const AttentionShape
     auto fetch = [&](size_t w, int64_t bytes, bool inbound) {
       return exchange_with_totals(c, links, waves[w], out.data() + w * cp, in.data() + w * cp, r, bytes, inbound);
     };
-    // Forward: local stage while wave 0 arrives; each wave starts when both its KV and the GPU are
-    // free, and issues the next wave's fetch as it starts.
+    // Spans are placed at `offset` + the simulator's clock; empty ones are left out.
+    double offset = 0.0;
+    auto record = [&](SpanKind kind, Pass pass, int wave, double begin, double end) {
+      if (spans != nullptr && end > begin) spans->push_back({kind, pass, r, wave, offset + begin, offset + end});
+    };
+    const double owned = static_cast<double>(load.owned_tokens);
+    const double local_forward = token_local_ms(c, owned, Pass::Forward);
+    const double local_backward = token_local_ms(c, owned, Pass::Backward);
+    // Forward: the token-local work (the projections that make K and V) first; then the local stage
+    // while wave 0 arrives; each wave starts when both its KV and the GPU are free, and issues the
+    // next wave's fetch as it starts.
+    record(SpanKind::TokenLocal, Pass::Forward, -1, 0.0, local_forward);
+    offset = local_forward;
     double compute_done = stage_ms(c, load.local, false, Pass::Forward);
     double fetch_ready = num_waves > 0 ? fetch(0, kv_bytes, true) : 0.0;
+    record(SpanKind::LocalStage, Pass::Forward, -1, 0.0, compute_done);
+    record(SpanKind::Fetch, Pass::Forward, 0, 0.0, fetch_ready);
     for (size_t w = 0; w < num_waves; ++w) {
       const double start = std::max(compute_done, fetch_ready);
+      record(SpanKind::Wait, Pass::Forward, static_cast<int>(w), compute_done, start);
       fetch_ready = start + (w + 1 < num_waves ? fetch(w + 1, kv_bytes, true) : 0.0);
       compute_done = start + stage_ms(c, load.waves[w], true, Pass::Forward);
+      record(SpanKind::Fetch, Pass::Forward, static_cast<int>(w + 1), start, fetch_ready);
+      record(SpanKind::RemoteStage, Pass::Forward, static_cast<int>(w), start, compute_done);
     }
-    // Backward: remote waves in reverse, each returning its dK/dV as soon as it is computed; local last.
+    p.forward_ms[r] = local_forward + compute_done;
+    // Backward: remote waves in reverse, each returning its dK/dV as soon as it is computed; local
+    // last; the token-local work (the projections' gradients) once every dK/dV is back. Fetching the KV
+    // again, a wave starts when its KV has landed too, and issues the next one's fetch as it starts.
+    offset = p.forward_ms[r];
     double compute = 0.0, returned = 0.0;
+    double refetched = refetch && num_waves > 0 ? fetch(num_waves - 1, kv_bytes, true) : 0.0;
+    if (refetch && num_waves > 0) record(SpanKind::Fetch, Pass::Backward, static_cast<int>(num_waves - 1), 0.0, refetched);
     for (size_t w = num_waves; w-- > 0;) {
+      if (refetch) {
+        const double start = std::max(compute, refetched);
+        record(SpanKind::Wait, Pass::Backward, static_cast<int>(w), compute, start);
+        compute = start;
+        refetched = start + (w > 0 ? fetch(w - 1, kv_bytes, true) : 0.0);
+        if (w > 0) record(SpanKind::Fetch, Pass::Backward, static_cast<int>(w - 1), start, refetched);
+      }
+      const double begin = compute;
       compute += stage_ms(c, load.waves[w], true, Pass::Backward);
+      record(SpanKind::RemoteStage, Pass::Backward, static_cast<int>(w), begin, compute);
       const double ret = fetch(w, dkv_bytes, false);
-      if (ret > 0.0) returned = std::max(returned, compute + ret);
+      if (ret > 0.0) {
+        returned = std::max(returned, compute + ret);
+        record(SpanKind::Return, Pass::Backward, static_cast<int>(w), compute, compute + ret);
+      }
     }
+    const double local_begin = compute;
     compute += stage_ms(c, load.local, false, Pass::Backward);
-    const double owned = static_cast<double>(load.owned_tokens);
-    p.forward_ms[r] = token_local_ms(c, owned, Pass::Forward) + compute_done;
-    p.backward_ms[r] = token_local_ms(c, owned, Pass::Backward) + std::max(compute, returned);
+    record(SpanKind::LocalStage, Pass::Backward, -1, local_begin, compute);
+    const double attention_done = std::max(compute, returned);
+    record(SpanKind::Wait, Pass::Backward, -1, compute, attention_done);
+    p.backward_ms[r] = local_backward + attention_done;
+    record(SpanKind::TokenLocal, Pass::Backward, -1, attention_done, p.backward_ms[r]);
     const double total = p.forward_ms[r] + p.backward_ms[r];
     if (r == 0 || total > p.makespan_ms) {
       p.makespan_ms = total;
@@ -313,6 +356,22 @@ Prediction simulate(const CostModel& c, const Links& links, const AttentionShape
     }
   }
   return p;
+}
+
+}  // namespace
+
+Prediction simulate(const CostModel& c, const Links& links, const AttentionShape& shape,
+                    const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves,
+                    bool refetch_backward) {
+  return simulate_into(c, links, shape, loads, waves, refetch_backward, nullptr);
+}
+
+Timeline simulate_timeline(const CostModel& c, const Links& links, const AttentionShape& shape,
+                           const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves,
+                           bool refetch_backward) {
+  Timeline t;
+  t.prediction = simulate_into(c, links, shape, loads, waves, refetch_backward, &t.spans);
+  return t;
 }
 
 }  // namespace treecp

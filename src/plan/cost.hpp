@@ -1,5 +1,5 @@
-// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
-// cost models, and the Plans they produce (no tensor values).
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
 //
 // The cost model of DESIGN.md "Schedule model": coefficients (a JSON file), the one stage-cost and
 // transfer-cost function, and the forward/backward schedule simulator. The planner, the plan
@@ -149,9 +149,44 @@ class Links {
 double exchange_ms(const CostModel& c, const Links& links, const WaveTraffic& traffic, int rank,
                    int64_t bytes_per_token, bool inbound);
 
-// DESIGN.md's simulator over every rank, for a layer of `shape`. loads.size() == cp; waves[w] holds wave
-// w's traffic.
+// DESIGN.md's simulator over every rank, for a layer of `shape`. loads.size() == cp; waves[w] holds
+// wave w's traffic.
+// The totals of simulate_timeline's timeline, computed by the same code without recording it.
+// With `refetch_backward` the backward fetches each wave's KV again, one wave ahead (Plan::refetch_backward).
 Prediction simulate(const CostModel& c, const Links& links, const AttentionShape& shape,
-                    const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves);
+                    const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves,
+                    bool refetch_backward = false);
+
+// One interval of the simulated schedule. A rank's compute spans (token-local work, stages, waits)
+// follow one another without overlap; its transfers overlap the compute (that is the point of waves),
+// and its dK/dV returns may overlap one another.
+enum class SpanKind {
+  TokenLocal,   // per-owned-token work: before the stages in forward, after the returns in backward
+  LocalStage,   // owned queries x owned keys
+  RemoteStage,  // owned queries x one wave's received keys
+  Wait,         // compute idle: the wave's KV has not landed; backward, also dK/dV still returning
+  Fetch,        // one wave's KV landing on this rank (the backward's too when it fetches again)
+  Return,       // backward: one wave's dK/dV going back to their owners
+};
+bool is_transfer(SpanKind kind);
+
+struct ScheduleSpan {
+  SpanKind kind = SpanKind::LocalStage;
+  Pass pass = Pass::Forward;
+  int rank = 0;
+  int wave = -1;  // 0-based wave of a remote stage, fetch, return or the wait before them; -1 otherwise
+  double begin_ms = 0.0, end_ms = 0.0;  // from the start of the rank's forward; backward follows its forward
+};
+
+struct Timeline {
+  Prediction prediction;            // bit-identical to simulate() on the same inputs
+  std::vector<ScheduleSpan> spans;  // rank by rank, each rank's spans in the order the simulator meets them
+};
+
+// The simulator's schedule span by span: rank r's forward runs over [0, forward_ms[r]] and its
+// backward over [forward_ms[r], forward_ms[r] + backward_ms[r]]. Empty stages and transfers are left out.
+Timeline simulate_timeline(const CostModel& c, const Links& links, const AttentionShape& shape,
+                           const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves,
+                           bool refetch_backward = false);
 
 }  // namespace treecp

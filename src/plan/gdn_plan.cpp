@@ -20,12 +20,6 @@ std::vector<int32_t> compute_phases(const Row& row, const std::vector<uint8_t>& 
   return phase;
 }
 
-int ceil_log2(int n) {
-  int r = 0;
-  while ((1 << r) < n) ++r;
-  return r;
-}
-
 }  // namespace
 
 GdnCostModel gdn_costs_from_json(const json::Value& v) {
@@ -100,21 +94,17 @@ std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int
   return out;
 }
 
-int gdn_holder(const GdnPlan& plan, int32_t seg) { return plan.chained[seg] ? plan.ranks - 1 : plan.owner[seg]; }
-
-int gdn_step(const GdnPlan& plan, int32_t seg) { return plan.chained[seg] ? 2 * plan.phase[seg] - 1 : 2 * plan.phase[seg]; }
-
 GdnSchedule gdn_schedule(const Row& row, const GdnPlan& plan) {
   GdnSchedule sc;
   sc.steps = 2 * plan.num_phases - 1;
   sc.transfers.resize(static_cast<size_t>(sc.steps));
   sc.segments.resize(static_cast<size_t>(sc.steps));
   for (int32_t s = 0; s < row.num_segments(); ++s) {
-    const int st = gdn_step(plan, s);
+    const int st = plan.step_of(s);
     sc.segments[static_cast<size_t>(st)].push_back(s);
     const int32_t p = row.parent(s);
     if (p >= 0 && (plan.chained[s] || plan.chained[p])) {
-      sc.transfers[static_cast<size_t>(st)].push_back({s, gdn_holder(plan, p), plan.chained[s] ? 0 : plan.owner[s]});
+      sc.transfers[static_cast<size_t>(st)].push_back({s, plan.holder(p), plan.starter(s)});
     }
   }
   return sc;
@@ -194,8 +184,7 @@ GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& cha
   plan.num_phases = n == 0 ? 1 : *std::max_element(plan.phase.begin(), plan.phase.end()) + 1;
   plan.owner.assign(static_cast<size_t>(n), -1);
   plan.cuts.assign(static_cast<size_t>(n), {});
-  // Units: a local segment whose parent is a root slot or chained starts one.
-  std::vector<int32_t> unit_of(static_cast<size_t>(n), -1);
+  const std::vector<int32_t> unit_of = gdn_local_units(row, plan.chained);
   std::vector<int64_t> unit_tokens(static_cast<size_t>(n), 0);
   for (int32_t s = 0; s < n; ++s) {
     if (plan.chained[s]) {
@@ -204,8 +193,6 @@ GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& cha
       for (int r = 0; r <= ranks; ++r) cuts.push_back(b + len * r / ranks);
       continue;
     }
-    const int32_t p = row.parent(s);
-    unit_of[s] = (p < 0 || plan.chained[p]) ? s : unit_of[p];
     unit_tokens[unit_of[s]] += row.length(s);
   }
   // Longest unit first onto the least loaded rank of its phase.
@@ -225,6 +212,19 @@ GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& cha
   for (int32_t s = 0; s < n; ++s)
     if (!plan.chained[s]) plan.owner[s] = unit_owner[unit_of[s]];
   return plan;
+}
+
+std::vector<int32_t> gdn_local_units(const Row& row, const std::vector<uint8_t>& chained) {
+  require(chained.size() == static_cast<size_t>(row.num_segments()), "gdn plan: one chained flag per segment expected (",
+          row.num_segments(), "), got ", chained.size());
+  // A local segment whose parent is absent or chained starts a unit.
+  std::vector<int32_t> unit_of(chained.size(), -1);
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    if (chained[s]) continue;
+    const int32_t p = row.parent(s);
+    unit_of[s] = (p < 0 || chained[p]) ? s : unit_of[p];
+  }
+  return unit_of;
 }
 
 void validate_gdn_plan(const Row& row, const GdnPlan& plan) {
@@ -251,16 +251,22 @@ void validate_gdn_plan(const Row& row, const GdnPlan& plan) {
   }
 }
 
-double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const GdnCostModel& m) {
+AffinePlanCosts gdn_plan_costs(const GdnShape& s, const GdnCostModel& m) {
+  AffinePlanCosts c;
+  c.local_ms_per_token = gdn_token_madds(s) * s.heads / m.madds_per_ms;
+  c.chain_ms_per_token = (gdn_token_madds(s) + gdn_chain_token_extra_madds(s)) * s.heads / m.madds_per_ms;
+  c.state_elements = static_cast<double>(s.heads) * s.dk * s.dv;
+  c.summary_elements = static_cast<double>(s.heads) * s.dk * (s.dk + s.dv);
+  c.compose_madds_per_element = s.dk;
+  c.bytes_per_element = m.state_bytes_per_element;
+  return c;
+}
+
+double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts& c, const GdnCostModel& m) {
   const int N = plan.ranks;
   const int32_t n = row.num_segments();
-  const double local_ms_per_token = gdn_token_madds(shape) * shape.heads / m.madds_per_ms;
-  const double chain_ms_per_token =
-      (gdn_token_madds(shape) + gdn_chain_token_extra_madds(shape)) * shape.heads / m.madds_per_ms;
-  const double state_bytes =
-      static_cast<double>(shape.heads) * shape.dk * shape.dv * static_cast<double>(m.state_bytes_per_element);
-  const double summary_elems = static_cast<double>(shape.heads) * shape.dk * (shape.dk + shape.dv);
-  const int rounds = ceil_log2(N);
+  const double state_bytes = c.state_elements * static_cast<double>(c.bytes_per_element);
+  const int rounds = affine_scan_rounds(N);
   const int steps = 2 * plan.num_phases - 1;  // local 0, chain 1, local 1, ...
   std::vector<std::vector<double>> busy(static_cast<size_t>(steps), std::vector<double>(static_cast<size_t>(N), 0.0));
   // Parent-state traffic per step: bytes each rank sends / receives (both directions: forward state,
@@ -268,19 +274,18 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
   std::vector<std::vector<double>> sent(busy), recvd(busy);
   std::vector<int> chains_in_step(static_cast<size_t>(steps), 0);
   for (int32_t s = 0; s < n; ++s) {
-    const int step = gdn_step(plan, s);
+    const int step = plan.step_of(s);
     auto& b = busy[static_cast<size_t>(step)];
     if (plan.chained[s]) {
       ++chains_in_step[static_cast<size_t>(step)];
       for (int r = 0; r < N; ++r)
-        b[r] += static_cast<double>(plan.cuts[s][r + 1] - plan.cuts[s][r]) * chain_ms_per_token;
+        b[r] += static_cast<double>(plan.cuts[s][r + 1] - plan.cuts[s][r]) * c.chain_ms_per_token;
     } else {
-      b[plan.owner[s]] += static_cast<double>(row.length(s)) * local_ms_per_token;
+      b[plan.owner[s]] += static_cast<double>(row.length(s)) * c.local_ms_per_token;
     }
     const int32_t p = row.parent(s);
     if (p < 0) continue;
-    const int dst = plan.chained[s] ? 0 : plan.owner[s];
-    const int src = gdn_holder(plan, p);
+    const int dst = plan.starter(s), src = plan.holder(p);
     if (src == dst) continue;
     sent[static_cast<size_t>(step)][src] += 2 * state_bytes;
     recvd[static_cast<size_t>(step)][dst] += 2 * state_bytes;
@@ -304,8 +309,8 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
     if (chains > 0 && rounds > 0) {
       // Forward prefix scan and backward suffix scan: each round moves every chain's summary and
       // composes it once.
-      const double bytes = chains * summary_elems * static_cast<double>(m.state_bytes_per_element);
-      const double compose_ms = chains * summary_elems * shape.dk / m.madds_per_ms;
+      const double bytes = chains * c.summary_elements * static_cast<double>(c.bytes_per_element);
+      const double compose_ms = chains * c.summary_elements * c.compose_madds_per_element / m.madds_per_ms;
       comm += 2 * rounds * (message_ms(bytes) + compose_ms);
     }
     if (any) total += work + comm + m.step_overhead_ms;
@@ -314,22 +319,67 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
   return total;
 }
 
-GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model) {
+double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const GdnCostModel& m) {
+  return predict_affine_plan(row, plan, gdn_plan_costs(shape, m), m);
+}
+
+int affine_scan_rounds(int ranks) {
+  int r = 0;
+  while ((1 << r) < ranks) ++r;
+  return r;
+}
+
+int64_t affine_plan_bytes(const Row& row, const GdnPlan& plan, const AffinePlanCosts& c) {
+  const int N = plan.ranks;
+  const int64_t state = static_cast<int64_t>(c.state_elements) * c.bytes_per_element;
+  const int64_t summary = static_cast<int64_t>(c.summary_elements) * c.bytes_per_element;
+  int64_t bytes = 0;
+  std::vector<int64_t> chains_in_step(static_cast<size_t>(2 * plan.num_phases - 1), 0);
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    if (plan.chained[s]) ++chains_in_step[static_cast<size_t>(plan.step_of(s))];
+    const int32_t p = row.parent(s);
+    if (p >= 0 && (plan.chained[s] || plan.chained[p]) && plan.holder(p) != plan.starter(s))
+      bytes += 2 * state;
+  }
+  // Round d of a scan: every position with a successor d positions on sends; forward and backward.
+  int64_t sends = 0;
+  for (int d = 1; d < N; d *= 2) sends += N - d;
+  for (int64_t chains : chains_in_step) bytes += 2 * sends * chains * summary;
+  return bytes;
+}
+
+GdnPlan search_affine_plan(const Row& row, int ranks, const AffinePlanCosts& costs, const GdnCostModel& model,
+                           const std::function<double(const GdnPlan&)>& extra_ms, const GdnPlanVariants& variants) {
   const int32_t n = row.num_segments();
   std::vector<int32_t> by_length(static_cast<size_t>(n));
   std::iota(by_length.begin(), by_length.end(), 0);
   std::stable_sort(by_length.begin(), by_length.end(),
                    [&](int32_t a, int32_t b) { return row.length(a) > row.length(b); });
+  auto price = [&](GdnPlan& p) { return predict_affine_plan(row, p, costs, model) + (extra_ms ? extra_ms(p) : 0.0); };
+  auto plans = [&](const std::vector<uint8_t>& chained) {
+    return variants ? variants(chained) : std::vector<GdnPlan>{make_gdn_plan(row, ranks, chained)};
+  };
   std::vector<uint8_t> chained(static_cast<size_t>(n), 0);
-  GdnPlan best = make_gdn_plan(row, ranks, chained);
-  gdn_predict(row, best, shape, model);
-  const int kmax = std::min<int32_t>(n, 32);
-  for (int k = 1; k <= kmax && ranks > 1; ++k) {
-    chained[by_length[k - 1]] = 1;
-    GdnPlan cand = make_gdn_plan(row, ranks, chained);
-    if (gdn_predict(row, cand, shape, model) < best.predicted_ms) best = std::move(cand);
+  GdnPlan best;
+  double best_ms = 0;
+  bool have = false;
+  const int kmax = ranks > 1 ? std::min<int32_t>(n, 32) : 0;
+  for (int k = 0; k <= kmax; ++k) {
+    if (k > 0) chained[by_length[k - 1]] = 1;
+    for (GdnPlan& cand : plans(chained)) {
+      const double ms = price(cand);
+      if (!have || ms < best_ms) {
+        best = std::move(cand);
+        best_ms = ms;
+        have = true;
+      }
+    }
   }
   return best;
+}
+
+GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model) {
+  return search_affine_plan(row, ranks, gdn_plan_costs(shape, model), model);
 }
 
 }  // namespace treecp

@@ -1,5 +1,5 @@
-// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
-// cost models, and the Plans they produce (no tensor values).
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
 //
 // The GDN/KDA planner (beside the dense one, plan/planner.hpp): where each segment of a packed row
 // runs in a GDN/KDA layer under context parallelism, what that is predicted to cost, and the bounded
@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,11 @@ struct GdnPlan {
   std::vector<double> predicted_rank_busy_ms;
 
   int chained_segments() const;
+  // The DAG step a segment runs in (local phase k = step 2k, chain phase k = step 2k - 1), the rank
+  // that starts it (needs its parent's final state) and the rank that holds its final state.
+  int step_of(int32_t s) const { return chained[s] ? 2 * phase[s] - 1 : 2 * phase[s]; }
+  int starter(int32_t s) const { return chained[s] ? 0 : owner[s]; }
+  int holder(int32_t s) const { return chained[s] ? ranks - 1 : owner[s]; }
   json::Value to_json() const;
   // Reads what to_json wrote; validate against the row with validate_gdn_plan.
   static GdnPlan from_json(const json::Value& v);
@@ -83,10 +89,6 @@ struct GdnSchedule {
   std::vector<std::vector<int32_t>> segments;       // per step, in DFS order
 };
 GdnSchedule gdn_schedule(const Row& row, const GdnPlan& plan);
-// The rank that holds a segment's final state: its owner, or the last rank for a chained segment.
-int gdn_holder(const GdnPlan& plan, int32_t seg);
-// The step a segment runs in.
-int gdn_step(const GdnPlan& plan, int32_t seg);
 
 // Physical ranges rank r holds, sorted and merged: its buffers lay them out in this order.
 std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int rank);
@@ -96,16 +98,45 @@ Ownership gdn_ownership(const Row& row, const GdnPlan& plan);
 // A plan with the given chained set: chained segments split evenly over the ranks, local units placed
 // longest first on the least loaded rank of their phase. Throws on size mismatch.
 GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& chained);
+// Per segment, the local unit it belongs to (the unit's first segment: a local segment whose parent
+// is absent or chained); -1 for a chained segment.
+std::vector<int32_t> gdn_local_units(const Row& row, const std::vector<uint8_t>& chained);
 // Validates a plan against its row (cuts cover each chained segment, owners in range, phases).
 void validate_gdn_plan(const Row& row, const GdnPlan& plan);
+
+// What pricing a plan of an affine-state recurrence (runtime/affine_cp.hpp) needs: GDN/KDA's come
+// from gdn_plan_costs, Mamba-2's from plan/mamba2_plan.hpp.
+struct AffinePlanCosts {
+  double local_ms_per_token = 0;         // a token of a local segment, forward + backward, all heads
+  double chain_ms_per_token = 0;         // a token of a chained shard: plus its summary and state-only backward
+  double state_elements = 0;             // one segment's final state, all heads
+  double summary_elements = 0;           // one chain's summary (M, E), all heads
+  double compose_madds_per_element = 0;  // composing two summaries, per summary element (the state's rows)
+  int64_t bytes_per_element = 4;         // states and summaries on the wire
+};
+AffinePlanCosts gdn_plan_costs(const GdnShape& shape, const GdnCostModel& model);
 
 // Predicted forward + backward time of a plan: per DAG step, the slowest rank's work plus that
 // step's communication (parent-state exchange; for chain steps the scan rounds of both directions).
 // Fills plan.predicted_ms and plan.predicted_rank_busy_ms.
+double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts& costs, const GdnCostModel& model);
 double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const GdnCostModel& model);
 
+// Rounds of the exclusive scan over `ranks` ranks in one direction: ceil(log2 ranks).
+int affine_scan_rounds(int ranks);
+
+// Bytes the protocol moves between ranks, forward + backward, summed over ranks: parent states
+// (and their gradients) crossing ranks, and every scan round's summaries.
+int64_t affine_plan_bytes(const Row& row, const GdnPlan& plan, const AffinePlanCosts& costs);
+
 // Bounded search: candidate chained sets are the k longest segments, k = 0 .. min(segments, 32);
-// the cheapest prediction wins (ties keep fewer chains).
+// the cheapest prediction plus extra_ms(candidate) (what the caller adds, e.g. moving tokens into
+// the plan's layout) wins, ties keep fewer chains. `variants(chained)` gives the plans tried for
+// one chained set (make_gdn_plan's alone by default; the first wins ties).
+using GdnPlanVariants = std::function<std::vector<GdnPlan>(const std::vector<uint8_t>& chained)>;
+GdnPlan search_affine_plan(const Row& row, int ranks, const AffinePlanCosts& costs, const GdnCostModel& model,
+                           const std::function<double(const GdnPlan&)>& extra_ms = nullptr,
+                           const GdnPlanVariants& variants = nullptr);
 GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model = GdnCostModel{});
 
 }  // namespace treecp

@@ -71,4 +71,11 @@ int owner_of(const Ownership& ownership, int64_t t) {
   fail("ownership: token ", t, " is held by no rank");
 }
 
+bool tokens_move(const Ownership& from, const Ownership& to) {
+  for (size_t i = 0; i < from.size(); ++i)
+    for (size_t j = 0; j < to.size(); ++j)
+      if (i != j && !intersect(from[i], to[j]).empty()) return true;
+  return false;
+}
+
 }  // namespace treecp

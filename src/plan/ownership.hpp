@@ -1,5 +1,5 @@
-// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
-// cost models, and the Plans they produce (no tensor values).
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
 //
 // Ownership: which rank holds which tokens of a row (DESIGN.md's second object, beside visibility
 // and schedule). A token range is a physical [begin, end); an Ownership lists, per rank, the sorted
@@ -38,6 +38,10 @@ Ownership gathered_ownership(int64_t tokens, int ranks, int root);
 // Throws treecp::Error unless every token of [0, tokens) is held by exactly one rank, each rank's
 // ranges sorted, disjoint and non-empty.
 void validate_ownership(const Ownership& ownership, int64_t tokens);
+
+// True when some token is held by different ranks in the two ownerships (then moving an array from one
+// to the other needs an exchange; otherwise every rank holds the same tokens in the same order).
+bool tokens_move(const Ownership& from, const Ownership& to);
 
 // The rank holding token t (the ranges must be an Ownership's); throws if none does.
 int owner_of(const Ownership& ownership, int64_t t);

@@ -17,6 +17,7 @@ const char* layout_name(Layout layout) {
     case Layout::Perdoc: return "perdoc";
     case Layout::Family: return "family";
     case Layout::Searched: return "searched";
+    case Layout::Ring: return "ring";
   }
   return "?";
 }
@@ -25,6 +26,7 @@ Layout parse_layout(std::string_view name) {
   for (Layout l : kLayouts) {
     if (name == layout_name(l)) return l;
   }
+  if (name == layout_name(Layout::Ring)) return Layout::Ring;
   fail("unknown layout '", name, "' (expected contiguous, zigzag, perdoc, family or searched)");
 }
 
@@ -300,6 +302,7 @@ json::Value plan_to_json(const Plan& plan) {
   v.set("num_waves", static_cast<int64_t>(plan.num_waves));
   v.set("visible_pairs", plan.visible_pairs);
   v.set("predicted_makespan_ms", plan.predicted_makespan_ms);
+  v.set("backward_kv", plan.refetch_backward ? "refetch" : "keep");
   json::Value bounds = json::Value::array(), owners = json::Value::array();
   for (int64_t b : plan.chunk_bounds) bounds.push_back(b);
   for (int32_t o : plan.chunk_owner) owners.push_back(static_cast<int64_t>(o));
@@ -358,6 +361,11 @@ Plan plan_from_json(const json::Value& v) {
   const int64_t waves = v.at("num_waves", "plan").as_int("plan.num_waves");
   require(waves >= 0 && waves <= 1 << 20, "plan JSON: num_waves must be >= 0, got ", waves);
   plan.num_waves = static_cast<int>(waves);
+  if (const json::Value* kv = v.find("backward_kv")) {
+    const std::string& mode = kv->as_string("plan.backward_kv");
+    require(mode == "keep" || mode == "refetch", "plan JSON: backward_kv must be keep or refetch, got '", mode, "'");
+    plan.refetch_backward = mode == "refetch";
+  }
   plan.visible_pairs = v.at("visible_pairs", "plan").as_int("plan.visible_pairs");
   plan.predicted_makespan_ms = v.at("predicted_makespan_ms", "plan").as_double("plan.predicted_makespan_ms");
   for (const json::Value& b : v.at("chunk_bounds", "plan").as_array("plan.chunk_bounds")) {

@@ -1,5 +1,5 @@
-// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
-// cost models, and the Plans they produce (no tensor values).
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
 //
 // A Plan: which rank owns which token chunks, and which stages each rank runs with which remote KV.
 // Pure data (no tensor values), JSON round trip, computed once per row and reused by every layer with
@@ -24,13 +24,16 @@
 
 namespace treecp {
 
-// The ownership generators of the planner (plan/planner.hpp); Searched refines the best of the others.
-enum class Layout { Contiguous, Zigzag, Perdoc, Family, Searched };
+// Where a plan's ownership came from: the ownership generators of the planner (plan/planner.hpp, in
+// kLayouts; Searched refines the best of the others), or Ring, the ring-attention baseline of
+// plan/baselines.hpp, which the planner never produces.
+enum class Layout { Contiguous, Zigzag, Perdoc, Family, Searched, Ring };
 inline constexpr Layout kLayouts[] = {Layout::Contiguous, Layout::Zigzag, Layout::Perdoc, Layout::Family,
                                       Layout::Searched};
-// "contiguous", "zigzag", "perdoc", "family", "searched".
+// "contiguous", "zigzag", "perdoc", "family", "searched", "ring".
 const char* layout_name(Layout layout);
-// The layout of a name; throws treecp::Error naming the known ones.
+// The layout of a name (any of the six: a plan file may hold a baseline's); throws treecp::Error naming
+// the known ones.
 Layout parse_layout(std::string_view name);
 
 struct Stage {
@@ -65,6 +68,9 @@ struct Plan {
   std::vector<RankPlan> ranks;        // size cp
   int64_t visible_pairs = 0;
   double predicted_makespan_ms = 0.0;
+  // The backward's remote KV: kept from the forward (more memory) or fetched again, one wave ahead (more
+  // traffic); priced by the cost model, chosen by the planner (PlanOptions::backward_kv).
+  bool refetch_backward = false;
 };
 
 class Row;
@@ -81,7 +87,7 @@ Ownership plan_ownership(const Plan& plan);
 void validate_plan(const Plan& plan, const Row& row, int64_t window, int expected_cp = 0);
 
 // JSON form (docs: plan_to_json). Keys: layout, cp, tokens, window, num_waves, visible_pairs,
-// predicted_makespan_ms, chunk_bounds, chunk_owner, ranks[] {rank, owned_ranges [[b, e]...],
+// predicted_makespan_ms, backward_kv ("keep" | "refetch"), chunk_bounds, chunk_owner, ranks[] {rank, owned_ranges [[b, e]...],
 // owned_tokens, pairs, predicted_forward_ms, predicted_backward_ms, stages[] {wave, pairs,
 // remote_ranges [[b, e]...] (derived: all received ranges, sorted), recv/send [per peer [[b, e]...]],
 // slices [[q_begin, q_end, k_begin, k_end, diag_min, diag_max]...]}}.

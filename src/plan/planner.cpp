@@ -1,5 +1,7 @@
 #include "plan/planner.hpp"
 
+#include "plan/memory.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -174,7 +176,6 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
   }
   fetch_.clear();
   fetch_start_.assign(static_cast<size_t>(cp) + 1, 0);
-  const int64_t kv_bytes = c_.kv_bytes_per_token(shape_);
   recv_tokens_.assign(std::max(waves, 1), 0);
   // One rank at a time, with scratch of one entry per chunk: need_[k] = pairs its queries have with
   // remote key chunk k, wave_[k] = the wave that brings k.
@@ -234,9 +235,6 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
       recv_tokens_[wave] += w_.chunk_tokens(k);
     }
     fetch_start_[r + 1] = static_cast<int64_t>(fetch_.size());
-    const int64_t peak = l.owned_tokens * c_.activation_bytes_per_token +
-                         *std::max_element(recv_tokens_.begin(), recv_tokens_.end()) * kv_bytes;
-    res.peak_memory_bytes = std::max(res.peak_memory_bytes, peak);
     // Query tokens each wave merges: the owned query chunks with pairs against that wave's keys.
     for (int64_t x = by_rank_start_[r]; waves > 0 && x < by_rank_start_[r + 1]; ++x) {
       const int32_t i = by_rank_[x];
@@ -254,9 +252,37 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
       wave_[k] = -1;
     }
   }
-  res.fits_memory = c_.memory_limit_bytes_per_rank <= 0 || res.peak_memory_bytes <= c_.memory_limit_bytes_per_rank;
-  res.prediction = simulate(c_, links_, shape_, loads_, traffic_);
+  // Memory per rank, with the received KV kept for the backward and fetched again; the choice, then its price.
+  int64_t peak_keep = 0, peak_refetch = 0;
+  for (int r = 0; r < cp; ++r) {
+    RuntimeMemoryInput in = runtime_memory_input(shape_, c_, loads_[r].owned_tokens);
+    for (int wave = 0; wave < waves; ++wave) {
+      int64_t fetched = 0, sent = 0;
+      for (int p = 0; p < cp; ++p) {
+        fetched += traffic_[wave][static_cast<size_t>(p) * cp + r];
+        sent += traffic_[wave][static_cast<size_t>(r) * cp + p];
+      }
+      in.fetched_rows.push_back(fetched);
+      in.sent_rows.push_back(sent);
+    }
+    const int64_t act = loads_[r].owned_tokens * c_.activation_bytes_per_token;
+    in.refetch = false;
+    peak_keep = std::max(peak_keep, act + attention_runtime_memory(in).peak_bytes());
+    in.refetch = true;
+    peak_refetch = std::max(peak_refetch, act + attention_runtime_memory(in).peak_bytes());
+  }
+  auto fits = [&](int64_t peak) { return c_.memory_limit_bytes_per_rank <= 0 || peak <= c_.memory_limit_bytes_per_rank; };
+  res.refetch_backward = kv_mode_ == 2 || (kv_mode_ == 0 && !fits(peak_keep) && waves > 0);
+  res.peak_memory_bytes = res.refetch_backward ? peak_refetch : peak_keep;
+  res.fits_memory = fits(res.peak_memory_bytes);
+  res.prediction = simulate(c_, links_, shape_, loads_, traffic_, res.refetch_backward);
   return res;
+}
+
+void Evaluator::set_backward_kv(const std::string& mode) {
+  require(mode == "auto" || mode == "keep" || mode == "refetch", "backward_kv must be auto, keep or refetch, got '",
+          mode, "'");
+  kv_mode_ = mode == "auto" ? 0 : mode == "keep" ? 1 : 2;
 }
 
 // ---- the Plan
@@ -276,6 +302,7 @@ Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator&
   plan.chunk_bounds = w.bounds;
   plan.chunk_owner = owner;
   plan.num_waves = waves;
+  plan.refetch_backward = res.refetch_backward;
   plan.visible_pairs = w.total_pairs;
   plan.ranks.resize(cp);
   auto append = [](std::vector<TokenRange>& v, int64_t b, int64_t e) {
@@ -357,14 +384,16 @@ Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator&
   return plan;
 }
 
-Prediction simulate_plan(const Plan& plan, const AttentionShape& shape, const CostModel& costs) {
+// The loads and traffic a Plan implies, from its slices and ranges.
+void plan_loads(const Plan& plan, const AttentionShape& shape, const CostModel& costs, std::vector<RankLoad>& loads,
+                std::vector<WaveTraffic>& traffic) {
   const int cp = plan.cp;
   require(cp >= 1 && static_cast<int>(plan.ranks.size()) == cp, "simulate_plan: plan has ", plan.ranks.size(),
           " ranks for cp = ", cp);
   const std::vector<int64_t>& bounds = plan.chunk_bounds;
   const size_t waves = static_cast<size_t>(plan.num_waves);
-  std::vector<RankLoad> loads(cp);
-  std::vector<WaveTraffic> traffic(waves, WaveTraffic(static_cast<size_t>(cp) * cp, 0));
+  loads.assign(cp, RankLoad{});
+  traffic.assign(waves, WaveTraffic(static_cast<size_t>(cp) * cp, 0));
   std::vector<int32_t> stamp(bounds.size(), -1);  // last stage that counted a query chunk
   const TileTokens tile = tile_tokens(costs.kernel_tiles, shape.group());
   int32_t stage_id = 0;
@@ -402,7 +431,20 @@ Prediction simulate_plan(const Plan& plan, const AttentionShape& shape, const Co
       }
     }
   }
-  return simulate(costs, Links(costs, cp), shape, loads, traffic);
+}
+
+Prediction simulate_plan(const Plan& plan, const AttentionShape& shape, const CostModel& costs) {
+  std::vector<RankLoad> loads;
+  std::vector<WaveTraffic> traffic;
+  plan_loads(plan, shape, costs, loads, traffic);
+  return simulate(costs, Links(costs, plan.cp), shape, loads, traffic, plan.refetch_backward);
+}
+
+Timeline simulate_plan_timeline(const Plan& plan, const AttentionShape& shape, const CostModel& costs) {
+  std::vector<RankLoad> loads;
+  std::vector<WaveTraffic> traffic;
+  plan_loads(plan, shape, costs, loads, traffic);
+  return simulate_timeline(costs, Links(costs, plan.cp), shape, loads, traffic, plan.refetch_backward);
 }
 
 // ---- the search
@@ -632,28 +674,13 @@ class Search {
 
 }  // namespace
 
-Plan plan_for_ownership(const Plan& base, const Row& row, const AttentionShape& shape, const CostModel& costs,
-                        int max_waves) {
-  shape.validate();
-  require(base.tokens == row.tokens(), "plan_for_ownership: the base plan covers ", base.tokens,
-          " tokens but the row has ", row.tokens());
-  require(max_waves >= 1 && max_waves <= 16, "max waves must be in [1, 16], got ", max_waves);
-  const std::vector<Slice> slices = row_slices(row, shape.window);
-  const TileTokens tile = tile_tokens(costs.kernel_tiles, shape.group());
-  const WorkMatrix w = build_work_matrix(slices, base.chunk_bounds, tile.query, tile.key);
-  Evaluator ev(w, costs, shape, base.cp);
-  PlanOptions options;
-  options.max_waves = max_waves;
-  int evaluations = 0;
-  const Candidate best = Search(ev, options, evaluations).best_waves(base.chunk_owner);
-  return build_plan(slices, shape.window, ev, best.owner, best.waves, base.layout);
-}
-
 Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs, const PlanOptions& options,
                PlanReport* report) {
   const auto t0 = std::chrono::steady_clock::now();
   require(cp >= 1 && cp <= 4096, "cp must be in [1, 4096], got ", cp);
   shape.validate();
+  require(options.layout != Layout::Ring, "layout 'ring' is a baseline (plan/baselines.hpp: ring_plan), not a layout "
+          "the planner builds");
   require(options.chunk_tokens >= 0, "chunk size must be >= 0 (0 = choose), got ", options.chunk_tokens);
   require(options.max_waves >= 1 && options.max_waves <= 16, "max waves must be in [1, 16], got ", options.max_waves);
 
@@ -664,6 +691,8 @@ Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostMo
   const WorkMatrix common = build_work_matrix(slices, make_chunk_bounds(row, chunk), tq, tk);
   const WorkMatrix perdoc = build_work_matrix(slices, perdoc_chunk_bounds(row, cp, options.perdoc_min_piece), tq, tk);
   Evaluator ev_common(common, costs, shape, cp), ev_perdoc(perdoc, costs, shape, cp);
+  ev_common.set_backward_kv(options.backward_kv);
+  ev_perdoc.set_backward_kv(options.backward_kv);
   int evaluations = 0, moves = 0;
   Search on_common(ev_common, options, evaluations), on_perdoc(ev_perdoc, options, evaluations);
 
@@ -697,7 +726,8 @@ Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostMo
       case Layout::Zigzag: return zigzag;
       case Layout::Perdoc: return perdoc_fixed;
       case Layout::Family: return family;
-      case Layout::Searched: break;
+      case Layout::Searched:
+      case Layout::Ring: break;
     }
     return searched;
   };
@@ -717,6 +747,7 @@ Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostMo
       lr.makespan_ms = c.result.prediction.makespan_ms;
       lr.peak_memory_bytes = c.result.peak_memory_bytes;
       lr.fits_memory = c.result.fits_memory;
+      lr.refetch_backward = c.result.refetch_backward;
       report->layouts.push_back(lr);
     }
     report->chunk_tokens = chunk;
@@ -725,6 +756,22 @@ Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostMo
     report->planning_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   return plan;
+}
+
+Plan plan_for_ownership(const Row& row, const Plan& ownership, const AttentionShape& shape, const CostModel& costs,
+                        const PlanOptions& options) {
+  shape.validate();
+  require(ownership.tokens == row.tokens(), "ownership: the plan is for ", ownership.tokens, " tokens, the row has ",
+          row.tokens());
+  require(options.max_waves >= 1 && options.max_waves <= 16, "max waves must be in [1, 16], got ", options.max_waves);
+  const std::vector<Slice> slices = row_slices(row, shape.window);
+  const TileTokens tile = tile_tokens(costs.kernel_tiles, shape.group());
+  const WorkMatrix w = build_work_matrix(slices, ownership.chunk_bounds, tile.query, tile.key);
+  Evaluator ev(w, costs, shape, ownership.cp);
+  ev.set_backward_kv(options.backward_kv);
+  int evaluations = 0;
+  const Candidate pick = Search(ev, options, evaluations).best_waves(ownership.chunk_owner);
+  return build_plan(slices, shape.window, ev, pick.owner, pick.waves, ownership.layout);
 }
 
 }  // namespace treecp

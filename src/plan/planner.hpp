@@ -1,5 +1,5 @@
-// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
-// cost models, and the Plans they produce (no tensor values).
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
 //
 // The planner: layouts as ownership generators, the schedule (which remote key chunks each rank
 // fetches in which wave), evaluation through the cost model, a bounded ownership search, and the
@@ -27,6 +27,10 @@ struct PlanOptions {
   int search_steps = 24;         // accepted moves at most
   double min_gain = 0.0005;      // a move must cut the search objective (makespan + imbalance) by this fraction
   int64_t perdoc_min_piece = 128;
+  // The backward's remote KV: "keep" it from the forward, fetch it again ("refetch"), or "auto": keep where
+  // the rank's memory bound (plan/memory.hpp + activations) fits CostModel::memory_limit_bytes_per_rank,
+  // else refetch, each priced by the simulator.
+  std::string backward_kv = "auto";
 };
 
 // One layout's best schedule, as the report shows it.
@@ -35,8 +39,9 @@ struct LayoutResult {
   int num_waves = 0;
   int64_t chunks = 0;
   double makespan_ms = 0.0;
-  int64_t peak_memory_bytes = 0;  // the largest rank's owned activations + largest wave receive buffer
+  int64_t peak_memory_bytes = 0;  // the largest rank's owned activations + the runtime's buffers (plan/memory.hpp)
   bool fits_memory = true;
+  bool refetch_backward = false;
 };
 
 struct PlanReport {
@@ -53,12 +58,12 @@ struct PlanReport {
 Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs, const PlanOptions& options,
                PlanReport* report = nullptr);
 
-// A plan for another attention layer of the same row that keeps `base`'s ownership (its chunks and
-// their owners), so that attention layers with different windows exchange no activations between them:
-// the stages, their slices and the wave count (the best of 1..max_waves, or none when no rank needs
-// remote keys) are planned for `shape` (its window) on that ownership. The layout name is base's.
-Plan plan_for_ownership(const Plan& base, const Row& row, const AttentionShape& shape, const CostModel& costs,
-                        int max_waves = 4);
+// The same ownership (chunk bounds and owners of `ownership`) with the schedule of another attention layer of
+// the row (`shape`: its window): layers with different sliding windows share one token layout, so activations
+// never move between them. The stages, their slices and the wave count (the best of 1..max_waves, or none when
+// no rank needs remote keys) are planned for that window; the layout name is ownership's.
+Plan plan_for_ownership(const Row& row, const Plan& ownership, const AttentionShape& shape, const CostModel& costs,
+                        const PlanOptions& options = {});
 
 // ---- the parts, exposed for tests and benchmarks
 
@@ -80,10 +85,13 @@ class Evaluator {
 
   struct Result {
     Prediction prediction;
-    int64_t peak_memory_bytes = 0;
+    int64_t peak_memory_bytes = 0;  // the largest rank's: owned activations + plan/memory.hpp's runtime peak
     bool fits_memory = true;
     bool valid = true;  // false when remote KV is needed but waves == 0
+    bool refetch_backward = false;  // the backward fetches remote KV again (PlanOptions::backward_kv)
   };
+  // "auto", "keep" or "refetch" (PlanOptions::backward_kv); evaluate() prices the choice.
+  void set_backward_kv(const std::string& mode);
   // waves >= 1, or 0 when no rank needs remote KV.
   Result evaluate(const std::vector<int32_t>& owner, int waves);
   // Wave (0-based) in which `rank` fetches key chunk k in the last evaluation; -1 if it does not.
@@ -118,14 +126,21 @@ class Evaluator {
   std::vector<RankLoad> loads_;
   std::vector<WaveTraffic> traffic_;
   std::vector<int64_t> recv_tokens_;
+  int kv_mode_ = 0;  // 0 auto, 1 keep, 2 refetch
 };
 
 // The Plan of an ownership and wave count on a work matrix, predictions included.
 Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator& evaluator,
                 const std::vector<int32_t>& owner, int waves, Layout layout);
 
-// The loads a Plan implies (from its slices and ranges) priced with the same cost function, for a
-// layer of `shape`.
+// The loads a Plan implies (from its slices and ranges) priced with the same cost function, for a layer of
+// `shape`.
 Prediction simulate_plan(const Plan& plan, const AttentionShape& shape, const CostModel& costs);
+// The same simulation span by span (what `treecp plan --svg` and `treecp run --trace` draw).
+Timeline simulate_plan_timeline(const Plan& plan, const AttentionShape& shape, const CostModel& costs);
+
+// The loads and traffic a Plan implies (from its slices and ranges), as simulate_plan prices them.
+void plan_loads(const Plan& plan, const AttentionShape& shape, const CostModel& costs, std::vector<RankLoad>& loads,
+                std::vector<WaveTraffic>& traffic);
 
 }  // namespace treecp

@@ -1,5 +1,5 @@
-// plan/: pure data between the row and the runtime: ownership, the dense and GDN/KDA planners, their
-// cost models, and the Plans they produce (no tensor values).
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
 //
 // Chunks and the work matrix (ART §05): the row is cut into contiguous chunks, the planning unit of
 // ownership; W[i][j] = visible pairs between query chunk i and key chunk j, built from slices in

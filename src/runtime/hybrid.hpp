@@ -24,6 +24,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -69,6 +70,11 @@ template <class Backend>
 class HybridStackCP {
  public:
   using Buffer = typename Backend::Buffer;
+  // The gradient stream between layers feeds each layer's dy (an Act) from the layer above's input
+  // gradients (Grads): one buffer type for both (the CPU backend); a GPU stack needs a Grad -> Act
+  // conversion the backends do not have yet.
+  static_assert(std::is_same_v<typename Backend::Act, typename Backend::Grad>,
+                "HybridStackCP needs a Backend whose Act and Grad are one type");
 
   // attention_plans: one per attention layer, in layer order, all with one ownership (the constructor
   // refuses others), each for its layer's window; gdn_plan: every GDN layer's. input: the ownership of
@@ -127,9 +133,11 @@ class HybridStackCP {
         exchanges_ += move_to(x, attention_owner_);
         st.input = std::move(x.data);
         const int64_t rows = st.attention->owned_rows();
-        Buffer y = be_.alloc(rows * width_), lse = be_.alloc(rows * L.attention.hq);
-        st.attention->forward(st.input, st.input, st.input, nullptr, y, lse);
-        x.data = std::move(y);
+        // The stateful backward reads the forward's y and lse: they stay in the layer's state.
+        st.y = be_.alloc(rows * width_);
+        st.lse = be_.alloc(rows * L.attention.hq);
+        st.attention->forward(st.input, st.input, st.input, nullptr, st.y, st.lse);
+        x.data = copy(st.y, rows * width_);
         continue;
       }
       const HybridGdnInputs<Buffer>& p = gdn[gdn_layer++];
@@ -201,6 +209,7 @@ class HybridStackCP {
   // What a layer keeps between forward and backward.
   struct LayerState {
     Buffer input, u, qk, g, beta;  // its input (q = k = v for attention); GDN: conv output, l2norm(u), gates
+    Buffer y, lse;                 // attention: its output and LSE (the backward reads them)
     std::unique_ptr<DenseAttentionCP<Backend>> attention;
     std::unique_ptr<ConvCP<Backend>> conv;
     std::unique_ptr<GdnCP<Backend>> gdn;
@@ -218,7 +227,9 @@ class HybridStackCP {
     be_.copy_rows(src, {{0, 0, 1}}, n, out);
     return out;
   }
-  void add_into(Buffer& acc, const Buffer& x, int64_t rows) { be_.add_rows(x, {{0, 0, rows}}, width_, acc); }
+  void add_into(Buffer& acc, const Buffer& x, int64_t rows) {
+    be_.add_rows(x, width_, 0, width_, be_.upload(std::vector<RowCopy>{{0, 0, rows}}), acc);
+  }
 
   void check() {
     require(!layers_.empty(), "hybrid: no layers");

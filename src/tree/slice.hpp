@@ -4,6 +4,7 @@
 // against each strict ancestor and one against itself, in token ids; and slices cut at chunk bounds.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 

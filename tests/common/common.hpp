@@ -129,6 +129,9 @@ inline Row random_tree(Rng& rng, const TreeSpec& spec) {
   return Row(std::move(segs));
 }
 
+// The same from a generator made for this one tree: random_tree(test_rng(salt), spec).
+inline Row random_tree(Rng&& rng, const TreeSpec& spec) { return random_tree(rng, spec); }
+
 // ---- errors
 
 // max |got - want| over two arrays of one size (a size mismatch fails the test and returns +inf).

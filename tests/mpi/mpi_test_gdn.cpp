@@ -138,12 +138,13 @@ TEST(MpiGdn, ScanIndependentOfRankCount) {
     // Rank r's shard is [cut(r), cut(r+1)) in scan order; rank 0 of the scan order may hold nothing.
     auto cut = [&](int pos) { return pos == 0 ? 0 : S * pos / N; };
     const int pos = dir > 0 ? me : N - 1 - me;
-    std::vector<double> own = be.alloc(shape.map_elements()), excl;
+    const AffineShape af = shape.affine();
+    std::vector<double> own = be.alloc(af.map_elements()), excl;
     be.gdn_summary(shape, in, cut(pos), cut(pos + 1) - cut(pos), own, 0);
-    const bool have = gdn_exclusive_scan(comm, be, shape, dir, 1, own, excl);
+    const bool have = affine_exclusive_scan(comm, be, af, dir, 1, own, excl);
     EXPECT_EQ(have, pos > 0);
     if (!have) continue;
-    std::vector<double> want = be.alloc(shape.map_elements());
+    std::vector<double> want = be.alloc(af.map_elements());
     be.gdn_summary(shape, in, 0, cut(pos), want, 0);
     EXPECT_LT(max_error(excl, want), 1e-12) << "rank " << me << " of " << N << " direction " << dir;
   }

@@ -178,7 +178,7 @@ StackResult run_stack(Communicator& comm, const Row& row, const std::vector<Hybr
   opt.layout = layout;
   opt.chunk_tokens = std::max<int64_t>(1, row.tokens() / 11);
   const Plan plan0 = make_plan(row, N, layers[0].attention, CostModel{}, opt);
-  const Plan plan3 = plan_for_ownership(plan0, row, layers[3].attention, CostModel{});
+  const Plan plan3 = plan_for_ownership(row, plan0, layers[3].attention, CostModel{});
   std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()), 0);
   for (auto& c : chained) c = chain_mode == 1 ? 1 : chain_mode == 2 ? static_cast<uint8_t>(rng() % 2) : 0;
   const GdnPlan gplan = chain_mode == 3 ? plan_gdn(row, N, layers[1].gdn) : make_gdn_plan(row, N, chained);

@@ -249,7 +249,8 @@ struct MergeSinkBackwardParams {
   const float* lse_parts[kMaxMergeParts] = {};
   const float* sink = nullptr;
   const void* g = nullptr;                     // bf16 dJ/dy
-  void* d_o = nullptr;                         // bf16 out
+  void* d_o = nullptr;                         // bf16 out; may be null (not written: without a sink it is g
+                                               // where a row has keys, and rows without keys read no d_o)
   float* dsum = nullptr;                       // fp32 out [rows, H]
   void* d_o_parts[kMaxMergeParts] = {};        // optional bf16 outs
   float* d_lse_parts[kMaxMergeParts] = {};     // optional fp32 outs

@@ -159,6 +159,138 @@ __global__ void dsum_kernel(const detail::BwdArgs a) {
   if (ok && sub == 0) p.dsum[pair] = s;
 }
 
+// ---- the vectorised forms (head dims whose D / 8 divides a warp, 16-byte aligned rows): L = D / 8 lanes
+// per (row, head), each with one 16-byte load of every tensor; the block keeps one head, so the sink
+// gradient is one atomic per block. The scalar forms above (one warp per (row, head), 2-byte loads) ran the
+// backward of 40,960 rows x 32 heads at D 128 in about 1.3 ms on an H200 (docs/benchmarks-gpu.md, run 111).
+template <int L>
+__device__ __forceinline__ float group_sum(float x) {
+#pragma unroll
+  for (int m = L / 2; m >= 1; m /= 2) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
+__device__ __forceinline__ void load8(const void* base, int64_t at, float (&x)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(base) + at);
+  const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h2[i]);
+    x[2 * i] = f.x;
+    x[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store8(void* base, int64_t at, const float (&x)[8], float scale) {
+  uint4 v;
+  auto* h2 = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h2[i] = __floats2bfloat162_rn(scale * x[2 * i], scale * x[2 * i + 1]);
+  *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(base) + at) = v;
+}
+
+constexpr int kVecThreads = 256;
+
+template <int L>
+__global__ void merge_sink_fwd_vec_kernel(const MergeSinkForwardParams p) {
+  const int h = blockIdx.y;
+  const int group = threadIdx.x / L, sub = threadIdx.x % L;
+  constexpr int kGroups = kVecThreads / L;
+  const int64_t end = min(static_cast<int64_t>(blockIdx.x + 1) * kRowsPerBlock, p.rows);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + group; row < end; row += kGroups) {
+    const int64_t idx = row * p.heads + h;
+    const MergeStats st = merge_stats(p, idx);
+    const float w = sink_weight(st.lse, p.sink, h);
+    if (sub == 0) p.lse[idx] = st.lse;
+    const int64_t at = idx * p.head_dim + sub * 8;
+    float o[8] = {};
+    for (int r = 0; r < p.num_parts; ++r) {
+      if (st.w[r] == 0.f) continue;  // a part with no key for this row (its O is 0)
+      float x[8];
+      load8(p.o_parts[r], at, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = fmaf(st.w[r], x[i], o[i]);
+    }
+    store8(p.y, at, o, w);
+    if (p.o_merged) store8(p.o_merged, at, o, 1.f);
+  }
+}
+
+template <int L>
+__global__ void merge_sink_bwd_vec_kernel(const MergeSinkBackwardParams p) {
+  const int h = blockIdx.y;
+  const int group = threadIdx.x / L, sub = threadIdx.x % L;
+  constexpr int kGroups = kVecThreads / L;
+  __shared__ float block_dsink[kGroups];
+  bool any_part_grad = false;
+  for (int r = 0; r < p.num_parts; ++r) any_part_grad = any_part_grad || p.d_o_parts[r] || p.d_lse_parts[r];
+  float my_dsink = 0.f;
+  const int64_t end = min(static_cast<int64_t>(blockIdx.x + 1) * kRowsPerBlock, p.rows);
+  // Every group runs the same number of iterations (the shuffles need all 32 lanes of a warp).
+  for (int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; row0 < end; row0 += kGroups) {
+    const int64_t row = row0 + group;
+    const bool ok = row < end;
+    const int64_t idx = ok ? row * p.heads + h : 0;
+    MergeStats st{};
+    float w = 0.f;
+    float g[8] = {}, o[8] = {};
+    const int64_t at = idx * p.head_dim + sub * 8;
+    if (ok) {
+      st = merge_stats(p, idx);
+      w = sink_weight(st.lse, p.sink, h);
+      load8(p.g, at, g);
+      for (int r = 0; r < p.num_parts; ++r) {
+        if (st.w[r] == 0.f) continue;
+        float x[8];
+        load8(p.o_parts[r], at, x);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = fmaf(st.w[r], x[i], o[i]);
+      }
+    }
+    float gdot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) gdot = fmaf(g[i], o[i], gdot);
+    gdot = group_sum<L>(gdot);
+    const float dl_sink = p.sink ? w * (1.f - w) * gdot : 0.f;  // dJ/dL through the sink
+    if (ok) {
+      if (p.d_o) store8(p.d_o, at, g, w);
+      if (sub == 0) {
+        p.dsum[idx] = w * gdot - dl_sink;  // dot(d_o, o) - dJ/dL
+        my_dsink -= dl_sink;               // dJ/da = -w (1 - w) dot(g, o)
+      }
+    }
+    if (any_part_grad) {
+      for (int r = 0; r < p.num_parts; ++r) {
+        float x[8] = {}, dot = 0.f;
+        if (ok) load8(p.o_parts[r], at, x);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = fmaf(w * g[i], x[i] - o[i], dot);
+        dot = group_sum<L>(dot);
+        if (!ok) continue;
+        if (p.d_o_parts[r]) store8(p.d_o_parts[r], at, g, st.w[r] * w);
+        if (sub == 0 && p.d_lse_parts[r]) p.d_lse_parts[r][idx] = st.w[r] * (dot + dl_sink);
+      }
+    }
+  }
+  if (sub == 0) block_dsink[group] = my_dsink;
+  __syncthreads();
+  if (threadIdx.x == 0 && p.sink) {
+    float s = 0.f;
+    for (int i = 0; i < kGroups; ++i) s += block_dsink[i];
+    atomicAdd(p.d_sink + h, s);
+  }
+}
+
+bool aligned16(const void* ptr) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// The vectorised kernels' condition: D / 8 lanes dividing a warp, every tensor 16-byte aligned.
+template <class P>
+bool vec_ok(const P& p) {
+  if (p.head_dim % 8 != 0 || (32 % (p.head_dim / 8)) != 0) return false;
+  for (int r = 0; r < p.num_parts; ++r)
+    if (!aligned16(p.o_parts[r])) return false;
+  return true;
+}
+
 template <class P>
 void check_merge_params(const P& p, const char* who) {
   require(p.num_parts >= 1 && p.num_parts <= kMaxMergeParts, who, ": num_parts must be in [1, ", kMaxMergeParts,
@@ -175,17 +307,42 @@ void merge_sink_forward(const MergeSinkForwardParams& p, cudaStream_t stream) {
   require(p.y && p.lse, "merge_sink_forward: y and lse are required");
   if (p.rows == 0) return;
   const dim3 grid(static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock), p.heads);
-  merge_sink_fwd_kernel<<<grid, kWarps * 32, 0, stream>>>(p);
+  if (vec_ok(p) && aligned16(p.y) && aligned16(p.o_merged)) {
+    switch (p.head_dim / 8) {
+      case 1: merge_sink_fwd_vec_kernel<1><<<grid, kVecThreads, 0, stream>>>(p); break;
+      case 2: merge_sink_fwd_vec_kernel<2><<<grid, kVecThreads, 0, stream>>>(p); break;
+      case 4: merge_sink_fwd_vec_kernel<4><<<grid, kVecThreads, 0, stream>>>(p); break;
+      case 8: merge_sink_fwd_vec_kernel<8><<<grid, kVecThreads, 0, stream>>>(p); break;
+      case 16: merge_sink_fwd_vec_kernel<16><<<grid, kVecThreads, 0, stream>>>(p); break;
+      default: merge_sink_fwd_vec_kernel<32><<<grid, kVecThreads, 0, stream>>>(p); break;
+    }
+  } else {
+    merge_sink_fwd_kernel<<<grid, kWarps * 32, 0, stream>>>(p);
+  }
   check_cuda(cudaGetLastError(), "merge_sink_forward: launch");
 }
 
 void merge_sink_backward(const MergeSinkBackwardParams& p, cudaStream_t stream) {
   check_merge_params(p, "merge_sink_backward");
-  require(p.g && p.d_o && p.dsum, "merge_sink_backward: g, d_o and dsum are required");
+  require(p.g && p.dsum, "merge_sink_backward: g and dsum are required");
   require(!p.sink || p.d_sink, "merge_sink_backward: d_sink is required with a sink");
   if (p.rows == 0) return;
   const dim3 grid(static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock), p.heads);
-  merge_sink_bwd_kernel<<<grid, kWarps * 32, 0, stream>>>(p);
+  bool vec = vec_ok(p) && aligned16(p.g) && aligned16(p.d_o);
+  for (int r = 0; r < p.num_parts; ++r) vec = vec && aligned16(p.d_o_parts[r]);
+  if (vec) {
+    switch (p.head_dim / 8) {
+      case 1: merge_sink_bwd_vec_kernel<1><<<grid, kVecThreads, 0, stream>>>(p); break;
+      case 2: merge_sink_bwd_vec_kernel<2><<<grid, kVecThreads, 0, stream>>>(p); break;
+      case 4: merge_sink_bwd_vec_kernel<4><<<grid, kVecThreads, 0, stream>>>(p); break;
+      case 8: merge_sink_bwd_vec_kernel<8><<<grid, kVecThreads, 0, stream>>>(p); break;
+      case 16: merge_sink_bwd_vec_kernel<16><<<grid, kVecThreads, 0, stream>>>(p); break;
+      default: merge_sink_bwd_vec_kernel<32><<<grid, kVecThreads, 0, stream>>>(p); break;
+    }
+  } else {
+    require(p.d_o, "merge_sink_backward: d_o is required where the vectorised kernel does not apply");
+    merge_sink_bwd_kernel<<<grid, kWarps * 32, 0, stream>>>(p);
+  }
   check_cuda(cudaGetLastError(), "merge_sink_backward: launch");
 }
 

@@ -443,8 +443,10 @@ void DeviceTilePlan::upload(const TilePlan& plan, cudaStream_t stream) {
     check_cuda(cudaMalloc(&block_, total), "DeviceTilePlan: cudaMalloc");
     capacity_ = total;
   }
+  // From pageable memory the call returns once staging_ has been read, so no host wait is needed: kernels
+  // enqueued earlier on `stream` still read the old plan, later ones the new (the runtime uploads the next
+  // row's plans while the current row runs).
   check_cuda(cudaMemcpyAsync(block_, staging_.data(), total, cudaMemcpyHostToDevice, stream), "DeviceTilePlan: copy");
-  check_cuda(cudaStreamSynchronize(stream), "DeviceTilePlan: synchronize");
   auto* base = static_cast<unsigned char*>(block_);
   auto fill = [&](Lists& d, const TileLists& l, const size_t idx[10]) {
     auto opt = [&](const std::vector<int32_t>& v, size_t i) {

@@ -1,0 +1,318 @@
+#include "key.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+#include "runtime/conv_cp.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "runtime/dense_attention.hpp"
+#include "runtime/gdn_cp.hpp"
+#include "runtime/redistribute.hpp"
+#if TREECP_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "runtime/cuda_backend.hpp"
+#endif
+
+namespace treecp::py {
+namespace {
+
+template <class T>
+std::vector<T> to_vector(const T* data, int64_t n) {
+  return n > 0 ? std::vector<T>(data, data + n) : std::vector<T>();
+}
+
+template <class T>
+void copy_out(const std::vector<T>& src, T* dst) {
+  if (!src.empty()) std::memcpy(dst, src.data(), src.size() * sizeof(T));
+}
+
+// The layer's shape (kernels/shapes.hpp): the call's head dims and scale, the plan's window.
+AttentionShape attention_shape(const AttentionCall& c, int64_t window) {
+  return AttentionShape{c.hq, c.hkv, c.d, c.dv, window, c.scale};
+}
+
+// A DenseAttentionCP and the backend it runs on, built once per shape. Autograd calls the stateless
+// backward, which fetches remote KV again, so the forward keeps none of it (Refetch).
+template <class T>
+struct AttentionRunner {
+  CpuBackend<T> backend;
+  DenseAttentionCP<CpuBackend<T>> cp;
+  AttentionRunner(const Plan& plan, const Row& row, const AttentionCall& c, Communicator& comm)
+      : cp(plan, row, attention_shape(c, plan.window), comm, backend, DenseAttentionOptions{BackwardKv::Refetch}) {}
+};
+
+}  // namespace
+
+struct KeyCore::Runners {
+  std::map<AttentionCall, std::unique_ptr<AttentionRunner<float>>> f32;
+  std::map<AttentionCall, std::unique_ptr<AttentionRunner<double>>> f64;
+};
+
+KeyCore::KeyCore(Row row, Plan plan, std::unique_ptr<Communicator> comm)
+    : row_(std::move(row)), plan_(std::move(plan)), comm_(std::move(comm)), runners_(std::make_unique<Runners>()) {
+  require(plan_.cp == comm_->size(), "key: the plan is for ", plan_.cp, " ranks but the group has ", comm_->size());
+  validate_plan(plan_, row_, plan_.window, comm_->size());
+  layout_ = plan_ownership(plan_);
+  owned_tokens_ = plan_.ranks[static_cast<size_t>(comm_->rank())].owned_tokens();
+}
+
+#if TREECP_HAVE_CUDA
+// One CUDA backend per key (its stream and caching pool) and a DenseAttentionCP per shape.
+struct KeyCore::CudaRunners {
+  int device = -1;
+  std::unique_ptr<CudaBackend> backend;
+  std::map<AttentionCall, std::unique_ptr<DenseAttentionCP<CudaBackend>>> cp;
+};
+#else
+struct KeyCore::CudaRunners {};
+#endif
+
+KeyCore::~KeyCore() = default;
+
+std::vector<int64_t> KeyCore::owned_index() const {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(owned_tokens_));
+  for (const TokenRange& t : layout_[static_cast<size_t>(rank())])
+    for (int64_t i = t.begin; i < t.end; ++i) out.push_back(i);
+  return out;
+}
+
+template <class T>
+auto& KeyCore::attention_runner(const AttentionCall& c) {
+  auto& cache = [this]() -> auto& {
+    if constexpr (sizeof(T) == 8) return runners_->f64;
+    else return runners_->f32;
+  }();
+  auto it = cache.find(c);
+  if (it == cache.end()) it = cache.emplace(c, std::make_unique<AttentionRunner<T>>(plan_, row_, c, *comm_)).first;
+  return *it->second;
+}
+
+template <class T>
+void KeyCore::attention_forward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink, T* y,
+                                T* lse, T* o_presink) {
+  AttentionRunner<T>& run = attention_runner<T>(c);
+  const int64_t n = owned_tokens_;
+  const std::vector<T> qb = to_vector(q, n * c.hq * c.d), kb = to_vector(k, n * c.hkv * c.d),
+                       vb = to_vector(v, n * c.hkv * c.dv);
+  const std::vector<T> sb = sink ? to_vector(sink, c.hq) : std::vector<T>();
+  std::vector<T> yb(static_cast<size_t>(n * c.hq * c.dv)), lb(static_cast<size_t>(n * c.hq)), ob;
+  if (sink) ob.resize(yb.size());
+  run.cp.forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb, sink ? &ob : nullptr);
+  copy_out(yb, y);
+  copy_out(lb, lse);
+  if (sink) copy_out(ob, o_presink);
+}
+
+template <class T>
+void KeyCore::attention_backward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink,
+                                 const T* o, const T* lse, const T* dy, T* dq, T* dk, T* dv, T* dsink) {
+  AttentionRunner<T>& run = attention_runner<T>(c);
+  const int64_t n = owned_tokens_;
+  const std::vector<T> qb = to_vector(q, n * c.hq * c.d), kb = to_vector(k, n * c.hkv * c.d),
+                       vb = to_vector(v, n * c.hkv * c.dv), ob = to_vector(o, n * c.hq * c.dv),
+                       lb = to_vector(lse, n * c.hq), dyb = to_vector(dy, n * c.hq * c.dv);
+  const std::vector<T> sb = sink ? to_vector(sink, c.hq) : std::vector<T>();
+  std::vector<T> dqb(qb.size()), dkb(kb.size()), dvb(vb.size()), dsb(sb.size(), T(0));
+  run.cp.backward(qb, kb, vb, sink ? &sb : nullptr, ob, lb, dyb, dqb, dkb, dvb, sink ? &dsb : nullptr);
+  copy_out(dqb, dq);
+  copy_out(dkb, dk);
+  copy_out(dvb, dv);
+  if (dsink) copy_out(dsb, dsink);
+}
+
+#if TREECP_HAVE_CUDA
+namespace {
+
+template <class T>
+DeviceBuffer<T> device_view(uintptr_t ptr, int64_t n) {
+  return DeviceBuffer<T>::wrap(reinterpret_cast<T*>(ptr), n);
+}
+
+}  // namespace
+
+bool KeyCore::has_cuda() { return true; }
+
+uintptr_t KeyCore::cuda_stream(int device) {
+  if (!cuda_) cuda_ = std::make_unique<CudaRunners>();
+  if (!cuda_->backend) {
+    cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+    cuda_->device = device;
+    cuda_->backend = std::make_unique<CudaBackend>();
+  }
+  require(cuda_->device == device, "key: its CUDA state is on device ", cuda_->device, ", the tensors on ", device,
+          " (one key per device)");
+  return reinterpret_cast<uintptr_t>(cuda_->backend->stream());
+}
+
+void KeyCore::cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                                     uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
+  cuda_stream(device);
+  cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+  auto& slot = cuda_->cp[c];
+  if (!slot)
+    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_shape(c, plan_.window), *comm_, *cuda_->backend,
+                                                           DenseAttentionOptions{BackwardKv::Refetch});
+  const int64_t n = owned_tokens_;
+  using E = cuda::bf16_t;
+  const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
+             vb = device_view<E>(v, n * c.hkv * c.dv);
+  const auto sb = device_view<float>(sink, c.hq);
+  auto yb = device_view<E>(y, n * c.hq * c.dv), ob = device_view<E>(o_presink, n * c.hq * c.dv);
+  auto lb = device_view<float>(lse, n * c.hq);
+  slot->forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb, sink ? &ob : nullptr);
+}
+
+void KeyCore::cuda_attention_backward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                                      uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq,
+                                      uintptr_t dk, uintptr_t dv, uintptr_t dsink) {
+  cuda_stream(device);
+  cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+  auto& slot = cuda_->cp[c];
+  if (!slot)
+    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_shape(c, plan_.window), *comm_, *cuda_->backend,
+                                                           DenseAttentionOptions{BackwardKv::Refetch});
+  const int64_t n = owned_tokens_;
+  using E = cuda::bf16_t;
+  const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
+             vb = device_view<E>(v, n * c.hkv * c.dv), obuf = device_view<E>(o, n * c.hq * c.dv),
+             dyb = device_view<E>(dy, n * c.hq * c.dv);
+  const auto sb = device_view<float>(sink, c.hq), lb = device_view<float>(lse, n * c.hq);
+  auto dqb = device_view<float>(dq, n * c.hq * c.d), dkb = device_view<float>(dk, n * c.hkv * c.d),
+       dvb = device_view<float>(dv, n * c.hkv * c.dv), dsb = device_view<float>(dsink, c.hq);
+  slot->backward(qb, kb, vb, sink ? &sb : nullptr, obuf, lb, dyb, dqb, dkb, dvb, sink ? &dsb : nullptr);
+}
+#else
+bool KeyCore::has_cuda() { return false; }
+uintptr_t KeyCore::cuda_stream(int) { fail("key: this build of treecp has no CUDA backend"); }
+void KeyCore::cuda_attention_forward(const AttentionCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                     uintptr_t, uintptr_t) {
+  fail("attention: this build of treecp has no CUDA backend");
+}
+void KeyCore::cuda_attention_backward(const AttentionCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                      uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
+  fail("attention: this build of treecp has no CUDA backend");
+}
+#endif
+
+namespace {
+
+GdnShape gdn_shape(const GdnCall& c) {
+  return GdnShape{c.heads, c.dk, c.dv, c.per_channel_gate ? GdnGate::PerChannel : GdnGate::Scalar, c.scale, c.chunk};
+}
+
+}  // namespace
+
+const GdnPlan& KeyCore::gdn_plan(const GdnCall& c, int element_bytes) {
+  const auto key = std::make_tuple(c.heads, c.dk, c.dv, c.per_channel_gate, element_bytes, c.chunk);
+  auto it = gdn_plans_.find(key);
+  if (it == gdn_plans_.end()) {
+    GdnCostModel model;
+    model.state_bytes_per_element = element_bytes;  // states and summaries travel in the call's precision
+    it = gdn_plans_.emplace(key, plan_gdn(row_, cp(), gdn_shape(c), model)).first;
+  }
+  return it->second;
+}
+
+namespace {
+
+// One call's inputs moved from the attention layout into the GDN plan's layout.
+template <class T>
+struct GdnArrays {
+  std::vector<T> q, k, v, g, beta;
+};
+
+template <class T>
+GdnArrays<T> gdn_arrays(Communicator& comm, CpuBackend<T>& be, const Ownership& from, const Ownership& to,
+                        const GdnShape& s, int64_t n, const T* q, const T* k, const T* v, const T* g, const T* beta) {
+  auto move = [&](const T* x, int64_t width) { return redistribute(comm, be, to_vector(x, n * width), from, to, width); };
+  return {move(q, s.qk_width()), move(k, s.qk_width()), move(v, s.v_width()), move(g, s.g_width()),
+          move(beta, s.heads)};
+}
+
+}  // namespace
+
+template <class T>
+void KeyCore::gdn_forward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, T* y) {
+  const GdnPlan& plan = gdn_plan(c, static_cast<int>(sizeof(T)));
+  const GdnShape shape = gdn_shape(c);
+  const Ownership owners = gdn_ownership(row_, plan);
+  CpuBackend<T> be;
+  const GdnArrays<T> in = gdn_arrays(*comm_, be, layout_, owners, shape, owned_tokens_, q, k, v, g, beta);
+  GdnCP<CpuBackend<T>> gdn(plan, row_, shape, *comm_, be);
+  std::vector<T> yg(static_cast<size_t>(gdn.owned_rows() * shape.v_width()));
+  gdn.forward(in.q, in.k, in.v, in.g, in.beta, yg);
+  copy_out(redistribute(*comm_, be, yg, owners, layout_, shape.v_width()), y);
+}
+
+template <class T>
+void KeyCore::gdn_backward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                           const T* dy, T* dq, T* dk, T* dv, T* dg, T* dbeta) {
+  const GdnPlan& plan = gdn_plan(c, static_cast<int>(sizeof(T)));
+  const GdnShape shape = gdn_shape(c);
+  const Ownership owners = gdn_ownership(row_, plan);
+  CpuBackend<T> be;
+  const GdnArrays<T> in = gdn_arrays(*comm_, be, layout_, owners, shape, owned_tokens_, q, k, v, g, beta);
+  const std::vector<T> dyg =
+      redistribute(*comm_, be, to_vector(dy, owned_tokens_ * shape.v_width()), layout_, owners, shape.v_width());
+  // The backward needs the states the forward started each run from: run the forward again, as for attention.
+  GdnCP<CpuBackend<T>> gdn(plan, row_, shape, *comm_, be);
+  std::vector<T> yg(static_cast<size_t>(gdn.owned_rows() * shape.v_width()));
+  gdn.forward(in.q, in.k, in.v, in.g, in.beta, yg);
+  std::vector<T> gq(in.q.size()), gk(in.k.size()), gv(in.v.size()), gg(in.g.size()), gb(in.beta.size());
+  gdn.backward(dyg, gq, gk, gv, gg, gb);
+  copy_out(redistribute(*comm_, be, gq, owners, layout_, shape.qk_width()), dq);
+  copy_out(redistribute(*comm_, be, gk, owners, layout_, shape.qk_width()), dk);
+  copy_out(redistribute(*comm_, be, gv, owners, layout_, shape.v_width()), dv);
+  copy_out(redistribute(*comm_, be, gg, owners, layout_, shape.g_width()), dg);
+  copy_out(redistribute(*comm_, be, gb, owners, layout_, int64_t{shape.heads}), dbeta);
+}
+
+template <class T>
+void KeyCore::conv_forward(int channels, int width, bool silu, const T* x, const T* weight, const T* bias, T* y) {
+  CpuBackend<T> be;
+  ConvCP<CpuBackend<T>> conv(layout_, row_, ConvShape{channels, width, silu}, *comm_, be);
+  const std::vector<T> xb = to_vector(x, owned_tokens_ * channels), wb = to_vector(weight, int64_t{channels} * width);
+  const std::vector<T> bb = bias ? to_vector(bias, channels) : std::vector<T>();
+  std::vector<T> yb(xb.size());
+  conv.forward(xb, wb, bias ? &bb : nullptr, yb);
+  copy_out(yb, y);
+}
+
+template <class T>
+void KeyCore::conv_backward(int channels, int width, bool silu, const T* x, const T* weight, const T* bias,
+                            const T* dy, T* dx, T* dweight, T* dbias) {
+  CpuBackend<T> be;
+  ConvCP<CpuBackend<T>> conv(layout_, row_, ConvShape{channels, width, silu}, *comm_, be);
+  const std::vector<T> xb = to_vector(x, owned_tokens_ * channels), wb = to_vector(weight, int64_t{channels} * width);
+  const std::vector<T> bb = bias ? to_vector(bias, channels) : std::vector<T>();
+  std::vector<T> yb(xb.size());
+  conv.forward(xb, wb, bias ? &bb : nullptr, yb);  // the backward reads the halo the forward brought
+  std::vector<T> dxb(xb.size()), dw(wb.size()), db(bb.size());
+  conv.backward(to_vector(dy, owned_tokens_ * channels), dxb, dw, bias ? &db : nullptr);
+  copy_out(dxb, dx);
+  // The runtime hands every rank the gradient summed over ranks; the package's contract for weights
+  // replicated across CP ranks is this rank's share (the caller sums them, as for projections and the sink).
+  const T share = T(1) / static_cast<T>(cp());
+  for (size_t i = 0; i < dw.size(); ++i) dweight[i] = dw[i] * share;
+  if (dbias)
+    for (int i = 0; i < channels; ++i) dbias[i] = db[static_cast<size_t>(i)] * share;
+}
+
+#define TREECP_KEY_INSTANTIATE(T)                                                                                   \
+  template void KeyCore::attention_forward<T>(const AttentionCall&, const T*, const T*, const T*, const T*, T*, T*,  \
+                                              T*);                                                                  \
+  template void KeyCore::attention_backward<T>(const AttentionCall&, const T*, const T*, const T*, const T*,       \
+                                               const T*, const T*, const T*, T*, T*, T*, T*);                       \
+  template void KeyCore::gdn_forward<T>(const GdnCall&, const T*, const T*, const T*, const T*, const T*, T*);      \
+  template void KeyCore::gdn_backward<T>(const GdnCall&, const T*, const T*, const T*, const T*, const T*,         \
+                                         const T*, T*, T*, T*, T*, T*);                                             \
+  template void KeyCore::conv_forward<T>(int, int, bool, const T*, const T*, const T*, T*);                         \
+  template void KeyCore::conv_backward<T>(int, int, bool, const T*, const T*, const T*, const T*, T*, T*, T*);
+TREECP_KEY_INSTANTIATE(float)
+TREECP_KEY_INSTANTIATE(double)
+#undef TREECP_KEY_INSTANTIATE
+
+}  // namespace treecp::py

@@ -1,0 +1,109 @@
+// What treecp.torch's key holds on the C++ side: a row, its attention plan for this rank's group, the
+// communicator of that group, and the runtimes built from them (cached per element type and shape, so
+// that every layer with the same geometry reuses them). Tensors arrive as raw host pointers with their
+// sizes; the Python layer has checked dtypes, devices, shapes and strides by name before calling.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "plan/plan.hpp"
+#include "plan/gdn_plan.hpp"
+#include "plan/ownership.hpp"
+#include "tree/row.hpp"
+
+namespace treecp::py {
+
+// Shapes of one attention call: q [n, hq, d], k [n, hkv, d], v [n, hkv, dv] over this rank's owned tokens.
+struct AttentionCall {
+  int hq = 0, hkv = 0, d = 0, dv = 0;
+  double scale = 0.0;  // <= 0: 1/sqrt(d)
+  auto tie() const { return std::tie(hq, hkv, d, dv, scale); }
+  bool operator<(const AttentionCall& o) const { return tie() < o.tie(); }
+};
+
+struct GdnCall {
+  int heads = 0, dk = 0, dv = 0;
+  bool per_channel_gate = false;  // KDA: g [n, H, dk]; GDN: g [n, H]
+  double scale = 1.0;
+  int chunk = 64;
+};
+
+class KeyCore {
+ public:
+  KeyCore(Row row, Plan plan, std::unique_ptr<Communicator> comm);
+  ~KeyCore();
+  KeyCore(const KeyCore&) = delete;
+  KeyCore& operator=(const KeyCore&) = delete;
+
+  const Row& row() const { return row_; }
+  const Plan& plan() const { return plan_; }
+  Communicator& comm() { return *comm_; }
+  int rank() const { return comm_->rank(); }
+  int cp() const { return comm_->size(); }
+  int64_t owned_tokens() const { return owned_tokens_; }
+  // Canonical ids of this rank's tokens, in its buffers' order.
+  std::vector<int64_t> owned_index() const;
+  // Every rank's owned ranges (the attention layout, which conv and GDN calls also start from).
+  const Ownership& layout() const { return layout_; }
+
+  // y [n, hq, dv] (sink applied), lse [n, hq]; sink [hq] or null; with a sink, o_presink [n, hq, dv] gets
+  // the output before the sink (what the backward takes as o).
+  template <class T>
+  void attention_forward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink, T* y, T* lse,
+                         T* o_presink);
+  // The stateless backward: the forward's inputs, its output before the sink (y without a sink) and lse,
+  // and dy. Overwrites dq, dk, dv; dsink (may be null) gets this rank's contribution.
+  template <class T>
+  void attention_backward(const AttentionCall& c, const T* q, const T* k, const T* v, const T* sink, const T* o,
+                          const T* lse, const T* dy, T* dq, T* dk, T* dv, T* dsink);
+
+  // Inputs in the attention layout; the call moves them to the GDN plan's layout and back.
+  template <class T>
+  void gdn_forward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, T* y);
+  // Overwrites every gradient.
+  template <class T>
+  void gdn_backward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy,
+                    T* dq, T* dk, T* dv, T* dg, T* dbeta);
+
+  // CUDA (bf16 activations; fp32 sink, LSE and gradients), on device `device` and the key's own stream
+  // (cuda_stream(), which the caller orders against its own with events). Pointers are device addresses.
+  // Available when has_cuda() (the extension was built with the CUDA backend).
+  static bool has_cuda();
+  uintptr_t cuda_stream(int device);
+  void cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                              uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink);
+  void cuda_attention_backward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                               uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq, uintptr_t dk,
+                               uintptr_t dv, uintptr_t dsink);
+
+  // Depthwise causal conv over the tree: x [n, C], weight [C, K], bias [C] or null.
+  template <class T>
+  void conv_forward(int channels, int width, bool silu, const T* x, const T* weight, const T* bias, T* y);
+  // Overwrites dx; dweight, dbias (may be null) get this rank's contribution (their sum over ranks is the gradient).
+  template <class T>
+  void conv_backward(int channels, int width, bool silu, const T* x, const T* weight, const T* bias, const T* dy,
+                     T* dx, T* dweight, T* dbias);
+
+ private:
+  struct Runners;
+  struct CudaRunners;
+  template <class T>
+  auto& attention_runner(const AttentionCall& c);
+  const GdnPlan& gdn_plan(const GdnCall& c, int element_bytes);
+
+  Row row_;
+  Plan plan_;
+  std::unique_ptr<Communicator> comm_;
+  Ownership layout_;
+  int64_t owned_tokens_ = 0;
+  std::unique_ptr<Runners> runners_;
+  std::unique_ptr<CudaRunners> cuda_;
+  std::map<std::tuple<int, int, int, bool, int, int>, GdnPlan> gdn_plans_;  // heads, dk, dv, KDA, bytes, chunk
+};
+
+}  // namespace treecp::py

@@ -1,0 +1,279 @@
+// treecp._core: rows, plans and the CP runtimes for the Python package. Framework types stay here:
+// tensors arrive by DLPack as nb::ndarray (host memory, C order, checked by name in Python first) and
+// the core sees raw pointers. treecp::Error becomes ValueError with the library's message.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "key.hpp"
+#include "plan/cost.hpp"
+#include "plan/planner.hpp"
+#include "py_communicator.hpp"
+#include "tree/row.hpp"
+
+namespace nb = nanobind;
+using namespace treecp;
+
+namespace {
+
+template <class T>
+using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
+template <class T>
+using Out = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
+
+template <class T>
+const T* ptr_or_null(const std::optional<In<T>>& a) {
+  return a ? a->data() : nullptr;
+}
+template <class T>
+T* ptr_or_null(std::optional<Out<T>>& a) {
+  return a ? a->data() : nullptr;
+}
+
+// An int64 NumPy array that owns a copy of `v`.
+nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> numpy_of(std::vector<int64_t> v) {
+  auto* heap = new std::vector<int64_t>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
+  return nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
+}
+
+Row make_row(const std::vector<int64_t>& parents, const std::vector<int64_t>& lengths) {
+  require(parents.size() == lengths.size(), "parents and lengths must have the same length, got ", parents.size(),
+          " and ", lengths.size());
+  std::vector<Segment> segs(parents.size());
+  for (size_t i = 0; i < parents.size(); ++i) {
+    require(parents[i] >= -1 && parents[i] < static_cast<int64_t>(parents.size()), "parents[", i, "] = ", parents[i],
+            " is not -1 or a segment index");
+    segs[i].parent = static_cast<int32_t>(parents[i]);
+    segs[i].length = lengths[i];
+  }
+  return Row(std::move(segs));
+}
+
+std::vector<int64_t> logical_positions(const Row& row) {
+  std::vector<int64_t> out(static_cast<size_t>(row.tokens()));
+  for (int32_t s = 0; s < row.num_segments(); ++s)
+    for (int64_t i = 0; i < row.length(s); ++i) out[static_cast<size_t>(row.start(s) + i)] = row.logical_start(s) + i;
+  return out;
+}
+
+// A 64-bit digest of what every rank must agree on before it runs a key's collectives.
+int64_t fingerprint(const Row& row, const Plan& plan) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](int64_t x) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= static_cast<uint64_t>(x >> (8 * b)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const Segment& s : row.segments()) {
+    mix(s.parent);
+    mix(s.length);
+  }
+  mix(plan.cp);
+  mix(plan.window);
+  mix(plan.num_waves);
+  for (int64_t b : plan.chunk_bounds) mix(b);
+  for (int32_t o : plan.chunk_owner) mix(o);
+  return static_cast<int64_t>(h);
+}
+
+// The compute calls run without the GIL, so that other Python threads (data loaders, torch's) go on; the
+// Python communicator takes it back for each collective.
+using Compute = nb::call_guard<nb::gil_scoped_release>;
+
+template <class T>
+void bind_ops(nb::class_<py::KeyCore>& cls) {
+  cls.def(
+      "attention_forward",
+      [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
+         std::optional<In<T>> sink, Out<T> y, Out<T> lse, std::optional<Out<T>> o_presink) {
+        key.attention_forward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), y.data(),
+                                 lse.data(), ptr_or_null(o_presink));
+      },
+      nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
+      nb::arg("v"), nb::arg("sink").none(), nb::arg("y"), nb::arg("lse"), nb::arg("o_presink").none(), Compute());
+  cls.def(
+      "attention_backward",
+      [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
+         std::optional<In<T>> sink, In<T> o, In<T> lse, In<T> dy, Out<T> dq, Out<T> dk, Out<T> dv_,
+         std::optional<Out<T>> dsink) {
+        key.attention_backward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), o.data(),
+                                  lse.data(), dy.data(), dq.data(), dk.data(), dv_.data(), ptr_or_null(dsink));
+      },
+      nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
+      nb::arg("v"), nb::arg("sink").none(), nb::arg("o"), nb::arg("lse"), nb::arg("dy"), nb::arg("dq"), nb::arg("dk"),
+      nb::arg("dv_"), nb::arg("dsink").none(), Compute());
+  cls.def(
+      "gdn_forward",
+      [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
+         In<T> v, In<T> g, In<T> beta, Out<T> y) {
+        key.gdn_forward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
+                           beta.data(), y.data());
+      },
+      Compute());
+  cls.def("gdn_backward", [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk,
+                             In<T> q, In<T> k, In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_,
+                             Out<T> dv_, Out<T> dg, Out<T> dbeta) {
+    key.gdn_backward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(), beta.data(),
+                        dy.data(), dq.data(), dk_.data(), dv_.data(), dg.data(), dbeta.data());
+  }, Compute());
+  cls.def(
+      "conv_forward",
+      [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
+         Out<T> y) { key.conv_forward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), y.data()); },
+      nb::arg("channels"), nb::arg("width"), nb::arg("silu"), nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
+      nb::arg("y"), Compute());
+  cls.def(
+      "conv_backward",
+      [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
+         In<T> dy, Out<T> dx, Out<T> dweight, std::optional<Out<T>> dbias) {
+        key.conv_backward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), dy.data(), dx.data(),
+                             dweight.data(), ptr_or_null(dbias));
+      },
+      nb::arg("channels"), nb::arg("width"), nb::arg("silu"), nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
+      nb::arg("dy"), nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias").none(), Compute());
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "treecp's C++ core: packed prefix-tree rows, plans and the context-parallel runtimes";
+  // torch's compiled-graph caches and autograd graphs may hold keys until the interpreter is gone.
+  nb::set_leak_warnings(false);
+  // Whether the extension was built with the CUDA backend (nvcc found at build time).
+  m.attr("has_cuda_backend") = py::KeyCore::has_cuda();
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  nb::class_<Row>(m, "Row")
+      .def("__init__", [](Row* self, const std::vector<int64_t>& parents,
+                          const std::vector<int64_t>& lengths) { new (self) Row(make_row(parents, lengths)); })
+      .def_static("from_json", &row_from_json)
+      .def("to_json", &row_to_json)
+      .def_prop_ro("tokens", &Row::tokens)
+      .def_prop_ro("num_segments", &Row::num_segments)
+      .def_prop_ro("parents",
+                   [](const Row& r) {
+                     std::vector<int64_t> out;
+                     for (const Segment& s : r.segments()) out.push_back(s.parent);
+                     return out;
+                   })
+      .def_prop_ro("lengths",
+                   [](const Row& r) {
+                     std::vector<int64_t> out;
+                     for (const Segment& s : r.segments()) out.push_back(s.length);
+                     return out;
+                   })
+      .def_prop_ro("starts",
+                   [](const Row& r) {
+                     std::vector<int64_t> out;
+                     for (int32_t s = 0; s < r.num_segments(); ++s) out.push_back(r.start(s));
+                     return out;
+                   })
+      .def("leaves", &Row::leaves)
+      .def("segment_of", &Row::segment_of)
+      .def("positions", [](const Row& r) { return numpy_of(logical_positions(r)); })
+      .def("visible", &Row::visible, nb::arg("query"), nb::arg("key"), nb::arg("window") = 0);
+
+  nb::class_<Plan>(m, "Plan")
+      .def_ro("cp", &Plan::cp)
+      .def_prop_ro("layout", [](const Plan& p) { return std::string(layout_name(p.layout)); })
+      .def_ro("window", &Plan::window)
+      .def_ro("num_waves", &Plan::num_waves)
+      .def_ro("visible_pairs", &Plan::visible_pairs)
+      .def_ro("predicted_makespan_ms", &Plan::predicted_makespan_ms)
+      .def("owned_ranges",
+           [](const Plan& p, int rank) {
+             require(rank >= 0 && rank < p.cp, "rank ", rank, " out of range for a plan of ", p.cp, " ranks");
+             std::vector<std::tuple<int64_t, int64_t>> out;
+             for (const TokenRange& t : p.ranks[static_cast<size_t>(rank)].owned) out.emplace_back(t.begin, t.end);
+             return out;
+           })
+      .def("to_json", [](const Plan& p) { return json::dump(plan_to_json(p)); });
+
+  m.def("layout_names", [] {
+    std::vector<std::string> out;
+    for (Layout l : kLayouts) out.emplace_back(layout_name(l));
+    return out;
+  });
+  m.def(
+      "make_plan",
+      [](const Row& row, int cp, const std::string& layout, int64_t window, const std::string& costs_path) {
+        require(cp >= 1, "cp must be >= 1, got ", cp);
+        const CostModel costs = costs_path.empty() ? CostModel{} : load_costs(costs_path);
+        PlanOptions options;
+        options.layout = parse_layout(layout);
+        // The layer planned for: DESIGN.md's benchmark shape (the Python API passes no head dims yet), its window.
+        AttentionShape shape;
+        shape.window = window;
+        return make_plan(row, cp, shape, costs, options);
+      },
+      nb::arg("row"), nb::arg("cp"), nb::arg("layout") = "searched", nb::arg("window") = 0,
+      nb::arg("costs_path") = "");
+
+  m.def(
+      "plan_for_ownership",
+      [](const Row& row, const Plan& ownership, int64_t window, const std::string& costs_path) {
+        const CostModel costs = costs_path.empty() ? CostModel{} : load_costs(costs_path);
+        AttentionShape shape;
+        shape.window = window;
+        return plan_for_ownership(row, ownership, shape, costs);
+      },
+      nb::arg("row"), nb::arg("ownership"), nb::arg("window") = 0, nb::arg("costs_path") = "");
+
+  nb::class_<Communicator>(m, "Communicator")
+      .def_prop_ro("rank", &Communicator::rank)
+      .def_prop_ro("size", &Communicator::size);
+
+  auto key = nb::class_<py::KeyCore>(m, "KeyCore");
+  key.def("__init__",
+          [](py::KeyCore* self, const Row& row, const Plan& plan, int rank, int size, nb::object comm) {
+            std::unique_ptr<Communicator> c = comm.is_none() ? make_self_communicator()
+                                                             : py::make_python_communicator(rank, size, comm);
+            new (self) py::KeyCore(row, plan, std::move(c));
+          },
+          nb::arg("row"), nb::arg("plan"), nb::arg("rank"), nb::arg("size"), nb::arg("comm").none())
+      .def_prop_ro("rank", &py::KeyCore::rank)
+      .def_prop_ro("cp", &py::KeyCore::cp)
+      .def_prop_ro("owned_tokens", &py::KeyCore::owned_tokens)
+      .def_prop_ro("fingerprint", [](const py::KeyCore& k) { return fingerprint(k.row(), k.plan()); })
+      .def("owned_index", [](const py::KeyCore& k) { return numpy_of(k.owned_index()); })
+      .def("owned_counts", [](const py::KeyCore& k) {
+        std::vector<int64_t> out;
+        for (int r = 0; r < k.cp(); ++r) out.push_back(k.plan().ranks[static_cast<size_t>(r)].owned_tokens());
+        return out;
+      });
+  key.def("cuda_stream", &py::KeyCore::cuda_stream, Compute());
+  key.def(
+      "cuda_attention_forward",
+      [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, uintptr_t q, uintptr_t kk,
+         uintptr_t v, uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
+        k.cuda_attention_forward({hq, hkv, d, dv, scale}, device, q, kk, v, sink, y, lse, o_presink);
+      },
+      Compute());
+  key.def(
+      "cuda_attention_backward",
+      [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, uintptr_t q, uintptr_t kk,
+         uintptr_t v, uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq, uintptr_t dk,
+         uintptr_t dvv, uintptr_t dsink) {
+        k.cuda_attention_backward({hq, hkv, d, dv, scale}, device, q, kk, v, sink, o, lse, dy, dq, dk, dvv, dsink);
+      },
+      Compute());
+  bind_ops<float>(key);
+  bind_ops<double>(key);
+}

@@ -1,0 +1,116 @@
+"""Every bad input raises ValueError (TypeError for a non-key) naming the argument, before anything runs."""
+
+import pytest
+import torch
+
+import treecp
+import treecp.torch as tt
+
+ROW = treecp.Row.from_segments([-1, 0, 0], [4, 3, 2])
+
+
+@pytest.fixture(scope="module")
+def key():
+    return tt.plan(ROW)
+
+
+def qkv(n=9, hq=4, hkv=2, d=8, dv=8, dtype=torch.float64):
+    return torch.randn(n, hq, d, dtype=dtype), torch.randn(n, hkv, d, dtype=dtype), torch.randn(n, hkv, dv, dtype=dtype)
+
+
+@pytest.mark.parametrize("case,needle", [
+    (lambda q, k, v: (q.float(), k, v, None), "k has dtype torch.float64 but q has torch.float32"),
+    (lambda q, k, v: (q.half(), k.half(), v.half(), None), "q has dtype torch.float16; on CPU"),
+    (lambda q, k, v: (q.to(torch.int64), k, v, None), "q has dtype torch.int64"),
+    (lambda q, k, v: (q[:5], k, v, None), r"q has shape \(5, 4, 8\); its first dimension must be 9"),
+    (lambda q, k, v: (q, k[:, :, :4], v, None), r"k has shape \[9, 2, 4\], expected \[9, 2, 8\]"),
+    (lambda q, k, v: (q, k[:, :1].expand(9, 3, 8), v, None), "k has 3 heads, which must divide q's 4"),
+    (lambda q, k, v: (q.flatten(1), k, v, None), "q must be token-major"),
+    (lambda q, k, v: (q.transpose(1, 2).contiguous().transpose(1, 2), k, v, None), "q has strides"),
+    (lambda q, k, v: (q, k, v, torch.zeros(3, dtype=torch.float64)), r"sink has shape \[3\], expected \[4\]"),
+    (lambda q, k, v: (q, k, v, torch.zeros(4)), "sink has dtype torch.float32"),
+    (lambda q, k, v: (q, k, v.to("meta"), None), "v is on meta but q is on cpu"),
+    (lambda q, k, v: (q.to("meta"), k.to("meta"), v.to("meta"), None), "q is on meta"),
+    (lambda q, k, v: ([1.0], k, v, None), "q must be a torch.Tensor"),
+])
+def test_attention_refuses_bad_input(key, case, needle):
+    q, k, v, sink = case(*qkv())
+    with pytest.raises(ValueError, match=needle):
+        tt.attention(q, k, v, key, sink=sink)
+
+
+def test_attention_refuses_bad_scale_and_key(key):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="softmax_scale must be a positive finite number"):
+        tt.attention(q, k, v, key, softmax_scale=-1.0)
+    with pytest.raises(TypeError, match="key must be a treecp.torch.Key"):
+        tt.attention(q, k, v, ROW)
+
+
+def test_a_key_from_another_row_or_group_size_is_refused(key):
+    other = tt.plan(treecp.Row.from_segments([-1, 0], [4, 4]))
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="first dimension must be 8"):
+        tt.attention(q, k, v, other)
+    with pytest.raises(ValueError, match=r"x has shape \(9, 3\); its first dimension must be 8 \(tokens of the row\)"):
+        other.dispatch(torch.zeros(9, 3))
+    with pytest.raises(ValueError, match="first dimension must be 9 .tokens this rank owns"):
+        key.undispatch(torch.zeros(8, 3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_cuda_tensors_are_refused_by_name_where_the_kernels_cannot_take_them(key):
+    q, k, v = (x.cuda().bfloat16() for x in qkv())  # head dim 8
+    if not treecp._core.has_cuda_backend:
+        with pytest.raises(ValueError, match="q is on cuda.*no CUDA backend"):
+            tt.attention(q, k, v, key)
+        return
+    with pytest.raises(ValueError, match="head dims must be 64 or 128"):
+        tt.attention(q, k, v, key)
+    q, k, v = (x.cuda() for x in qkv(d=64, dv=64, dtype=torch.float16))
+    with pytest.raises(ValueError, match="q has dtype torch.float16; on CUDA treecp takes bfloat16"):
+        tt.attention(q, k, v, key)
+    x = torch.randn(9, 4, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="no CUDA kernel for the short convolution"):
+        tt.short_conv(x, torch.randn(4, 3, device="cuda", dtype=torch.bfloat16), key)
+
+
+def test_gdn_refuses_bad_input(key):
+    n, h, dk, dv = 9, 2, 4, 3
+    q, k, v = torch.randn(n, h, dk, dtype=torch.float64), torch.randn(n, h, dk, dtype=torch.float64), \
+        torch.randn(n, h, dv, dtype=torch.float64)
+    g, beta = -torch.rand(n, h, dtype=torch.float64), torch.rand(n, h, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"g has shape \[9, 3\], expected \[9, 2\]"):
+        tt.gated_delta_rule(q, k, v, -torch.rand(n, 3, dtype=torch.float64), beta, key)
+    with pytest.raises(ValueError, match=r"GDN: \[tokens, H\]; KDA: \[tokens, H, K\]"):
+        tt.gated_delta_rule(q, k, v, g[..., None, None], beta, key)
+    with pytest.raises(ValueError, match="beta has dtype torch.float32"):
+        tt.gated_delta_rule(q, k, v, g, beta.float(), key)
+    with pytest.raises(ValueError, match="chunk_size must be in"):
+        tt.gated_delta_rule(q, k, v, g, beta, key, chunk_size=0)
+    with pytest.raises(ValueError, match="v has strides"):
+        tt.gated_delta_rule(q, k, v.transpose(0, 1).contiguous().transpose(0, 1), g, beta, key)
+
+
+def test_short_conv_refuses_bad_input(key):
+    x, w = torch.randn(9, 6, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"weight has shape \[5, 4\], expected \[6, 4\]"):
+        tt.short_conv(x, w[:5], key)
+    with pytest.raises(ValueError, match=r"bias has shape \[2\], expected \[6\]"):
+        tt.short_conv(x, w, key, bias=torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="activation must be None or 'silu'"):
+        tt.short_conv(x, w, key, activation="relu")
+    with pytest.raises(ValueError, match="width .second dimension. must be in"):
+        tt.short_conv(x, torch.randn(6, 65, dtype=torch.float64), key)
+
+
+def test_plan_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="window: expected None or a positive int"):
+        tt.plan(ROW, window=0)
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        tt.plan(ROW, layout="diagonal")
+    with pytest.raises(ValueError, match="costs: no coefficient file"):
+        tt.plan(ROW, costs="/nonexistent.json")
+    with pytest.raises(TypeError, match="row: expected a treecp.Row"):
+        tt.plan([4, 3, 2])
+    assert tt.plan(ROW, costs="cpu").plan.cp == 1

@@ -1,0 +1,218 @@
+"""treecp.torch ops on one process against independent torch references (dense masks and path recurrences
+built from parent pointers), gradcheck in double, packed = flattened trajectories, torch.compile."""
+
+import pytest
+import torch
+
+import treecp
+import treecp.torch as tt
+from reference import conv_tree, dense_attention, gdn_tree, random_row, visibility_mask
+
+ROWS = [
+    ([-1, 0, 0], [4, 3, 2]),                # DESIGN.md's example
+    ([-1, 0, 1, 1, 0, -1, 5], [5, 3, 2, 4, 1, 3, 2]),  # two families, depth 3
+]
+
+
+def rand(*shape, dtype=torch.float64, gen=None, requires_grad=False):
+    return torch.randn(*shape, dtype=dtype, generator=gen).requires_grad_(requires_grad)
+
+
+def assert_same_gradients(out, ref, leaves, gen, tol):
+    """Gradients of a random linear function of `out` and of `ref` with respect to `leaves` agree."""
+    w = rand(*out.shape, gen=gen)
+    for a, b in zip(torch.autograd.grad((out * w).sum(), leaves), torch.autograd.grad((ref * w).sum(), leaves)):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def attention_inputs(t, hq, hkv, d, dv, dtype, gen):
+    return (rand(t, hq, d, dtype=dtype, gen=gen), rand(t, hkv, d, dtype=dtype, gen=gen),
+            rand(t, hkv, dv, dtype=dtype, gen=gen), rand(hq, dtype=dtype, gen=gen))
+
+
+@pytest.mark.parametrize("parents,lengths", ROWS)
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_attention_matches_dense_reference_and_gradients(parents, lengths, window, with_sink):
+    gen = torch.Generator().manual_seed(7)
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row, window=window)
+    q, k, v, sink = attention_inputs(row.tokens, 4, 2, 8, 6, torch.float64, gen)
+    sink = sink if with_sink else None
+    mask = visibility_mask(parents, lengths, window)
+    leaves = [x.requires_grad_() for x in (q, k, v) + ((sink,) if with_sink else ())]
+    o, lse = tt.attention(q, k, v, key, sink=sink)
+    o_ref, lse_ref = dense_attention(q, k, v, mask, sink=sink)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-12, atol=1e-12)
+    assert_same_gradients(o, o_ref, leaves, gen, 1e-11)
+
+
+def test_attention_gradcheck_double():
+    gen = torch.Generator().manual_seed(3)
+    row = treecp.Row.from_segments([-1, 0, 0, 2], [3, 2, 2, 2])
+    key = tt.plan(row, window=4)
+    q, k, v, sink = attention_inputs(row.tokens, 2, 1, 3, 2, torch.float64, gen)
+    inputs = tuple(x.requires_grad_() for x in (q, k, v, sink))
+    assert torch.autograd.gradcheck(lambda q, k, v, s: tt.attention(q, k, v, key, sink=s, softmax_scale=0.7)[0],
+                                    inputs)
+
+
+def test_attention_float32_error_is_bounded_by_a_float32_reference():
+    gen = torch.Generator().manual_seed(11)
+    parents, lengths = random_row(gen, 12, 9)
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row, window=7)
+    mask = visibility_mask(parents, lengths, 7)
+    q, k, v, sink = attention_inputs(row.tokens, 4, 1, 16, 16, torch.float64, gen)
+    truth, _ = dense_attention(q, k, v, mask, sink)
+    f32 = [x.float() for x in (q, k, v, sink)]
+    ref32, _ = dense_attention(*f32[:3], mask, f32[3])
+    got, _ = tt.attention(*f32[:3], key, sink=f32[3])
+    assert got.dtype == torch.float32
+    err_ref = (ref32.double() - truth).abs().max().item()
+    err = (got.double() - truth).abs().max().item()
+    assert err <= 4 * err_ref + 1e-6, (err, err_ref)
+
+
+def test_packed_equals_flattened_trajectories():
+    # Each trajectory alone (a row of one segment) gives the same outputs and summed gradients as the tree.
+    gen = torch.Generator().manual_seed(5)
+    trajs = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8], [1, 2, 9], [4, 4, 4, 4]]
+    packed = treecp.Row.from_trajectories(trajs)
+    key = tt.plan(packed.row, window=4)
+    vocab, hq, hkv, d = 10, 2, 1, 4
+    wq, wk, wv = (rand(vocab, h * d, gen=gen, requires_grad=True) for h in (hq, hkv, hkv))
+    sink = rand(hq, gen=gen, requires_grad=True)
+
+    def run(tokens, key):
+        ids = torch.as_tensor(tokens)
+        o, _ = tt.attention(wq[ids].view(-1, hq, d), wk[ids].view(-1, hkv, d), wv[ids].view(-1, hkv, d), key,
+                            sink=sink)
+        return o
+
+    o_tree = run(packed.tokens, key)
+    # loss: every trajectory's outputs, summed with fixed weights (shared tokens count once per trajectory)
+    weights = [rand(len(t), hq, d, gen=gen) for t in trajs]
+    loss_tree = sum((o_tree[torch.as_tensor(i)] * w).sum() for i, w in zip(packed.index, weights))
+    g_tree = torch.autograd.grad(loss_tree, (wq, wk, wv, sink))
+    loss_flat = 0
+    for t, i, w in zip(trajs, packed.index, weights):
+        o_flat = run(t, tt.plan(treecp.Row.from_segments([-1], [len(t)]), window=4))
+        torch.testing.assert_close(o_flat, o_tree[torch.as_tensor(i)], rtol=1e-12, atol=1e-12)
+        loss_flat = loss_flat + (o_flat * w).sum()
+    g_flat = torch.autograd.grad(loss_flat, (wq, wk, wv, sink))
+    for a, b in zip(g_tree, g_flat):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("kda", [False, True])
+def test_gated_delta_rule_matches_tree_recurrence(kda):
+    gen = torch.Generator().manual_seed(21 + kda)
+    parents, lengths = [-1, 0, 1, 0, -1], [7, 5, 3, 6, 4]
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row)
+    t, h, dk, dv = row.tokens, 2, 4, 3
+    q, k = rand(t, h, dk, gen=gen), torch.nn.functional.normalize(rand(t, h, dk, gen=gen), dim=-1)
+    v = rand(t, h, dv, gen=gen)
+    g = -torch.rand(*((t, h, dk) if kda else (t, h)), dtype=torch.float64, generator=gen)
+    beta = torch.rand(t, h, dtype=torch.float64, generator=gen)
+    leaves = [x.requires_grad_() for x in (q, k, v, g, beta)]
+    y = tt.gated_delta_rule(q, k, v, g, beta, key, chunk_size=4)
+    y_ref = gdn_tree(q, k, v, g, beta, parents, lengths, scale=dk ** -0.5)  # FLA's default scale
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-10)
+    assert_same_gradients(y, y_ref, leaves, gen, 1e-9)
+
+
+def test_gated_delta_rule_gradcheck_double():
+    gen = torch.Generator().manual_seed(2)
+    row = treecp.Row.from_segments([-1, 0, 0], [3, 2, 2])
+    key = tt.plan(row)
+    t, h, dk, dv = row.tokens, 1, 2, 2
+    inputs = (rand(t, h, dk, gen=gen), rand(t, h, dk, gen=gen) * 0.5, rand(t, h, dv, gen=gen),
+              -torch.rand(t, h, dtype=torch.float64, generator=gen), torch.rand(t, h, dtype=torch.float64, generator=gen))
+    inputs = tuple(x.requires_grad_() for x in inputs)
+    assert torch.autograd.gradcheck(lambda *a: tt.gated_delta_rule(*a, key, chunk_size=2), inputs)
+
+
+@pytest.mark.parametrize("silu", [False, True])
+def test_short_conv_matches_path_convolution(silu):
+    gen = torch.Generator().manual_seed(4)
+    parents, lengths = [-1, 0, 1, 1, 0], [3, 1, 2, 4, 5]
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row)
+    x, w, b = rand(row.tokens, 6, gen=gen), rand(6, 4, gen=gen), rand(6, gen=gen)
+    leaves = [t.requires_grad_() for t in (x, w, b)]
+    y = tt.short_conv(x, w, key, bias=b, activation="silu" if silu else None)
+    y_ref = conv_tree(x, w, b, parents, lengths, silu)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    assert_same_gradients(y, y_ref, leaves, gen, 1e-11)
+    assert torch.autograd.gradcheck(lambda x, w, b: tt.short_conv(x, w, key, bias=b, activation="silu"), leaves)
+
+
+def test_dispatch_then_undispatch_is_the_identity_on_one_rank():
+    row = treecp.Row.from_segments([-1, 0, 0], [4, 3, 2])
+    key = tt.plan(row)
+    x = torch.randn(row.tokens, 3, 2)
+    assert torch.equal(key.undispatch(key.dispatch(x)), x)
+    assert key.position_ids().tolist() == [0, 1, 2, 3, 4, 5, 6, 4, 5]
+
+
+class TinyBlock(torch.nn.Module):
+    """Projections, RoPE-free attention with a sink, a short conv and a GDN mixer: every op under compile."""
+
+    def __init__(self, key, c=8, h=2, d=4):
+        super().__init__()
+        self.key, self.h, self.d = key, h, d
+        self.qkv = torch.nn.Linear(c, 3 * h * d, dtype=torch.float64)
+        self.sink = torch.nn.Parameter(torch.zeros(h, dtype=torch.float64))
+        self.conv = torch.nn.Parameter(torch.randn(h * d, 3, dtype=torch.float64))
+        self.gate = torch.nn.Linear(c, 2 * h, dtype=torch.float64)
+
+    def forward(self, x):
+        n = x.shape[0]
+        q, k, v = self.qkv(x).view(n, 3, self.h, self.d).unbind(1)
+        o, _ = tt.attention(q.contiguous(), k.contiguous(), v.contiguous(), self.key, sink=self.sink)
+        kc = tt.short_conv(k.reshape(n, -1).contiguous(), self.conv, self.key, activation="silu").view(n, self.h, self.d)
+        g, beta = self.gate(x).view(n, 2, self.h).unbind(1)
+        y = tt.gated_delta_rule(q.contiguous(), torch.nn.functional.normalize(kc, dim=-1).contiguous(), v.contiguous(),
+                                torch.nn.functional.logsigmoid(g).contiguous(), beta.sigmoid().contiguous(), self.key)
+        return (o + y).reshape(n, -1)
+
+
+def test_torch_compile_fullgraph_traces_a_model():
+    torch.manual_seed(0)
+    row = treecp.Row.from_segments([-1, 0, 0], [5, 3, 4])
+    key = tt.plan(row, window=6)
+    model = TinyBlock(key)
+    x = torch.randn(row.tokens, 8, dtype=torch.float64)
+    eager = model(key.dispatch(x))
+    eager_grads = torch.autograd.grad(eager.square().sum(), list(model.parameters()))
+    # aot_eager traces forward and backward through the fake implementations without inductor codegen.
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    out = compiled(key.dispatch(x))
+    torch.testing.assert_close(out, eager, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(out.square().sum(), list(model.parameters())), eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_custom_ops_pass_torch_library_opcheck():
+    row = treecp.Row.from_segments([-1, 0], [3, 2])
+    key = tt.plan(row)
+    q, k, v, s = (rand(5, 2, 3), rand(5, 1, 3), rand(5, 1, 2), rand(2))
+    for x in (q, k, v, s):
+        x.requires_grad_()
+    torch.library.opcheck(torch.ops.treecp.attention.default, (q, k, v, s, key.id, 0.5))
+    x, w = rand(5, 4, requires_grad=True), rand(4, 2, requires_grad=True)
+    torch.library.opcheck(torch.ops.treecp.short_conv.default, (x, w, None, key.id, True))
+
+
+def test_a_key_for_another_window_keeps_the_ownership():
+    row = treecp.Row.from_segments([-1, 0, 1, 0], [6, 4, 3, 5])
+    key = tt.plan(row)
+    windowed = key.with_window(3)
+    assert windowed.window == 3 and torch.equal(windowed.index, key.index)
+    q, k, v, _ = attention_inputs(row.tokens, 2, 2, 4, 4, torch.float64, torch.Generator().manual_seed(8))
+    o, _ = tt.attention(q, k, v, windowed)
+    o_ref, _ = dense_attention(q, k, v, visibility_mask(row.parents, row.lengths, 3))
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,445 @@
+"""The ops, registered with torch.library: custom ops with fake (meta) implementations and autograd.
+
+Every op checks its inputs by name and, under CP, agrees with the other ranks on the verdict (one
+small all-gather) before any collective moves data: bad input on one rank raises ValueError on every
+rank. The fake implementations only compute output shapes, so torch.compile traces the ops without
+running them. Backward ops take tensors only (no C++ state between forward and backward): attention's
+is the runtime's stateless backward (it fetches remote KV again); GDN's and the convolution's run their
+forward protocol again first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _core
+from ._key import Key, default_scale, key_of
+
+_CPU_DTYPES = (torch.float32, torch.float64)
+
+
+def _check_tensor(op: str, name: str, x, leading: Optional[int] = None, what: str = "") -> Optional[str]:
+    """The checks every tensor argument gets; returns a message naming the argument, or None."""
+    if not isinstance(x, Tensor):
+        return f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}"
+    if leading is not None and (x.dim() == 0 or x.shape[0] != leading):
+        return f"{op}: {name} has shape {tuple(x.shape)}; its first dimension must be {leading} ({what})"
+    return None
+
+
+def _positive_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _first(*problems) -> Optional[str]:
+    for p in problems:
+        if p:
+            return p
+    return None
+
+
+def _check_compute(op: str, tensors: dict, shapes: dict) -> Optional[str]:
+    """Device, dtype, shape and stride checks of a compute op's tensors (None entries are optional and absent).
+
+    ``shapes[name]`` is the expected shape (ints, or None for "any"); the first tensor sets device and dtype.
+    """
+    tensors = {name: x for name, x in tensors.items() if x is not None}
+    ref_name, ref = next(iter(tensors.items()))
+    for name, x in tensors.items():
+        p = _check_tensor(op, name, x)
+        if p:
+            return p
+    if ref.device.type == "cuda":
+        if not _core.has_cuda_backend:
+            return (f"{op}: {ref_name} is on {ref.device}: this build of treecp has no CUDA backend (it was built "
+                    "without nvcc); CPU tensors, float32 or float64")
+        if ref.dtype != torch.bfloat16:
+            return f"{op}: {ref_name} has dtype {ref.dtype}; on CUDA treecp takes bfloat16"
+    elif ref.device.type != "cpu":
+        return f"{op}: {ref_name} is on {ref.device}; treecp runs on CPU (float32, float64) and CUDA (bfloat16) tensors"
+    elif ref.dtype not in _CPU_DTYPES:
+        return f"{op}: {ref_name} has dtype {ref.dtype}; on CPU treecp takes float32 or float64"
+    for name, x in tensors.items():
+        if x.device != ref.device:
+            return f"{op}: {name} is on {x.device} but {ref_name} is on {ref.device}"
+        if x.dtype != ref.dtype:
+            return f"{op}: {name} has dtype {x.dtype} but {ref_name} has {ref.dtype}"
+        want = shapes[name]
+        if x.dim() != len(want) or any(w is not None and s != w for s, w in zip(x.shape, want)):
+            shown = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
+            return f"{op}: {name} has shape {list(x.shape)}, expected {shown}"
+        if not x.is_contiguous():
+            return (f"{op}: {name} has strides {x.stride()} for shape {list(x.shape)}; the kernels take C-contiguous "
+                    "tensors (call .contiguous())")
+    return None
+
+
+def _verdict(key: Key, op: str, problem: Optional[str]):
+    """Raises ValueError on every rank of the key's group if any rank found a problem.
+
+    Under torch.compile the checks run while tracing, on this rank's metadata, and the compiled graph is
+    guarded on that metadata; eager calls agree with the other ranks first (one all-gather of flags).
+    """
+    if torch.compiler.is_compiling():
+        if problem:
+            raise ValueError(problem)
+    else:
+        key.agree(op, problem)
+
+
+def _refuse(problem: Optional[str]):
+    # The ops' own implementations check again, locally, for direct calls of torch.ops.treecp.*.
+    if problem:
+        raise ValueError(problem)
+
+
+def _key_argument(op: str, key) -> Key:
+    if not isinstance(key, Key):
+        raise TypeError(f"{op}: key must be a treecp.torch.Key (from treecp.torch.plan), got {type(key).__name__}")
+    return key
+
+
+# ---------------------------------------------------------------- attention
+
+
+def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
+    op = "attention"
+    n = key.local_tokens
+    p = _first(_check_tensor(op, "q", q, n, "tokens this rank owns under the key"),
+               _check_tensor(op, "k", k, n, "tokens this rank owns under the key"),
+               _check_tensor(op, "v", v, n, "tokens this rank owns under the key"))
+    if p:
+        return p
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 3:
+            return f"{op}: {name} must be token-major [tokens, heads, head_dim], got shape {list(x.shape)}"
+    hq, d = q.shape[1], q.shape[2]
+    hkv, dv = k.shape[1], v.shape[2]
+    if hkv == 0 or hq % hkv != 0:
+        return f"{op}: k has {hkv} heads, which must divide q's {hq} heads (GQA)"
+    p = _check_compute(op, {"q": q, "k": k, "v": v, "sink": sink},
+                       {"q": (n, hq, d), "k": (n, hkv, d), "v": (n, hkv, None), "sink": (hq,)})
+    if p:
+        return p
+    if q.device.type == "cuda":
+        if v.shape[2] != d or d not in (64, 128):
+            return f"{op}: on CUDA the head dims must be 64 or 128 with v's equal to q's, got q {d} and v {v.shape[2]}"
+        if key.cp > 1:
+            return (f"{op}: CUDA tensors under CP (a group of {key.cp}) need the NCCL communicator made from the "
+                    "group, which the package does not wire yet; CP runs on CPU tensors over gloo")
+    if not _positive_number(scale):
+        return f"{op}: softmax_scale must be a positive finite number, got {scale}"
+    return None
+
+
+@torch.library.custom_op("treecp::attention", mutates_args=())
+def _attention_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], key_id: int,
+                  scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, lse, o before the sink); the last is empty without a sink (y is that output then)."""
+    key = key_of(key_id)
+    _refuse(_attention_problem(key, q, k, v, sink, scale))
+    if q.device.type == "cuda":
+        return _cuda_attention_forward(key, q, k, v, sink, scale)
+    y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    lse = q.new_empty(q.shape[0], q.shape[1])
+    o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
+    key._core.attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.detach(), k.detach(),
+                                v.detach(), None if sink is None else sink.detach(), y, lse,
+                                o_presink if sink is not None else None)
+    return y, lse, o_presink
+
+
+@_attention_op.register_fake
+def _(q, k, v, sink, key_id, scale):
+    y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    return y, q.new_empty(q.shape[0], q.shape[1], dtype=_stat_dtype(q)), \
+        torch.empty_like(y) if sink is not None else q.new_empty(0)
+
+
+def _stat_dtype(q):
+    # LSE and gradients: float32 on CUDA (bf16 activations, fp32 statistics), the activations' dtype on CPU
+    return torch.float32 if q.device.type == "cuda" else q.dtype
+
+
+class _KeyStream:
+    """Runs the key's CUDA work on its backend's stream, ordered after and before the caller's current stream."""
+
+    def __init__(self, key, device):
+        self.device = device
+        self.stream = torch.cuda.ExternalStream(key._core.cuda_stream(device.index), device=device)
+
+    def __enter__(self):
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        return False
+
+
+def _cuda_attention_forward(key, q, k, v, sink, scale):
+    y = torch.empty_like(q)
+    lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
+    o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
+    sink32 = sink.detach().float().contiguous() if sink is not None else None
+    with _KeyStream(key, q.device):
+        key._core.cuda_attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.device.index,
+                                         q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                         sink32.data_ptr() if sink32 is not None else 0, y.data_ptr(), lse.data_ptr(),
+                                         o_presink.data_ptr() if sink is not None else 0)
+        if sink32 is not None:
+            sink32.record_stream(torch.cuda.current_stream(q.device))
+    return y, lse, o_presink
+
+
+def _cuda_attention_backward(key, q, k, v, sink, o, lse, dy, scale):
+    dq, dk, dv = (torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (q, k, v))
+    dsink = torch.zeros(q.shape[1] if sink is not None else 0, dtype=torch.float32, device=q.device)
+    sink32 = sink.float().contiguous() if sink is not None else None
+    with _KeyStream(key, q.device):
+        key._core.cuda_attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.device.index,
+                                          q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                          sink32.data_ptr() if sink32 is not None else 0, o.data_ptr(), lse.data_ptr(),
+                                          dy.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                          dsink.data_ptr() if sink is not None else 0)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink.to(sink.dtype) if sink is not None else dsink
+
+
+@torch.library.custom_op("treecp::attention_backward", mutates_args=())
+def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], o: Tensor, lse: Tensor,
+                           dy: Tensor, key_id: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The runtime's stateless backward: o is the output before the sink, lse the forward's."""
+    key = key_of(key_id)
+    if q.device.type == "cuda":
+        return _cuda_attention_backward(key, q, k, v, sink, o, lse, dy.contiguous(), scale)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dsink = q.new_zeros(q.shape[1] if sink is not None else 0)
+    key._core.attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q, k, v, sink, o, lse,
+                                 dy.contiguous(), dq, dk, dv, dsink if sink is not None else None)
+    return dq, dk, dv, dsink
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, sink, o, lse, dy, key_id, scale):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            q.new_empty(q.shape[1] if sink is not None else 0))
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, sink, key_id, scale = inputs
+    y, lse, o_presink = output
+    ctx.save_for_backward(q, k, v, sink, o_presink if sink is not None else y, lse)
+    ctx.key_id, ctx.scale, ctx.has_sink = key_id, scale, sink is not None
+    ctx.key = key_of(key_id)  # keys are held by id: the graph keeps this one alive until backward
+    ctx.mark_non_differentiable(lse, o_presink)
+
+
+def _attention_grad(ctx, dy, _dlse, _do_presink):
+    q, k, v, sink, o, lse = ctx.saved_tensors
+    dq, dk, dv, dsink = _attention_backward_op(q, k, v, sink, o, lse, dy, ctx.key_id, ctx.scale)
+    return dq, dk, dv, dsink if ctx.has_sink else None, None, None
+
+
+torch.library.register_autograd("treecp::attention", _attention_grad, setup_context=_attention_setup)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, key: Key, sink: Optional[Tensor] = None,
+              softmax_scale: Optional[float] = None) -> tuple[Tensor, Tensor]:
+    """Tree attention on this rank's tokens: ``q [n, Hq, D]``, ``k [n, Hkv, D]``, ``v [n, Hkv, Dv]``.
+
+    Returns ``o [n, Hq, Dv]`` (the learned sink ``[Hq]``, if given, applied once) and ``lse [n, Hq]``, the
+    natural log of the softmax denominator over the visible tokens (before the sink; no gradient flows
+    through it). ``softmax_scale`` defaults to 1/sqrt(D). The sink's gradient is this rank's contribution.
+    """
+    key = _key_argument("attention", key)
+    if softmax_scale is None:
+        d = q.shape[-1] if isinstance(q, Tensor) and q.dim() > 0 else 1
+        softmax_scale = default_scale(d)
+    _verdict(key, "attention", _attention_problem(key, q, k, v, sink, softmax_scale))
+    y, lse, _ = _attention_op(q, k, v, sink, key.id, float(softmax_scale))
+    return y, lse
+
+
+# ---------------------------------------------------------------- Gated DeltaNet / KDA
+
+
+def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk) -> Optional[str]:
+    op = "gated_delta_rule"
+    n = key.local_tokens
+    what = "tokens this rank owns under the key"
+    p = _first(*(_check_tensor(op, name, x, n, what) for name, x in (("q", q), ("k", k), ("v", v), ("g", g),
+                                                                     ("beta", beta))))
+    if p:
+        return p
+    if q.dim() != 3 or v.dim() != 3:
+        bad, x = ("q", q) if q.dim() != 3 else ("v", v)
+        return f"{op}: {bad} must be token-major [tokens, heads, head_dim], got shape {list(x.shape)}"
+    if q.device.type == "cuda":
+        return f"{op}: no CUDA kernels for GDN/KDA yet; run the layer on CPU tensors (float32, float64)"
+    h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
+    g_shape = (n, h) if g.dim() == 2 else (n, h, dk)
+    p = _check_compute(op, {"q": q, "k": k, "v": v, "g": g, "beta": beta},
+                       {"q": (n, h, dk), "k": (n, h, dk), "v": (n, h, dv), "g": g_shape, "beta": (n, h)})
+    if p:
+        if g.dim() not in (2, 3) and "g has shape" in p:
+            p += " (GDN: [tokens, H]; KDA: [tokens, H, K])"
+        return p
+    if not _positive_number(scale):
+        return f"{op}: scale must be a positive finite number, got {scale}"
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 4096:
+        return f"{op}: chunk_size must be in [1, 4096], got {chunk}"
+    return None
+
+
+@torch.library.custom_op("treecp::gated_delta_rule", mutates_args=())
+def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: int, scale: float,
+            chunk: int) -> Tensor:
+    key = key_of(key_id)
+    _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk))
+    y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    key._core.gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q.detach(), k.detach(),
+                          v.detach(), g.detach(), beta.detach(), y)
+    return y
+
+
+@_gdn_op.register_fake
+def _(q, k, v, g, beta, key_id, scale, chunk):
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+
+
+@torch.library.custom_op("treecp::gated_delta_rule_backward", mutates_args=())
+def _gdn_backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, dy: Tensor, key_id: int, scale: float,
+                     chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    key = key_of(key_id)
+    grads = [torch.empty_like(x) for x in (q, k, v, g, beta)]
+    key._core.gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q, k, v, g, beta,
+                           dy.contiguous(), *grads)
+    return tuple(grads)
+
+
+@_gdn_backward_op.register_fake
+def _(q, k, v, g, beta, dy, key_id, scale, chunk):
+    return tuple(torch.empty_like(x) for x in (q, k, v, g, beta))
+
+
+def _gdn_setup(ctx, inputs, output):
+    q, k, v, g, beta, key_id, scale, chunk = inputs
+    ctx.save_for_backward(q, k, v, g, beta)
+    ctx.key_id, ctx.scale, ctx.chunk = key_id, scale, chunk
+    ctx.key = key_of(key_id)  # keys are held by id: the graph keeps this one alive until backward
+
+
+def _gdn_grad(ctx, dy):
+    q, k, v, g, beta = ctx.saved_tensors
+    return (*_gdn_backward_op(q, k, v, g, beta, dy, ctx.key_id, ctx.scale, ctx.chunk), None, None, None)
+
+
+torch.library.register_autograd("treecp::gated_delta_rule", _gdn_grad, setup_context=_gdn_setup)
+
+
+def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key: Key,
+                     scale: Optional[float] = None, chunk_size: int = 64) -> Tensor:
+    """Gated DeltaNet over the tree on this rank's tokens (FLA's conventions, token-major).
+
+    ``q, k [n, H, K]``, ``v [n, H, V]``, ``g`` the log decay, ``[n, H]`` (GDN) or ``[n, H, K]`` (KDA), and
+    ``beta [n, H]``. Each token's state starts from its parent token's along the tree path (a child
+    continues its parent segment's final state; siblings never see each other). ``scale`` defaults to
+    1/sqrt(K), applied to q. Returns ``o [n, H, V]``.
+    """
+    key = _key_argument("gated_delta_rule", key)
+    if scale is None:
+        scale = default_scale(q.shape[-1] if isinstance(q, Tensor) and q.dim() > 0 else 1)
+    _verdict(key, "gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk_size))
+    return _gdn_op(q, k, v, g, beta, key.id, float(scale), int(chunk_size))
+
+
+# ---------------------------------------------------------------- short convolution
+
+_ACTIVATIONS = (None, "silu")
+
+
+def _conv_problem(key: Key, x, weight, bias) -> Optional[str]:
+    op = "short_conv"
+    n = key.local_tokens
+    p = _first(_check_tensor(op, "x", x, n, "tokens this rank owns under the key"),
+               _check_tensor(op, "weight", weight))
+    if p:
+        return p
+    if x.dim() != 2 or weight.dim() != 2:
+        bad, t, want = ("x", x, "[tokens, channels]") if x.dim() != 2 else ("weight", weight, "[channels, width]")
+        return f"{op}: {bad} must be {want}, got shape {list(t.shape)}"
+    if x.device.type == "cuda":
+        return f"{op}: no CUDA kernel for the short convolution yet; run it on CPU tensors (float32, float64)"
+    c, w = x.shape[1], weight.shape[1]
+    p = _check_compute(op, {"x": x, "weight": weight, "bias": bias}, {"x": (n, c), "weight": (c, w), "bias": (c,)})
+    if p:
+        return p
+    if not 1 <= w <= 64:
+        return f"{op}: weight's width (second dimension) must be in [1, 64], got {w}"
+    return None
+
+
+@torch.library.custom_op("treecp::short_conv", mutates_args=())
+def _conv_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], key_id: int, silu: bool) -> Tensor:
+    key = key_of(key_id)
+    _refuse(_conv_problem(key, x, weight, bias))
+    y = torch.empty_like(x)
+    key._core.conv_forward(x.shape[1], weight.shape[1], silu, x.detach(), weight.detach(),
+                           None if bias is None else bias.detach(), y)
+    return y
+
+
+@_conv_op.register_fake
+def _(x, weight, bias, key_id, silu):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("treecp::short_conv_backward", mutates_args=())
+def _conv_backward_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], dy: Tensor, key_id: int,
+                      silu: bool) -> tuple[Tensor, Tensor, Tensor]:
+    key = key_of(key_id)
+    dx, dw = torch.empty_like(x), torch.empty_like(weight)
+    db = x.new_zeros(x.shape[1] if bias is not None else 0)
+    key._core.conv_backward(x.shape[1], weight.shape[1], silu, x, weight, bias, dy.contiguous(), dx, dw,
+                            db if bias is not None else None)
+    return dx, dw, db
+
+
+@_conv_backward_op.register_fake
+def _(x, weight, bias, dy, key_id, silu):
+    return torch.empty_like(x), torch.empty_like(weight), x.new_empty(x.shape[1] if bias is not None else 0)
+
+
+def _conv_setup(ctx, inputs, output):
+    x, weight, bias, key_id, silu = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.key_id, ctx.silu, ctx.has_bias = key_id, silu, bias is not None
+    ctx.key = key_of(key_id)  # keys are held by id: the graph keeps this one alive until backward
+
+
+def _conv_grad(ctx, dy):
+    x, weight, bias = ctx.saved_tensors
+    dx, dw, db = _conv_backward_op(x, weight, bias, dy, ctx.key_id, ctx.silu)
+    return dx, dw, db if ctx.has_bias else None, None, None
+
+
+torch.library.register_autograd("treecp::short_conv", _conv_grad, setup_context=_conv_setup)
+
+
+def short_conv(x: Tensor, weight: Tensor, key: Key, bias: Optional[Tensor] = None,
+               activation: Optional[str] = None) -> Tensor:
+    """Causal depthwise convolution along each token's tree path: ``x [n, C]``, ``weight [C, width]``.
+
+    ``y_t = bias + sum_i weight[:, width-1-i] * x_{pred^i(t)}`` where pred is the logical predecessor (a
+    child's first token continues its parent's last), then ``activation`` (None or "silu"). The gradients
+    of ``weight`` and ``bias`` are this rank's contribution.
+    """
+    key = _key_argument("short_conv", key)
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"short_conv: activation must be None or 'silu', got {activation!r}")
+    _verdict(key, "short_conv", _conv_problem(key, x, weight, bias))
+    return _conv_op(x, weight, bias, key.id, activation == "silu")

@@ -1,0 +1,315 @@
+#include "runtime/cuda_backend.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace treecp {
+
+namespace {
+
+void check_dims(const AttentionShape& d, const char* who) {
+  require(d.d == d.dv && (d.d == 64 || d.d == 128), who, ": the CUDA kernels take head dims 64 or 128 with Dv = D, got D ",
+          d.d, " Dv ", d.dv);
+  require(d.hq >= 1 && d.hkv >= 1 && d.hq % d.hkv == 0, who, ": hq must be a positive multiple of hkv, got ", d.hq,
+          " and ", d.hkv);
+}
+
+}  // namespace
+
+cuda::bf16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<cuda::bf16_t>(u >> 16);
+}
+
+float from_bf16(cuda::bf16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+CudaBackend::CudaBackend(cudaStream_t stream)
+    : pool_(std::make_unique<cuda::DevicePool>()),
+      spare_plans_(std::make_shared<std::vector<std::unique_ptr<cuda::DeviceTilePlan>>>()) {
+  if (stream == nullptr) {
+    cuda::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "CudaBackend: stream");
+    own_stream_ = true;
+  } else {
+    stream_ = stream;
+  }
+  fwd_workspace_bytes_ = cuda::attention_forward_workspace_bytes();
+  fwd_workspace_ = pool_->allocate(fwd_workspace_bytes_);
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);  // nothing enqueued may outlive the pool it reads
+  spare_plans_->clear();
+  if (fwd_workspace_) pool_->deallocate(fwd_workspace_);
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  if (own_stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::set_stream(cudaStream_t stream) {
+  require(stream != nullptr, "CudaBackend::set_stream: the legacy default stream is not supported; pass a stream");
+  if (own_stream_) {
+    cuda::check_cuda(cudaStreamSynchronize(stream_), "CudaBackend::set_stream: synchronize");
+    cudaStreamDestroy(stream_);
+    own_stream_ = false;
+  }
+  stream_ = stream;
+}
+
+void CudaBackend::synchronize() { cuda::check_cuda(cudaStreamSynchronize(stream_), "CudaBackend: synchronize"); }
+
+void CudaBackend::zero(Grad& b) {
+  if (b.size() > 0)
+    cuda::check_cuda(cudaMemsetAsync(b.data(), 0, static_cast<size_t>(b.size()) * sizeof(float), stream_),
+                     "CudaBackend: zero");
+}
+
+template <class T>
+void CudaBackend::upload(DeviceBuffer<T>& b, const std::vector<T>& host) {
+  require(static_cast<int64_t>(host.size()) == b.size(), "CudaBackend::upload: ", host.size(),
+          " host elements for a buffer of ", b.size());
+  if (host.empty()) return;
+  cuda::check_cuda(cudaMemcpyAsync(b.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream_),
+                   "CudaBackend: upload");
+  synchronize();
+}
+
+template <class T>
+std::vector<T> CudaBackend::download(const DeviceBuffer<T>& b) {
+  std::vector<T> host(static_cast<size_t>(b.size()));
+  if (host.empty()) return host;
+  cuda::check_cuda(cudaMemcpyAsync(host.data(), b.data(), host.size() * sizeof(T), cudaMemcpyDeviceToHost, stream_),
+                   "CudaBackend: download");
+  synchronize();
+  return host;
+}
+
+template void CudaBackend::upload(DeviceBuffer<cuda::bf16_t>&, const std::vector<cuda::bf16_t>&);
+template void CudaBackend::upload(DeviceBuffer<float>&, const std::vector<float>&);
+template std::vector<cuda::bf16_t> CudaBackend::download(const DeviceBuffer<cuda::bf16_t>&);
+template std::vector<float> CudaBackend::download(const DeviceBuffer<float>&);
+
+CudaBackend::HostGeometry CudaBackend::prepare_geometry(const std::vector<Slice>& slices, int64_t q_rows,
+                                                        int64_t kv_rows, const AttentionShape& dims) {
+  check_dims(dims, "CudaBackend");
+  return std::make_shared<const cuda::TilePlan>(cuda::build_tile_plan(slices, q_rows, kv_rows, dims.hq / dims.hkv));
+}
+
+CudaBackend::Geometry CudaBackend::upload(const HostGeometry& g) {
+  require(g != nullptr, "CudaBackend::upload: empty geometry");
+  std::unique_ptr<cuda::DeviceTilePlan> plan;
+  if (!spare_plans_->empty()) {
+    plan = std::move(spare_plans_->back());
+    spare_plans_->pop_back();
+  } else {
+    plan = std::make_unique<cuda::DeviceTilePlan>();
+  }
+  plan->upload(*g, stream_);
+  auto spares = spare_plans_;
+  return Geometry(plan.release(), [spares](cuda::DeviceTilePlan* p) {
+    spares->push_back(std::unique_ptr<cuda::DeviceTilePlan>(p));
+  });
+}
+
+CudaBackend::CopyList CudaBackend::upload(const std::vector<RowCopy>& copies) {
+  std::vector<cuda::RowSpan> spans;
+  spans.reserve(copies.size());
+  for (const RowCopy& c : copies) spans.push_back({c.src_row, c.dst_row, c.rows});
+  auto* list = new cuda::DeviceRowList(cuda::upload_row_list(*pool_, spans.data(), spans.size(), stream_));
+  cuda::DevicePool* pool = pool_.get();
+  return CopyList{std::shared_ptr<cuda::DeviceRowList>(list, [pool](cuda::DeviceRowList* l) {
+    pool->deallocate(l->pairs);
+    delete l;
+  })};
+}
+
+void CudaBackend::copy_rows(const Act& src, const std::vector<RowCopy>& copies, int64_t width, Act& dst) {
+  for (const RowCopy& c : copies) {
+    require(c.rows >= 0 && (c.src_row + c.rows) * width <= src.size() && (c.dst_row + c.rows) * width <= dst.size(),
+            "CudaBackend::copy_rows: rows outside the buffers");
+    if (c.rows == 0) continue;
+    cuda::check_cuda(cudaMemcpyAsync(const_cast<cuda::bf16_t*>(dst.data()) + c.dst_row * width,
+                                     src.data() + c.src_row * width,
+                                     static_cast<size_t>(c.rows * width) * sizeof(cuda::bf16_t),
+                                     cudaMemcpyDeviceToDevice, stream_),
+                     "CudaBackend::copy_rows");
+  }
+}
+
+void CudaBackend::pack_rows(const Act& src, int64_t src_width, const CopyList& copies, Act& dst, int64_t dst_width,
+                            int64_t dst_col) {
+  cuda::pack_rows_bf16(src.data(), src_width, *copies.list, dst.data(), dst_width, dst_col, stream_);
+}
+
+void CudaBackend::add_rows(const Grad& src, int64_t src_width, int64_t src_col, int64_t cols, const CopyList& copies,
+                           Grad& dst) {
+  cuda::add_rows_f32(src.data(), src_width, src_col, cols, *copies.list, dst.data(), stream_);
+}
+
+void CudaBackend::attention_forward(const AttentionShape& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
+                                    Act& o, Stat& lse) {
+  check_dims(dims, "attention_forward");
+  cuda::AttentionForwardParams p;
+  p.q = q.data();
+  p.k = kv.k;
+  p.v = kv.v;
+  p.o = o.data();
+  p.lse = lse.data();
+  p.q_row_stride = int64_t{dims.hq} * dims.d;
+  p.q_head_stride = dims.d;
+  p.k_row_stride = kv.k_row_stride;
+  p.k_head_stride = dims.d;
+  p.v_row_stride = kv.v_row_stride;
+  p.v_head_stride = dims.dv;
+  p.o_row_stride = int64_t{dims.hq} * dims.dv;
+  p.o_head_stride = dims.dv;
+  p.lse_row_stride = dims.hq;
+  p.lse_head_stride = 1;
+  p.hq = dims.hq;
+  p.hkv = dims.hkv;
+  p.head_dim = dims.d;
+  p.scale = static_cast<float>(dims.softmax_scale());
+  p.workspace = fwd_workspace_;
+  p.workspace_bytes = fwd_workspace_bytes_;
+  cuda::attention_forward(p, *g, stream_);
+}
+
+void CudaBackend::merge_sink_forward(const AttentionShape& dims, int64_t rows, const std::vector<const Act*>& o_parts,
+                                     const std::vector<const Stat*>& lse_parts, const Stat* sink, Act& y, Act* o_merged,
+                                     Stat& lse) {
+  require(!o_parts.empty() && o_parts.size() == lse_parts.size(), "merge_sink_forward: ", o_parts.size(),
+          " output parts and ", lse_parts.size(), " LSE parts");
+  // More parts than one launch takes: merge the first ones into a partial, which becomes part 0 of the rest.
+  Act acc_o;
+  Stat acc_lse;
+  size_t next = 0;
+  const int64_t o_elems = rows * dims.hq * dims.dv, l_elems = rows * dims.hq;
+  while (o_parts.size() - next > static_cast<size_t>(cuda::kMaxMergeParts)) {
+    cuda::MergeSinkForwardParams p;
+    p.num_parts = 0;
+    if (acc_o.data()) {
+      p.o_parts[p.num_parts] = acc_o.data();
+      p.lse_parts[p.num_parts++] = acc_lse.data();
+    }
+    while (p.num_parts < cuda::kMaxMergeParts) {
+      p.o_parts[p.num_parts] = o_parts[next]->data();
+      p.lse_parts[p.num_parts++] = lse_parts[next++]->data();
+    }
+    Act out_o = alloc_act(o_elems);
+    Stat out_l = alloc_stat(l_elems);
+    p.y = out_o.data();
+    p.lse = out_l.data();
+    p.rows = rows;
+    p.heads = dims.hq;
+    p.head_dim = dims.dv;
+    cuda::merge_sink_forward(p, stream_);
+    acc_o = std::move(out_o);
+    acc_lse = std::move(out_l);
+  }
+  cuda::MergeSinkForwardParams p;
+  if (acc_o.data()) {
+    p.o_parts[p.num_parts] = acc_o.data();
+    p.lse_parts[p.num_parts++] = acc_lse.data();
+  }
+  for (; next < o_parts.size(); ++next) {
+    p.o_parts[p.num_parts] = o_parts[next]->data();
+    p.lse_parts[p.num_parts++] = lse_parts[next]->data();
+  }
+  p.sink = sink ? sink->data() : nullptr;
+  p.y = y.data();
+  p.o_merged = sink && o_merged ? o_merged->data() : nullptr;
+  p.lse = lse.data();
+  p.rows = rows;
+  p.heads = dims.hq;
+  p.head_dim = dims.dv;
+  cuda::merge_sink_forward(p, stream_);
+}
+
+const CudaBackend::Act& CudaBackend::merge_sink_backward(const AttentionShape& dims, int64_t rows, const Act& o,
+                                                         const Stat& lse, const Stat* sink, const Act& dy, Act& d_o,
+                                                         Stat& dsum, Stat* dsink) {
+  // One part, the complete output: d_o = w dy and Dsum = w dot(dy, o) - dJ/dL. Without a sink w = 1 where a
+  // row has keys, so dO is dy itself (rows without keys read no dO) and only Dsum is written.
+  cuda::MergeSinkBackwardParams p;
+  p.num_parts = 1;
+  p.o_parts[0] = o.data();
+  p.lse_parts[0] = lse.data();
+  p.sink = sink ? sink->data() : nullptr;
+  p.g = dy.data();
+  p.d_o = sink ? d_o.data() : nullptr;
+  p.dsum = dsum.data();
+  p.d_sink = dsink ? dsink->data() : nullptr;
+  Stat scratch;
+  if (sink && !dsink) {
+    scratch = alloc_stat(dims.hq);
+    p.d_sink = scratch.data();
+  }
+  p.rows = rows;
+  p.heads = dims.hq;
+  p.head_dim = dims.dv;
+  cuda::merge_sink_backward(p, stream_);
+  return sink ? d_o : dy;
+}
+
+void CudaBackend::attention_backward(const AttentionShape& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
+                                     const Act& o, const Stat& lse, const Act& d_o, const Stat& dsum, Grad& dq,
+                                     const DkvView<GradElem>& dkv) {
+  check_dims(dims, "attention_backward");
+  require(dkv.dk_row_stride == dkv.dv_row_stride, "attention_backward: dK and dV must share a row stride");
+  cuda::AttentionBackwardParams p;
+  p.q = q.data();
+  p.k = kv.k;
+  p.v = kv.v;
+  p.o = o.data();
+  p.d_o = d_o.data();
+  p.lse = lse.data();
+  p.dsum = const_cast<float*>(dsum.data());
+  p.dsum_ready = true;
+  p.dq = dq.data();
+  p.dk = dkv.dk;
+  p.dv = dkv.dv;
+  p.q_row_stride = int64_t{dims.hq} * dims.d;
+  p.q_head_stride = dims.d;
+  p.k_row_stride = kv.k_row_stride;
+  p.k_head_stride = dims.d;
+  p.v_row_stride = kv.v_row_stride;
+  p.v_head_stride = dims.dv;
+  p.o_row_stride = int64_t{dims.hq} * dims.dv;
+  p.o_head_stride = dims.dv;
+  p.lse_row_stride = dims.hq;
+  p.lse_head_stride = 1;
+  p.dq_row_stride = int64_t{dims.hq} * dims.d;
+  p.dq_head_stride = dims.d;
+  p.dk_row_stride = dkv.dk_row_stride;
+  p.dk_head_stride = dims.d;
+  p.hq = dims.hq;
+  p.hkv = dims.hkv;
+  p.head_dim = dims.d;
+  p.scale = static_cast<float>(dims.softmax_scale());
+  cuda::attention_backward(p, *g, stream_);
+}
+
+CudaBackend::Mark CudaBackend::make_mark() {
+  cudaEvent_t e = nullptr;
+  cuda::check_cuda(cudaEventCreate(&e), "CudaBackend: event");
+  events_.push_back(e);
+  return Mark{e};
+}
+
+void CudaBackend::record(Mark& m) { cuda::check_cuda(cudaEventRecord(m.event, stream_), "CudaBackend: record"); }
+
+double CudaBackend::elapsed_ms(const Mark& a, const Mark& b) {
+  cuda::check_cuda(cudaEventSynchronize(b.event), "CudaBackend: event wait");
+  float ms = 0.f;
+  cuda::check_cuda(cudaEventElapsedTime(&ms, a.event, b.event), "CudaBackend: elapsed");
+  return ms;
+}
+
+}  // namespace treecp

@@ -1,0 +1,173 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
+// The CUDA Backend of the runtime (runtime/backend.hpp) over kernels/cuda: bf16 activations, fp32
+// statistics (LSE, Dsum, the sink) and fp32 gradient accumulators, every buffer from a caching device pool,
+// every operation enqueued on one compute stream and never waited for by the host. A stage's geometry is a
+// device tile plan built once per plan (host lists on any thread, then one copy) and reused by every layer
+// of that geometry; the row lists of a wave's pack and dK/dV add are uploaded once per plan too.
+//
+// Compiled only with CUDA (TREECP_HAVE_CUDA); the kernels need sm_90a for their fast paths and head dims 64
+// or 128 with Dv = D.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/memory.hpp"
+#include "runtime/backend.hpp"
+
+namespace treecp {
+
+// A typed device buffer: owning (from a pool, given back on destruction or release) or a view of memory
+// someone else owns (wrap(): a framework's tensor).
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(cuda::DevicePool* pool, int64_t n)
+      : ptr_(static_cast<T*>(pool->allocate(static_cast<size_t>(n) * sizeof(T)))), n_(n), pool_(pool) {}
+  static DeviceBuffer wrap(T* ptr, int64_t n) {
+    DeviceBuffer b;
+    b.ptr_ = ptr;
+    b.n_ = n;
+    return b;
+  }
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      std::swap(ptr_, o.ptr_);
+      std::swap(n_, o.n_);
+      std::swap(pool_, o.pool_);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* data() { return ptr_; }
+  const T* data() const { return ptr_; }
+  int64_t size() const { return n_; }
+  bool owning() const { return pool_ != nullptr; }
+  void reset() {
+    if (pool_ && ptr_) pool_->deallocate(ptr_);
+    ptr_ = nullptr;
+    n_ = 0;
+    pool_ = nullptr;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  int64_t n_ = 0;
+  cuda::DevicePool* pool_ = nullptr;
+};
+
+class CudaBackend {
+ public:
+  using Elem = cuda::bf16_t;
+  using GradElem = float;
+  using Act = DeviceBuffer<cuda::bf16_t>;
+  using Stat = DeviceBuffer<float>;
+  using Grad = DeviceBuffer<float>;
+  using Buffer = Act;
+  using HostGeometry = std::shared_ptr<const cuda::TilePlan>;
+  using Geometry = std::shared_ptr<cuda::DeviceTilePlan>;
+  struct CopyList {
+    std::shared_ptr<cuda::DeviceRowList> list;  // given back to the pool with the last copy of the handle
+  };
+  struct Mark {
+    cudaEvent_t event = nullptr;  // owned by the backend
+  };
+  static constexpr CommType act_comm_type = CommType::BF16;
+  static constexpr CommType grad_comm_type = CommType::F32;
+  static constexpr CommType comm_type = act_comm_type;
+
+  // Works on the current device, enqueuing on `stream` (nullptr: a new non-blocking stream of its own).
+  explicit CudaBackend(cudaStream_t stream = nullptr);
+  ~CudaBackend();
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  // Ops enqueue on `stream` from now on (a framework's current stream); the pool is stream-ordered for one
+  // stream, so switch only between steps, after the previous stream's work is ordered before the new one's.
+  void set_stream(cudaStream_t stream);
+  cuda::DevicePool& pool() { return *pool_; }
+  void synchronize();  // host wait for the compute stream
+
+  // ---- memory
+  Act alloc(int64_t n) { return alloc_act(n); }
+  Act alloc_act(int64_t n) { return Act(pool_.get(), n); }
+  Stat alloc_stat(int64_t n) { return Stat(pool_.get(), n); }
+  Grad alloc_grad(int64_t n) { return Grad(pool_.get(), n); }
+  template <class T>
+  void release(DeviceBuffer<T>& b) { b.reset(); }
+  int64_t live_bytes() const { return static_cast<int64_t>(pool_->allocated_bytes()); }
+  int64_t peak_bytes() const { return static_cast<int64_t>(pool_->peak_allocated_bytes()); }
+  void reset_peak() { pool_->reset_peak(); }
+  template <class T>
+  T* data(DeviceBuffer<T>& b) const { return b.data(); }
+  template <class T>
+  const T* data(const DeviceBuffer<T>& b) const { return b.data(); }
+  void zero(Grad& b);
+  // Host <-> device (tests, the CLI): synchronous copies of the whole buffer.
+  template <class T>
+  void upload(DeviceBuffer<T>& b, const std::vector<T>& host);
+  template <class T>
+  std::vector<T> download(const DeviceBuffer<T>& b);
+
+  // ---- geometry and row lists
+  static HostGeometry prepare_geometry(const std::vector<Slice>& slices, int64_t q_rows, int64_t kv_rows,
+                                       const AttentionShape& dims);
+  Geometry upload(const HostGeometry& g);
+  CopyList upload(const std::vector<RowCopy>& copies);
+
+  // ---- row moves
+  void copy_rows(const Act& src, const std::vector<RowCopy>& copies, int64_t width, Act& dst);
+  void pack_rows(const Act& src, int64_t src_width, const CopyList& copies, Act& dst, int64_t dst_width,
+                 int64_t dst_col);
+  void add_rows(const Grad& src, int64_t src_width, int64_t src_col, int64_t cols, const CopyList& copies, Grad& dst);
+
+  // ---- attention
+  void attention_forward(const AttentionShape& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv, Act& o,
+                         Stat& lse);
+  void merge_sink_forward(const AttentionShape& dims, int64_t rows, const std::vector<const Act*>& o_parts,
+                          const std::vector<const Stat*>& lse_parts, const Stat* sink, Act& y, Act* o_merged,
+                          Stat& lse);
+  // dstat is Dsum = dot(dO, O) - dJ/dLSE (the kernels' dsum_ready form).
+  const Act& merge_sink_backward(const AttentionShape& dims, int64_t rows, const Act& o, const Stat& lse,
+                                 const Stat* sink, const Act& dy, Act& d_o, Stat& dsum, Stat* dsink);
+  void attention_backward(const AttentionShape& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
+                          const Act& o, const Stat& lse, const Act& d_o, const Stat& dsum, Grad& dq,
+                          const DkvView<GradElem>& dkv);
+
+  // ---- timing: CUDA events on the compute stream
+  Mark make_mark();
+  void record(Mark& m);
+  double elapsed_ms(const Mark& a, const Mark& b);
+
+ private:
+  std::unique_ptr<cuda::DevicePool> pool_;
+  cudaStream_t stream_ = nullptr;
+  bool own_stream_ = false;
+  void* fwd_workspace_ = nullptr;  // the persistent forward's counter and hand-off words
+  size_t fwd_workspace_bytes_ = 0;
+  std::vector<cudaEvent_t> events_;
+  // Device tile plans whose geometry was dropped, reused by the next upload (their allocation with them):
+  // a new row per step then costs copies, no cudaMalloc. Shared with the geometries' deleters.
+  std::shared_ptr<std::vector<std::unique_ptr<cuda::DeviceTilePlan>>> spare_plans_;
+};
+
+// Host bf16 helpers (round to nearest even), for the CLI and tests.
+cuda::bf16_t to_bf16(float f);
+float from_bf16(cuda::bf16_t h);
+
+}  // namespace treecp
