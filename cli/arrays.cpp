@@ -1,11 +1,5 @@
 #include "arrays.hpp"
 
-#include <algorithm>
-#include <cmath>
-#include <filesystem>
-#include <limits>
-
-#include "command.hpp"
 #include "core/error.hpp"
 
 namespace treecp::cli {
@@ -20,16 +14,19 @@ void require_same_dtype(const NpyArray& a, const std::string& name, const NpyArr
           ": mixing dtypes is refused (give every array the same dtype)");
 }
 
-void write_files(const std::string& out_dir, const OutputFiles& files, const std::vector<std::string>& optional) {
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  require(!ec && std::filesystem::is_directory(out_dir), "--out: cannot create directory '", out_dir, "'",
-          ec ? ": " + ec.message() : std::string());
-  for (const auto& [name, bytes] : files) write_output((std::filesystem::path(out_dir) / name).string(), bytes);
-  for (const std::string& name : optional) {
-    const bool written = std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.first == name; });
-    if (!written) std::filesystem::remove(std::filesystem::path(out_dir) / name, ec);
+void require_finite_at_most(const NpyArray& a, const std::string& name, double max, const std::string& why) {
+  require_finite(a, name);
+  for (size_t i = 0; i < a.data.size(); ++i) {
+    require(a.data[i] <= max, name, ": element ", i, " is ", a.data[i], " (expected values <= ", max, ": ", why, ")");
   }
+}
+
+int require_dim(const NpyArray& a, const std::string& name, size_t axis, const std::string& what, int64_t lo,
+                int64_t hi) {
+  const int64_t d = a.shape.at(axis);
+  require(d >= lo && d <= hi, name, ": ", what, " = ", d, " (dimension ", axis, " of ", a.shape_string(),
+          ") must be in [", lo, ", ", hi, "]");
+  return static_cast<int>(d);
 }
 
 }  // namespace treecp::cli

@@ -1,6 +1,6 @@
-// Input checks and output files the array subcommands share (attention, sparse-mla, mamba2): shapes, one
-// dtype, typed copies, .npy encoding, and writing a command's files into its --out directory (dtype names and
-// the finite-value check are core/npy.hpp's).
+// Input checks and output files the array subcommands share (attention, gdn, conv1d, sparse-mla, mamba2):
+// shapes, one dtype, value ranges, typed copies, .npy encoding (dtype names and the finite-value check are
+// core/npy.hpp's; a command's files reach --out through OutputDir).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,14 @@ void require_rank3(const NpyArray& a, const std::string& name, int64_t rows, con
 // One precision for every array of a command: `a` must have the dtype of `ref` (named `ref_name`).
 void require_same_dtype(const NpyArray& a, const std::string& name, const NpyArray& ref, const std::string& ref_name);
 
+// Finite values (core/npy.hpp's require_finite) that are also at most `max`; `why` gives the reason
+// (GDN's gates are logs of decays, <= 0).
+void require_finite_at_most(const NpyArray& a, const std::string& name, double max, const std::string& why);
+
+// Dimension `axis` of `a` as an int, required in [lo, hi]; `what` names it ("Hq", "D").
+int require_dim(const NpyArray& a, const std::string& name, size_t axis, const std::string& what, int64_t lo,
+                int64_t hi);
+
 template <class T>
 std::vector<T> values(const NpyArray& a) {
   return std::vector<T>(a.data.begin(), a.data.end());
@@ -34,9 +42,5 @@ std::string npy_of(const std::vector<int64_t>& shape, const std::vector<T>& data
 }
 
 using OutputFiles = std::vector<std::pair<std::string, std::string>>;  // (file name, bytes)
-
-// Creates `out_dir`, writes every file into it (each atomically), and removes the `optional` names this
-// run did not write: an earlier run's gradients left in DIR would otherwise be read as this run's.
-void write_files(const std::string& out_dir, const OutputFiles& files, const std::vector<std::string>& optional);
 
 }  // namespace treecp::cli

@@ -15,6 +15,7 @@
 #include <memory>
 #include <sstream>
 
+#include "checks.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -485,8 +486,9 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 int bench_cp_main(const std::vector<std::string>& argv) {
-  Args args("bench cp", argv);
-  args.value("--device").value("--ranks").value("--cp").value("--presets").value("--reps").value("--trees")
+  Args args(argv);
+  // --cp here lists the rank counts measured, so it is no spelling of --ranks.
+  args.value("--device").value("--ranks").value("--timeout").value("--cp").value("--presets").value("--reps").value("--trees")
       .value("--scale").value("--hq").value("--hkv").value("--d").value("--costs").value("--rows").value("--json")
       .value("--svg").value("--warm").flag("--no-ring").flag("--no-links");
   args.parse();
@@ -496,8 +498,8 @@ int bench_cp_main(const std::vector<std::string>& argv) {
 #ifndef TREECP_BENCH_GPU
   require(!gpu, "--device cuda: this treecp was built without CUDA and NCCL (try --device cpu)");
 #endif
-  const int64_t ranks = args.get_int_or("--ranks", 1);
-  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
+  const RankOptions rank_opts = rank_options(args, 1);
+  const int64_t ranks = rank_opts.count;
   BenchConfig cfg;
   const std::string cp_list = args.get_or("--cp", std::to_string(ranks));
   for (const std::string& c : split_list(cp_list)) {
@@ -530,12 +532,14 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   cfg.rows_dir = args.get_or("--rows", "");
   cfg.json_path = args.get_or("--json", "");
   cfg.svg_path = args.get_or("--svg", "");
+  if (!cfg.json_path.empty()) check_output_file(cfg.json_path);
+  if (!cfg.svg_path.empty()) check_output_file(cfg.svg_path);
   cfg.costs_path = args.get_or(
-      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_default.json" : "/costs_cpu.json"));
+      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_h200.json" : "/costs_cpu.json"));
   const CostModel costs = load_costs(cfg.costs_path);
-  if (int rc = 0; relaunch_under_mpi("bench cp", static_cast<int>(ranks), argv, &rc)) return rc;
+  if (!started_under_mpi() && ranks > 1) return run_under_mpirun("bench cp", rank_opts, argv);
 
-  RankGroup group(ranks);
+  RankGroup group(rank_opts);
   return group.run([&](Communicator& world) {
     std::vector<Record> all;
     std::vector<LinkRecord> links;
@@ -634,9 +638,10 @@ int bench_cp_main(const std::vector<std::string>& argv) {
 }
 
 const Register kBenchCp("bench cp",
-                        "[--device cuda|cpu] [--ranks N] [--cp 1,2,...] [--presets a,b] [--reps N] [--trees N] "
-                        "[--scale S] [--json FILE] [--svg FILE] [--rows DIR] [--no-ring]: weak-scaling table of dense "
-                        "attention CP (treecp's plan and the ring baseline in the same run)",
+                        "[--device cuda|cpu] [--ranks N] [--timeout S] [--cp 1,2,...] [--presets a,b] [--reps N] "
+                        "[--trees N] [--scale S] [--hq H] [--hkv H] [--d D] [--warm S] [--costs FILE] [--json FILE] "
+                        "[--svg FILE] [--rows DIR] [--no-ring] [--no-links]",
+                        "weak-scaling table of dense attention CP (treecp's plan and the ring baseline in the same run)",
                         bench_cp_main);
 
 }  // namespace

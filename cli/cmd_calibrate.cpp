@@ -95,10 +95,11 @@ double judge(const std::vector<std::pair<Plan, double>>& plans, const AttentionS
 }
 
 int calibrate_main(const std::vector<std::string>& argv) {
-  Args args("calibrate", argv);
+  Args args(argv);
   args.value("--bench").value("--base").value("--out").value("--machine");
   args.parse();
   const std::string out = args.get("--out");
+  check_output_file(out);
   const CostModel base = load_costs(args.get_or("--base", std::string(TREECP_CONFIG_DIR) + "/costs_default.json"));
   Samples s;
   std::stringstream list(args.get("--bench"));
@@ -151,9 +152,8 @@ int calibrate_main(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Register kCalibrate("calibrate",
-                          "--bench A.json[,B.json] --out COSTS.json [--base COSTS.json] [--machine NAME]: fit the cost "
-                          "coefficients to `treecp bench cp --json` measurements; report held-out errors",
+const Register kCalibrate("calibrate", "--bench A.json[,B.json] --out COSTS.json [--base COSTS.json] [--machine NAME]",
+                          "fit the cost coefficients to `treecp bench cp --json` measurements; report held-out errors",
                           calibrate_main);
 
 }  // namespace

@@ -5,11 +5,14 @@
 #include <filesystem>
 #include <memory>
 
+#include "arrays.hpp"
+#include "checks.hpp"
 #include "command.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
 #include "launcher.hpp"
+#include "output_dir.hpp"
 #include "runtime/conv_cp.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/redistribute.hpp"
@@ -19,6 +22,9 @@ namespace treecp::cli {
 namespace {
 
 struct ConvInputs {
+  RankOptions ranks;
+  std::string out_dir;
+  bool silu = false;
   Row row;
   NpyArray x, weight, bias, dout;
   bool has_bias = false, has_dout = false;
@@ -26,15 +32,30 @@ struct ConvInputs {
   int C = 0, K = 0;
 };
 
-ConvInputs load_inputs(const Args& args) {
+// Every file the command may write; those a run does not write are removed from --out at commit.
+const std::vector<std::string> kOutputs = {"y.npy", "dx.npy", "dweight.npy", "dbias.npy"};
+
+void declare_options(Args& args) {
+  declare_rank_options(args);
+  args.value("--tree").value("--x").value("--weight").value("--bias").value("--dout").value("--out").flag("--silu");
+}
+
+// Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
+// the launcher calls it before any rank starts, and every rank again on the same files.
+ConvInputs prepare(const Args& args) {
   ConvInputs in;
+  in.ranks = rank_options(args, 1);
+  in.out_dir = args.get("--out");
+  in.silu = args.get_flag("--silu");
   in.row = load_row(args.get("--tree"));
   in.S = in.row.tokens();
   in.x = load_npy(args.get("--x"));
-  require(in.x.shape.size() == 2 && in.x.shape[0] == in.S && in.x.shape[1] >= 1, "x: expected [S, C] with S = ",
-          in.S, " tokens of the tree, got ", in.x.shape_string());
-  in.C = static_cast<int>(in.x.shape[1]);
+  require(in.x.shape.size() == 2 && in.x.shape[0] == in.S, "x: expected [S, C] with S = ", in.S,
+          " tokens of the tree, got ", in.x.shape_string());
+  const DType dtype = in.x.dtype;
+  in.C = require_dim(in.x, "x", 1, "C", 1, Row::kMaxTokens);
   in.weight = load_npy(args.get("--weight"));
+  require_same_dtype(in.weight, "weight", in.x, "x");
   // [C, K], or PyTorch's depthwise [C, 1, K].
   const auto& ws = in.weight.shape;
   const bool ok = (ws.size() == 2 && ws[0] == in.C) || (ws.size() == 3 && ws[0] == in.C && ws[1] == 1);
@@ -44,18 +65,29 @@ ConvInputs load_inputs(const Args& args) {
   in.has_bias = args.has("--bias");
   if (in.has_bias) {
     in.bias = load_npy(args.get("--bias"));
+    require_same_dtype(in.bias, "bias", in.x, "x");
     require_shape(in.bias, "bias", {in.C});
   }
   in.has_dout = args.has("--dout");
   if (in.has_dout) {
     in.dout = load_npy(args.get("--dout"));
+    require_same_dtype(in.dout, "dout", in.x, "x");
     require_shape(in.dout, "dout", {in.S, in.C});
   }
+  require_finite(in.x, "x");
+  require_finite(in.weight, "weight");
+  if (in.has_bias) require_finite(in.bias, "bias");
+  if (in.has_dout) require_finite(in.dout, "dout");
+  const int64_t inputs = in.x.numel() + in.weight.numel() + in.bias.numel() + in.dout.numel();
+  const int64_t outputs = in.x.numel() + (in.has_dout ? inputs - in.dout.numel() : 0);
+  require_memory(arrays_memory_bytes(in.ranks.count, inputs, outputs, dtype == DType::F64 ? 8 : 4),
+                 count_of(in.ranks.count, "rank") + " of conv1d on " + count_of(in.S, "token"));
   return in;
 }
 
 template <class T>
-int run_typed(Communicator& comm, const ConvInputs& in, bool silu, const std::string& out_dir) {
+int run_typed(Communicator& comm, const ConvInputs& in, OutputDir* out) {
+  const bool silu = in.silu;
   const int N = comm.size();
   const Ownership layout = contiguous_ownership(in.S, N);
   const auto& mine = layout[comm.rank()];
@@ -84,40 +116,29 @@ int run_typed(Communicator& comm, const ConvInputs& in, bool silu, const std::st
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (comm.rank() != 0) return 0;
-  std::filesystem::create_directories(out_dir);
   const DType dtype = sizeof(T) == 8 ? DType::F64 : DType::F32;
-  for (const Out& o : outs) write_output((std::filesystem::path(out_dir) / o.name).string(), npy_bytes(o.shape, o.data.data(), dtype));
-  std::printf("conv1d %s: %lld tokens, %d segments, %d channels, width %d%s, %d rank%s; %s %.3f ms\n",
-              sizeof(T) == 8 ? "double" : "float", static_cast<long long>(in.S), in.row.num_segments(), in.C, in.K,
-              silu ? ", SiLU" : "", N, N == 1 ? "" : "s", in.has_dout ? "forward+backward" : "forward", ms);
+  for (const Out& o : outs) out->write(o.name, npy_bytes(o.shape, o.data.data(), dtype));
+  out->commit();
+  std::printf("conv1d %s: %s, %s, %s, width %d%s, %s; %s %.3f ms\n", sizeof(T) == 8 ? "double" : "float",
+              count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(),
+              count_of(in.C, "channel").c_str(), in.K, silu ? ", SiLU" : "", count_of(N, "rank").c_str(),
+              in.has_dout ? "forward+backward" : "forward", ms);
   return 0;
 }
 
-int conv1d_main(const std::vector<std::string>& argv) {
-  Args args("conv1d", argv);
-  args.value("--tree").value("--x").value("--weight").value("--bias").value("--dout").value("--ranks").value("--out")
-      .flag("--silu");
-  args.parse();
-  const int64_t ranks = args.get_int_or("--ranks", 1);
-  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
-  const std::string out_dir = args.get("--out");
-  // Refuse bad inputs here, in one line, rather than from every rank under mpirun.
-  if (ranks > 1 && !started_under_mpi()) load_inputs(args);
-  if (int rc = 0; relaunch_under_mpi("conv1d", static_cast<int>(ranks), argv, &rc)) return rc;
+int execute(Communicator& comm, const ConvInputs& in, OutputDir* out) {
+  return in.x.dtype == DType::F64 ? run_typed<double>(comm, in, out) : run_typed<float>(comm, in, out);
+}
 
-  RankGroup group(ranks);
-  return group.run([&](Communicator& world) {
-    Communicator* comm = &world;
-    const ConvInputs in = load_on_every_rank(*comm, [&] { return load_inputs(args); });
-    return in.x.dtype == DType::F64 ? run_typed<double>(*comm, in, args.get_flag("--silu"), out_dir)
-                                    : run_typed<float>(*comm, in, args.get_flag("--silu"), out_dir);
-  });
+int conv1d_main(const std::vector<std::string>& argv) {
+  return run_file_command<ConvInputs>("conv1d", argv, declare_options, kOutputs, prepare, execute);
 }
 
 const Register kConv1d("conv1d",
                        "--tree T.json --x X.npy --weight W.npy [--bias B.npy] [--silu] [--dout DO.npy] [--ranks N] "
-                       "--out DIR: causal depthwise conv1d over the tree (x [S,C], weight [C,K]); writes y.npy and "
-                       "with --dout dx, dweight, dbias",
+                       "[--timeout S] --out DIR",
+                       "causal depthwise conv1d over the tree (x [S,C], weight [C,K]); writes y.npy (and dx, dweight, "
+                       "dbias with --dout)",
                        conv1d_main);
 
 }  // namespace

@@ -2,25 +2,34 @@
 // process or on N ranks (--ranks N re-launches under mpirun). Every rank reads the inputs, plans the
 // same way, runs its part; rank 0 gathers and writes the outputs.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 
+#include "arrays.hpp"
+#include "checks.hpp"
 #include "command.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
 #include "launcher.hpp"
+#include "output_dir.hpp"
+#include "runtime/conv_cp.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/gdn_cp.hpp"
-#include "plan/gdn_plan.hpp"
 #include "runtime/redistribute.hpp"
+#include "plan/gdn_plan.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::cli {
 namespace {
 
 struct GdnInputs {
+  RankOptions ranks;
+  std::string out_dir;
+  double scale = 1;
+  int chunk = 64;
   Row row;
   NpyArray q, k, v, g, beta, dout;
   bool has_dout = false;
@@ -30,24 +39,42 @@ struct GdnInputs {
   bool f64 = false;
 };
 
-// Loads and checks every input; the messages name the array and the expected shape.
-GdnInputs load_inputs(const Args& args) {
+// Every file the command may write; those a run does not write are removed from --out at commit.
+const std::vector<std::string> kOutputs = {"o.npy", "dq.npy", "dk.npy", "dv.npy", "dg.npy", "dbeta.npy"};
+
+void declare_options(Args& args) {
+  declare_rank_options(args);
+  args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
+      .value("--dout").value("--out").value("--chunk");
+}
+
+// Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
+// the launcher calls it before any rank starts, and every rank again on the same files.
+GdnInputs prepare(const Args& args) {
   GdnInputs in;
+  in.ranks = rank_options(args, 1);
+  in.chunk = static_cast<int>(args.get_int_in("--chunk", 64, 1, 4096));
+  in.scale = args.get_double_or("--scale", 1.0);
+  require(std::isfinite(in.scale) && in.scale > 0, "option --scale must be a finite number > 0, got ", in.scale);
+  in.out_dir = args.get("--out");
   in.row = load_row(args.get("--tree"));
   in.S = in.row.tokens();
   in.q = load_npy(args.get("--q"));
   require(in.q.shape.size() == 3 && in.q.shape[0] == in.S, "q: expected [S, H, Dk] with S = ", in.S,
           " tokens of the tree, got ", in.q.shape_string());
-  in.H = static_cast<int>(in.q.shape[1]);
-  in.dk = static_cast<int>(in.q.shape[2]);
-  require(in.H >= 1 && in.dk >= 1, "q: H and Dk must be >= 1, got ", in.q.shape_string());
+  const DType dtype = in.q.dtype;
+  in.H = require_dim(in.q, "q", 1, "H", 1, 65536);
+  in.dk = require_dim(in.q, "q", 2, "Dk", 1, 4096);
   in.k = load_npy(args.get("--k"));
+  require_same_dtype(in.k, "k", in.q, "q");
   require_shape(in.k, "k", {in.S, in.H, in.dk});
   in.v = load_npy(args.get("--v"));
-  require(in.v.shape.size() == 3 && in.v.shape[0] == in.S && in.v.shape[1] == in.H && in.v.shape[2] >= 1,
+  require_same_dtype(in.v, "v", in.q, "q");
+  require(in.v.shape.size() == 3 && in.v.shape[0] == in.S && in.v.shape[1] == in.H,
           "v: expected [", in.S, ", ", in.H, ", Dv], got ", in.v.shape_string());
-  in.dv = static_cast<int>(in.v.shape[2]);
+  in.dv = require_dim(in.v, "v", 2, "Dv", 1, 4096);
   in.g = load_npy(args.get("--g"));
+  require_same_dtype(in.g, "g", in.q, "q");
   if (in.g.shape == std::vector<int64_t>{in.S, in.H}) {
     in.gate = GdnGate::Scalar;
   } else if (in.g.shape == std::vector<int64_t>{in.S, in.H, in.dk}) {
@@ -57,20 +84,35 @@ GdnInputs load_inputs(const Args& args) {
          in.g.shape_string());
   }
   in.beta = load_npy(args.get("--beta"));
+  require_same_dtype(in.beta, "beta", in.q, "q");
   require_shape(in.beta, "beta", {in.S, in.H});
   in.has_dout = args.has("--dout");
   if (in.has_dout) {
     in.dout = load_npy(args.get("--dout"));
+    require_same_dtype(in.dout, "dout", in.q, "q");
     require_shape(in.dout, "dout", {in.S, in.H, in.dv});
   }
-  in.f64 = in.q.dtype == DType::F64;
+  require_finite(in.q, "q");
+  require_finite(in.k, "k");
+  require_finite(in.v, "v");
+  require_finite_at_most(in.g, "g", 0.0, "g is the natural log of a decay in (0, 1]");
+  require_finite(in.beta, "beta");
+  if (in.has_dout) require_finite(in.dout, "dout");
+  in.f64 = dtype == DType::F64;
+  const int64_t inputs = in.q.numel() + in.k.numel() + in.v.numel() + in.g.numel() + in.beta.numel() + in.dout.numel();
+  const int64_t outputs = in.v.numel() + (in.has_dout ? inputs - in.dout.numel() : 0);
+  // At least two dk x dv states per segment and head (the state a segment starts from, the one it ends
+  // with) live somewhere in the job.
+  const double states = 2.0 * in.row.num_segments() * in.H * double(in.dk) * in.dv * (in.f64 ? 8 : 4);
+  require_memory(arrays_memory_bytes(in.ranks.count, inputs, outputs, in.f64 ? 8 : 4) + states,
+                 count_of(in.ranks.count, "rank") + " of GDN on " + count_of(in.S, "token"));
   return in;
 }
 
 template <class T>
-int run_typed(Communicator& comm, const GdnInputs& in, double scale, int chunk, const std::string& out_dir) {
+int run_typed(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   const int N = comm.size(), me = comm.rank();
-  const GdnShape shape{in.H, in.dk, in.dv, in.gate, scale, chunk};
+  const GdnShape shape{in.H, in.dk, in.dv, in.gate, in.scale, in.chunk};
   GdnCostModel costs;
   costs.state_bytes_per_element = sizeof(T);
   const GdnPlan plan = plan_gdn(in.row, N, shape, costs);  // fills the prediction
@@ -102,58 +144,42 @@ int run_typed(Communicator& comm, const GdnInputs& in, double scale, int chunk, 
     const std::vector<T> all = gather_to_root(comm, be, a, layout, width);
     return std::vector<double>(all.begin(), all.end());
   };
-  outs.push_back({"o.npy", {in.S, in.H, in.dv}, gather(y, in.H * in.dv)});
+  outs.push_back({"o.npy", {in.S, in.H, in.dv}, gather(y, shape.v_width())});
   if (in.has_dout) {
-    outs.push_back({"dq.npy", in.q.shape, gather(dq, in.H * in.dk)});
-    outs.push_back({"dk.npy", in.k.shape, gather(dk, in.H * in.dk)});
-    outs.push_back({"dv.npy", in.v.shape, gather(dv, in.H * in.dv)});
+    outs.push_back({"dq.npy", in.q.shape, gather(dq, shape.qk_width())});
+    outs.push_back({"dk.npy", in.k.shape, gather(dk, shape.qk_width())});
+    outs.push_back({"dv.npy", in.v.shape, gather(dv, shape.v_width())});
     outs.push_back({"dg.npy", in.g.shape, gather(dg, shape.g_width())});
     outs.push_back({"dbeta.npy", in.beta.shape, gather(dbeta, in.H)});
   }
   if (me != 0) return 0;
-  std::filesystem::create_directories(out_dir);
   const DType dtype = sizeof(T) == 8 ? DType::F64 : DType::F32;
-  for (const Out& o : outs) write_output((std::filesystem::path(out_dir) / o.name).string(), npy_bytes(o.shape, o.data.data(), dtype));
+  for (const Out& o : outs) out->write(o.name, npy_bytes(o.shape, o.data.data(), dtype));
+  out->commit();
   const double fwd_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   const double bwd_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
-  std::printf("gdn %s %s: %lld tokens, %d segments, H %d, dk %d, dv %d, %d rank%s, %d chained segment%s, "
-              "%d DAG steps, predicted %.3f ms forward+backward; forward %.3f ms%s",
+  std::printf("gdn %s %s: %s, %s, H %d, dk %d, dv %d, %s, %s, %s, predicted %.3f ms forward+backward; forward %.3f ms%s",
               in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", sizeof(T) == 8 ? "double" : "float",
-              static_cast<long long>(in.S), in.row.num_segments(), in.H, in.dk, in.dv, N, N == 1 ? "" : "s",
-              plan.chained_segments(), plan.chained_segments() == 1 ? "" : "s", 2 * plan.num_phases - 1, plan.predicted_ms, fwd_ms,
-              in.has_dout ? "" : "\n");
+              count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(), in.H, in.dk, in.dv,
+              count_of(N, "rank").c_str(), count_of(plan.chained_segments(), "chained segment").c_str(),
+              count_of(2 * plan.num_phases - 1, "DAG step").c_str(), plan.predicted_ms, fwd_ms, in.has_dout ? "" : "\n");
   if (in.has_dout) std::printf(", backward %.3f ms\n", bwd_ms);
   return 0;
 }
 
-int gdn_main(const std::vector<std::string>& argv) {
-  Args args("gdn", argv);
-  args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
-      .value("--dout").value("--ranks").value("--out").value("--chunk");
-  args.parse();
-  const int64_t ranks = args.get_int_or("--ranks", 1);
-  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
-  const int64_t chunk = args.get_int_or("--chunk", 64);
-  require(chunk >= 1 && chunk <= 4096, "--chunk must be in [1, 4096], got ", chunk);
-  const double scale = args.get_double_or("--scale", 1.0);
-  const std::string out_dir = args.get("--out");
-  // Refuse bad inputs here, in one line, rather than from every rank under mpirun.
-  if (ranks > 1 && !started_under_mpi()) load_inputs(args);
-  if (int rc = 0; relaunch_under_mpi("gdn", static_cast<int>(ranks), argv, &rc)) return rc;
+int execute(Communicator& comm, const GdnInputs& in, OutputDir* out) {
+  return in.f64 ? run_typed<double>(comm, in, out) : run_typed<float>(comm, in, out);
+}
 
-  RankGroup group(ranks);
-  return group.run([&](Communicator& world) {
-    Communicator* comm = &world;
-    const GdnInputs in = load_on_every_rank(*comm, [&] { return load_inputs(args); });
-    return in.f64 ? run_typed<double>(*comm, in, scale, static_cast<int>(chunk), out_dir)
-                  : run_typed<float>(*comm, in, scale, static_cast<int>(chunk), out_dir);
-  });
+int gdn_main(const std::vector<std::string>& argv) {
+  return run_file_command<GdnInputs>("gdn", argv, declare_options, kOutputs, prepare, execute);
 }
 
 const Register kGdn("gdn",
                     "--tree T.json --q Q.npy --k K.npy --v V.npy --g G.npy --beta B.npy [--scale X] [--dout DO.npy] "
-                    "[--ranks N] [--chunk C] --out DIR: GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy "
-                    "and with --dout dq, dk, dv, dg, dbeta",
+                    "[--ranks N] [--timeout S] [--chunk C] --out DIR",
+                    "GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy (and dq, dk, dv, dg, dbeta with "
+                    "--dout)",
                     gdn_main);
 
 }  // namespace

@@ -1,7 +1,7 @@
 // treecp mamba2: the Mamba-2 scan (SSD) over a packed tree, forward and, with --dout, backward; in
 // one process or, with --ranks N, as context parallelism over N MPI ranks: token owners from the
 // dense attention planner (--layout), heads transposed or state summaries scanned (--strategy, by
-// default the cheaper as priced by plan/mamba2_plan). Every input is checked before any rank
+// default the cheaper as priced by runtime/mamba2_plan). Every input is checked before any rank
 // starts; rank 0 gathers the results and writes them.
 #include <algorithm>
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "checks.hpp"
 #include "command.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
@@ -26,12 +27,20 @@ namespace treecp::cli {
 namespace {
 
 struct Inputs {
+  RankOptions ranks;
+  std::string out_dir;
+  std::optional<Mamba2Strategy> force;
+  PlanOptions attention;
+  GdnCostModel costs;
   Row row;
   NpyArray x, dt, a, b, c, d, dout;
   bool has_d = false, has_dout = false;
   Mamba2Shape shape;
   DType dtype = DType::F32;
 };
+
+// Every file the command may write; those a run does not write are removed from --out at commit.
+const std::vector<std::string> kOutputs = {"y.npy", "dx.npy", "ddt.npy", "da.npy", "db.npy", "dc.npy", "dd.npy"};
 
 // Every element of `a` satisfies `ok`; the message names the array, the element and the rule.
 template <class Ok>
@@ -40,9 +49,22 @@ void require_each(const NpyArray& a, const std::string& name, Ok ok, const char*
     require(ok(a.data[i]), name, ": element ", i, " is ", a.data[i], " (", rule, ")");
 }
 
-// Loads and checks every input; the messages name the array and what was expected.
-Inputs load_inputs(const Args& args, int64_t chunk) {
+void declare_options(Args& args) {
+  declare_rank_options(args);
+  args.value("--tree").value("--x").value("--dt").value("--a").value("--b").value("--c").value("--d").value("--dout");
+  args.value("--strategy").value("--layout").value("--chunk").value("--costs").value("--out");
+}
+
+// Every option and input checked (the messages name the array and what was expected): the launcher
+// calls it before any rank starts, and every rank again on the same files.
+Inputs prepare(const Args& args) {
   Inputs in;
+  in.ranks = rank_options(args, 1);
+  in.force = parse_mamba2_strategy(args.get_or("--strategy", "auto"));
+  in.attention.layout = layout_option(args);
+  const int64_t chunk = args.get_int_in("--chunk", 64, 1, 4096);
+  in.out_dir = args.get("--out");
+  in.costs = args.has("--costs") ? load_mamba2_costs(args.get("--costs")) : mamba2_cost_defaults();
   in.row = load_row(args.get("--tree"));
   const int64_t S = in.row.tokens();
   in.x = load_npy(args.get("--x"));
@@ -90,6 +112,11 @@ Inputs load_inputs(const Args& args, int64_t chunk) {
   require_each(in.a, "a", [](double v) { return std::isfinite(v) && v < 0; }, "expected finite values < 0");
   in.shape = Mamba2Shape{static_cast<int>(H), static_cast<int>(P), static_cast<int>(G), static_cast<int>(N),
                          in.dtype == DType::F64 ? 8 : 4, static_cast<int>(chunk)};
+  const int64_t inputs = in.x.numel() + in.dt.numel() + in.a.numel() + in.b.numel() + in.c.numel() + in.d.numel() +
+                         in.dout.numel();
+  const int64_t outputs = in.x.numel() + (in.has_dout ? inputs - in.dout.numel() : 0);
+  require_memory(arrays_memory_bytes(in.ranks.count, inputs, outputs, in.dtype == DType::F64 ? 8 : 4),
+                 count_of(in.ranks.count, "rank") + " of Mamba-2 on " + count_of(S, "token"));
   return in;
 }
 
@@ -145,59 +172,36 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in, Commu
   return files;
 }
 
-int mamba2_cmd(const std::vector<std::string>& argv) {
-  Args args("mamba2", argv);
-  args.value("--tree").value("--x").value("--dt").value("--a").value("--b").value("--c").value("--d").value("--dout");
-  args.value("--ranks").value("--strategy").value("--layout").value("--chunk").value("--costs").value("--out");
-  args.parse();
-  const int64_t ranks = args.get_int_or("--ranks", 1);
-  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
-  const std::optional<Mamba2Strategy> force = parse_mamba2_strategy(args.get_or("--strategy", "auto"));
-  PlanOptions attention;
-  attention.layout = parse_layout(args.get_or("--layout", "searched"));
-  require(attention.layout != Layout::Ring, "--layout must be one of searched, contiguous, zigzag, perdoc, family");
-  const int64_t chunk = args.get_int_or("--chunk", 64);
-  require(chunk >= 1 && chunk <= 4096, "--chunk must be in [1, 4096], got ", chunk);
-  const std::string out_dir = args.get("--out");
-  const GdnCostModel costs = args.has("--costs") ? load_mamba2_costs(args.get("--costs")) : mamba2_cost_defaults();
-  // Every input is checked here, in this process, before any rank starts.
-  const Inputs in = load_inputs(args, chunk);
-  if (int rc = 0; relaunch_under_mpi("mamba2", static_cast<int>(ranks), argv, &rc)) return rc;
-
-  std::vector<std::pair<std::string, std::string>> files;
-  std::string how;
-  RankGroup group(ranks);
-  const bool writer = group.run([&](Communicator& comm) {
-    // The token owners a hybrid model's attention layers give it: a plan for DESIGN.md's benchmark layer.
-    const Ownership tokens = plan_ownership(make_plan(in.row, comm.size(), AttentionShape{}, CostModel{}, attention));
-    const Mamba2Plan plan = plan_mamba2(in.row, tokens, in.shape, costs, force);
-    files = in.dtype == DType::F64 ? compute<double>(in, comm, plan) : compute<float>(in, comm, plan);
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "%d rank%s, %s (predicted %.3f ms; transpose %.3f ms, %lld bytes; summary %.3f ms, %lld bytes)",
-                  comm.size(), comm.size() == 1 ? "" : "s", strategy_name(plan.strategy), plan.price().ms,
-                  plan.transpose_price.ms, static_cast<long long>(plan.transpose_price.bytes), plan.summary_price.ms,
-                  static_cast<long long>(plan.summary_price.bytes));
-    how = line;
-    return comm.rank() == 0 ? 1 : 0;  // rank 0 holds the gathered results and writes them
-  });
-  if (!writer) return 0;
-
-  write_files(out_dir, files, {"dx.npy", "ddt.npy", "da.npy", "db.npy", "dc.npy", "dd.npy"});
+int execute(Communicator& comm, const Inputs& in, OutputDir* out) {
+  const Ownership tokens = plan_ownership(make_plan(in.row, comm.size(), AttentionShape{}, CostModel{}, in.attention));
+  const Mamba2Plan plan = plan_mamba2(in.row, tokens, in.shape, in.costs, in.force);
+  const OutputFiles files = in.dtype == DType::F64 ? compute<double>(in, comm, plan) : compute<float>(in, comm, plan);
+  if (comm.rank() != 0) return 0;
+  for (const auto& [name, bytes] : files) out->write(name, bytes);
+  out->commit();
+  char how[256];
+  std::snprintf(how, sizeof how, "%s, %s (predicted %.3f ms; transpose %.3f ms, %lld bytes; summary %.3f ms, %lld bytes)",
+                count_of(comm.size(), "rank").c_str(), strategy_name(plan.strategy), plan.price().ms,
+                plan.transpose_price.ms, static_cast<long long>(plan.transpose_price.bytes), plan.summary_price.ms,
+                static_cast<long long>(plan.summary_price.bytes));
   const Mamba2Shape& s = in.shape;
-  std::printf("mamba2: %lld tokens, H %d, P %d, G %d, N %d, %s%s, %s: wrote %zu file%s to %s\n",
-              static_cast<long long>(in.row.tokens()), s.heads, s.head_dim, s.groups, s.state_dim, dtype_name(in.dtype),
-              in.has_dout ? ", with backward" : "", how.c_str(), files.size(), files.size() == 1 ? "" : "s",
-              out_dir.c_str());
+  std::printf("mamba2: %s, H %d, P %d, G %d, N %d, %s%s, %s: wrote %s to %s\n", count_of(in.row.tokens(), "token").c_str(),
+              s.heads, s.head_dim, s.groups, s.state_dim, dtype_name(in.dtype), in.has_dout ? ", with backward" : "", how,
+              count_of(static_cast<int64_t>(files.size()), "file").c_str(), in.out_dir.c_str());
   return 0;
 }
 
-const Register kMamba2(
-    "mamba2",
-    "--tree T.json --x X.npy --dt DT.npy --a A.npy --b B.npy --c C.npy [--d D.npy] [--dout DO.npy] "
-    "[--ranks N] [--strategy transpose|summary|auto] [--layout L] [--chunk C] [--costs FILE] --out DIR: "
-    "the Mamba-2 scan over the tree, in one process or as CP over N ranks (y; dx, ddt, da, db, dc, dd)",
-    mamba2_cmd);
+int mamba2_cmd(const std::vector<std::string>& argv) {
+  return run_file_command<Inputs>("mamba2", argv, declare_options, kOutputs, prepare, execute);
+}
+
+const Register kMamba2("mamba2",
+                       "--tree T.json --x X.npy --dt DT.npy --a A.npy --b B.npy --c C.npy [--d D.npy] [--dout DO.npy] "
+                       "[--ranks N] [--timeout S] [--strategy transpose|summary|auto] [--layout L] [--chunk C] "
+                       "[--costs FILE] --out DIR",
+                       "the Mamba-2 scan over the tree, in one process or as CP over N ranks; writes y (and dx, ddt, "
+                       "da, db, dc, dd with --dout)",
+                       mamba2_cmd);
 
 }  // namespace
 }  // namespace treecp::cli

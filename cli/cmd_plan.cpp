@@ -1,8 +1,10 @@
 // treecp plan: ownership, waves and predicted milliseconds for one row, every layout side by side.
+#include <climits>
 #include <cstdio>
 #include <iostream>
 #include <string>
 
+#include "checks.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
 #include "plan/cost.hpp"
@@ -16,39 +18,39 @@ namespace treecp::cli {
 namespace {
 
 int plan_command(const std::vector<std::string>& argv) {
-  Args args("plan", argv);
-  args.value("--tree").value("--preset").value("--cp").value("--seed").value("--window").value("--layout");
-  args.value("--costs").value("--chunk").value("--waves").value("--out").value("--svg").value("--hq").value("--hkv")
-      .value("--d").value("--dv").flag("--json");
+  Args args(argv);
+  args.value("--tree").value("--preset").value("--ranks").alias("--cp", "--ranks").value("--seed").value("--window");
+  args.value("--layout").value("--costs").value("--chunk").value("--waves").value("--out").value("--svg").flag("--json");
+  args.value("--hq").value("--hkv").value("--d").value("--dv");
   args.parse();
-  require(args.has("--tree") != args.has("--preset"), "plan: give exactly one of --tree FILE or --preset NAME");
-  const int64_t cp = args.get_int("--cp");
-  require(cp >= 1 && cp <= 4096, "--cp must be in [1, 4096], got ", cp);
-  const int64_t seed = args.get_int_or("--seed", 0);
-  require(seed >= 0, "--seed must be >= 0, got ", seed);
+  require(args.has("--tree") != args.has("--preset"), "give exactly one of --tree FILE or --preset NAME");
+  const int64_t cp = args.get_int_in("--ranks", 0, 1, 4096);
+  const int64_t seed = args.get_int_in("--seed", 0, 0, INT64_MAX);
   PlanOptions options;
-  options.layout = parse_layout(args.get_or("--layout", "searched"));
+  options.layout = layout_option(args);
   // The layer planned for: DESIGN.md's benchmark shape unless given.
   AttentionShape shape;
-  shape.hq = static_cast<int>(args.get_int_or("--hq", shape.hq));
-  shape.hkv = static_cast<int>(args.get_int_or("--hkv", shape.hkv));
-  shape.d = static_cast<int>(args.get_int_or("--d", shape.d));
-  shape.dv = static_cast<int>(args.get_int_or("--dv", shape.d));
-  shape.window = args.get_int_or("--window", 0);
-  require(shape.window >= 0, "--window must be >= 0 (0 = none), got ", shape.window);
+  shape.hq = static_cast<int>(args.get_int_in("--hq", shape.hq, 1, 65536));
+  shape.hkv = static_cast<int>(args.get_int_in("--hkv", shape.hkv, 1, 65536));
+  shape.d = static_cast<int>(args.get_int_in("--d", shape.d, 1, 65536));
+  shape.dv = static_cast<int>(args.get_int_in("--dv", shape.d, 1, 65536));
+  shape.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
   shape.validate();
   options.chunk_tokens = args.get_int_or("--chunk", 0);
-  require(options.chunk_tokens >= 0, "--chunk must be >= 1 token (or 0 = choose), got ", options.chunk_tokens);
-  const int64_t waves = args.get_int_or("--waves", options.max_waves);
-  require(waves >= 1 && waves <= 16, "--waves (most waves tried) must be in [1, 16], got ", waves);
-  options.max_waves = static_cast<int>(waves);
+  require_chunk(options.chunk_tokens);
+  options.max_waves = static_cast<int>(args.get_int_in("--waves", options.max_waves, 1, 16));
+  const std::string out = args.get_or("--out", "-");
+  check_output_file(out);
   const std::string svg_path = args.get_or("--svg", "");
-  require(!args.has("--svg") || (!svg_path.empty() && svg_path != "-"), "plan: --svg needs a file path, got '",
-          svg_path, "'");
+  require(!args.has("--svg") || (!svg_path.empty() && svg_path != "-"), "option --svg needs a file path, got '",
+          printable(svg_path), "'");
+  if (!svg_path.empty()) check_output_file(svg_path);
   const CostModel costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
   const Row row = args.has("--tree")
                       ? load_row(args.get("--tree"))
                       : make_preset(args.get("--preset"), static_cast<int>(cp), static_cast<uint64_t>(seed));
+  require_memory(plan_memory_estimate_bytes(row, shape.window, options.chunk_tokens, static_cast<int>(cp)),
+                 "planning " + count_of(row.tokens(), "token") + " for " + count_of(cp, "rank"));
 
   PlanReport report;
   const Plan plan = make_plan(row, static_cast<int>(cp), shape, costs, options, &report);
@@ -79,20 +81,21 @@ int plan_command(const std::vector<std::string>& argv) {
       layouts.push_back(jl);
     }
     v.set("layouts", layouts);
-    write_output(args.get_or("--out", "-"), json::dump(v) + "\n");
+    write_output(out, json::dump(v) + "\n");
     return 0;
   }
 
   const int64_t kv = costs.kv_bytes_per_token(shape);
-  std::printf("row: %lld tokens, %d segments, %lld visible pairs%s\n", static_cast<long long>(row.tokens()),
-              row.num_segments(), static_cast<long long>(plan.visible_pairs),
+  std::printf("row: %s, %s, %s%s\n", count_of(row.tokens(), "token").c_str(),
+              count_of(row.num_segments(), "segment").c_str(), count_of(plan.visible_pairs, "visible pair").c_str(),
               shape.window > 0 ? (", window " + std::to_string(shape.window)).c_str() : "");
   std::printf(
-      "plan: layout %s, cp %d, %zu chunks (chunk size %lld), %d wave%s; KV %lld B/token "
+      "plan: layout %s, %s, %s (chunk size %lld), %s; KV %lld B/token "
       "(Hkv %lld, D %lld, Dv %lld)\n",
-      layout_name(plan.layout), plan.cp, plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
-      plan.num_waves, plan.num_waves == 1 ? "" : "s", static_cast<long long>(kv),
-      static_cast<long long>(shape.hkv), static_cast<long long>(shape.d), static_cast<long long>(shape.dv));
+      layout_name(plan.layout), count_of(plan.cp, "rank").c_str(), count_of(static_cast<int64_t>(plan.chunk_owner.size()), "chunk").c_str(),
+      static_cast<long long>(report.chunk_tokens), count_of(plan.num_waves, "wave").c_str(), static_cast<long long>(kv),
+      static_cast<long long>(shape.hkv), static_cast<long long>(shape.d),
+      static_cast<long long>(shape.dv));
   std::printf("%4s %9s %6s %15s %15s %13s %13s %9s %9s %9s\n", "rank", "tokens", "ranges", "visible_pairs",
               "remote_pairs", "kv_bytes_in", "kv_bytes_out", "fwd_ms", "bwd_ms", "total_ms");
   for (int r = 0; r < plan.cp; ++r) {
@@ -125,15 +128,15 @@ int plan_command(const std::vector<std::string>& argv) {
   for (const LayoutResult& l : report.layouts) {
     std::printf(" %11.2f%s", static_cast<double>(l.peak_memory_bytes) / (1 << 30), l.fits_memory ? " " : "!");
   }
-  std::printf("\nplanned in %.3f ms (%d evaluations, %d search moves)\n", report.planning_ms, report.evaluations,
-              report.search_moves);
+  std::printf("\nplanned in %.3f ms (%s, %s)\n", report.planning_ms, count_of(report.evaluations, "evaluation").c_str(),
+              count_of(report.search_moves, "search move").c_str());
   return 0;
 }
 
 const Register kPlan("plan",
-                     "(--tree FILE | --preset NAME) --cp N [--seed S] [--window W] [--layout searched|contiguous|"
-                     "zigzag|perdoc|family] [--costs FILE] [--chunk C] [--waves MAX] [--hq H] [--hkv H] [--d D] "
-                     "[--dv D] [--json] [--out FILE] [--svg FILE]",
+                     "(--tree FILE | --preset NAME) --ranks N [--seed S] [--window W] [--layout L] [--costs FILE] "
+                     "[--chunk C] [--waves MAX] [--hq H] [--hkv H] [--d D] [--dv D] [--json] [--out FILE] [--svg FILE]",
+                     "ownership, waves and predicted milliseconds of every layout for one row (and its picture)",
                      plan_command);
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "checks.hpp"
 #include "command.hpp"
 #include "gpu.hpp"
 #include "comm/communicator.hpp"
@@ -23,8 +25,8 @@
 #include "core/random.hpp"
 #include "core/trace.hpp"
 #include "kernels/cpu/attention.hpp"
-#include "runtime/reference.hpp"
 #include "launcher.hpp"
+#include "runtime/reference.hpp"
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
 #include "runtime/cpu_backend.hpp"
@@ -40,16 +42,122 @@
 namespace treecp::cli {
 namespace {
 
+// Every option of `treecp run`, read and checked in one place: a new option is one line in
+// declare_options() and its check in read_options().
 struct RunConfig {
+  RankOptions ranks;
+  bool gpu = false;          // --device cuda
+  std::string preset, tree;  // one of them; the preset by default
+  int64_t scale = 64;
   AttentionShape shape{8, 2, 64, 64};  // --hq, --hkv, --d (= Dv), --window
   bool sink = false;
   uint64_t seed = 0;
   bool json = false;
+  std::string dtype = "float";
   std::string costs_path;
+  PlanOptions plan;
   // --trace FILE: every rank's measured spans and the plan's predicted ones, written by rank 0.
   std::string trace_path;
   std::vector<Span> predicted;
+  // GPU ranks only.
+  bool full = false;
+  int reps = 5;
 };
+
+void declare_options(Args& args) {
+  declare_rank_options(args);
+  args.value("--preset").value("--tree").value("--window").value("--layout").value("--scale").value("--seed")
+      .value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype").value("--device")
+      .value("--reps").value("--backward-kv").value("--trace").flag("--sink").flag("--json").flag("--full");
+}
+
+RunConfig read_options(const Args& args) {
+  RunConfig cfg;
+  cfg.ranks = rank_options(args, 4);
+  cfg.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
+  if (cfg.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
+  require(cfg.gpu || (!args.has("--reps") && !args.get_flag("--full")), "--reps and --full go with --device cuda");
+  require(!cfg.gpu || !args.has("--dtype"), "--dtype goes with --device cpu (GPU ranks compute in bf16)");
+  require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");
+  cfg.tree = args.get_or("--tree", "");
+  std::vector<std::string> names;
+  for (const PresetInfo& p : presets()) names.push_back(p.name);
+  cfg.preset = cfg.tree.empty() ? args.get_choice("--preset", "longchain", names) : "";
+  cfg.full = args.get_flag("--full");
+  cfg.scale = args.get_int_in("--scale", cfg.gpu && cfg.full ? 1 : 64, 1, Row::kMaxTokens);
+  cfg.seed = static_cast<uint64_t>(args.get_int_in("--seed", 0, 0, INT64_MAX));
+  AttentionShape& shape = cfg.shape;
+  shape.hq = static_cast<int>(args.get_int_in("--hq", cfg.gpu ? 32 : 8, 1, 65536));
+  shape.hkv = static_cast<int>(args.get_int_in("--hkv", cfg.gpu ? 4 : 2, 1, shape.hq));
+  require(shape.hq % shape.hkv == 0, "option --hq (", shape.hq, ") must be a multiple of --hkv (", shape.hkv, ")");
+  shape.d = shape.dv = static_cast<int>(args.get_int_in("--d", cfg.gpu ? 128 : 64, 1, 512));
+  if (cfg.gpu) require(shape.d == 64 || shape.d == 128, "option --d must be 64 or 128 on GPUs, got ", shape.d);
+  shape.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
+  cfg.sink = args.get_flag("--sink");
+  cfg.json = args.get_flag("--json");
+  cfg.dtype = args.get_choice("--dtype", "float", {"float", "double"});
+  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
+  // rank (config/costs_h200.json, calibrated on one H200); --costs overrides either.
+  cfg.costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + (cfg.gpu ? "/costs_h200.json" : "/costs_cpu.json"));
+  cfg.plan.layout = layout_option(args);
+  cfg.plan.chunk_tokens = args.get_int_or("--chunk", 0);
+  require_chunk(cfg.plan.chunk_tokens);
+  // Checked before any rank starts: a trace that cannot be written would be found only after the run.
+  cfg.trace_path = args.get_or("--trace", "");
+  if (args.has("--trace")) {
+    require(!cfg.trace_path.empty() && cfg.trace_path != "-", "option --trace needs a file path, got '",
+            printable(cfg.trace_path), "'");
+    check_output_file(cfg.trace_path);
+  }
+  cfg.reps = static_cast<int>(args.get_int_in("--reps", 5, 1, 1000));
+  cfg.plan.backward_kv = args.get_choice("--backward-kv", "auto", {"auto", "keep", "refetch"});
+  return cfg;
+}
+
+// What every rank runs: the checked options, the row, the coefficients and the plan for the ranks.
+struct RunJob {
+  RunConfig cfg;
+  Row row;
+  std::string source;
+  CostModel costs;
+  Plan plan;
+  PlanReport report;
+};
+
+// Host memory of the whole CPU job on this machine: every rank's shards, redistributed copies, outputs
+// and received KV, rank 0's single-process reference (with double copies in float), and the plans.
+double job_memory_bytes(const RunJob& job) {
+  const RunConfig& c = job.cfg;
+  const double S = static_cast<double>(job.row.tokens()), qw = double(c.shape.hq) * c.shape.d, kw = double(c.shape.hkv) * c.shape.d;
+  const double full = S * (2 * qw + 2 * kw);  // q, k, v and dO (and as many outputs)
+  const double elem = c.dtype == "double" ? 8 : 4, ranks = static_cast<double>(c.ranks.count);
+  const double cp = elem * (3 * full + ranks * S * 2 * kw), reference = elem * 3 * full + (elem == 4 ? 16 * full : 0);
+  return cp + reference + ranks * plan_memory_estimate_bytes(job.row, c.shape.window, c.plan.chunk_tokens, static_cast<int>(ranks));
+}
+
+// Everything a rank would check, checked here: the launcher calls it before any rank starts, and
+// every rank again (the same files, the same deterministic planning).
+RunJob prepare(const Args& args) {
+  RunJob job;
+  job.cfg = read_options(args);
+  const RunConfig& c = job.cfg;
+  if (!c.tree.empty()) {
+    job.row = load_row(c.tree);
+    job.source = c.tree;
+  } else {
+    job.row = scale_row(make_preset(c.preset, static_cast<int>(c.ranks.count), c.seed), c.scale);
+    job.source = c.preset + " (cp " + std::to_string(c.ranks.count) + ", lengths / " + std::to_string(c.scale) + ")";
+  }
+  job.costs = load_costs(c.costs_path);
+  if (!c.gpu) {
+    require_memory(job_memory_bytes(job), count_of(c.ranks.count, "rank") +
+                                              " of attention forward and backward and the reference, " +
+                                              count_of(job.row.tokens(), "token") + ", Hq " + std::to_string(c.shape.hq) +
+                                              ", Hkv " + std::to_string(c.shape.hkv) + ", D " + std::to_string(c.shape.d));
+  }
+  job.plan = make_plan(job.row, static_cast<int>(c.ranks.count), c.shape, job.costs, c.plan, &job.report);
+  return job;
+}
 
 // Per-rank figures gathered on rank 0, one fixed-size record each.
 enum Field { kTokens, kPairs, kPredFwd, kPredBwd, kFwd, kBwd, kSent, kRecv, kPeakMiB, kFields };
@@ -154,7 +262,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
 
   // Everything back on rank 0 in packed order, then the single-process reference there.
   const auto y0 = gather_to_root(comm, be, y, owners, ow);
-  const auto lse0 = gather_to_root(comm, be, lse, owners, cfg.shape.hq);
+  const auto lse0 = gather_to_root(comm, be, lse, owners, shape.hq);
   const auto dq0 = gather_to_root(comm, be, dq, owners, qw);
   const auto dk0 = gather_to_root(comm, be, dk, owners, kw);
   const auto dv0 = gather_to_root(comm, be, dv, owners, kw);
@@ -169,10 +277,10 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
     const auto t0 = std::chrono::steady_clock::now();
     const AttentionResult<T> ref = attention_reference(row, shape, prob);
     const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    auto widen = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
     // The oracle is a double-precision run on the same (rounded) inputs. In double the CP result must
     // match it to 1e-10; in float it may differ by at most 4x what the one-process float run differs,
     // plus 1e-6 (STYLE.md): float sums in another order differ, they must not differ more.
+    auto widen = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
     AttentionResult<double> ref64;
     if constexpr (sizeof(T) == 8) {
       ref64 = ref;
@@ -241,19 +349,18 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       if (status == 0 && !cfg.trace_path.empty()) out.set("trace", cfg.trace_path);
       std::cout << json::dump(out, 2) << "\n";
     } else {
-      std::printf("treecp run: %s, %d ranks, %s\n", source.c_str(), n, sizeof(T) == 8 ? "double" : "float");
-      std::printf("row: %lld tokens, %lld segments, %lld families, depth %d, %lld visible pairs%s\n",
-                  static_cast<long long>(S), static_cast<long long>(st.segments), static_cast<long long>(st.families),
-                  st.depth, static_cast<long long>(st.visible_pairs),
+      std::printf("treecp run: %s, %s, %s\n", source.c_str(), count_of(n, "rank").c_str(), sizeof(T) == 8 ? "double" : "float");
+      std::printf("row: %s, %s, %s, depth %d, %s%s\n", count_of(S, "token").c_str(),
+                  count_of(st.segments, "segment").c_str(), count_of(st.families, "family", "families").c_str(),
+                  st.depth, count_of(st.visible_pairs, "visible pair").c_str(),
                   cfg.shape.window > 0 ? (" (window " + std::to_string(cfg.shape.window) + ")").c_str() : "");
       std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.shape.hq, cfg.shape.hkv, cfg.shape.d, cfg.sink ? ", learned sink" : "");
-      std::printf("costs: %s; %u hardware threads for %d ranks\n", cfg.costs_path.c_str(),
-                  std::thread::hardware_concurrency(), n);
-      std::printf("plan: %s, %zu chunks of %lld tokens, %d waves (backward KV %s), predicted makespan %.3f ms, "
-                  "planned in %.2f ms\n",
-                  layout_name(plan.layout), plan.chunk_owner.size(), static_cast<long long>(report.chunk_tokens),
-                  plan.num_waves, plan.refetch_backward ? "fetched again" : "kept", plan.predicted_makespan_ms,
-                  report.planning_ms);
+      std::printf("costs: %s; %s for %s\n", cfg.costs_path.c_str(),
+                  count_of(std::thread::hardware_concurrency(), "hardware thread").c_str(), count_of(n, "rank").c_str());
+      std::printf("plan: %s, %s of %s, %s (backward KV %s), predicted makespan %.3f ms, planned in %.2f ms\n",
+                  layout_name(plan.layout), count_of(static_cast<int64_t>(plan.chunk_owner.size()), "chunk").c_str(),
+                  count_of(report.chunk_tokens, "token").c_str(), count_of(plan.num_waves, "wave").c_str(),
+                  plan.refetch_backward ? "fetched again" : "kept", plan.predicted_makespan_ms, report.planning_ms);
       std::printf("  layouts (predicted makespan ms):");
       for (const auto& l : report.layouts) std::printf("  %s %.3f", layout_name(l.layout), l.makespan_ms);
       std::printf("\n\n%4s %9s %12s %10s %10s %10s %10s %12s %12s %9s\n", "rank", "tokens", "pairs", "pred_fwd", "fwd_ms",
@@ -279,101 +386,49 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   return verdict == 0 ? 0 : 3;
 }
 
-int run_main(const std::vector<std::string>& argv) {
-  Args args("run", argv);
-  args.value("--preset").value("--tree").value("--ranks").value("--window").value("--layout").value("--scale")
-      .value("--seed").value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype")
-      .value("--device").value("--reps").value("--backward-kv").value("--trace").flag("--sink").flag("--json")
-      .flag("--full");
-  args.parse();
-  const std::string device = args.get_or("--device", "cpu");
-  require(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
-  const bool gpu = device == "cuda";
-  if (gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
-  require(gpu || (!args.has("--reps") && !args.has("--full")), "--reps and --full go with --device cuda");
-  const std::string backward_kv = args.get_or("--backward-kv", "auto");
-  require(backward_kv == "auto" || backward_kv == "keep" || backward_kv == "refetch",
-          "--backward-kv must be auto, keep or refetch, got '", backward_kv, "'");
-  require(!gpu || !args.has("--dtype"), "--dtype goes with --device cpu (GPU ranks compute in bf16)");
-  const int64_t ranks = args.get_int_or("--ranks", 4);
-  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
-  // Checked before any rank starts: a trace that cannot be written would be found only after the run.
-  const std::string trace_path = args.get_or("--trace", "");
-  if (args.has("--trace")) {
-    require(!trace_path.empty() && trace_path != "-", "--trace needs a file path, got '", trace_path, "'");
-    const std::filesystem::path dir = std::filesystem::absolute(trace_path).parent_path();
-    require(std::filesystem::is_directory(dir), "--trace: directory '", dir.string(), "' does not exist");
-  }
-  if (int rc = 0; relaunch_under_mpi("run", static_cast<int>(ranks), argv, &rc)) return rc;
-
-  RunConfig cfg;
-  cfg.shape.hq = static_cast<int>(args.get_int_or("--hq", gpu ? 32 : 8));
-  cfg.shape.hkv = static_cast<int>(args.get_int_or("--hkv", gpu ? 4 : 2));
-  cfg.shape.d = cfg.shape.dv = static_cast<int>(args.get_int_or("--d", gpu ? 128 : 64));
-  if (gpu) require(cfg.shape.d == 64 || cfg.shape.d == 128, "--d must be 64 or 128 on GPUs, got ", cfg.shape.d);
-  require(cfg.shape.hq >= 1 && cfg.shape.hkv >= 1 && cfg.shape.hq % cfg.shape.hkv == 0, "--hq must be a positive multiple of --hkv");
-  require(cfg.shape.d >= 1 && cfg.shape.d <= 512, "--d must be in [1, 512]");
-  cfg.shape.window = args.get_int_or("--window", 0);
-  require(cfg.shape.window >= 0, "--window must be >= 0 (0 = none)");
-  cfg.sink = args.get_flag("--sink");
-  cfg.seed = static_cast<uint64_t>(args.get_int_or("--seed", 0));
-  cfg.json = args.get_flag("--json");
-  cfg.trace_path = trace_path;
-  const std::string dtype = args.get_or("--dtype", "float");
-  require(dtype == "float" || dtype == "double", "--dtype must be float or double, got '", dtype, "'");
-  require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");
-
-  // Every rank builds the same row and the same plan (planning is deterministic).
-  std::string source;
-  Row row;
-  if (args.has("--tree")) {
-    row = load_row(args.get("--tree"));
-    source = args.get("--tree");
-  } else {
-    const std::string preset = args.get_or("--preset", "longchain");
-    const int64_t scale = args.get_int_or("--scale", gpu && args.get_flag("--full") ? 1 : 64);
-    row = scale_row(make_preset(preset, static_cast<int>(ranks), cfg.seed), scale);
-    source = preset + " (cp " + std::to_string(ranks) + ", lengths / " + std::to_string(scale) + ")";
-  }
-  // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
-  // rank (config/costs_default.json); --costs overrides either.
-  const std::string costs_path = args.get_or(
-      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_default.json" : "/costs_cpu.json"));
-  const CostModel costs = load_costs(costs_path);
-  PlanOptions opt;
-  opt.layout = parse_layout(args.get_or("--layout", "searched"));
-  opt.chunk_tokens = args.get_int_or("--chunk", 0);
-  opt.backward_kv = backward_kv;
-  PlanReport report;
-
-  RankGroup group(ranks);
-  if (gpu) {
+int execute(Communicator& comm, const RunJob& job) {
+  const RunConfig& c = job.cfg;
+  if (c.gpu) {
     GpuRunConfig g;
-    g.shape = cfg.shape, g.sink = cfg.sink, g.seed = cfg.seed, g.json = cfg.json;
-    g.full = args.get_flag("--full");
-    g.reps = static_cast<int>(args.get_int_or("--reps", 5));
-    require(g.reps >= 1 && g.reps <= 1000, "--reps must be in [1, 1000], got ", g.reps);
-    g.costs_path = costs_path;
-    g.source = source;
-    return group.run([&](Communicator& world) { return run_on_gpus(world, row, costs, opt, g); });
+    g.shape = c.shape, g.sink = c.sink, g.seed = c.seed, g.json = c.json;
+    g.full = c.full;
+    g.reps = c.reps;
+    g.costs_path = c.costs_path;
+    g.source = job.source;
+    g.trace_path = c.trace_path;
+    g.timeout_s = c.ranks.timeout_s;
+    return run_on_gpus(comm, job.row, job.costs, c.plan, g);
   }
-  return group.run([&](Communicator& world) {
-    Communicator* comm = &world;
-    const Plan plan = make_plan(row, comm->size(), cfg.shape, costs, opt, &report);
-    cfg.costs_path = costs_path;
-    if (!cfg.trace_path.empty() && comm->rank() == 0) {
-      cfg.predicted = viz::predicted_spans(simulate_plan_timeline(plan, cfg.shape, costs));
-    }
-    return dtype == "double" ? run_typed<double>(*comm, row, plan, report, cfg, source)
-                             : run_typed<float>(*comm, row, plan, report, cfg, source);
-  });
+  RunConfig cfg = c;
+  if (!cfg.trace_path.empty() && comm.rank() == 0) cfg.predicted = viz::predicted_spans(simulate_plan_timeline(job.plan, c.shape, job.costs));
+  return cfg.dtype == "double" ? run_typed<double>(comm, job.row, job.plan, job.report, cfg, job.source)
+                               : run_typed<float>(comm, job.row, job.plan, job.report, cfg, job.source);
+}
+
+int run_main(const std::vector<std::string>& argv) {
+  Args args(argv);
+  declare_options(args);
+  args.parse();
+  if (started_under_mpi()) {
+    RankGroup group(rank_options(args, 4));
+    return group.run([&](Communicator& comm) {
+      RunJob job;
+      agree(comm, [&] { job = prepare(args); });
+      return execute(comm, job);
+    });
+  }
+  const RunJob job = prepare(args);  // the boundary: what every rank would check, before any starts
+  if (job.cfg.ranks.count > 1) return run_under_mpirun("run", job.cfg.ranks, argv);
+  RankGroup group(job.cfg.ranks);
+  return group.run([&](Communicator& comm) { return execute(comm, job); });
 }
 
 const Register kRun("run",
-                    "[--preset NAME | --tree FILE] [--ranks N] [--device cpu|cuda] [--window W] [--sink] [--layout L] "
-                    "[--dtype float|double] [--full] [--reps N] [--backward-kv auto|keep|refetch] [--trace FILE]: plan, run "
-                    "dense attention CP forward+backward on N ranks (CPU processes or GPUs), check against one process, "
-                    "report",
+                    "[--preset NAME | --tree FILE] [--ranks N] [--timeout S] [--device cpu|cuda] [--window W] [--sink] "
+                    "[--layout L] [--dtype float|double] [--scale F] [--seed S] [--hq H] [--hkv H] [--d D] [--chunk C] "
+                    "[--costs FILE] [--trace FILE] [--full] [--reps N] [--backward-kv auto|keep|refetch] [--json]",
+                    "the main job: plan, run dense attention CP forward+backward on N ranks (CPU processes or GPUs), "
+                    "check against one process, report",
                     run_main);
 
 }  // namespace

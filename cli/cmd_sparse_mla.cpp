@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "checks.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
@@ -23,6 +24,12 @@ namespace treecp::cli {
 namespace {
 
 struct Inputs {
+  RankOptions ranks;
+  std::string out_dir;
+  SparseMlaPlanOptions plan_options;
+  SparseMlaCosts costs;
+  SparseMlaPlan cp_plan;  // the plan for ranks.count > 1 ranks
+  DType dtype = DType::F32;
   Row row;
   NpyArray q, kv, qi, ki, w, dout;
   NpyInt64Array ids;
@@ -31,6 +38,9 @@ struct Inputs {
   double scale = 0;
   int hi = 0, di = 0, h = 0, dqk = 0, dv = 0;
 };
+
+// Every file the command may write; those a run does not write are removed from --out at commit.
+const std::vector<std::string> kOutputs = {"o.npy", "lse.npy", "ids.npy", "dq.npy", "dkv.npy"};
 
 // Computes everything and returns the files; writes nothing.
 template <class T>
@@ -100,30 +110,26 @@ OutputFiles compute_cp(const Inputs& in, Communicator& comm, const SparseMlaPlan
   return files;
 }
 
-int sparse_mla_cmd(const std::vector<std::string>& argv) {
-  Args args("sparse-mla", argv);
+void declare_options(Args& args) {
+  declare_rank_options(args);
   args.value("--tree").value("--q").value("--kv").value("--dv").value("--qi").value("--ki").value("--w");
-  args.value("--topk").value("--window").value("--scale").value("--ids").value("--dout").value("--ranks");
+  args.value("--topk").value("--window").value("--scale").value("--ids").value("--dout");
   args.value("--layout").value("--costs").value("--chunk").value("--fetch").value("--out");
-  args.parse();
-  const int64_t ranks = args.get_int_or("--ranks", 1);
-  require(ranks >= 1 && ranks <= 256, "--ranks must be in [1, 256], got ", ranks);
-  SparseMlaPlanOptions plan_options;
-  plan_options.plan.layout = parse_layout(args.get_or("--layout", "searched"));
-  require(plan_options.plan.layout != Layout::Ring,
-          "--layout must be one of searched, contiguous, zigzag, perdoc, family");
-  plan_options.plan.chunk_tokens = args.get_int_or("--chunk", 0);
-  require(plan_options.plan.chunk_tokens >= 0, "--chunk must be >= 0 (0 = chosen by the planner)");
-  plan_options.fetch = args.get_or("--fetch", "auto");
-  require(plan_options.fetch == "auto" || plan_options.fetch == "waves" || plan_options.fetch == "selected",
-          "--fetch must be auto, waves or selected; got '", plan_options.fetch, "'");
-  const std::string out_dir = args.get("--out");
+}
 
+// Every option and input checked: the launcher calls it before any rank starts, and every rank again.
+Inputs prepare(const Args& args) {
   Inputs in;
+  in.ranks = rank_options(args, 1);
+  SparseMlaPlanOptions& plan_options = in.plan_options;
+  plan_options.plan.layout = layout_option(args);
+  plan_options.plan.chunk_tokens = args.get_int_or("--chunk", 0);
+  require_chunk(plan_options.plan.chunk_tokens);
+  plan_options.fetch = args.get_choice("--fetch", "auto", {"auto", "waves", "selected"});
+  in.out_dir = args.get("--out");
   in.row = load_row(args.get("--tree"));
   const int64_t S = in.row.tokens();
-  in.window = args.get_int_or("--window", 0);
-  require(in.window >= 0, "--window must be >= 0 (0 = none), got ", in.window);
+  in.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
   in.topk = args.get_int_or("--topk", 0);
   require(args.has("--topk") && in.topk >= 1 && in.topk <= (int64_t{1} << 20), "--topk K is required, in [1, 1048576]",
           args.has("--topk") ? ", got " + std::to_string(in.topk) : std::string());
@@ -147,7 +153,7 @@ int sparse_mla_cmd(const std::vector<std::string>& argv) {
   if (in.has_dout) in.dout = load_npy(args.get("--dout"));
 
   // One precision for every float array: float64 computes in double, float32 in float.
-  const DType dtype = in.q.dtype;
+  const DType dtype = in.dtype = in.q.dtype;
   require_same_dtype(in.kv, "kv", in.q, "q");
   if (!in.has_ids) {
     require_same_dtype(in.qi, "qi", in.q, "q");
@@ -189,48 +195,59 @@ int sparse_mla_cmd(const std::vector<std::string>& argv) {
   }
   if (in.has_dout) require_finite(in.dout, "dout");
   in.scale = args.get_double_or("--scale", 1.0 / std::sqrt(static_cast<double>(dqk)));
-  require(std::isfinite(in.scale) && in.scale > 0, "--scale must be a finite number > 0, got ", in.scale);
+  require(std::isfinite(in.scale) && in.scale > 0, "option --scale must be a finite number > 0, got ", in.scale);
+  SparseMlaCosts& costs = in.costs;
+  costs = args.has("--costs") ? load_sparse_mla_costs(args.get("--costs")) : SparseMlaCosts{};
+  costs.shape.hi = hi, costs.shape.di = di, costs.shape.h = h, costs.shape.dqk = dqk, costs.shape.dv = dv;
+  costs.shape.bytes_per_element = costs.shape.dkv_bytes_per_element = dtype == DType::F64 ? 8 : 4;
+  plan_options.window = in.window;
+  plan_options.topk = in.topk;
+  plan_options.full_index = !in.has_ids;
+  const int64_t inputs = in.q.numel() + in.kv.numel() + in.qi.numel() + in.ki.numel() + in.w.numel() + in.dout.numel() +
+                         static_cast<int64_t>(in.ids.data.size());
+  const int64_t outputs = S * h * (dv + 1) + S * in.topk + (in.has_dout ? in.q.numel() + in.kv.numel() : 0);
+  require_memory(arrays_memory_bytes(in.ranks.count, inputs, outputs, dtype == DType::F64 ? 8 : 4),
+                 count_of(in.ranks.count, "rank") + " of sparse MLA on " + count_of(S, "token"));
+  // The plan of the ranks (each makes the same one): a row it cannot plan is refused here.
+  if (in.ranks.count > 1) in.cp_plan = make_sparse_mla_plan(in.row, static_cast<int>(in.ranks.count), costs, plan_options);
+  return in;
+}
 
-  // Every input (the cost file too) is checked above, in this process, before any rank starts.
-  SparseMlaCosts costs = args.has("--costs") ? load_sparse_mla_costs(args.get("--costs")) : SparseMlaCosts{};
-  if (int rc = 0; relaunch_under_mpi("sparse-mla", static_cast<int>(ranks), argv, &rc)) return rc;
-  OutputFiles files;
+int execute(Communicator& comm, const Inputs& in, OutputDir* out) {
+  const bool one = comm.size() == 1;
+  const SparseMlaPlan& plan = in.cp_plan;
+  const OutputFiles files = in.dtype == DType::F64 ? (one ? compute<double>(in) : compute_cp<double>(in, comm, plan))
+                                                   : (one ? compute<float>(in) : compute_cp<float>(in, comm, plan));
+  if (comm.rank() != 0) return 0;
+  for (const auto& [name, bytes] : files) out->write(name, bytes);
+  out->commit();
   std::string how = "one process";
-  if (ranks == 1) {
-    files = dtype == DType::F64 ? compute<double>(in) : compute<float>(in);
-  } else {
-    RankGroup group(ranks);
-    const bool writer = group.run([&](Communicator& comm) {
-      costs.shape.hi = hi, costs.shape.di = di, costs.shape.h = h, costs.shape.dqk = dqk, costs.shape.dv = dv;
-      costs.shape.bytes_per_element = costs.shape.dkv_bytes_per_element = dtype == DType::F64 ? 8 : 4;
-      plan_options.window = in.window;
-      plan_options.topk = in.topk;
-      plan_options.full_index = !in.has_ids;
-      const SparseMlaPlan plan = make_sparse_mla_plan(in.row, comm.size(), costs, plan_options);
-      files = dtype == DType::F64 ? compute_cp<double>(in, comm, plan) : compute_cp<float>(in, comm, plan);
-      const std::string asked = layout_name(plan_options.plan.layout), got = layout_name(plan.plan.layout);
-      how = std::to_string(ranks) + " ranks, " + asked + (asked == got ? "" : " (" + got + ")") +
-            " plan with " + std::to_string(plan.plan.num_waves) +
-            " waves, KV " + (plan.fetch == KvFetch::Waves ? "in the waves" : "selected rows only") + " (predicted " +
-            std::to_string(plan.prediction.bytes_moved) + " bytes moved; " + kv_fetch_name(plan.other.fetch) + ": " +
-            std::to_string(plan.other.bytes_moved) + ")";
-      return comm.rank() == 0 ? 1 : 0;  // rank 0 holds the gathered results and writes them
-    });
-    if (!writer) return 0;
+  if (!one) {
+    const std::string asked = layout_name(in.plan_options.plan.layout), got = layout_name(plan.plan.layout);
+    how = count_of(comm.size(), "rank") + ", " + asked + (asked == got ? "" : " (" + got + ")") +
+          " plan with " + count_of(plan.plan.num_waves, "wave") + ", KV " +
+          (plan.fetch == KvFetch::Waves ? "in the waves" : "selected rows only") + " (predicted " +
+          std::to_string(plan.prediction.bytes_moved) + " bytes moved; " + kv_fetch_name(plan.other.fetch) + ": " +
+          std::to_string(plan.other.bytes_moved) + ")";
   }
-  write_files(out_dir, files, {"dq.npy", "dkv.npy"});
-  std::printf("sparse-mla: %lld tokens, H %lld, Dqk %lld, Dv %lld, top-k %lld, %s%s%s, %s: wrote %zu files to %s\n",
-              static_cast<long long>(S), static_cast<long long>(h), static_cast<long long>(dqk), static_cast<long long>(dv),
-              static_cast<long long>(in.topk), dtype_name(dtype), in.has_ids ? ", ids reused (indexer skipped)" : "",
-              in.has_dout ? ", with backward" : "", how.c_str(), files.size(), out_dir.c_str());
+  const int64_t S = in.row.tokens();
+  std::printf("sparse-mla: %s, H %d, Dqk %d, Dv %d, top-k %lld, %s%s%s, %s: wrote %s to %s\n", count_of(S, "token").c_str(),
+              in.h, in.dqk, in.dv, static_cast<long long>(in.topk), dtype_name(in.dtype),
+              in.has_ids ? ", ids reused (indexer skipped)" : "", in.has_dout ? ", with backward" : "", how.c_str(),
+              count_of(static_cast<int64_t>(files.size()), "file").c_str(), in.out_dir.c_str());
   return 0;
+}
+
+int sparse_mla_cmd(const std::vector<std::string>& argv) {
+  return run_file_command<Inputs>("sparse-mla", argv, declare_options, kOutputs, prepare, execute);
 }
 
 const Register kSparseMla("sparse-mla",
                           "--tree T.json --q Q.npy --kv KV.npy --dv DV (--qi QI.npy --ki KI.npy --w W.npy | --ids IDS.npy) "
-                          "--topk K [--window W] [--scale X] [--dout DO.npy] [--ranks N] [--layout L] [--fetch auto|waves|"
-                          "selected] [--costs FILE] --out DIR: sparse MLA with a learned indexer, in one process or as CP "
-                          "over N ranks (o, lse, ids; dq, dkv)",
+                          "--topk K [--window W] [--scale X] [--dout DO.npy] [--ranks N] [--timeout S] [--layout L] "
+                          "[--fetch auto|waves|selected] [--costs FILE] [--chunk C] --out DIR",
+                          "sparse MLA with a learned indexer, in one process or as CP over N ranks; writes o, lse, ids "
+                          "(and dq, dkv with --dout)",
                           sparse_mla_cmd);
 
 }  // namespace

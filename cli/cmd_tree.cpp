@@ -1,5 +1,6 @@
 // treecp tree generate | stats
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <iostream>
 
@@ -13,24 +14,23 @@ namespace treecp::cli {
 namespace {
 
 int tree_generate(const std::vector<std::string>& argv) {
-  Args args("tree generate", argv);
-  args.value("--preset").value("--cp").value("--seed").value("--out");
+  Args args(argv);
+  args.value("--preset").value("--ranks").alias("--cp", "--ranks").value("--seed").value("--out");
   args.parse();
-  const int64_t cp = args.get_int_or("--cp", 1);
-  require(cp >= 1 && cp <= 4096, "--cp must be in [1, 4096], got ", cp);
-  const int64_t seed = args.get_int_or("--seed", 0);
-  require(seed >= 0, "--seed must be >= 0, got ", seed);
-  const Row row = make_preset(args.get("--preset"), static_cast<int>(cp), static_cast<uint64_t>(seed));
-  write_output(args.get_or("--out", "-"), row_to_json(row));
+  const int64_t ranks = args.get_int_in("--ranks", 1, 1, 4096);
+  const int64_t seed = args.get_int_in("--seed", 0, 0, INT64_MAX);
+  const std::string out = args.get_or("--out", "-");
+  check_output_file(out);
+  const Row row = make_preset(args.get("--preset"), static_cast<int>(ranks), static_cast<uint64_t>(seed));
+  write_output(out, row_to_json(row));
   return 0;
 }
 
 int tree_stats(const std::vector<std::string>& argv) {
-  Args args("tree stats", argv);
+  Args args(argv);
   args.value("--tree").value("--window").flag("--json");
   args.parse();
-  const int64_t window = args.get_int_or("--window", 0);
-  require(window >= 0, "--window must be >= 0 (0 = none), got ", window);
+  const int64_t window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
   const Row row = load_row(args.get("--tree"));
   const auto t0 = std::chrono::steady_clock::now();
   const RowStats st = row_stats(row, window);
@@ -42,8 +42,9 @@ int tree_stats(const std::vector<std::string>& argv) {
     return 0;
   }
   auto pct = [](int64_t a, int64_t b) { return b > 0 ? 100.0 * (1.0 - static_cast<double>(a) / static_cast<double>(b)) : 0.0; };
-  std::printf("row: %lld segments, %lld families, %lld trajectories, depth %d\n", static_cast<long long>(st.segments),
-              static_cast<long long>(st.families), static_cast<long long>(st.trajectories), st.depth);
+  std::printf("row: %s, %s, %s, depth %d\n", count_of(st.segments, "segment").c_str(),
+              count_of(st.families, "family", "families").c_str(), count_of(st.trajectories, "trajectory", "trajectories").c_str(),
+              st.depth);
   std::printf("tokens:        %14lld physical  %14lld flattened  (sharing saves %.1f%%)\n",
               static_cast<long long>(st.physical_tokens), static_cast<long long>(st.flattened_tokens),
               pct(st.physical_tokens, st.flattened_tokens));
@@ -56,9 +57,9 @@ int tree_stats(const std::vector<std::string>& argv) {
   return 0;
 }
 
-const Register kGenerate("tree generate", "--preset NAME --cp N [--seed S] [--out FILE]: write a preset row as JSON",
-                         tree_generate);
-const Register kStats("tree stats", "--tree FILE [--window W] [--json]: tokens, pairs, depth, families, slices",
+const Register kGenerate("tree generate", "--preset NAME --ranks N [--seed S] [--out FILE]",
+                         "write a preset row (base tokens x N) as JSON", tree_generate);
+const Register kStats("tree stats", "--tree FILE [--window W] [--json]", "tokens, pairs, depth, families, slices",
                       tree_stats);
 
 }  // namespace

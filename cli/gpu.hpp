@@ -26,6 +26,7 @@ struct GpuRunConfig {
   bool full = false;        // no double reference: compare with one GPU running the whole row
   int reps = 5;             // timed forward+backward steps (after two warm-ups)
   std::string costs_path, source;
+  std::string trace_path;  // --trace: a Chrome trace of the last step, CUDA-event spans beside the prediction
   double timeout_s = 300;
 };
 

@@ -11,7 +11,10 @@
 #include "core/json.hpp"
 #include "gpu.hpp"
 #include "runtime/cpu_backend.hpp"
+#include "core/trace.hpp"
 #include "runtime/redistribute.hpp"
+#include "runtime/span_gather.hpp"
+#include "viz/schedule.hpp"
 #include "tree/accounting.hpp"
 
 #if defined(TREECP_HAVE_CUDA) && defined(TREECP_HAVE_NCCL)
@@ -188,6 +191,21 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
   stats[kPeak] = static_cast<double>(be.pool().peak_allocated_bytes()) / (1 << 20);
   stats[kReserved] = static_cast<double>(be.pool().reserved_bytes()) / (1 << 20);
   world.all_gather(stats.data(), all_stats.data(), kFields, CommType::F64);
+  // The last step's stages as CUDA events saw them (each rank from its own forward's start), and the plan's
+  // predicted spans beside them.
+  std::vector<Span> trace;
+  if (!cfg.trace_path.empty()) {
+    std::vector<Span> measured;
+    for (const StageSpan& sp : spans) {
+      const bool wait = sp.name.find(" wait ") != std::string::npos, ret = sp.name.find(" return ") != std::string::npos;
+      measured.push_back({sp.name, wait ? "wait" : ret ? "return" : sp.name.find("merge") != std::string::npos ||
+                                                                 sp.name.find("prep") != std::string::npos
+                                                             ? "merge"
+                                                             : "stage",
+                          me, kMeasuredTrack, sp.begin_ms, sp.end_ms});
+    }
+    trace = gather_spans(world, measured, 0);
+  }
 
   // Everything on rank 0 in packed order (host buffers over `world`).
   CpuBackend<double> host;
@@ -254,6 +272,11 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       if (cfg.sink) check("dsink", cp.dsink, base.dsink, ref.dsink);
     }
     for (const Check& c : checks) status = c.error <= c.bound ? status : 3;
+    if (status == 0 && !cfg.trace_path.empty()) {
+      const auto predicted = viz::predicted_spans(simulate_plan_timeline(plan, cfg.shape, costs));
+      trace.insert(trace.end(), predicted.begin(), predicted.end());
+      write_chrome_trace(trace, cfg.trace_path);
+    }
 
     int dev = 0;
     cudaGetDevice(&dev);
@@ -326,6 +349,9 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
         else std::printf("  %s %.2e (%.1e; %.2e)", c.name.c_str(), c.error, c.bound, c.one_gpu);
       }
       std::printf("\n%s\n", status == 0 ? "OK: every output and gradient matches" : "MISMATCH");
+      if (status == 0 && !cfg.trace_path.empty())
+        std::printf("trace: %s (%zu spans; open in https://ui.perfetto.dev or chrome://tracing)\n",
+                    cfg.trace_path.c_str(), trace.size());
     }
   }
   int64_t verdict = status;

@@ -1,5 +1,7 @@
-// `--ranks N` on the command line: when the process was not started by mpirun, start N copies of
-// this same command under mpirun and wait for them.
+// `--ranks N` on the command line: a command checks everything first (its boundary), then, when the
+// process was not started by mpirun, starts N copies of itself under mpirun and waits for them. An
+// error reaches the user once, as one line, without mpirun's banner: every rank reports how it ended
+// into a directory the launcher made (kReportEnv), and the launcher prints the lowest rank's error.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
+#include "command.hpp"
+#include "output_dir.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 
@@ -16,21 +21,39 @@ namespace treecp::cli {
 // True when this process is one rank of an MPI job (started by mpirun/mpiexec).
 bool started_under_mpi();
 
-// If ranks > 1 and this process is not already an MPI rank, runs
-// `mpirun -np ranks <this executable> <command words> <argv...>`, stores its exit code in *rc and
-// returns true; otherwise returns false and the caller runs as a rank itself.
-bool relaunch_under_mpi(const std::string& command, int ranks, const std::vector<std::string>& argv, int* rc);
+// Runs `mpirun -np ranks.count <this executable> <command words> <argv...>` and waits for it. A rank's
+// error comes back thrown as treecp::Error (the lowest rank's, once); mpirun's own output, its abort
+// banner included, goes to a log that is kept (and named) only when a rank ended without reporting.
+// With `out`, the ranks write into its staging directory and it is committed only when every rank
+// ended with status 0. Returns the ranks' exit status (the largest).
+int run_under_mpirun(const std::string& command, const RankOptions& ranks, const std::vector<std::string>& argv,
+                     OutputDir* out = nullptr);
+constexpr const char* kReportEnv = "TREECP_REPORT_DIR";
+
+// An error every rank raised together, after agreeing on it (agree()): reported once, and the ranks
+// end normally instead of aborting the job.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Runs `fn` on every rank and agrees on the outcome before any other collective: when it fails
+// anywhere, every rank throws AgreedError with the message of the lowest rank that failed ("rank 2: ..."
+// when not every rank failed).
+void agree(Communicator& comm, const std::function<void()>& fn);
 
 // The ranks this process belongs to: under mpirun, MPI is initialised (and finalised when this goes
-// away) and comm() spans MPI_COMM_WORLD; otherwise a single rank. Throws unless there are `ranks`.
+// away) and comm() spans MPI_COMM_WORLD with the --timeout deadline; otherwise a single rank. Throws
+// unless there are ranks.count of them.
 class RankGroup {
  public:
-  explicit RankGroup(int64_t ranks);
+  explicit RankGroup(const RankOptions& ranks);
   Communicator& comm() { return *comm_; }
 
   // Runs body(comm()) and returns its result. In a job of several ranks an error on one rank would
-  // leave the others waiting in a collective forever: the error is printed with its rank and the
-  // whole job is aborted (MPI_Abort) instead. With one rank the error propagates as usual.
+  // leave the others waiting in a collective: it is reported (to the launcher, or printed with its
+  // rank) and the whole job is aborted (MPI_Abort). An AgreedError is reported once and returned as
+  // status 1 on every rank. With one rank errors propagate as usual.
   int run(const std::function<int(Communicator&)>& body);
 
  private:
@@ -38,19 +61,37 @@ class RankGroup {
   std::unique_ptr<Communicator> comm_;  // declared last: released before the session finalises MPI
 };
 
-// Every rank reads the same input files with `load`; the ranks agree on the outcome before any other
-// collective, so a rank that cannot read them makes every rank fail with its message.
-template <class Load>
-auto load_on_every_rank(Communicator& comm, Load load) -> decltype(load()) {
-  decltype(load()) out{};
-  std::string error;
-  try {
-    out = load();
-  } catch (const Error& e) {
-    error = e.what();
+// The one flow of a command that reads inputs and writes files to --out. `declare(args)` names its
+// options (before the parse); `prepare(args)` checks every
+// option and input and returns Inputs with `ranks` and `out_dir`; `execute(comm, inputs, out)` computes
+// on every rank and writes the files on rank 0. Outside mpirun: prepare (the boundary, before any rank
+// starts), the output directory checked and staged (before the compute), then the ranks under mpirun
+// or this process alone, and the commit. As a rank: prepare and the output directory agreed by every
+// rank, then execute.
+template <class Inputs>
+int run_file_command(const std::string& command, const std::vector<std::string>& argv, void (*declare)(Args&),
+                     const std::vector<std::string>& outputs, Inputs (*prepare)(const Args&),
+                     const std::function<int(Communicator&, const Inputs&, OutputDir*)>& execute) {
+  Args args(argv);
+  declare(args);
+  args.parse();
+  if (started_under_mpi()) {
+    RankGroup group(rank_options(args, 1));
+    return group.run([&](Communicator& comm) {
+      Inputs in;
+      std::unique_ptr<OutputDir> out;
+      agree(comm, [&] {
+        in = prepare(args);
+        if (comm.rank() == 0) out = OutputDir::for_rank(in.out_dir, outputs);
+      });
+      return execute(comm, in, out.get());
+    });
   }
-  if (!comm.all_ok(error.empty())) fail(error.empty() ? "another rank could not read the inputs" : error);
-  return out;
+  const Inputs in = prepare(args);
+  OutputDir out(in.out_dir, outputs);
+  if (in.ranks.count > 1) return run_under_mpirun(command, in.ranks, argv, &out);
+  RankGroup group(in.ranks);
+  return group.run([&](Communicator& comm) { return execute(comm, in, &out); });
 }
 
 }  // namespace treecp::cli

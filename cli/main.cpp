@@ -6,8 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
 #include "command.hpp"
+#include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "plan/planner.hpp"
+#include "tree/presets.hpp"
 
 namespace {
 
@@ -15,9 +19,21 @@ void print_help() {
   std::cout << "usage: treecp <command> [options]\n\ncommands:\n";
   auto commands = treecp::cli::registry();
   std::sort(commands.begin(), commands.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  for (const auto& c : commands) {
-    std::printf("  %-16s %s\n", c.name.c_str(), c.summary.c_str());
+  for (const auto& c : commands) std::cout << "  treecp " << c.name << " " << c.usage << "\n      " << c.summary << "\n";
+  std::cout << "  treecp help\n      this text\n\npresets (--preset NAME; a row of base tokens x N ranks):\n";
+  for (const treecp::PresetInfo& p : treecp::presets()) {
+    std::printf("  %-14s %s; %lld base tokens per rank\n", p.name.c_str(), p.family.c_str(),
+                static_cast<long long>(p.base_tokens_per_rank));
   }
+  std::cout << "\nlayouts (--layout L):";
+  for (const std::string& l : treecp::cli::layout_choices()) std::cout << " " << l;
+  std::printf(
+      "\n\n--ranks N (also spelled --cp N): the ranks a command runs on (started under mpirun unless it runs under\n"
+      "  mpirun already) or plans for. --timeout S: the longest a rank waits for the others in one call (default\n"
+      "  %.0f s); then the job ends with one line naming the call and the ranks that did not arrive.\n"
+      "Every input is checked before any rank starts; an error is one line and the exit status 1, and --out is\n"
+      "left as it was.\n",
+      treecp::Communicator::kDefaultTimeoutS);
 }
 
 }  // namespace

@@ -103,11 +103,11 @@ TEST(Calibrate, RecoversStageAndPassAndLinkCoefficients) {
 TEST(Calibrate, UnmeasuredClassesKeepTheBaseValues) {
   CostModel base;
   std::vector<StageSample> stages;
-  for (int i = 1; i <= 20; ++i) {
+  for (int i = 1; i <= 30; ++i) {  // enough samples (three per unknown) to fit every term
     StageSample s;
     s.load.pairs = i * 1000000;
     s.load.ranges = 1;
-    s.measured_ms = 0.01 + s.load.pairs / 5.0e8;  // local forward only
+    s.measured_ms = 0.01 + s.load.pairs / 5.0e8 + 0.002;  // local forward only (launch and one range)
     stages.push_back(s);
   }
   const Calibration c = calibrate(base, stages, {}, {});
@@ -116,6 +116,33 @@ TEST(Calibrate, UnmeasuredClassesKeepTheBaseValues) {
   EXPECT_EQ(c.costs.local_backward_pairs_per_ms, base.local_backward_pairs_per_ms);
   EXPECT_EQ(c.costs.intra_node.bandwidth_bytes_per_ms, base.intra_node.bandwidth_bytes_per_ms);
   EXPECT_DOUBLE_EQ(mean_abs_log_error({{2.0, 1.0}, {1.0, 2.0}, {-1.0, 3.0}}), std::log(2.0));
+}
+
+}  // namespace
+}  // namespace treecp
+
+namespace treecp {
+namespace {
+
+TEST(Calibrate, FewSamplesFitOnlyTheThroughputs) {
+  CostModel base;
+  base.local_forward_pairs_per_ms = 1.0e7;
+  CostModel truth = base;
+  truth.local_forward_pairs_per_ms = 4.0e7;
+  std::vector<StageSample> stages;
+  for (int i = 1; i <= 6; ++i) {
+    StageSample s;
+    s.load.pairs = i * 3000000;
+    s.load.ranges = i;
+    s.measured_ms = stage_ms(truth, s.load, false, Pass::Forward);  // base launch, range and underfill terms
+    stages.push_back(s);
+  }
+  const Calibration c = calibrate(base, stages, {}, {});
+  EXPECT_NEAR(c.costs.local_forward_pairs_per_ms / truth.local_forward_pairs_per_ms, 1.0, 1e-9);
+  EXPECT_EQ(c.costs.stage_launch_ms, base.stage_launch_ms);
+  EXPECT_EQ(c.costs.range_ms, base.range_ms);
+  EXPECT_EQ(c.costs.underfill_ms, base.underfill_ms);
+  EXPECT_LT(c.stage_fit_error, 1e-9);
 }
 
 }  // namespace

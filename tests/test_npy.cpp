@@ -79,6 +79,65 @@ TEST(Npy, RefusesWhatItCannotReadByName) {
   EXPECT_NE(error_of(dir / "fo.npy").find("fo.npy"), std::string::npos);
 }
 
+// One line of printable ASCII: what the CLI prints.
+bool one_printable_line(const std::string& m) {
+  for (char c : m) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7F) return false;
+  }
+  return !m.empty();
+}
+
+TEST(Npy, RefusesMalformedHeadersInOnePrintableLine) {
+  TempDir dir("treecp_npy_header");
+  const std::string f960(960 * 4, '\0');
+  struct Case {
+    std::string name, dict, data, expected;
+  };
+  const std::vector<Case> cases = {
+      // 160 x 576460752303423494 x 4 bytes wraps int64 to 3,840 bytes: the data of 960 floats
+      {"wrap", "{'descr': '<f4', 'fortran_order': False, 'shape': (160, 576460752303423494), }", f960,
+       "dimension 576460752303423494, more than 2^31-1"},
+      {"product", "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483647, 2147483647, 2147483647, 8), }",
+       f960, "does not match shape [2147483647, 2147483647, 2147483647, 8] (more than 2^63 bytes)"},
+      {"digits", "{'descr': '<f4', 'fortran_order': False, 'shape': (12345678901234567890123,), }", f960,
+       "dimension 12345678901234567890123, more than 2^31-1"},
+      {"extra", "{'descr': '<f4', 'fortran_order': False, 'shape': (960,), 'extra': 1, }", f960,
+       "has the key 'extra' (expected exactly 'descr', 'fortran_order' and 'shape')"},
+      {"control", "{'descr': '<f\x01\n\n4', 'fortran_order': False, 'shape': (960,), }", f960,
+       "dtype '<f\\x01\\x0A\\x0A4' is not supported"},
+      {"twice", "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (960,), }", f960,
+       "has the key 'descr' twice"},
+      {"noshape", "{'descr': '<f4', 'fortran_order': False, }", f960, "has no 'shape'"},
+      {"scalar", "{'descr': '<f4', 'fortran_order': False, 'shape': (960), }", f960,
+       "a one-dimensional shape is written (n,)"},
+      {"negative", "{'descr': '<f4', 'fortran_order': False, 'shape': (-960,), }", f960,
+       "shape must be a tuple of non-negative integers"},
+      {"trailing", "{'descr': '<f4', 'fortran_order': False, 'shape': (960,), } x", f960, "text after the header"},
+      {"order", "{'descr': '<f4', 'fortran_order': 0, 'shape': (960,), }", f960, "fortran_order must be True or False"},
+  };
+  for (const Case& c : cases) {
+    write_file(dir / c.name, npy_file(c.dict, c.data));
+    const std::string m = error_of(dir / c.name);
+    EXPECT_NE(m.find(c.expected), std::string::npos) << c.name << ": " << m;
+    EXPECT_NE(m.find(dir / c.name), std::string::npos) << m;
+    EXPECT_TRUE(one_printable_line(m)) << c.name << ": " << m;
+  }
+  // An announced header longer than the file, and a header that does not end the way NumPy ends it.
+  std::string truncated = npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", "");
+  truncated.resize(40);
+  write_file(dir / "truncated", truncated);
+  EXPECT_NE(error_of(dir / "truncated").find("truncated .npy header"), std::string::npos) << error_of(dir / "truncated");
+  std::string no_newline = npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", std::string(4, '\0'));
+  no_newline[no_newline.rfind('\n')] = ' ';
+  write_file(dir / "no_newline", no_newline);
+  EXPECT_NE(error_of(dir / "no_newline").find("must end with a newline"), std::string::npos) << error_of(dir / "no_newline");
+  // Double quotes, no spaces, a trailing comma inside the tuple: still NumPy's header.
+  write_file(dir / "tight", npy_file("{\"descr\":\"<f4\",\"fortran_order\":False,\"shape\":(2,1,)}", std::string(8, '\0')));
+  EXPECT_EQ(load_npy(dir / "tight").shape, (std::vector<int64_t>{2, 1}));
+  write_file(dir / "empty", npy_file("{'descr': '<f8', 'fortran_order': False, 'shape': (0, 2147483647), }", ""));
+  EXPECT_EQ(load_npy(dir / "empty").numel(), 0);
+}
+
 TEST(Npy, Int64IdsRoundTripExactly) {
   TempDir dir("treecp_npy_i64");
   const std::vector<int64_t> ids = {0, -1, 2147483646, 5, (int64_t{1} << 62) + 3, 7};

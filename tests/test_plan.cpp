@@ -103,29 +103,46 @@ std::string message_of(const std::function<void()>& fn) {
   return "";
 }
 
+// Pairs per chunk pair against brute-force visibility; the tiled kernel's computed pairs against cutting
+// every slice at every chunk pair and tiling each piece on its own (tile_padded_area is checked against
+// counting tiles below).
 TEST(Plan, WorkMatrixMatchesBruteForce) {
   TREECP_SEED_TRACE;
   testing::Rng rng = testing::test_rng(7);
-  for (int iter = 0; iter < 30; ++iter) {
+  for (int iter = 0; iter < 60; ++iter) {
     const Row row = random_row(rng);
     const int64_t window = iter % 3 == 0 ? std::uniform_int_distribution<int64_t>(1, 30)(rng) : 0;
     const int64_t chunk = std::uniform_int_distribution<int64_t>(1, 25)(rng);
-    const WorkMatrix w = build_work_matrix(row_slices(row, window), make_chunk_bounds(row, chunk));
+    const int64_t tq = std::uniform_int_distribution<int64_t>(0, 6)(rng), tk = std::uniform_int_distribution<int64_t>(1, 6)(rng);
+    const auto slices = row_slices(row, window);
+    const WorkMatrix w = build_work_matrix(slices, make_chunk_bounds(row, chunk), tq, tk);
     const int32_t n = w.num_chunks();
-    std::vector<int64_t> dense(static_cast<size_t>(n) * n, 0);
+    std::vector<int64_t> dense(static_cast<size_t>(n) * n, 0), tiled(dense.size(), 0);
     for (int64_t q = 0; q < row.tokens(); ++q) {
       for (int64_t k = 0; k < row.tokens(); ++k) {
         if (row.visible(q, k, window)) dense[chunk_of(w.bounds, q) * n + chunk_of(w.bounds, k)]++;
       }
     }
-    std::vector<int64_t> sparse(dense.size(), 0);
+    for (const Slice& s : slices) {
+      for (int32_t i = 0; i < n; ++i) {
+        for (int32_t j = 0; j < n; ++j) {
+          tiled[i * n + j] += tile_padded_area(cut_slice(s, w.bounds[i], w.bounds[i + 1], w.bounds[j], w.bounds[j + 1]), tq, tk);
+        }
+      }
+    }
+    std::vector<int64_t> sparse(dense.size(), 0), compute(dense.size(), 0);
     for (int32_t i = 0; i < n; ++i) {
       for (int64_t e = w.row_start[i]; e < w.row_start[i + 1]; ++e) {
         EXPECT_GT(w.pairs[e], 0);
+        if (e > w.row_start[i]) {
+          EXPECT_LT(w.col[e - 1], w.col[e]);
+        }
         sparse[i * n + w.col[e]] += w.pairs[e];
+        compute[i * n + w.col[e]] += w.compute[e];
       }
     }
     EXPECT_EQ(sparse, dense) << "iteration " << iter;
+    EXPECT_EQ(compute, tiled) << "iteration " << iter << " tiles " << tq << "x" << tk;
   }
 }
 
@@ -641,7 +658,7 @@ TEST(PlanCli, PrintsEveryLayoutAndJson) {
   const Plan plan = plan_from_json(v);
   validate_plan(plan, make_preset("varied5k", 3, 0), 0, 3);
 
-  const std::string text_cmd = std::string(TREECP_CLI_PATH) + " plan --preset fixed5k --cp 2 2>&1";
+  const std::string text_cmd = std::string(TREECP_CLI_PATH) + " plan --preset fixed5k --ranks 2 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> text(popen(text_cmd.c_str(), "r"), pclose);
   out.clear();
   while ((got = fread(buf, 1, sizeof buf, text.get())) > 0) out.append(buf, got);
@@ -652,7 +669,9 @@ TEST(PlanCli, PrintsEveryLayoutAndJson) {
   std::unique_ptr<FILE, int (*)(FILE*)> bad(popen(bad_cmd.c_str(), "r"), pclose);
   out.clear();
   while ((got = fread(buf, 1, sizeof buf, bad.get())) > 0) out.append(buf, got);
-  EXPECT_NE(out.find("unknown layout"), std::string::npos) << out;
+  EXPECT_NE(out.find("option --layout must be one of contiguous, zigzag, perdoc, family, searched; got 'spiral'"),
+            std::string::npos)
+      << out;
   EXPECT_NE(pclose(bad.release()), 0);
 }
 

@@ -120,7 +120,7 @@ TEST(SparseMlaCli, RanksWriteTheSameFilesAsOneProcess) {
   for (const Run& run : {Run{"zigzag", "waves"}, Run{"contiguous", "selected"}, Run{"searched", "auto"}}) {
     const std::string out = dir / (std::string("cp_") + run.layout);
     const testing::CliRun r =
-        run_cli(dir, args + " --ranks 3 --chunk 16 --layout " + run.layout + " --fetch " + run.fetch + " --out " + out);
+        run_cli(dir, args + " --ranks 3 --layout " + run.layout + " --fetch " + run.fetch + " --out " + out);
     ASSERT_EQ(r.status, 0) << r.log;
     EXPECT_NE(r.log.find(std::string("3 ranks, ") + run.layout), std::string::npos) << r.log;
     if (std::string(run.fetch) != "auto") {
@@ -247,8 +247,8 @@ TEST(SparseMlaCli, BadInputsAreRefusedInOneLineAndWriteNothing) {
       {args({{"--topk", "0"}}), "--topk K is required, in [1, 1048576], got 0"},
       {args({{"--w", ""}}), "--w is required (or --ids"},
       {args({{"--dv", "13"}}), "in [1, Dqk = 12]"},
-      {args({{"--window", "-1"}}), "--window must be >= 0"},
-      {args({{"--fetch", "some"}}), "--fetch must be auto, waves or selected"},
+      {args({{"--window", "-1"}}), "option --window must be in [0, "},
+      {args({{"--fetch", "some"}}), "option --fetch must be one of auto, waves, selected"},
       {args({{"--kv", dir / "kv32.npy"}}), "kv is float32 but q is float64"},
       {args({{"--kv", dir / "kv_short.npy"}}), "kv: expected shape"},
       {args({{"--w", dir / "nan_w.npy"}}), "w: element 5 is nan"},

@@ -72,6 +72,17 @@ std::set<std::pair<int64_t, int64_t>> slice_pairs(const std::vector<Slice>& slic
   return pairs;
 }
 
+// Runs of ancestors contiguous in the packed row, counted from the segment list alone.
+int64_t brute_ancestor_runs(const std::vector<Segment>& segs, int32_t s) {
+  std::vector<int64_t> start(segs.size() + 1, 0);
+  for (size_t i = 0; i < segs.size(); ++i) start[i + 1] = start[i] + segs[i].length;
+  int64_t runs = 0;
+  for (int32_t c = s, a = segs[s].parent; a != -1; c = a, a = segs[a].parent) {
+    if (c == s || start[c] != start[a] + segs[a].length) ++runs;  // a does not continue into c's run
+  }
+  return runs;
+}
+
 TEST(Visibility, SlicesEqualBruteForcePairForPair) {
   TREECP_SEED_TRACE;
   testing::Rng rng = testing::test_rng(20261129);
@@ -95,7 +106,64 @@ TEST(Visibility, SlicesEqualBruteForcePairForPair) {
       }
       EXPECT_EQ(row_stats(row, window).visible_pairs, expected);
     }
+    // Consecutive ancestors contiguous in the packed row share one slice: one per run, plus the segment's own.
+    const auto slices = row_slices(row);
+    int64_t runs = 0;
+    for (int32_t s = 0; s < row.num_segments(); ++s) runs += brute_ancestor_runs(segs, s) + 1;
+    EXPECT_EQ(static_cast<int64_t>(slices.size()), runs) << "trial " << trial;
+    EXPECT_EQ(row.slice_count(), runs);
+    for (size_t i = 1; i < slices.size(); ++i) {
+      if (slices[i].q_begin == slices[i - 1].q_begin && slices[i].k_begin < slices[i].q_begin) {
+        EXPECT_LT(slices[i - 1].k_end, slices[i].k_begin) << to_string(slices[i - 1]) << " " << to_string(slices[i]);
+      }
+    }
   }
+}
+
+TEST(Visibility, ChainOfOneTokenSegmentsIsTwoSlicesPerSegment) {
+  const int32_t n = 200000;
+  std::vector<Segment> segs;
+  for (int32_t s = 0; s < n; ++s) segs.push_back({s - 1, 1});
+  const Row row(segs);
+  EXPECT_EQ(row.max_depth(), n);
+  const auto slices = row_slices(row);
+  ASSERT_EQ(static_cast<int64_t>(slices.size()), 2 * int64_t{n} - 1);
+  int64_t pairs = 0;
+  for (const Slice& s : slices) pairs += s.area();
+  EXPECT_EQ(pairs, int64_t{n} * (n + 1) / 2);
+  // segment s: one full slice against all of [0, s), then itself
+  EXPECT_EQ(slices[2 * 1000 - 1], make_slice(1000, 1001, 0, 1000, 1, 1001));
+  EXPECT_EQ(slices[2 * 1000], make_slice(1000, 1001, 1000, 1001, 0, 1));
+  // with a window of 5, segment s sees [s - 4, s]: one band slice against the run and itself
+  const auto windowed = row_slices(row, 5);
+  pairs = 0;
+  for (const Slice& s : windowed) pairs += s.area();
+  EXPECT_EQ(pairs, 5 * int64_t{n} - 10);
+  EXPECT_EQ(row_stats(row, 5).visible_pairs, pairs);
+}
+
+TEST(Input, RowNeedingTooManySlicesIsRefusedNamingTheLimit) {
+  // A comb: every spine segment first has a leaf, so the spine never continues its parent and each
+  // spine segment adds a slice to everything below it: about depth^2 / 2 slices.
+  std::vector<Segment> segs = {{-1, 1}};
+  int32_t spine = 0;
+  while (static_cast<int64_t>(segs.size()) < 6000) {
+    segs.push_back({spine, 1});  // leaf
+    segs.push_back({spine, 1});  // next spine segment
+    spine = static_cast<int32_t>(segs.size()) - 1;
+  }
+  std::string message;
+  try {
+    Row row(segs);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("more than 4194304 slices"), std::string::npos) << message;
+  EXPECT_NE(message.find("Row::kMaxSlices"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos);
+  segs.resize(2000);  // about a million slices: accepted, and exactly as many as counted
+  const Row small(segs);
+  EXPECT_EQ(static_cast<int64_t>(row_slices(small).size()), small.slice_count());
 }
 
 TEST(Visibility, SplitAtAnyChunkBoundaryKeepsEveryPair) {

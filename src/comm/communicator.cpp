@@ -17,6 +17,22 @@ size_t comm_type_size(CommType t) {
   return 0;
 }
 
+void Communicator::set_timeout_s(double seconds) {
+  require(seconds > 0 && seconds <= 1e7, "communicator timeout must be in (0, 1e7] seconds, got ", seconds);
+  timeout_s_ = seconds;
+}
+
+Error Communicator::deadline_error(const std::string& call, const std::vector<int>& missing) const {
+  std::string who;
+  for (size_t i = 0; i < missing.size(); ++i) who += (i ? ", " : "") + std::to_string(missing[i]);
+  if (missing.empty()) {
+    return Error(detail::concat(call, ": every rank arrived but the call did not finish within the ", timeout_s_,
+                                " s timeout"));
+  }
+  return Error(detail::concat(call, ": ", missing.size() == 1 ? "rank " : "ranks ", who, " did not arrive within the ",
+                              timeout_s_, " s timeout"));
+}
+
 bool Communicator::all_ok(bool ok) {
   int64_t failures = ok ? 0 : 1;
   all_reduce_sum(&failures, 1, CommType::I64);

@@ -6,12 +6,21 @@
 // zero-sized parts where it has nothing; a rank with no work still participates. Buffers live where
 // the backend's tensors live (host memory for MPI, device memory for NCCL). Failures throw
 // treecp::Error naming the call; no implementation exits the process.
+//
+// Deadlines: no call waits for its peers longer than its communicator's deadline. When it passes the
+// call throws treecp::Error naming the call and the ranks that did not arrive; the communicator is
+// unusable afterwards, and the job should end (cli's RankGroup aborts it). MpiCommunicator waits by
+// set_timeout_s() and words the error with deadline_error(); the NCCL and thread communicators take
+// their deadline from their options when they are made.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include "core/error.hpp"
 
 namespace treecp {
 
@@ -62,6 +71,19 @@ class Communicator {
 
   // Agreement before any collective that could hang: true on every rank iff `ok` is true on every rank.
   bool all_ok(bool ok);
+
+  // The longest a call waits for its peers, in seconds; must be > 0.
+  static constexpr double kDefaultTimeoutS = 300.0;
+  void set_timeout_s(double seconds);
+  double timeout_s() const { return timeout_s_; }
+
+ protected:
+  // The one message of a missed deadline: "<call>: ranks 1, 3 did not arrive within the T s timeout".
+  // `missing` empty: every rank arrived, and the call still did not finish.
+  Error deadline_error(const std::string& call, const std::vector<int>& missing) const;
+
+ private:
+  double timeout_s_ = kDefaultTimeoutS;
 };
 
 // A communicator of one rank (no MPI needed): collectives are copies.

@@ -1,8 +1,10 @@
 #include "comm/mpi_communicator.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "core/error.hpp"
 
@@ -13,6 +15,18 @@ namespace {
 // share the tag: MPI matches one (source, tag) pair's messages in posting order.
 constexpr int kAllToAllTag = 1000;
 constexpr int kGroupTag = 2000;
+// "Which call are you waiting in?" and its answer, both a call number (int64).
+constexpr int kQuestionTag = 3000;
+constexpr int kAnswerTag = 3001;
+// Polling: MPI_Test without pause for the first kSpinS of a wait (short collectives finish there),
+// then sleeps growing to kMaxPauseS, which frees the core for oversubscribed ranks.
+constexpr double kSpinS = 2e-4;
+constexpr double kMaxPauseS = 1e-3;
+// How long a rank whose deadline passed waits for the others' answers.
+constexpr double kAnswerWaitS = 2.0;
+
+using Clock = std::chrono::steady_clock;
+Clock::duration seconds(double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
 
 void check(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
@@ -34,8 +48,8 @@ MPI_Datatype mpi_type(CommType t) {
 }
 
 // Posts the parts of one message of `count` elements (at most `limit` elements per part).
-void post_parts(std::vector<MPI_Request>& reqs, bool is_send, void* buf, int64_t count, int peer, int tag,
-                MPI_Datatype dt, size_t elem_size, int64_t limit, MPI_Comm comm) {
+void post_parts(std::vector<MPI_Request>& reqs, std::vector<int>& peers, bool is_send, void* buf, int64_t count,
+                int peer, int tag, MPI_Datatype dt, size_t elem_size, int64_t limit, MPI_Comm comm) {
   for (int64_t off = 0; off < count; off += limit) {
     const int n = static_cast<int>(std::min(limit, count - off));
     char* p = static_cast<char*>(buf) + static_cast<size_t>(off) * elem_size;
@@ -46,13 +60,8 @@ void post_parts(std::vector<MPI_Request>& reqs, bool is_send, void* buf, int64_t
       check(MPI_Irecv(p, n, dt, peer, tag, comm, &r), "MPI_Irecv");
     }
     reqs.push_back(r);
+    peers.push_back(peer);
   }
-}
-
-void wait_all(std::vector<MPI_Request>& reqs) {
-  if (reqs.empty()) return;
-  check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
-  reqs.clear();
 }
 
 }  // namespace
@@ -91,22 +100,40 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int64_t max_message_elements)
 MpiCommunicator::~MpiCommunicator() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+  if (comm_ == MPI_COMM_NULL || finalized) return;
+  // Answers still in flight read answers_: give them a moment, then let MPI finish them alone.
+  const Clock::time_point until = Clock::now() + seconds(0.1);
+  int done = answer_reqs_.empty();
+  while (!done && Clock::now() < until) {
+    MPI_Testall(static_cast<int>(answer_reqs_.size()), answer_reqs_.data(), &done, MPI_STATUSES_IGNORE);
+  }
+  for (MPI_Request& r : answer_reqs_) {
+    if (!done && r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  }
+  MPI_Comm_free(&comm_);  // a destructor cannot throw; a failing free has nothing left to report to
 }
 
 namespace {
 
 class MpiPending final : public Communicator::Pending {
  public:
-  explicit MpiPending(std::vector<MPI_Request> reqs) : reqs_(std::move(reqs)) {}
+  MpiPending(MpiCommunicator& comm, std::vector<MPI_Request> reqs, std::vector<int> peers)
+      : comm_(comm), reqs_(std::move(reqs)), peers_(std::move(peers)) {}
   ~MpiPending() override {
-    // An abandoned exchange must still complete: its buffers are the caller's.
-    if (!reqs_.empty()) MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    // An abandoned exchange must still complete (its buffers are the caller's), but not forever: after
+    // the deadline the job is ending anyway, and a destructor cannot throw.
+    if (reqs_.empty()) return;
+    try {
+      comm_.wait(reqs_, peers_, "all_to_all_v");
+    } catch (const Error&) {
+    }
   }
-  void wait() override { wait_all(reqs_); }
+  void wait() override { comm_.wait(reqs_, peers_, "all_to_all_v"); }
 
  private:
+  MpiCommunicator& comm_;
   std::vector<MPI_Request> reqs_;
+  std::vector<int> peers_;
 };
 
 }  // namespace
@@ -117,6 +144,7 @@ class MpiPending final : public Communicator::Pending {
 std::unique_ptr<Communicator::Pending> MpiCommunicator::start_all_to_all_v(
     const void* send, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs, void* recv,
     const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs, CommType type) {
+  ++calls_;
   const size_t n = static_cast<size_t>(size_);
   require(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n && recv_displs.size() == n,
           "all_to_all_v: one count and displacement per rank expected (", size_, " ranks), got send ",
@@ -130,26 +158,27 @@ std::unique_ptr<Communicator::Pending> MpiCommunicator::start_all_to_all_v(
   const MPI_Datatype dt = mpi_type(type);
   const size_t es = comm_type_size(type);
   std::vector<MPI_Request> reqs;
+  std::vector<int> peers;
   try {
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || recv_counts[p] == 0) continue;
-      post_parts(reqs, false, static_cast<char*>(recv) + recv_displs[p] * es, recv_counts[p], p, kAllToAllTag, dt,
-                 es, max_message_elements_, comm_);
+      post_parts(reqs, peers, false, static_cast<char*>(recv) + recv_displs[p] * es, recv_counts[p], p, kAllToAllTag,
+                 dt, es, max_message_elements_, comm_);
     }
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || send_counts[p] == 0) continue;
-      post_parts(reqs, true, const_cast<char*>(static_cast<const char*>(send)) + send_displs[p] * es,
+      post_parts(reqs, peers, true, const_cast<char*>(static_cast<const char*>(send)) + send_displs[p] * es,
                  send_counts[p], p, kAllToAllTag, dt, es, max_message_elements_, comm_);
     }
   } catch (...) {
-    MpiPending abandon(std::move(reqs));  // completes what was posted
+    MpiPending abandon(*this, std::move(reqs), std::move(peers));  // completes what was posted
     throw;
   }
   if (send_counts[rank_] > 0) {
     std::memmove(static_cast<char*>(recv) + recv_displs[rank_] * es,
                  static_cast<const char*>(send) + send_displs[rank_] * es, static_cast<size_t>(send_counts[rank_]) * es);
   }
-  return std::make_unique<MpiPending>(std::move(reqs));
+  return std::make_unique<MpiPending>(*this, std::move(reqs), std::move(peers));
 }
 
 void MpiCommunicator::all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
@@ -160,6 +189,7 @@ void MpiCommunicator::all_to_all_v(const void* send, const std::vector<int64_t>&
 }
 
 void MpiCommunicator::group_send_recv(const std::vector<P2POp>& ops, CommType type) {
+  ++calls_;
   for (const auto& op : ops) {
     require(op.peer >= 0 && op.peer < size_, "group_send_recv: peer ", op.peer, " out of range for ", size_, " ranks");
     require(op.count >= 0, "group_send_recv: count must be >= 0, got ", op.count);
@@ -169,38 +199,48 @@ void MpiCommunicator::group_send_recv(const std::vector<P2POp>& ops, CommType ty
   // One tag for everything: MPI matches messages of one (source, tag) pair in posting order, so the
   // k-th send to a peer (part by part) meets that peer's k-th receive from this rank.
   std::vector<MPI_Request> reqs;
+  std::vector<int> peers;
   for (const auto& op : ops) {
-    post_parts(reqs, op.kind == P2POp::Kind::Send, op.buffer, op.count, op.peer, kGroupTag, dt, es,
+    post_parts(reqs, peers, op.kind == P2POp::Kind::Send, op.buffer, op.count, op.peer, kGroupTag, dt, es,
                max_message_elements_, comm_);
   }
-  wait_all(reqs);
+  wait(reqs, peers, "group_send_recv");
 }
 
 void MpiCommunicator::all_reduce_sum(void* data, int64_t count, CommType type) {
+  ++calls_;
   require(count >= 0, "all_reduce_sum: count must be >= 0, got ", count);
   require(type != CommType::BF16, "all_reduce_sum: BF16 sums are not supported by the MPI backend");
   const MPI_Datatype dt = mpi_type(type);
   const size_t es = comm_type_size(type);
   // Every rank has the same count, so every rank makes the same calls.
+  std::vector<MPI_Request> reqs(1);
   for (int64_t off = 0; off < count; off += max_message_elements_) {
     const int n = static_cast<int>(std::min(max_message_elements_, count - off));
-    check(MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(data) + static_cast<size_t>(off) * es, n, dt, MPI_SUM, comm_),
-          "MPI_Allreduce");
+    check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(data) + static_cast<size_t>(off) * es, n, dt, MPI_SUM, comm_,
+                         reqs.data()),
+          "MPI_Iallreduce");
+    wait(reqs, {}, "MPI_Allreduce");
+    reqs.resize(1);
   }
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, CommType type) {
+  ++calls_;
   require(count >= 0, "all_gather: count must be >= 0, got ", count);
   const MPI_Datatype dt = mpi_type(type);
   const size_t es = comm_type_size(type);
   if (count == 0) return;
+  std::vector<MPI_Request> reqs(1);
   if (count <= max_message_elements_ / std::max(1, size_)) {
     if (send == static_cast<const char*>(recv) + static_cast<size_t>(rank_ * count) * es) {
-      check(MPI_Allgather(MPI_IN_PLACE, 0, dt, recv, static_cast<int>(count), dt, comm_), "MPI_Allgather");
+      check(MPI_Iallgather(MPI_IN_PLACE, 0, dt, recv, static_cast<int>(count), dt, comm_, reqs.data()),
+            "MPI_Iallgather");
     } else {
-      check(MPI_Allgather(send, static_cast<int>(count), dt, recv, static_cast<int>(count), dt, comm_),
-            "MPI_Allgather");
+      check(MPI_Iallgather(send, static_cast<int>(count), dt, recv, static_cast<int>(count), dt, comm_, reqs.data()),
+            "MPI_Iallgather");
     }
+    wait(reqs, {}, "MPI_Allgather");
     return;
   }
   // Large: gather piece by piece through a staging buffer, then place each rank's piece.
@@ -210,9 +250,11 @@ void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, Co
   std::vector<char> stage(static_cast<size_t>(std::min(piece, count) * size_) * es);
   for (int64_t off = 0; off < count; off += piece) {
     const int64_t n = std::min(piece, count - off);
-    check(MPI_Allgather(own.data() + static_cast<size_t>(off) * es, static_cast<int>(n), dt, stage.data(),
-                        static_cast<int>(n), dt, comm_),
-          "MPI_Allgather");
+    reqs.resize(1);
+    check(MPI_Iallgather(own.data() + static_cast<size_t>(off) * es, static_cast<int>(n), dt, stage.data(),
+                         static_cast<int>(n), dt, comm_, reqs.data()),
+          "MPI_Iallgather");
+    wait(reqs, {}, "MPI_Allgather");
     for (int r = 0; r < size_; ++r) {
       std::memcpy(static_cast<char*>(recv) + static_cast<size_t>(r * count + off) * es,
                   stage.data() + static_cast<size_t>(r * n) * es, static_cast<size_t>(n) * es);
@@ -220,7 +262,111 @@ void MpiCommunicator::all_gather(const void* send, void* recv, int64_t count, Co
   }
 }
 
-void MpiCommunicator::barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+void MpiCommunicator::barrier() {
+  ++calls_;
+  std::vector<MPI_Request> reqs(1);
+  check(MPI_Ibarrier(comm_, reqs.data()), "MPI_Ibarrier");
+  wait(reqs, {}, "MPI_Barrier");
+}
+
+void MpiCommunicator::wait(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, const std::string& call) {
+  const Clock::time_point start = Clock::now(), deadline = start + seconds(timeout_s());
+  Clock::duration pause{};
+  for (;;) {
+    int done = 0;
+    check(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (done) {
+      reqs.clear();
+      return;
+    }
+    answer_questions();
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      std::vector<int> missing;
+      if (peers.empty()) {
+        missing = missing_ranks();
+      } else {
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          int finished = 0;
+          check(MPI_Test(&reqs[i], &finished, MPI_STATUS_IGNORE), "MPI_Test");
+          if (!finished) missing.push_back(peers[i]);
+        }
+        std::sort(missing.begin(), missing.end());
+        missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+      }
+      // The outstanding requests are left behind: their buffers are the caller's, and the job ends.
+      reqs.clear();
+      throw deadline_error(call, missing);
+    }
+    if (now - start > seconds(kSpinS)) {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(2 * pause + seconds(1e-5), seconds(kMaxPauseS));
+    }
+  }
+}
+
+void MpiCommunicator::answer_questions() {
+  for (;;) {
+    int asked = 0;
+    MPI_Status status;
+    check(MPI_Iprobe(MPI_ANY_SOURCE, kQuestionTag, comm_, &asked, &status), "MPI_Iprobe");
+    if (!asked) break;
+    int64_t theirs = 0;
+    check(MPI_Recv(&theirs, 1, MPI_INT64_T, status.MPI_SOURCE, kQuestionTag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    answers_.push_back(calls_);
+    answer_reqs_.emplace_back();
+    check(MPI_Isend(&answers_.back(), 1, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, comm_, &answer_reqs_.back()),
+          "MPI_Isend");
+  }
+  if (answer_reqs_.empty()) return;
+  int done = 0;
+  check(MPI_Testall(static_cast<int>(answer_reqs_.size()), answer_reqs_.data(), &done, MPI_STATUSES_IGNORE),
+        "MPI_Testall");
+  if (done) {
+    answer_reqs_.clear();
+    answers_.clear();
+  }
+}
+
+std::vector<int> MpiCommunicator::missing_ranks() {
+  question_ = calls_;
+  std::vector<MPI_Request> asks;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    asks.emplace_back();
+    check(MPI_Isend(&question_, 1, MPI_INT64_T, p, kQuestionTag, comm_, &asks.back()), "MPI_Isend");
+  }
+  std::vector<char> here(static_cast<size_t>(size_), 0);
+  here[static_cast<size_t>(rank_)] = 1;
+  int answered = 1;
+  const Clock::time_point until = Clock::now() + seconds(std::min(kAnswerWaitS, timeout_s()));
+  while (answered < size_ && Clock::now() < until) {
+    answer_questions();  // the others may be asking too
+    int got = 0;
+    MPI_Status status;
+    check(MPI_Iprobe(MPI_ANY_SOURCE, kAnswerTag, comm_, &got, &status), "MPI_Iprobe");
+    if (!got) {
+      std::this_thread::sleep_for(seconds(kMaxPauseS));
+      continue;
+    }
+    int64_t call = 0;
+    check(MPI_Recv(&call, 1, MPI_INT64_T, status.MPI_SOURCE, kAnswerTag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    // A rank waiting in another call has not arrived at this one.
+    if (call == calls_ && !here[static_cast<size_t>(status.MPI_SOURCE)]) {
+      here[static_cast<size_t>(status.MPI_SOURCE)] = 1;
+      ++answered;
+    }
+  }
+  // Questions to ranks that never receive them stay outstanding: free them, the job is ending.
+  for (MPI_Request& r : asks) {
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  }
+  std::vector<int> missing;
+  for (int p = 0; p < size_; ++p) {
+    if (!here[static_cast<size_t>(p)]) missing.push_back(p);
+  }
+  return missing;
+}
 
 std::unique_ptr<Communicator> make_world_communicator() {
   int initialized = 0;

@@ -7,11 +7,19 @@
 //
 // Element counts are int64: messages above max_message_elements() are split into several MPI
 // messages (both sides of a pair know the pair's count, so they split it the same way).
+//
+// Deadlines: every call posts non-blocking operations and polls them until timeout_s() has passed.
+// Then the ranks that did not arrive are named: for point-to-point traffic, the peers whose messages
+// are still outstanding; for a collective, the ranks that do not answer "which call are you waiting
+// in?" with this one (every waiting rank answers that question while it polls).
 #pragma once
 
 #include <mpi.h>
 
+#include <deque>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "comm/communicator.hpp"
 
@@ -61,11 +69,22 @@ class MpiCommunicator final : public Communicator {
   // INT_MAX elements, the most one MPI count can say.
   static constexpr int64_t kMaxMessageElements = 2147483647;
 
+  // Completes `reqs` (empty on return) or throws deadline_error() naming `call`. peers[i] is the rank
+  // request i exchanges with; empty peers: the requests are one collective. Public for MpiPending.
+  void wait(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, const std::string& call);
+
  private:
+  void answer_questions();        // tells every rank that asks which call this one waits in
+  std::vector<int> missing_ranks();  // asks every rank; those not waiting in this call are missing
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   int64_t max_message_elements_;
+  int64_t calls_ = 0;  // calls started, the same sequence on every rank (the contract)
+  int64_t question_ = 0;
+  std::deque<int64_t> answers_;  // send buffers of the answers, alive until they complete
+  std::vector<MPI_Request> answer_reqs_;
 };
 
 // A communicator over MPI_COMM_WORLD when MPI is initialised, else the self communicator.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 
 #include "core/error.hpp"
 
@@ -85,6 +86,9 @@ namespace {
 class Parser {
  public:
   explicit Parser(std::string_view text) : text_(text) {}
+  Parser(std::string_view text, std::string_view stream_key,
+         const std::function<void(size_t, const Value&)>* stream_element)
+      : text_(text), stream_key_(stream_key), stream_element_(stream_element) {}
 
   Value document() {
     skip_space();
@@ -96,6 +100,7 @@ class Parser {
 
  private:
   static constexpr int kMaxDepth = 256;
+  static constexpr size_t kLinearKeys = 16;  // objects up to this many keys look for duplicates by scanning
 
   [[noreturn]] void error(const std::string& what) const {
     size_t line = 1, col = 1;
@@ -134,33 +139,52 @@ class Parser {
 
   Value object(int depth) {
     expect('{');
-    Value obj = Value::object();
+    std::vector<std::pair<std::string, Value>> members;
+    std::unordered_set<std::string> seen;  // keys of a large object: duplicates found in O(1), not O(members)
     skip_space();
-    if (peek() == '}') { ++pos_; return obj; }
+    if (peek() == '}') { ++pos_; return Value::object(std::move(members)); }
     for (;;) {
       skip_space();
       if (peek() != '"') error("expected a string key");
       std::string key = string();
-      if (obj.contains(key)) error("duplicate key \"" + key + "\"");
+      bool duplicate = false;
+      if (members.size() < kLinearKeys) {
+        for (const auto& m : members) duplicate = duplicate || m.first == key;
+      } else {
+        if (seen.empty()) {
+          for (const auto& m : members) seen.insert(m.first);
+        }
+        duplicate = !seen.insert(key).second;
+      }
+      if (duplicate) error("duplicate key \"" + printable(key) + "\"");
       skip_space();
       expect(':');
       skip_space();
-      obj.set(key, value(depth + 1));
+      if (stream_element_ != nullptr && depth == 0 && key == stream_key_ && peek() == '[') {
+        members.emplace_back(std::move(key), array(depth + 1, stream_element_));
+      } else {
+        members.emplace_back(std::move(key), value(depth + 1));
+      }
       skip_space();
       if (peek() == ',') { ++pos_; continue; }
-      if (peek() == '}') { ++pos_; return obj; }
+      if (peek() == '}') { ++pos_; return Value::object(std::move(members)); }
       error("expected ',' or '}'");
     }
   }
 
-  Value array(int depth) {
+  // With `element`, each element goes to it as soon as it is parsed and the array stays empty.
+  Value array(int depth, const std::function<void(size_t, const Value&)>* element = nullptr) {
     expect('[');
     Value arr = Value::array();
     skip_space();
     if (peek() == ']') { ++pos_; return arr; }
-    for (;;) {
+    for (size_t index = 0;; ++index) {
       skip_space();
-      arr.push_back(value(depth + 1));
+      if (element != nullptr) {
+        (*element)(index, value(depth + 1));
+      } else {
+        arr.push_back(value(depth + 1));
+      }
       skip_space();
       if (peek() == ',') { ++pos_; continue; }
       if (peek() == ']') { ++pos_; return arr; }
@@ -272,6 +296,8 @@ class Parser {
 
   std::string_view text_;
   size_t pos_ = 0;
+  std::string_view stream_key_;
+  const std::function<void(size_t, const Value&)>* stream_element_ = nullptr;
 };
 
 void write_string(std::string& out, const std::string& s) {
@@ -350,6 +376,11 @@ void write(std::string& out, const Value& v, int indent, int level) {
 }  // namespace
 
 Value parse(std::string_view text) { return Parser(text).document(); }
+
+Value parse_streaming(std::string_view text, std::string_view key,
+                      const std::function<void(size_t, const Value&)>& element) {
+  return Parser(text, key, &element).document();
+}
 
 std::string dump(const Value& value, int indent) {
   std::string out;

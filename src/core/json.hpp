@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -29,6 +30,12 @@ class Value {
 
   static Value array() { Value v; v.type_ = Type::Array; return v; }
   static Value object() { Value v; v.type_ = Type::Object; return v; }
+  // An object of these members, in this order; their keys must be distinct (set() is not called).
+  static Value object(std::vector<std::pair<std::string, Value>> members) {
+    Value v = object();
+    v.object_ = std::move(members);
+    return v;
+  }
 
   Type type() const { return type_; }
   bool is_null() const { return type_ == Type::Null; }
@@ -73,6 +80,12 @@ class Value {
 
 // Parses a whole document; throws treecp::Error("malformed JSON at line L, column C: ...").
 Value parse(std::string_view text);
+
+// Parses like parse(), but hands each element of the array under the top-level key `key` to
+// `element` as soon as it is parsed, instead of keeping it (that array stays empty in the result):
+// a row of a million segments costs the caller's own records, not a million JSON values.
+Value parse_streaming(std::string_view text, std::string_view key,
+                      const std::function<void(size_t index, const Value& value)>& element);
 
 // Writes compact JSON (indent < 0) or indented JSON.
 std::string dump(const Value& value, int indent = -1);

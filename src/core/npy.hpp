@@ -2,11 +2,12 @@
 //
 // NumPy .npy files: little-endian float32 ('<f4') or float64 ('<f8'), C order, format 1.0/2.0/3.0; and
 // int64 ('<i8') for token ids, through their own functions. Anything else (big-endian, Fortran order,
-// other dtypes, truncated data) is refused by name.
+// other dtypes, other header keys, truncated data) is refused in one printable line naming the file.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace treecp {
@@ -23,13 +24,18 @@ struct NpyArray {
 };
 
 NpyArray load_npy(const std::string& path);
+// The same from a file's bytes; `name` (the path) starts every message. The header must hold exactly
+// 'descr', 'fortran_order' and 'shape'; every dimension is at most 2^31-1 and the element count
+// is checked for overflow and against the data before anything is allocated.
+NpyArray npy_from_bytes(std::string_view bytes, const std::string& name);
 
-// An int64 array (token ids), read and written exactly.
+// An int64 array (token ids), read and written exactly; the same header rules.
 struct NpyInt64Array {
   std::vector<int64_t> shape;
   std::vector<int64_t> data;
 };
 NpyInt64Array load_npy_int64(const std::string& path);
+NpyInt64Array npy_int64_from_bytes(std::string_view bytes, const std::string& name);
 // Serialises to the bytes of a .npy file (written by the caller, so that nothing is written on error).
 std::string npy_bytes(const std::vector<int64_t>& shape, const double* data, DType dtype);
 std::string npy_bytes(const std::vector<int64_t>& shape, const float* data);

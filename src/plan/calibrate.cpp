@@ -121,6 +121,11 @@ Calibration calibrate(const CostModel& base, const std::vector<StageSample>& sta
   auto cls = [](const StageSample& s) {
     return s.pass == Pass::Forward ? (s.remote ? kRf : kLf) : (s.remote ? kRb : kLb);
   };
+  // With few samples (fewer than three per unknown) only the throughputs are fitted: launch, merge and range
+  // keep the base values (their share is subtracted first), rather than an intercept fitted to six points.
+  int usable = 0;
+  for (const StageSample& s : stages) usable += s.measured_ms > 0 && s.load.pairs > 0;
+  const bool fit_fixed_terms = usable >= 3 * kCols;
   std::vector<double> a, b;
   int rows = 0;
   bool seen[kCols] = {};
@@ -132,11 +137,22 @@ Calibration calibrate(const CostModel& base, const std::vector<StageSample>& sta
     row[cls(s)] = static_cast<double>(std::max(s.load.pairs, s.load.compute_pairs));  // stage_ms's computed pairs
     if (s.remote) row[kMerge] = static_cast<double>(s.load.query_tokens);
     row[kRange] = static_cast<double>(s.load.ranges);
+    double fixed = 0.0;
+    if (!fit_fixed_terms) {  // the base's stage_ms without its pair term (launch, merge, range, underfill)
+      StageLoad no_pairs = s.load;
+      no_pairs.compute_pairs = 0;
+      CostModel no_throughput = base;
+      no_throughput.local_forward_pairs_per_ms = no_throughput.remote_forward_pairs_per_ms =
+          no_throughput.local_backward_pairs_per_ms = no_throughput.remote_backward_pairs_per_ms =
+              std::numeric_limits<double>::infinity();
+      fixed = stage_ms(no_throughput, no_pairs, s.remote, s.pass);
+      row[kLaunch] = row[kMerge] = row[kRange] = 0.0;
+    }
     for (int j = 0; j < kCols; ++j) {
       a.push_back(row[j] * inv);
       seen[j] = seen[j] || row[j] != 0.0;
     }
-    b.push_back(1.0);
+    b.push_back(1.0 - fixed * inv);
     ++rows;
   }
   out.stage_samples = rows;
@@ -151,7 +167,7 @@ Calibration calibrate(const CostModel& base, const std::vector<StageSample>& sta
     const std::vector<double> x = nnls(sub, b, rows, static_cast<int>(keep.size()));
     double fit[kCols] = {};
     for (size_t k = 0; k < keep.size(); ++k) fit[keep[k]] = x[k];
-    c.underfill_ms = 0.0;
+    if (fit_fixed_terms) c.underfill_ms = 0.0;  // its effect is in the fitted launch
     if (seen[kLaunch]) c.stage_launch_ms = fit[kLaunch];
     auto throughput = [&](int col, double& field) {
       if (seen[col] && fit[col] > 0) field = 1.0 / fit[col];

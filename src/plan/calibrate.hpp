@@ -9,7 +9,8 @@
 // solved for the seven unknowns by non-negative least squares on relative errors (each row divided by its
 // measured ms, so a 0.1 ms stage counts as much as a 10 ms one; the judge is |log(measured / predicted)|).
 // A throughput with no sample keeps the base value; the underfill term is set to zero (its effect is in the
-// fitted launch). Token-local work: per rank and pass, (measured pass - measured stages) / owned tokens,
+// fitted launch). With fewer than three samples per unknown only the throughputs are fitted, launch, merge,
+// range and underfill keeping the base values. Token-local work: per rank and pass, (measured pass - measured stages) / owned tokens,
 // least squares through the origin. Links: exchanges of known bytes give latency + bytes / bandwidth on one
 // node (two ranks) and the rank bandwidth from more ranks.
 #pragma once

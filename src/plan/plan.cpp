@@ -1,7 +1,7 @@
 #include "plan/plan.hpp"
 
 #include <algorithm>
-#include <unordered_map>
+#include <tuple>
 
 #include "core/error.hpp"
 #include "plan/work.hpp"
@@ -65,34 +65,6 @@ void check_ranges(const std::vector<TokenRange>& v, const std::string& what) {
     if (!(i == 0 || v[i - 1].end <= v[i].begin))
       fail("plan: ", what, ": ranges ", range_text(v[i - 1].begin, v[i - 1].end), " and ",
            range_text(v[i].begin, v[i].end), " overlap or are out of order (a range is fetched at most once)");
-  }
-}
-
-struct Piece {
-  int32_t slice;   // index of the row slice it belongs to
-  int32_t qc, kc;  // chunk pair
-  int64_t area;
-  Slice s;
-  int32_t rank, stage;
-  bool operator<(const Piece& o) const { return std::tie(slice, qc, kc) < std::tie(o.slice, o.qc, o.kc); }
-};
-
-// Cuts `s` at the chunk bounds and appends its pieces.
-void cut_to_chunks(const Slice& s, const std::vector<int64_t>& bounds, int32_t slice, int32_t rank, int32_t stage,
-                   std::vector<Piece>& out) {
-  const int32_t q0 = chunk_of(bounds, s.q_begin), k0 = chunk_of(bounds, s.k_begin);
-  // Most slices lie in one chunk each way: skip the second search then.
-  const int32_t q1 = s.q_end <= bounds[q0 + 1] ? q0 : chunk_of(bounds, s.q_end - 1);
-  const int32_t k1 = s.k_end <= bounds[k0 + 1] ? k0 : chunk_of(bounds, s.k_end - 1);
-  if (q0 == q1 && k0 == k1) {
-    out.push_back({slice, q0, k0, s.area(), s, rank, stage});
-    return;
-  }
-  for (int32_t i = q0; i <= q1; ++i) {
-    for (int32_t j = k0; j <= k1; ++j) {
-      const Slice piece = cut_slice(s, bounds[i], bounds[i + 1], bounds[j], bounds[j + 1]);
-      if (!piece.empty()) out.push_back({slice, i, j, piece.area(), piece, rank, stage});
-    }
   }
 }
 
@@ -171,26 +143,30 @@ void validate_plan(const Plan& plan, const Row& row, int64_t window, int expecte
   }
   // Slices: queries owned, keys owned (stage 0) or received in the stage's wave; pairs add up.
   const std::vector<Slice> visible = row_slices(row, window);
-  std::unordered_map<int64_t, int32_t> slice_of_segments;  // q segment * segments + k segment -> row slice
-  const int64_t segs = row.num_segments();
+  // A query segment's row slices are consecutive, their key ranges increasing: [first_slice[s], first_slice[s + 1]).
+  std::vector<size_t> first_slice(static_cast<size_t>(row.num_segments()) + 1, visible.size());
   // Slices come in runs from one segment: try the previous answer before searching.
   auto segment_near = [&row](int64_t pos, int32_t& hint) {
     if (hint < 0 || pos < row.start(hint) || pos >= row.end(hint)) hint = row.segment_of(pos);
     return hint;
   };
-  // Keys are visible only in an ancestor-or-self segment of the query's: walk up instead of searching.
-  auto key_segment = [&row](int32_t q_segment, int64_t k) {
-    int32_t a = q_segment;
-    while (a >= 0 && (k < row.start(a) || k >= row.end(a))) a = row.parent(a);
-    return a;
-  };
   int32_t q_hint = -1;
-  slice_of_segments.reserve(visible.size());
-  for (size_t i = 0; i < visible.size(); ++i) {
-    const int32_t sq = segment_near(visible[i].q_begin, q_hint);
-    slice_of_segments[sq * segs + key_segment(sq, visible[i].k_begin)] = static_cast<int32_t>(i);
-  }
-  std::vector<Piece> got;
+  for (size_t i = visible.size(); i-- > 0;) first_slice[segment_near(visible[i].q_begin, q_hint)] = i;
+  for (size_t s = static_cast<size_t>(row.num_segments()); s-- > 0;) first_slice[s] = std::min(first_slice[s], first_slice[s + 1]);
+  // The row slice of query segment sq whose keys hold k, or -1.
+  auto slice_holding = [&](int32_t sq, int64_t k) -> int64_t {
+    const auto first = visible.begin() + static_cast<int64_t>(first_slice[sq]);
+    const auto last = visible.begin() + static_cast<int64_t>(first_slice[sq + 1]);
+    const auto it = std::partition_point(first, last, [k](const Slice& v) { return v.k_end <= k; });
+    return it != last && it->k_begin <= k ? it - visible.begin() : -1;
+  };
+  // Each plan slice with the row slice holding it; the pairs the plan computes of each row slice.
+  struct Part {
+    int32_t row_slice, rank, stage;
+    const Slice* s;
+  };
+  std::vector<Part> got;
+  std::vector<int64_t> covered(visible.size(), 0);
   std::vector<TokenRange> received;
   for (int r = 0; r < cp; ++r) {
     for (size_t w = 0; w < stages; ++w) {
@@ -212,52 +188,58 @@ void validate_plan(const Plan& plan, const Row& row, int64_t window, int expecte
         if (!(containing_range(keys, s.k_begin, s.k_end) >= 0))
           fail("plan: ", where, ": slice ", to_string(s),
                w == 0 ? " has keys the rank does not own" : " has keys not received in this wave");
-        const int32_t sq = segment_near(s.q_begin, q_hint), sk = key_segment(sq, s.k_begin);
-        auto it = sk >= 0 ? slice_of_segments.find(sq * segs + sk) : slice_of_segments.end();
-        // Row slices lie inside one segment pair, so rectangle containment also checks the far ends.
-        const Slice* v = it != slice_of_segments.end() ? &visible[it->second] : nullptr;
+        const int64_t vi = slice_holding(segment_near(s.q_begin, q_hint), s.k_begin);
+        // Row slices are exact (every pair inside one's rectangle and band is visible): containment suffices.
+        const Slice* v = vi >= 0 ? &visible[static_cast<size_t>(vi)] : nullptr;
         if (!(v != nullptr && s.q_begin >= v->q_begin && s.q_end <= v->q_end && s.k_begin >= v->k_begin &&
               s.k_end <= v->k_end && s.diag_min >= v->diag_min && s.diag_max <= v->diag_max))
           fail("plan: ", where, ": slice ", to_string(s), " contains pairs that are not visible");
         pairs += s.area();
-        cut_to_chunks(s, bounds, it->second, r, static_cast<int32_t>(w), got);
+        covered[static_cast<size_t>(vi)] += s.area();
+        got.push_back({static_cast<int32_t>(vi), r, static_cast<int32_t>(w), &s});
       }
       require(pairs == st.pairs, "plan: ", where, ": pairs is ", st.pairs, " but its slices hold ", pairs);
     }
   }
-  // Coverage: per (row slice, query chunk, key chunk) the plan's pieces must add up to the row's,
-  // and pieces sharing one must not overlap. With every piece inside visibility, that is exact-once.
-  std::vector<Piece> want;
-  for (size_t i = 0; i < visible.size(); ++i) cut_to_chunks(visible[i], bounds, static_cast<int32_t>(i), -1, -1, want);
-  std::sort(got.begin(), got.end());
-  std::sort(want.begin(), want.end());
-  auto chunk_pair = [&](const Piece& p) {
-    return "query chunk " + std::to_string(p.qc) + " " + range_text(bounds[p.qc], bounds[p.qc + 1]) + " x key chunk " +
-           std::to_string(p.kc) + " " + range_text(bounds[p.kc], bounds[p.kc + 1]);
-  };
-  size_t g = 0;
-  int64_t total = 0;
-  for (const Piece& expect : want) {
-    int64_t have = 0;
-    const size_t first = g;
-    for (; g < got.size() && !(expect < got[g]); ++g) have += got[g].area;
-    for (size_t a = first; a < g; ++a) {
-      for (size_t b = a + 1; b < g; ++b) {
-        const Slice& x = got[a].s;
-        const Slice& y = got[b].s;
+  // Coverage: every plan slice lies inside one row slice, so every visible pair is computed exactly once
+  // iff no two plan slices overlap and those of each row slice add up to its area. Slices of two ranks
+  // never overlap (each rank's queries are its own chunks): overlaps are looked for among one rank's
+  // slices of one row slice whose key ranges meet, in time O(slices log slices) and never per chunk pair.
+  // Parts grouped by row slice (a counting sort), each group ordered by rank and first key.
+  std::vector<size_t> group(visible.size() + 1, 0), order(got.size());
+  for (const Part& p : got) ++group[static_cast<size_t>(p.row_slice) + 1];
+  for (size_t i = 0; i < visible.size(); ++i) group[i + 1] += group[i];
+  {
+    std::vector<size_t> fill(group.begin(), group.end() - 1);
+    for (size_t x = 0; x < got.size(); ++x) order[fill[static_cast<size_t>(got[x].row_slice)]++] = x;
+  }
+  for (size_t i = 0; i < visible.size(); ++i) {
+    const auto first = order.begin() + static_cast<int64_t>(group[i]), last = order.begin() + static_cast<int64_t>(group[i + 1]);
+    std::sort(first, last, [&](size_t x, size_t y) {
+      return std::tie(got[x].rank, got[x].s->k_begin) < std::tie(got[y].rank, got[y].s->k_begin);
+    });
+    for (auto a = first; a != last; ++a) {
+      const Part& pa = got[*a];
+      const Slice& x = *pa.s;
+      for (auto b = a + 1; b != last && got[*b].rank == pa.rank && got[*b].s->k_begin < x.k_end; ++b) {
+        const Slice& y = *got[*b].s;
         const Slice both =
             make_slice(std::max(x.q_begin, y.q_begin), std::min(x.q_end, y.q_end), std::max(x.k_begin, y.k_begin),
                        std::min(x.k_end, y.k_end), std::max(x.diag_min, y.diag_min), std::min(x.diag_max, y.diag_max));
         if (!(both.empty()))
-          fail("plan: pairs of ", chunk_pair(expect), " computed more than once (rank ", got[a].rank, " stage ",
-               got[a].stage, " and rank ", got[b].rank, " stage ", got[b].stage, ")");
+          fail("plan: pairs of row slice ", to_string(visible[i]), " computed more than once (rank ", pa.rank,
+               " stages ", pa.stage, " and ", got[*b].stage, ")");
       }
     }
-    if (!(have <= expect.area)) fail("plan: pairs of ", chunk_pair(expect), " computed more than once");
-    if (!(have == expect.area)) fail("plan: missing ", expect.area - have, " visible pairs of ", chunk_pair(expect));
-    total += have;
   }
-  require(g == got.size(), "plan: slices outside the row's visibility");
+  int64_t total = 0;
+  for (size_t i = 0; i < visible.size(); ++i) {
+    const int64_t want = visible[i].area();
+    if (!(covered[i] <= want)) fail("plan: pairs of row slice ", to_string(visible[i]), " computed more than once");
+    if (!(covered[i] == want))
+      fail("plan: missing ", want - covered[i], " visible pairs of row slice ", to_string(visible[i]));
+    total += want;
+  }
   require(plan.visible_pairs == total, "plan: visible_pairs is ", plan.visible_pairs, " but the row has ", total);
 }
 

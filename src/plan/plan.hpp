@@ -81,9 +81,9 @@ Ownership plan_ownership(const Plan& plan);
 // Checks that a plan fits the row and window and is executable: rank count (expected_cp > 0 also
 // checks it against the communicator size), token count, chunk bounds and owners, owned ranges,
 // recv/send mirror, one fetch per range per rank per wave, slices inside owned or received ranges,
-// stage pair counts, and that every visible pair is computed exactly once (per chunk-pair areas
-// against the work matrix, overlaps checked exactly; never O(S^2)). Throws treecp::Error whose
-// message starts with "plan:" and names the rank, stage and chunk pair at fault.
+// stage pair counts, and that every visible pair is computed exactly once (per row slice areas,
+// overlaps checked exactly; never O(S^2), never per chunk pair). Throws treecp::Error whose
+// message starts with "plan:" and names the rank, stage and slice at fault.
 void validate_plan(const Plan& plan, const Row& row, int64_t window, int expected_cp = 0);
 
 // JSON form (docs: plan_to_json). Keys: layout, cp, tokens, window, num_waves, visible_pairs,

@@ -8,7 +8,6 @@
 namespace treecp {
 
 namespace {
-constexpr int64_t kTile = 128;  // kernel tile: chunk sizes are multiples of it when grown by the budget
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The element of sorted `v` nearest to `target` inside [lo, hi], or -1.
@@ -30,7 +29,7 @@ int64_t default_chunk_tokens(int64_t tokens, int cp) {
   if (tokens <= 0) return 1;
   int64_t chunk = 512;
   const int64_t budget = chunk_budget(cp);
-  if (ceil_div(tokens, chunk) > budget) chunk = ceil_div(ceil_div(tokens, budget), kTile) * kTile;
+  if (ceil_div(tokens, chunk) > budget) chunk = ceil_div(ceil_div(tokens, budget), kKernelTileTokens) * kKernelTileTokens;
   if (ceil_div(tokens, chunk) < cp) chunk = std::max<int64_t>(1, tokens / cp);
   return chunk;
 }
@@ -105,69 +104,96 @@ WorkMatrix build_work_matrix(const std::vector<Slice>& slices, std::vector<int64
   WorkMatrix w;
   w.bounds = std::move(bounds);
   const int32_t n = w.num_chunks();
-  struct Entry {
-    int32_t q, k;
-    int64_t pairs, compute;
-  };
-  std::vector<Entry> entries;
-  entries.reserve(slices.size() * 4);
   // Consecutive slices mostly start in the chunk the previous one did: test it before searching.
   int32_t q_hint = 0, k_hint = 0;
   auto near = [&w](int64_t pos, int32_t& hint) {
     if (pos < w.bounds[hint] || pos >= w.bounds[hint + 1]) hint = chunk_of(w.bounds, pos);
     return hint;
   };
-  for (const Slice& s : slices) {
+  // Slices by query chunk (a counting sort of their (slice, query chunk) pairs): each chunk's row is
+  // then summed densely over key chunks, in memory O(slices + entries) rather than O(pieces).
+  std::vector<int64_t> first(static_cast<size_t>(n) + 1, 0);
+  std::vector<std::pair<int32_t, int32_t>> q_span(slices.size(), {0, -1});
+  for (size_t x = 0; x < slices.size(); ++x) {
+    const Slice& s = slices[x];
     if (s.empty()) continue;
     if (!(s.q_begin >= 0 && s.k_begin >= 0 && s.q_end <= w.tokens() && s.k_end <= w.tokens())) {
       fail("work matrix: slice ", to_string(s), " outside the row [0, ", w.tokens(), ")");
     }
     const int32_t q0 = near(s.q_begin, q_hint);
     const int32_t q1 = s.q_end <= w.bounds[q0 + 1] ? q0 : chunk_of(w.bounds, s.q_end - 1);
-    for (int32_t i = q0; i <= q1; ++i) {
-      // Keys the chunk's queries can see: q - diag_max < k <= q - diag_min, inside the slice.
+    q_span[x] = {q0, q1};
+    for (int32_t i = q0; i <= q1; ++i) first[i + 1]++;
+  }
+  for (int32_t i = 0; i < n; ++i) first[i + 1] += first[i];
+  std::vector<int32_t> by_chunk(static_cast<size_t>(first[n]));
+  {
+    std::vector<int64_t> fill(first.begin(), first.end() - 1);
+    for (size_t x = 0; x < slices.size(); ++x) {
+      for (int32_t i = q_span[x].first; i <= q_span[x].second; ++i) by_chunk[fill[i]++] = static_cast<int32_t>(x);
+    }
+  }
+  auto padded = [](int64_t len, int64_t tile) { return tile > 0 ? ceil_div(len, tile) * tile : len; };
+  const bool tiled = tile_q > 0 && tile_k > 0;
+  // One query chunk's row: pairs and computed pairs per key chunk, plus key chunks every query of a
+  // piece sees in full, added as ranges (coefficients of the chunk's tokens, differences at the ends):
+  // a slice over many whole key chunks costs O(1) per query chunk, not O(key chunks).
+  std::vector<int64_t> pairs(n, 0), compute(n, 0), full(static_cast<size_t>(n) + 1, 0),
+      full_compute(static_cast<size_t>(n) + 1, 0);
+  w.row_start.assign(static_cast<size_t>(n) + 1, 0);
+  w.q_weight.assign(n, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    int32_t lo = n, hi = -1;
+    for (int64_t e = first[i]; e < first[i + 1]; ++e) {
+      const Slice& s = slices[static_cast<size_t>(by_chunk[e])];
+      // Keys the chunk's queries can see: q - diag_max < k <= q - diag_min, inside the slice; every
+      // one of them sees [fa, fb).
       const int64_t qa = std::max(s.q_begin, w.bounds[i]), qb = std::min(s.q_end, w.bounds[i + 1]);
       const int64_t ka = std::max(s.k_begin, qa - s.diag_max + 1), kb = std::min(s.k_end, qb - s.diag_min);
       if (kb <= ka) continue;
+      const int64_t fa = std::max(ka, qb - s.diag_max), fb = std::min(kb, qa - s.diag_min + 1);
       const int32_t j0 = near(ka, k_hint), j1 = kb <= w.bounds[j0 + 1] ? j0 : chunk_of(w.bounds, kb - 1);
+      // Whole key chunks inside [fa, fb): [f0, f1) (a piece in one key chunk is cut like any other).
+      int32_t f0 = j1 + 1, f1 = j1 + 1;
+      if (fa < fb && j1 > j0) {
+        f0 = chunk_of(w.bounds, fa);
+        if (w.bounds[f0] < fa) ++f0;
+        f1 = std::max(f0, chunk_of(w.bounds, fb));
+      }
       for (int32_t j = j0; j <= j1; ++j) {
+        if (j == f0 && f0 < f1) {
+          full[f0] += qb - qa;
+          full[f1] -= qb - qa;
+          full_compute[f0] += padded(qb - qa, tile_q);
+          full_compute[f1] -= padded(qb - qa, tile_q);
+          j = f1 - 1;
+          continue;
+        }
         const Slice piece = cut_slice(s, qa, qb, w.bounds[j], w.bounds[j + 1]);
         const int64_t a = piece.area();
-        if (a > 0) entries.push_back({i, j, a, tile_padded_area(piece, tile_q, tile_k)});
+        if (a <= 0) continue;
+        pairs[j] += a;
+        compute[j] += tile_padded_area(piece, tile_q, tile_k);
       }
+      lo = std::min(lo, j0);
+      hi = std::max(hi, j1);
     }
-  }
-  // Bucket by query chunk (counting sort), then sort each short row by key chunk and add duplicates.
-  std::vector<int64_t> start(static_cast<size_t>(n) + 1, 0);
-  for (const Entry& e : entries) start[e.q + 1]++;
-  for (int32_t i = 0; i < n; ++i) start[i + 1] += start[i];
-  std::vector<Entry> sorted(entries.size());
-  {
-    std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (const Entry& e : entries) sorted[fill[e.q]++] = e;
-  }
-  w.row_start.assign(static_cast<size_t>(n) + 1, 0);
-  w.q_weight.assign(n, 0);
-  w.col.reserve(sorted.size());
-  w.pairs.reserve(sorted.size());
-  w.compute.reserve(sorted.size());
-  for (int32_t i = 0; i < n; ++i) {
-    auto first = sorted.begin() + start[i], last = sorted.begin() + start[i + 1];
-    std::sort(first, last, [](const Entry& a, const Entry& b) { return a.k < b.k; });
-    for (auto e = first; e != last;) {
-      const int32_t k = e->k;
-      int64_t sum = 0, compute = 0;
-      for (; e != last && e->k == k; ++e) {
-        sum += e->pairs;
-        compute += e->compute;
-      }
-      w.col.push_back(k);
-      w.pairs.push_back(sum);
-      w.compute.push_back(compute);
+    int64_t full_rows = 0, full_compute_rows = 0;
+    for (int32_t j = lo; j <= hi; ++j) {
+      full_rows += full[j];
+      full_compute_rows += full_compute[j];
+      const int64_t p = pairs[j] + full_rows * w.chunk_tokens(j);
+      const int64_t c = compute[j] + (tiled ? full_compute_rows * padded(w.chunk_tokens(j), tile_k) : full_rows * w.chunk_tokens(j));
+      pairs[j] = compute[j] = full[j] = full_compute[j] = 0;
+      if (p <= 0) continue;
+      w.col.push_back(j);
+      w.pairs.push_back(p);
+      w.compute.push_back(c);
       w.row_start[i + 1]++;
-      w.q_weight[i] += sum;
-      w.total_pairs += sum;
+      w.q_weight[i] += p;
+      w.total_pairs += p;
     }
+    if (hi >= 0) full[hi + 1] = full_compute[hi + 1] = 0;
   }
   for (int32_t i = 0; i < n; ++i) w.row_start[i + 1] += w.row_start[i];
   return w;

@@ -15,6 +15,10 @@ namespace treecp {
 
 class Row;
 
+// The attention kernels' tile in tokens: grown chunk sizes are multiples of it, and the command line
+// accepts no chunk below it.
+inline constexpr int64_t kKernelTileTokens = 128;
+
 // Most chunks a plan uses: enough to balance (16 per rank on top of a floor of 128), few enough that
 // the search stays in a few milliseconds (ART's runtime uses the same budget).
 inline int64_t chunk_budget(int cp) { return 128 + 16 * static_cast<int64_t>(cp); }

@@ -15,6 +15,28 @@ void check_dims(const AttentionShape& d, const char* who) {
           " and ", d.hkv);
 }
 
+// What the forward and backward parameter blocks share: Q, K, V and the layouts of Q, K, V, O (and dO) and LSE.
+template <class P>
+void set_common(P& p, const AttentionDims& dims, const DeviceBuffer<cuda::bf16_t>& q, const KvView<cuda::bf16_t>& kv) {
+  p.q = q.data();
+  p.k = kv.k;
+  p.v = kv.v;
+  p.q_row_stride = int64_t{dims.hq} * dims.d;  // Q [rows, Hq, D]
+  p.q_head_stride = dims.d;
+  p.k_row_stride = kv.k_row_stride;
+  p.k_head_stride = dims.d;
+  p.v_row_stride = kv.v_row_stride;
+  p.v_head_stride = dims.dv;
+  p.o_row_stride = int64_t{dims.hq} * dims.dv;  // O (and dO) [rows, Hq, Dv]
+  p.o_head_stride = dims.dv;
+  p.lse_row_stride = dims.hq;  // LSE [rows, Hq]
+  p.lse_head_stride = 1;
+  p.hq = dims.hq;
+  p.hkv = dims.hkv;
+  p.head_dim = dims.d;
+  p.scale = static_cast<float>(dims.softmax_scale());
+}
+
 }  // namespace
 
 cuda::bf16_t to_bf16(float f) {
@@ -157,25 +179,9 @@ void CudaBackend::attention_forward(const AttentionShape& dims, const Geometry& 
                                     Act& o, Stat& lse) {
   check_dims(dims, "attention_forward");
   cuda::AttentionForwardParams p;
-  p.q = q.data();
-  p.k = kv.k;
-  p.v = kv.v;
+  set_common(p, dims, q, kv);
   p.o = o.data();
   p.lse = lse.data();
-  p.q_row_stride = int64_t{dims.hq} * dims.d;
-  p.q_head_stride = dims.d;
-  p.k_row_stride = kv.k_row_stride;
-  p.k_head_stride = dims.d;
-  p.v_row_stride = kv.v_row_stride;
-  p.v_head_stride = dims.dv;
-  p.o_row_stride = int64_t{dims.hq} * dims.dv;
-  p.o_head_stride = dims.dv;
-  p.lse_row_stride = dims.hq;
-  p.lse_head_stride = 1;
-  p.hq = dims.hq;
-  p.hkv = dims.hkv;
-  p.head_dim = dims.d;
-  p.scale = static_cast<float>(dims.softmax_scale());
   p.workspace = fwd_workspace_;
   p.workspace_bytes = fwd_workspace_bytes_;
   cuda::attention_forward(p, *g, stream_);
@@ -264,9 +270,7 @@ void CudaBackend::attention_backward(const AttentionShape& dims, const Geometry&
   check_dims(dims, "attention_backward");
   require(dkv.dk_row_stride == dkv.dv_row_stride, "attention_backward: dK and dV must share a row stride");
   cuda::AttentionBackwardParams p;
-  p.q = q.data();
-  p.k = kv.k;
-  p.v = kv.v;
+  set_common(p, dims, q, kv);
   p.o = o.data();
   p.d_o = d_o.data();
   p.lse = lse.data();
@@ -275,24 +279,10 @@ void CudaBackend::attention_backward(const AttentionShape& dims, const Geometry&
   p.dq = dq.data();
   p.dk = dkv.dk;
   p.dv = dkv.dv;
-  p.q_row_stride = int64_t{dims.hq} * dims.d;
-  p.q_head_stride = dims.d;
-  p.k_row_stride = kv.k_row_stride;
-  p.k_head_stride = dims.d;
-  p.v_row_stride = kv.v_row_stride;
-  p.v_head_stride = dims.dv;
-  p.o_row_stride = int64_t{dims.hq} * dims.dv;
-  p.o_head_stride = dims.dv;
-  p.lse_row_stride = dims.hq;
-  p.lse_head_stride = 1;
   p.dq_row_stride = int64_t{dims.hq} * dims.d;
   p.dq_head_stride = dims.d;
   p.dk_row_stride = dkv.dk_row_stride;
   p.dk_head_stride = dims.d;
-  p.hq = dims.hq;
-  p.hkv = dims.hkv;
-  p.head_dim = dims.d;
-  p.scale = static_cast<float>(dims.softmax_scale());
   cuda::attention_backward(p, *g, stream_);
 }
 

@@ -17,9 +17,12 @@ Row::Row(std::vector<Segment> segments) : segments_(std::move(segments)) {
   root_.resize(n);
   subtree_end_.resize(n);
 
-  // The stack holds the current root-to-segment path; a DFS preorder row only ever attaches a new
-  // segment to a segment on that path.
+  // The stack holds the current root-to-segment path (path[d - 1] has depth d); a DFS preorder row
+  // only ever attaches a new segment to a segment on that path, found by its depth in O(1).
   std::vector<int32_t> path;
+  // Runs of contiguous ancestors above each segment: its slices without a window are one per run
+  // plus its own (row_slices).
+  std::vector<int32_t> key_runs(n);
   int64_t pos = 0;
   for (int32_t s = 0; s < static_cast<int32_t>(n); ++s) {
     const Segment& seg = segments_[s];
@@ -29,25 +32,29 @@ Row::Row(std::vector<Segment> segments) : segments_(std::move(segments)) {
             seg.parent);
     require(seg.parent < s, "segment ", s, ": parent ", seg.parent, " is not an earlier segment");
     require(seg.length <= kMaxTokens - pos, "segment ", s, ": row exceeds 2^31-1 tokens");
+    const size_t keep = seg.parent == -1 ? 0 : static_cast<size_t>(depth_[seg.parent]);
+    require(seg.parent == -1 || (keep <= path.size() && path[keep - 1] == seg.parent), "segment ", s,
+            ": not in DFS preorder: parent ", seg.parent, "'s subtree was already closed by segment ",
+            path.empty() ? -1 : path.back(), " (descendants must follow their ancestor contiguously)");
+    for (size_t i = keep; i < path.size(); ++i) subtree_end_[path[i]] = s;
+    path.resize(keep);
+    start_[s] = pos;
     if (seg.parent == -1) {
-      for (int32_t p : path) subtree_end_[p] = s;
-      path.clear();
       depth_[s] = 1;
       root_[s] = s;
       logical_start_[s] = 0;
+      key_runs[s] = 0;
     } else {
-      auto it = std::find(path.begin(), path.end(), seg.parent);
-      require(it != path.end(), "segment ", s, ": not in DFS preorder: parent ", seg.parent,
-              "'s subtree was already closed by segment ", path.empty() ? -1 : path.back(),
-              " (descendants must follow their ancestor contiguously)");
-      for (auto jt = it + 1; jt != path.end(); ++jt) subtree_end_[*jt] = s;
-      path.erase(it + 1, path.end());
       depth_[s] = depth_[seg.parent] + 1;
       root_[s] = root_[seg.parent];
       logical_start_[s] = logical_start_[seg.parent] + segments_[seg.parent].length;
+      key_runs[s] = key_runs[seg.parent] + (continues_parent(seg.parent) ? 0 : 1);
     }
+    slice_count_ += key_runs[s] + 1;
+    require(slice_count_ <= kMaxSlices, "segment ", s, ": the row's visibility needs more than ", kMaxSlices,
+            " slices, the most a row may have (Row::kMaxSlices); each ancestor that does not continue its parent "
+            "in the packed row adds a slice to every segment below it");
     path.push_back(s);
-    start_[s] = pos;
     pos += seg.length;
   }
   for (int32_t p : path) subtree_end_[p] = static_cast<int32_t>(n);
@@ -104,22 +111,11 @@ bool Row::visible(int64_t i, int64_t j, int64_t window) const {
 }
 
 Row row_from_json(std::string_view text) {
-  const json::Value doc = json::parse(text);
-  require(doc.is_object(), "row: the document must be an object {\"segments\": [...]}");
-  for (const auto& [key, value] : doc.as_object()) {
-    require(key == "segments", "row: unknown key \"", key, "\" (expected only \"segments\")");
-  }
-  const json::Value* segs = doc.find("segments");
-  require(segs != nullptr, "row: missing key \"segments\"");
-  require(segs->is_array(), "row: \"segments\" must be an array");
-  require(segs->size() > 0, "row: empty row (no segments)");
   std::vector<Segment> segments;
-  segments.reserve(segs->size());
-  for (size_t i = 0; i < segs->size(); ++i) {
-    const json::Value& s = (*segs)[i];
+  const auto segment = [&](size_t i, const json::Value& s) {
     require(s.is_object(), "segment ", i, ": must be an object {\"parent\":P,\"length\":L}");
     for (const auto& [key, value] : s.as_object()) {
-      require(key == "parent" || key == "length", "segment ", i, ": unknown key \"", key,
+      require(key == "parent" || key == "length", "segment ", i, ": unknown key \"", printable(key),
               "\" (expected \"parent\" and \"length\")");
     }
     const json::Value* p = s.find("parent");
@@ -132,7 +128,17 @@ Row row_from_json(std::string_view text) {
     require(parent >= -1 && parent <= INT32_MAX, "segment ", i, ": parent ", parent,
             " must be -1 (root) or an earlier segment");
     segments.push_back({static_cast<int32_t>(parent), l->as_int()});
+  };
+  // Segments are checked as they are parsed: a million of them never exist as JSON values at once.
+  const json::Value doc = json::parse_streaming(text, "segments", segment);
+  require(doc.is_object(), "row: the document must be an object {\"segments\": [...]}");
+  for (const auto& [key, value] : doc.as_object()) {
+    require(key == "segments", "row: unknown key \"", printable(key), "\" (expected only \"segments\")");
   }
+  const json::Value* segs = doc.find("segments");
+  require(segs != nullptr, "row: missing key \"segments\"");
+  require(segs->is_array(), "row: \"segments\" must be an array");
+  require(!segments.empty(), "row: empty row (no segments)");
   return Row(std::move(segments));
 }
 

@@ -20,9 +20,13 @@ struct Segment {
 class Row {
  public:
   static constexpr int64_t kMaxTokens = 2147483647;  // 2^31 - 1: token ids fit int32 in kernels
+  // Most slices a row's visibility may need (row_slices, 48 bytes each: 192 MiB before the planner
+  // cuts them into chunks): a row needing more is refused when it is built.
+  static constexpr int64_t kMaxSlices = int64_t{1} << 22;
 
   Row() = default;
-  // Validates and indexes the segments; throws treecp::Error naming the segment and the rule.
+  // Validates and indexes the segments in time linear in their count; throws treecp::Error naming
+  // the segment and the rule.
   explicit Row(std::vector<Segment> segments);
 
   int32_t num_segments() const { return static_cast<int32_t>(segments_.size()); }
@@ -42,6 +46,14 @@ class Row {
   int64_t subtree_token_end(int32_t s) const;
   bool is_leaf(int32_t s) const { return subtree_end_[s] == s + 1; }
   bool is_ancestor_or_self(int32_t a, int32_t s) const { return a <= s && s < subtree_end_[a]; }
+  // s starts where its parent ends in the packed row: the two are one run of keys for every query
+  // below them (row_slices gives such a run one slice).
+  bool continues_parent(int32_t s) const {
+    const int32_t p = segments_[s].parent;
+    return p != -1 && start_[s] == start_[p] + segments_[p].length;
+  }
+  // Slices of row_slices(*this) without a window (a window only drops some); <= kMaxSlices.
+  int64_t slice_count() const { return slice_count_; }
   // Segments from the root down to s, inclusive.
   std::vector<int32_t> ancestor_chain(int32_t s) const;
 
@@ -66,6 +78,7 @@ class Row {
   std::vector<int32_t> root_;
   std::vector<int32_t> subtree_end_;
   int64_t tokens_ = 0;
+  int64_t slice_count_ = 0;
 };
 
 // JSON row format: {"segments":[{"parent":-1,"length":1024},{"parent":0,"length":512}]}.

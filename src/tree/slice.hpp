@@ -14,10 +14,11 @@ namespace treecp {
 
 class Row;
 
-// The slice decomposition of a row's visibility (DESIGN.md): per segment, one slice against each
-// strict ancestor (full, or windowed) and one against itself (causal, or banded with a window).
-// window <= 0 means no window. Slices with no visible pair are dropped. Ordered by query segment,
-// then by key segment from the root down. Sum of areas == visible pairs.
+// The slice decomposition of a row's visibility (DESIGN.md): per segment, one slice against each run of
+// consecutive ancestors that are contiguous in the packed row (full, or windowed; a chain of segments
+// is one run) and one against itself (causal, or banded with a window). window <= 0 means no window.
+// Slices with no visible pair are dropped. Ordered by query segment, then by key run from the root
+// down. Sum of areas == visible pairs; time and memory linear in the slices (row.slice_count() at most).
 std::vector<Slice> row_slices(const Row& row, int64_t window = 0);
 
 // Cuts every slice at the given boundaries (sorted, starting at 0 and ending at the row length);

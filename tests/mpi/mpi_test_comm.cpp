@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
+#include <string>
+#include <thread>
 #include <numeric>
 #include <vector>
 
@@ -135,6 +138,54 @@ TEST(MpiComm, FailuresNameTheCall) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("MPI_"), std::string::npos) << e.what();
   }
+}
+
+// The last rank does not come to a call: every other rank's call ends at the deadline with one error
+// naming the call and that rank (found from outstanding messages for point-to-point traffic, and by
+// asking the waiting ranks for a collective).
+TEST(MpiComm, DeadlineNamesTheCallAndTheRankThatDidNotArrive) {
+  int world = 1, me = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  if (world == 1) GTEST_SKIP() << "needs a rank that can be late";
+  const int late = world - 1;
+  const double timeout_s = 0.3;
+  // Buffers of abandoned calls may still be written by the ranks that came: they live to the end.
+  static std::vector<std::vector<double>> kept;
+  const std::vector<std::string> calls = {"MPI_Barrier", "MPI_Allreduce", "MPI_Allgather", "all_to_all_v"};
+  for (const std::string& call : calls) {
+    MpiCommunicator comm;
+    comm.set_timeout_s(timeout_s);
+    comm.barrier();
+    if (me == late) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // past the others' deadline and answer wait
+    } else {
+      kept.emplace_back(static_cast<size_t>(4 * world), 1.0);
+      double* buf = kept.back().data();
+      const auto t0 = std::chrono::steady_clock::now();
+      std::string message;
+      try {
+        if (call == "MPI_Barrier") comm.barrier();
+        if (call == "MPI_Allreduce") comm.all_reduce_sum(buf, 4, CommType::F64);
+        if (call == "MPI_Allgather") comm.all_gather(buf, buf + 4, 1, CommType::F64);
+        if (call == "all_to_all_v") {
+          std::vector<int64_t> counts(static_cast<size_t>(world), 1), displs(static_cast<size_t>(world));
+          for (int p = 0; p < world; ++p) displs[static_cast<size_t>(p)] = p;
+          comm.all_to_all_v(buf, counts, displs, buf + world, counts, displs, CommType::F64);
+        }
+      } catch (const Error& e) {
+        message = e.what();
+      }
+      const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_EQ(message, call + ": rank " + std::to_string(late) + " did not arrive within the 0.3 s timeout");
+      EXPECT_GE(waited_s, timeout_s);
+      EXPECT_LT(waited_s, 2.0);  // deadline and answer wait (0.6 s), with room for a loaded machine
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MpiCommunicator comm;
+  EXPECT_THROW(comm.set_timeout_s(0), Error);
+  EXPECT_EQ(comm.timeout_s(), Communicator::kDefaultTimeoutS);
 }
 
 }  // namespace
