@@ -88,4 +88,15 @@ RankOptions rank_options(const Args& args, int64_t default_ranks) {
   return o;
 }
 
+const std::vector<std::string>& layout_choices() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (Layout l : kLayouts) out.emplace_back(layout_name(l));
+    return out;
+  }();
+  return names;
+}
+
+Layout layout_option(const Args& args) { return parse_layout(args.get_choice("--layout", "searched", layout_choices())); }
+
 }  // namespace treecp::cli

@@ -81,7 +81,7 @@ RuntimeMemory attention_runtime_memory(const RuntimeMemoryInput& in) {
   return out;
 }
 
-RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, int64_t owned_rows) {
+RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, const CostModel& costs, int64_t owned_rows) {
   RuntimeMemoryInput in;
   in.owned_rows = owned_rows;
   in.hq = shape.hq;
@@ -89,9 +89,9 @@ RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, int64_t own
   in.d = shape.d;
   in.dv = shape.dv;
   in.sink = true;
-  in.act_bytes = shape.kv_bytes_per_element;
+  in.act_bytes = costs.kv_bytes_per_element;
   in.stat_bytes = 4;
-  in.grad_bytes = shape.dkv_bytes_per_element;
+  in.grad_bytes = costs.dkv_bytes_per_element;
   return in;
 }
 

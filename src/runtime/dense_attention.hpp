@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Dense attention context parallelism (ART 03-04): executes a Plan on one rank, generic over a
 // Backend (runtime/backend.hpp) and a Communicator. Q and O stay with their owner; stage 0 runs owned
 // queries against owned keys while wave 1's KV travels; each remote wave's KV (K and V side by side in one
@@ -58,7 +61,7 @@ struct StageSpan {
 // row's while the current one runs); checks the plan against the row first.
 template <class Backend>
 struct PreparedAttention {
-  AttentionDims dims;
+  AttentionShape dims;
   bool refetch_backward = false;  // the plan's choice
   RankSchedule schedule;
   typename Backend::HostGeometry local;
@@ -66,8 +69,9 @@ struct PreparedAttention {
 };
 
 template <class Backend>
-PreparedAttention<Backend> prepare_attention(const Plan& plan, const Row& row, const AttentionDims& dims, int rank) {
-  validate_plan(plan, row, plan.window, plan.cp);
+PreparedAttention<Backend> prepare_attention(const Plan& plan, const Row& row, const AttentionShape& dims, int rank) {
+  dims.validate();
+  validate_plan(plan, row, dims.window, plan.cp);
   PreparedAttention<Backend> p;
   p.dims = dims;
   p.refetch_backward = plan.refetch_backward;
@@ -89,9 +93,10 @@ class DenseAttentionCP {
   using GradElem = typename Backend::GradElem;
   using Mark = typename Backend::Mark;
 
-  // Checks the plan against the row and the communicator on every rank, and agrees on the verdict
-  // before any data moves: a bad plan throws the same error on every rank, no collective hangs.
-  DenseAttentionCP(const Plan& plan, const Row& row, const AttentionDims& shape, Communicator& comm, Backend& backend,
+  // Checks the shape, and the plan against the row, the layer's window and the communicator, on every
+  // rank, and agrees on the verdict before any data moves: a bad plan throws the same error on every
+  // rank, no collective hangs.
+  DenseAttentionCP(const Plan& plan, const Row& row, const AttentionShape& shape, Communicator& comm, Backend& backend,
                    DenseAttentionOptions options = {})
       : comm_(comm), be_(backend), opt_(options) {
     std::string problem;
@@ -124,7 +129,7 @@ class DenseAttentionCP {
   int64_t owned_rows() const { return s_.owned_rows(); }
   const RowMap& owned() const { return s_.owned; }
   const RankSchedule& schedule() const { return s_; }
-  const AttentionDims& dims() const { return dims_; }
+  const AttentionShape& dims() const { return dims_; }
   const DenseAttentionOptions& options() const { return opt_; }
 
   // q [owned, Hq, D], k [owned, Hkv, D], v [owned, Hkv, Dv], sink [Hq] or null. Writes y [owned, Hq, Dv]
@@ -404,7 +409,7 @@ class DenseAttentionCP {
   Communicator& comm_;
   Backend& be_;
   DenseAttentionOptions opt_;
-  AttentionDims dims_;
+  AttentionShape dims_;
   RankSchedule s_;
   int64_t kw_ = 0, vw_ = 0;
   typename Backend::Geometry local_geom_;

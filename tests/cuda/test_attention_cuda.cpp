@@ -200,7 +200,8 @@ void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const R
 }
 
 TEST(CudaTilePlan, ListsMatchVisibility) {
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  std::mt19937_64 rng = treecp::testing::test_rng(1);
   for (int trial = 0; trial < 6; ++trial) {
     const Row row = random_row(rng, 10 + trial * 3, 70);
     const int64_t window = trial % 2 ? 1 + static_cast<int64_t>(rng() % 90) : 0;
@@ -410,7 +411,8 @@ class CudaAttention : public ::testing::TestWithParam<Config> {};
 TEST_P(CudaAttention, ForwardBackwardRandomTree) {
   REQUIRE_GPU();
   const Config c = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  std::mt19937_64 rng = treecp::testing::test_rng(2);
   const Row row = random_row(rng, 14, 60);
   const int64_t S = row.tokens();
   const Dims m{S, S, c.hq, c.hkv, c.d};
@@ -567,7 +569,8 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
 TEST_P(CudaAttention, StagesMergeSink) {
   REQUIRE_GPU();
   const Config c = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  std::mt19937_64 rng = treecp::testing::test_rng(3);
   const Row row = random_row(rng, 12, 50);
   const int64_t S = row.tokens();
   const Dims m{S, S, c.hq, c.hkv, c.d};
