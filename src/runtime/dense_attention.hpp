@@ -144,8 +144,9 @@ class DenseAttentionCP {
     fwd_spans_.clear();
     traffic_.bytes_sent = traffic_.bytes_received = 0;
     be_.record(marks_[0]);
+    // A wave none of this rank's queries reads from (it only sends in it) adds no part to the merge.
     // Without merge or sink, stage 0 writes the outputs themselves.
-    const bool direct = W == 0 && sink == nullptr;
+    const bool direct = live_waves_ == 0 && sink == nullptr;
     std::vector<Act> o_parts(W + 1);
     std::vector<Stat> lse_parts(W + 1);
     if (!direct) {
@@ -163,6 +164,7 @@ class DenseAttentionCP {
       end_span(fwd_spans_);
       be_.release(waves_[w].send);
       if (w + 1 < W) pending = start_fetch(w + 1, k, v);
+      if (!live(w)) continue;
       o_parts[w + 1] = be_.alloc_act(o_elems);
       lse_parts[w + 1] = be_.alloc_stat(l_elems);
       begin_span(fwd_spans_, "fwd wave " + std::to_string(w + 1));
@@ -175,6 +177,7 @@ class DenseAttentionCP {
       std::vector<const Act*> op;
       std::vector<const Stat*> lp;
       for (size_t i = 0; i <= W; ++i) {
+        if (i > 0 && !live(i - 1)) continue;
         op.push_back(&o_parts[i]);
         lp.push_back(&lse_parts[i]);
       }
@@ -274,8 +277,14 @@ class DenseAttentionCP {
       waves_[w].kv_counts = exchange_counts(ws.send_rows, ws.recv_rows, kw_ + vw_);
       waves_[w].dkv_counts = exchange_counts(ws.recv_rows, ws.send_rows, kw_ + vw_);
     }
+    live_waves_ = 0;
+    for (size_t w = 0; w < s_.waves.size(); ++w) live_waves_ += live(w) ? 1 : 0;
     for (int i = 0; i < 4; ++i) marks_.push_back(be_.make_mark());
   }
+
+  // Whether wave w brings this rank any KV: a wave can carry only this rank's sends, and then neither
+  // direction runs a kernel for it (plan/memory.cpp replays the same rule).
+  bool live(size_t w) const { return s_.waves[w].fetched.rows() > 0; }
 
   KvView<Elem> owned_kv(const Act& k, const Act& v) const {
     return {be_.data(k), be_.data(v), kw_, vw_, owned_rows()};
@@ -350,10 +359,12 @@ class DenseAttentionCP {
       wave.dkv = be_.alloc_grad(fr * kvw);
       be_.zero(wave.dkv);
       GradElem* g = be_.data(wave.dkv);
-      begin_span(bwd_spans_, "bwd wave " + std::to_string(w + 1));
-      be_.attention_backward(dims_, wave_geom_[w], q, fetched_kv(w), o, lse, d_o, dstat, dq,
-                             DkvView<GradElem>{g, g + kw_, kvw, kvw});
-      end_span(bwd_spans_);
+      if (live(w)) {
+        begin_span(bwd_spans_, "bwd wave " + std::to_string(w + 1));
+        be_.attention_backward(dims_, wave_geom_[w], q, fetched_kv(w), o, lse, d_o, dstat, dq,
+                               DkvView<GradElem>{g, g + kw_, kvw, kvw});
+        end_span(bwd_spans_);
+      }
       be_.release(wave.kv);
       // The mirror of the forward fetch: what came from a peer goes back to it.
       wave.ret = be_.alloc_grad(s_.waves[w].send_total * kvw);
@@ -412,6 +423,7 @@ class DenseAttentionCP {
   AttentionShape dims_;
   RankSchedule s_;
   int64_t kw_ = 0, vw_ = 0;
+  size_t live_waves_ = 0;
   typename Backend::Geometry local_geom_;
   std::vector<typename Backend::Geometry> wave_geom_;
   std::vector<Wave> waves_;
