@@ -176,6 +176,7 @@ TEST(CudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
     const Row row = cuda::test::random_row(rng, 14, 300);
     const int64_t S = row.tokens();
     const Inputs in = make_inputs(seed * 3, S, c.hq, c.hkv, c.d);
+    SCOPED_TRACE(std::string(layout_name(c.layout)) + " ranks " + std::to_string(c.ranks) + " S " + std::to_string(S));
     AttentionInputs<double> prob;
     prob.q = in.qd.data(), prob.k = in.kd.data(), prob.v = in.vd.data(), prob.dout = in.dyd.data();
     const std::vector<double> sinkd(in.sink.begin(), in.sink.end());
