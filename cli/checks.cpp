@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <cstdio>
 #include <limits>
@@ -86,6 +87,11 @@ RankOptions rank_options(const Args& args, int64_t default_ranks) {
   require(std::isfinite(o.timeout_s) && o.timeout_s > 0 && o.timeout_s <= 1e6,
           "option --timeout must be a number of seconds in (0, 1e6], got ", o.timeout_s);
   return o;
+}
+
+std::string config_file(const std::string& name) {
+  const char* env = std::getenv("TREECP_CONFIG_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : TREECP_CONFIG_DIR) + "/" + name;
 }
 
 const std::vector<std::string>& layout_choices() {

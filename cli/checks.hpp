@@ -33,6 +33,10 @@ void require_chunk(int64_t chunk_tokens);
 // `cp` ranks): slices, and work-matrix entries bounded by the chunk pairs each slice touches.
 double plan_memory_estimate_bytes(const Row& row, int64_t window, int64_t chunk_tokens, int cp);
 
+// A file of config/ (cost coefficients): under $TREECP_CONFIG_DIR when set (binaries run away from their
+// source tree, as on a lent GPU machine), else under the source tree's config/ this binary was built from.
+std::string config_file(const std::string& name);
+
 // The names --layout accepts: the planner's layouts (plan/plan.hpp's kLayouts), in that order.
 const std::vector<std::string>& layout_choices();
 // --layout (default "searched"), required to be one of layout_choices().

@@ -535,7 +535,7 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   if (!cfg.json_path.empty()) check_output_file(cfg.json_path);
   if (!cfg.svg_path.empty()) check_output_file(cfg.svg_path);
   cfg.costs_path = args.get_or(
-      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_h200.json" : "/costs_cpu.json"));
+      "--costs", config_file(gpu ? "costs_h200.json" : "costs_cpu.json"));
   const CostModel costs = load_costs(cfg.costs_path);
   if (!started_under_mpi() && ranks > 1) return run_under_mpirun("bench cp", rank_opts, argv);
 

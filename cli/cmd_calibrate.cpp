@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "checks.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -100,7 +101,7 @@ int calibrate_main(const std::vector<std::string>& argv) {
   args.parse();
   const std::string out = args.get("--out");
   check_output_file(out);
-  const CostModel base = load_costs(args.get_or("--base", std::string(TREECP_CONFIG_DIR) + "/costs_default.json"));
+  const CostModel base = load_costs(args.get_or("--base", config_file("costs_default.json")));
   Samples s;
   std::stringstream list(args.get("--bench"));
   std::vector<std::string> files;

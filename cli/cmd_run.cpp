@@ -98,7 +98,7 @@ RunConfig read_options(const Args& args) {
   cfg.dtype = args.get_choice("--dtype", "float", {"float", "double"});
   // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
   // rank (config/costs_h200.json, calibrated on one H200); --costs overrides either.
-  cfg.costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + (cfg.gpu ? "/costs_h200.json" : "/costs_cpu.json"));
+  cfg.costs_path = args.get_or("--costs", config_file(cfg.gpu ? "costs_h200.json" : "costs_cpu.json"));
   cfg.plan.layout = layout_option(args);
   cfg.plan.chunk_tokens = args.get_int_or("--chunk", 0);
   require_chunk(cfg.plan.chunk_tokens);
