@@ -572,6 +572,16 @@ TEST(Costs, DefaultFileMatchesBuiltInDefaults) {
   EXPECT_EQ(json::dump(to_json(costs_from_json(to_json(file)))), json::dump(to_json(file)));
 }
 
+// Every shipped coefficient file loads (a binary whose default file it is refuses to start otherwise):
+// the H200 file keeps its fitted local-stage throughputs and round-trips.
+TEST(Costs, CalibratedH200FileLoads) {
+  const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "config" / "costs_h200.json";
+  const CostModel h200 = load_costs(path.string());
+  EXPECT_NE(h200.local_forward_pairs_per_ms, CostModel{}.local_forward_pairs_per_ms);
+  EXPECT_NE(h200.local_backward_pairs_per_ms, CostModel{}.local_backward_pairs_per_ms);
+  EXPECT_EQ(json::dump(to_json(costs_from_json(to_json(h200)))), json::dump(to_json(h200)));
+}
+
 // The tiles priced are the kernels' own: the CPU kernel's 128 rows over the GQA group x 64 keys.
 TEST(Costs, KernelTilesComeFromTheKernels) {
   EXPECT_EQ(tile_tokens(KernelTiles::Cpu, 4).query, cpu::kTileRows / 4);
