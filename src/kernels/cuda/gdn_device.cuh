@@ -23,15 +23,34 @@
 #include "kernels/cuda/gdn_types.hpp"
 
 #if defined(__CUDACC__)
+#include "kernels/cuda/attention.hpp"  // check_cuda
 #define TREECP_GDN_FN __device__ inline
+#define TREECP_GDN_HD __host__ __device__ inline
 namespace treecp::cuda::detail {
 TREECP_GDN_FN void block_sync() { __syncthreads(); }
-TREECP_GDN_FN float bits_to_float(uint32_t u) { return __uint_as_float(u); }
-TREECP_GDN_FN uint32_t float_to_bits(float f) { return __float_as_uint(f); }
+TREECP_GDN_HD float bits_to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+TREECP_GDN_HD uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
 }  // namespace treecp::cuda::detail
 #else
 #include <barrier>
 #define TREECP_GDN_FN inline
+#define TREECP_GDN_HD inline
 namespace treecp::cuda::detail {
 // The emulator sets each thread's barrier before it runs a block.
 inline thread_local std::barrier<>* emulated_block_barrier = nullptr;
@@ -56,9 +75,9 @@ constexpr int kGdnTile = 32;         // state columns per block of the scans: 4 
 constexpr int kGdnThreads = 256;     // threads per block of every GDN kernel
 constexpr int kGdnMaxDim = 256;      // dk, dv at most (the scans' shared state tile: (dk + 64) x 32 fp32)
 
-TREECP_GDN_FN float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+TREECP_GDN_HD float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
 // Round to nearest even; NaN stays NaN.
-TREECP_GDN_FN uint16_t float_to_bf16(float f) {
+TREECP_GDN_HD uint16_t float_to_bf16(float f) {
   uint32_t u = float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u);
@@ -616,6 +635,31 @@ struct GdnRowMatKernel {
     }
   }
 };
+
+#if defined(__CUDACC__)
+// ---- the device executor: each body as one __global__ kernel, launched on one stream
+template <class K>
+__global__ void __launch_bounds__(kGdnThreads) gdn_kernel(const typename K::Args a) {
+  extern __shared__ float gdn_smem[];
+  K::run(a, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), gdn_smem);
+}
+
+struct GdnDeviceExec {
+  cudaStream_t stream;
+  template <class K>
+  void launch(int64_t blocks, const typename K::Args& a) {
+    require(blocks > 0 && blocks <= 0x7fffffff, K::kName, ": ", blocks, " blocks do not fit one grid");
+    const size_t smem = K::smem_bytes(a);
+    require(smem <= 48 * 1024, K::kName, ": ", smem, " bytes of shared memory (48 KiB at most)");
+    gdn_kernel<K><<<static_cast<unsigned>(blocks), kGdnThreads, smem, stream>>>(a);
+    check_cuda(cudaGetLastError(), K::kName);
+  }
+  // From pageable host memory: the call returns once the bytes are staged, so `src` may go right after.
+  void upload(void* dst, const void* src, size_t bytes) {
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), "gdn (cuda): descriptor upload");
+  }
+};
+#endif
 
 // ---- host side: checks, the chunk schedule, the workspace layout and the launch sequences (executor X:
 // X::launch<Kernel>(blocks, args) and X::upload(dst, src, bytes), both in stream order).
