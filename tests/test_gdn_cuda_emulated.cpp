@@ -149,6 +149,16 @@ TEST(GdnCudaEmulatedLaunch, TheGpuBlockSize) {
   check_backward(dev, c, /*dy_f32=*/true);
 }
 
+// 16 state columns per scan block, with partial tiles (dv 72 = 4 x 16 + 8, the summary's dk 40 = 2 x 16 + 8).
+TEST(GdnCudaEmulatedLaunch, SixteenScanColumns) {
+  EmulatedDev dev;
+  Case c(ragged_tokens(1), 2, 40, 72, GdnGate::PerChannel, ragged_runs(1), 4, 32);
+  c.scan_columns = 16;
+  check_forward(dev, c, /*y_f32=*/true);
+  check_backward(dev, c, /*dy_f32=*/false);
+  check_summary(dev, c);
+}
+
 TEST(GdnCudaEmulatedAlgebra, ComposeIsAssociativeAndAppliesMatchTheCpu) {
   EmulatedDev dev;
   check_algebra(dev, 64, 64, 2, 21);
@@ -175,6 +185,9 @@ TEST(GdnCudaEmulatedChecks, BadArgumentsAreNamed) {
   EXPECT_NE(message({{0, 5}}).find("workspace"), std::string::npos);
   p.dk = 300;
   EXPECT_NE(message({{0, 5}}).find("dk"), std::string::npos);
+  p.dk = 64;
+  p.scan_columns = 8;
+  EXPECT_NE(message({{0, 5}}).find("scan_columns"), std::string::npos);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Benchmark of the CUDA GDN / KDA chunk kernels (not a test): T tokens (default 40,960) in `docs` equal runs
 // (default 1) from zero states, H = 32, dk = dv = 128, bf16 inputs. For each gate: a check of the forward's first
 // 128 tokens of two heads against the CPU double recurrence, then forward and forward+backward timed with CUDA
-// events (3 warm-up calls, median of --reps), the effective TFLOP/s, and the time of each kernel in one
-// forward+backward. Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
+// events (3 warm-up calls, median of --reps) at 32 and at 16 state columns per scan block, the effective TFLOP/s,
+// and the time of each kernel in one forward and one backward (default columns). Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
 // FLOPs (gdn_chunk_flops): the chunked form's useful multiply-adds x 2 per (chunk of c tokens, head):
 //   P and C (lower triangles) 2 c^2 dk, the triangular solve for U and W c^2 (dk + dv), D = U - W S, Qst S and
 //   Rᵀ D 6 c dk dv, C D c^2 dv; the backward counted as twice the forward (forward+backward = 3x).
@@ -120,8 +120,8 @@ int main(int argc, char** argv) {
     const double fwd_flops = gdn_chunk_flops(runs, H, D, D);
     std::printf("GDN / KDA chunk kernels on %s: T = %lld in %d run(s), H = %d, dk = dv = %d, bf16 in, fp32 states\n",
                 prop.name, static_cast<long long>(T), docs, H, D);
-    std::printf("| gate | check y (first 128 tokens, 2 heads) | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |\n");
-    std::printf("|---|---|---|---|---|---|\n");
+    std::printf("| gate | scan columns | check y (first 128 tokens, 2 heads) | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
     std::vector<std::pair<std::string, std::map<std::string, double>>> breakdowns;
     for (const GdnGate gate : {GdnGate::Scalar, GdnGate::PerChannel}) {
       const int64_t nqk = T * H * D, ng = gate == GdnGate::Scalar ? T * H : T * H * D;
@@ -183,15 +183,19 @@ int main(int argc, char** argv) {
           }
       }
       const double err = std::sqrt(num / den);
-      const double t_fwd = time_ms(reps, forward), t_fb = time_ms(reps, fwd_bwd);
-      // the gradients are finite
-      for (int i = 0; i < 5; ++i) {
-        const auto h = download<float>(grads[i], std::min<int64_t>(sizes[i], 1 << 20));
-        for (float x : h) require(std::isfinite(x), "bench_gdn_cuda: a non-finite gradient");
-      }
       const char* name = gate == GdnGate::Scalar ? "GDN (scalar)" : "KDA (per channel)";
-      std::printf("| %s | %.2e | %.3f | %.1f | %.3f | %.1f |\n", name, err, t_fwd, fwd_flops / t_fwd * 1e-9, t_fb,
-                  3 * fwd_flops / t_fb * 1e-9);
+      for (const int cols : {32, 16}) {
+        p.scan_columns = cols;
+        const double t_fwd = time_ms(reps, forward), t_fb = time_ms(reps, fwd_bwd);
+        // the gradients are finite
+        for (int i = 0; i < 5; ++i) {
+          const auto h = download<float>(grads[i], std::min<int64_t>(sizes[i], 1 << 20));
+          for (float x : h) require(std::isfinite(x), "bench_gdn_cuda: a non-finite gradient");
+        }
+        std::printf("| %s | %d | %.2e | %.3f | %.1f | %.3f | %.1f |\n", name, cols, err, t_fwd,
+                    fwd_flops / t_fwd * 1e-9, t_fb, 3 * fwd_flops / t_fb * 1e-9);
+      }
+      p.scan_columns = 0;
       TimedExec tx;
       cuda::detail::gdn_forward_on(tx, p, runs);
       auto fwd_parts = tx.collect();

@@ -132,6 +132,15 @@ TEST_P(GdnCuda, LongRunForwardAndBackward) {
   check_backward(dev, c, /*dy_f32=*/false);
 }
 
+TEST_P(GdnCuda, SixteenScanColumns) {
+  GpuDev dev;
+  Case c = ragged(105);
+  c.scan_columns = 16;
+  check_forward(dev, c, /*y_f32=*/false);
+  check_backward(dev, c, /*dy_f32=*/false);
+  check_summary(dev, c);
+}
+
 TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {
   GpuDev dev;
   check_summary(dev, ragged(104));

@@ -71,7 +71,7 @@ inline uint32_t float_to_bits(float f) {
 namespace treecp::cuda::detail {
 
 constexpr int kGdnChunk = 64;        // tokens per chunk (rows of the chunk-local matrices)
-constexpr int kGdnTile = 32;         // state columns per block of the scans: 4 blocks per head at dv = 128
+constexpr int kGdnTile = 32;         // default state columns per block of the scans (GdnCudaParams::scan_columns)
 constexpr int kGdnThreads = 256;     // threads per block of every GDN kernel
 constexpr int kGdnMaxDim = 256;      // dk, dv at most (the scans' shared state tile: (dk + 64) x 32 fp32)
 
@@ -252,6 +252,7 @@ struct GdnScanArgs {
   float* cache;
   GdnBlock blk;
   int32_t heads, dk, dv, width;
+  int32_t tile;  // state columns per block
   bool use_u;
   bool identity_init;     // S_in = I (dk x dk) instead of state_in
   const float* state_in;  // [slot][H][dk][width], by in_slot; null or -1 = zero
@@ -264,22 +265,23 @@ struct GdnScanArgs {
 struct GdnScanKernel {
   using Args = GdnScanArgs;
   static constexpr const char* kName = "gdn scan";
-  static int64_t tiles(int width) { return (width + kGdnTile - 1) / kGdnTile; }
-  static size_t smem_bytes(const Args& a) { return static_cast<size_t>(a.dk + kGdnChunk) * kGdnTile * sizeof(float); }
+  static int64_t tiles(int width, int tile) { return (width + tile - 1) / tile; }
+  static size_t smem_bytes(const Args& a) { return static_cast<size_t>(a.dk + kGdnChunk) * a.tile * sizeof(float); }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int tc = a.tile;  // state columns of this block
     const int H = a.heads, dk = a.dk, dv = a.dv, w = a.width;
-    const int64_t nt = (w + kGdnTile - 1) / kGdnTile;
+    const int64_t nt = (w + tc - 1) / tc;
     const int64_t r = block / (H * nt);
     const int h = static_cast<int>((block / nt) % H);
-    const int e0 = static_cast<int>(block % nt) * kGdnTile;
-    const int tw = w - e0 < kGdnTile ? w - e0 : kGdnTile;
+    const int e0 = static_cast<int>(block % nt) * tc;
+    const int tw = w - e0 < tc ? w - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* S = smem;                     // [dk][32]
-    float* Ds = smem + dk * kGdnTile;    // [64][32]
+    float* S = smem;                     // [dk][tc]
+    float* Ds = smem + dk * tc;    // [64][tc]
     // S[d][e] = S_in[d][e0 + e]
     const float* sin = (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * dk * w : nullptr;
-    for (int idx = tid; idx < dk * kGdnTile; idx += nthr) {
-      const int d = idx / kGdnTile, e = idx % kGdnTile;
+    for (int idx = tid; idx < dk * tc; idx += nthr) {
+      const int d = idx / tc, e = idx % tc;
       float s = 0.f;
       if (e < tw) {
         if (a.identity_init)
@@ -298,16 +300,16 @@ struct GdnScanKernel {
       const float* W = c + a.blk.W;
       const float* U = c + a.blk.U;
       if (a.save)
-        for (int idx = tid; idx < dk * kGdnTile; idx += nthr) {
-          const int d = idx / kGdnTile, e = idx % kGdnTile;
+        for (int idx = tid; idx < dk * tc; idx += nthr) {
+          const int d = idx / tc, e = idx % tc;
           if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[idx];
         }
       // D = U - W S
-      for (int idx = tid; idx < n * kGdnTile; idx += nthr) {
-        const int i = idx / kGdnTile, e = idx % kGdnTile;
+      for (int idx = tid; idx < n * tc; idx += nthr) {
+        const int i = idx / tc, e = idx % tc;
         if (e >= tw) continue;
         float acc = a.use_u ? U[i * dv + e0 + e] : 0.f;
-        for (int d = 0; d < dk; ++d) acc -= W[i * dk + d] * S[d * kGdnTile + e];
+        for (int d = 0; d < dk; ++d) acc -= W[i * dk + d] * S[d * tc + e];
         Ds[idx] = acc;
         if (a.save) c[a.blk.D + i * dv + e0 + e] = acc;
       }
@@ -316,12 +318,12 @@ struct GdnScanKernel {
         // Y = scale ((e^G ⊙ Q) S + C D)
         const float* Qst = c + a.blk.Qst;
         const float* C = c + a.blk.C;
-        for (int idx = tid; idx < n * kGdnTile; idx += nthr) {
-          const int i = idx / kGdnTile, e = idx % kGdnTile;
+        for (int idx = tid; idx < n * tc; idx += nthr) {
+          const int i = idx / tc, e = idx % tc;
           if (e >= tw) continue;
           float acc = 0.f;
-          for (int d = 0; d < dk; ++d) acc += Qst[i * dk + d] * S[d * kGdnTile + e];
-          for (int j = 0; j <= i; ++j) acc += C[i * kGdnChunk + j] * Ds[j * kGdnTile + e];
+          for (int d = 0; d < dk; ++d) acc += Qst[i * dk + d] * S[d * tc + e];
+          for (int j = 0; j <= i; ++j) acc += C[i * kGdnChunk + j] * Ds[j * tc + e];
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
                     a.scale * acc);
         }
@@ -330,19 +332,19 @@ struct GdnScanKernel {
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
       const float* R = c + a.blk.R;
       const float* egl = c + a.blk.egl;
-      for (int idx = tid; idx < dk * kGdnTile; idx += nthr) {
-        const int d = idx / kGdnTile, e = idx % kGdnTile;
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
         if (e >= tw) continue;
         float s = S[idx] * egl[d];
-        for (int j = 0; j < n; ++j) s += R[j * dk + d] * Ds[j * kGdnTile + e];
+        for (int j = 0; j < n; ++j) s += R[j * dk + d] * Ds[j * tc + e];
         S[idx] = s;
       }
       block_sync();
     }
     if (a.state_out && rd.out_slot >= 0) {
       float* so = a.state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * dk * w;
-      for (int idx = tid; idx < dk * kGdnTile; idx += nthr) {
-        const int d = idx / kGdnTile, e = idx % kGdnTile;
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
         if (e < tw) so[d * w + e0 + e] = S[idx];
       }
     }
@@ -357,6 +359,7 @@ struct GdnBwdScanArgs {
   float* cache;
   GdnBlock blk;
   int32_t heads, dk, dv;
+  int32_t tile;  // columns of dS per block
   const void* dy;
   bool dy_f32;
   float scale;
@@ -366,21 +369,22 @@ struct GdnBwdScanArgs {
 struct GdnBwdScanKernel {
   using Args = GdnBwdScanArgs;
   static constexpr const char* kName = "gdn backward scan";
-  static size_t smem_bytes(const Args& a) { return static_cast<size_t>(a.dk + kGdnChunk) * kGdnTile * sizeof(float); }
+  static size_t smem_bytes(const Args& a) { return static_cast<size_t>(a.dk + kGdnChunk) * a.tile * sizeof(float); }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int tc = a.tile;  // state columns of this block
     const int H = a.heads, dk = a.dk, dv = a.dv;
-    const int64_t nt = (dv + kGdnTile - 1) / kGdnTile;
+    const int64_t nt = (dv + tc - 1) / tc;
     const int64_t r = block / (H * nt);
     const int h = static_cast<int>((block / nt) % H);
-    const int e0 = static_cast<int>(block % nt) * kGdnTile;
-    const int tw = dv - e0 < kGdnTile ? dv - e0 : kGdnTile;
+    const int e0 = static_cast<int>(block % nt) * tc;
+    const int tw = dv - e0 < tc ? dv - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* dS = smem;                   // [dk][32]
-    float* dDs = smem + dk * kGdnTile;  // [64][32]
+    float* dS = smem;                   // [dk][tc]
+    float* dDs = smem + dk * tc;  // [64][tc]
     const int64_t ssz = static_cast<int64_t>(dk) * dv;
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
-    for (int idx = tid; idx < dk * kGdnTile; idx += nthr) {
-      const int d = idx / kGdnTile, e = idx % kGdnTile;
+    for (int idx = tid; idx < dk * tc; idx += nthr) {
+      const int d = idx / tc, e = idx % tc;
       dS[idx] = (dso && e < tw) ? dso[d * dv + e0 + e] : 0.f;
     }
     block_sync();
@@ -394,18 +398,18 @@ struct GdnBwdScanKernel {
       // dy[t + i][h][e0 + e]
       const int64_t dy0 = (cd.t * H + h) * static_cast<int64_t>(dv) + e0;
       const int64_t dy_row = static_cast<int64_t>(H) * dv;
-      for (int idx = tid; idx < dk * kGdnTile; idx += nthr) {
-        const int d = idx / kGdnTile, e = idx % kGdnTile;
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
         if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[idx];
       }
       // dD = scale Cᵀ dY + R dS
-      for (int idx = tid; idx < n * kGdnTile; idx += nthr) {
-        const int i = idx / kGdnTile, e = idx % kGdnTile;
+      for (int idx = tid; idx < n * tc; idx += nthr) {
+        const int i = idx / tc, e = idx % tc;
         if (e >= tw) continue;
         float acc = 0.f;
         for (int m = i; m < n; ++m) acc += C[m * kGdnChunk + i] * load_out(a.dy, a.dy_f32, dy0 + m * dy_row + e);
         acc *= a.scale;
-        for (int d = 0; d < dk; ++d) acc += R[i * dk + d] * dS[d * kGdnTile + e];
+        for (int d = 0; d < dk; ++d) acc += R[i * dk + d] * dS[d * tc + e];
         dDs[idx] = acc;
         c[a.blk.dD + i * dv + e0 + e] = acc;
       }
@@ -414,13 +418,13 @@ struct GdnBwdScanKernel {
       const float* Qst = c + a.blk.Qst;
       const float* W = c + a.blk.W;
       const float* egl = c + a.blk.egl;
-      for (int idx = tid; idx < dk * kGdnTile; idx += nthr) {
-        const int d = idx / kGdnTile, e = idx % kGdnTile;
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
         if (e >= tw) continue;
         float qy = 0.f, wd = 0.f;
         for (int i = 0; i < n; ++i) {
           qy += Qst[i * dk + d] * load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e);
-          wd += W[i * dk + d] * dDs[i * kGdnTile + e];
+          wd += W[i * dk + d] * dDs[i * tc + e];
         }
         dS[idx] = egl[d] * dS[idx] + a.scale * qy - wd;
       }
@@ -428,8 +432,8 @@ struct GdnBwdScanKernel {
     }
     if (a.d_state_in && rd.in_slot >= 0) {
       float* dsi = a.d_state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * ssz;
-      for (int idx = tid; idx < dk * kGdnTile; idx += nthr) {
-        const int d = idx / kGdnTile, e = idx % kGdnTile;
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
         if (e < tw) dsi[d * dv + e0 + e] = dS[idx];
       }
     }
@@ -671,6 +675,8 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
   require(p.dv >= 1 && p.dv <= kGdnMaxDim, "gdn (cuda): dv must be in [1, ", kGdnMaxDim, "], got ", p.dv);
   require(p.tokens >= 0, "gdn (cuda): tokens must be >= 0, got ", p.tokens);
   require(p.gate == GdnGate::Scalar || p.gate == GdnGate::PerChannel, "gdn (cuda): unknown gate kind");
+  require(p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32,
+          "gdn (cuda): scan_columns must be 0 (default), 16 or 32, got ", p.scan_columns);
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (size_t r = 0; r < runs.size(); ++r) {
     const GdnCudaRun& run = runs[r];
@@ -743,6 +749,8 @@ void gdn_prep_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
                                    GdnPrepArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk});
 }
 
+inline int gdn_scan_tile(const GdnCudaParams& p) { return p.scan_columns > 0 ? p.scan_columns : kGdnTile; }
+
 inline GdnScanArgs gdn_scan_args(const GdnCudaParams& p, const GdnSchedule& s, int width) {
   GdnScanArgs a{};
   a.runs = s.dev_runs(p);
@@ -753,6 +761,7 @@ inline GdnScanArgs gdn_scan_args(const GdnCudaParams& p, const GdnSchedule& s, i
   a.dk = p.dk;
   a.dv = p.dv;
   a.width = width;
+  a.tile = gdn_scan_tile(p);
   a.use_u = true;
   a.scale = p.scale;
   a.y_f32 = p.y_f32;
@@ -762,7 +771,7 @@ inline GdnScanArgs gdn_scan_args(const GdnCudaParams& p, const GdnSchedule& s, i
 template <class X>
 void gdn_scan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnScanArgs& a) {
   if (s.runs.empty()) return;
-  x.template launch<GdnScanKernel>(static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(a.width), a);
+  x.template launch<GdnScanKernel>(static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(a.width, a.tile), a);
 }
 
 // Slots a call writes must be distinct across runs (each is one block's plain store).
@@ -827,8 +836,9 @@ void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>
   gdn_scan_on(x, p, s, a);
   if (!s.runs.empty())
     x.template launch<GdnBwdScanKernel>(
-        static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(p.dv),
-        GdnBwdScanArgs{s.dev_runs(p), s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, g.dy, p.y_f32, p.scale,
+        static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(p.dv, gdn_scan_tile(p)),
+        GdnBwdScanArgs{s.dev_runs(p), s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, gdn_scan_tile(p), g.dy,
+                       p.y_f32, p.scale,
                        g.d_state_out, g.d_state_in});
   if (g.any() && !s.chunks.empty())
     x.template launch<GdnGradKernel>(static_cast<int64_t>(s.chunks.size()) * p.heads,

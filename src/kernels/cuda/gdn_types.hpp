@@ -36,6 +36,9 @@ struct GdnCudaParams {
   bool y_f32 = false;  // y (and the backward's dy) in fp32 rather than bf16
   const float* state_in = nullptr;  // read by runs with in_slot >= 0
   float* state_out = nullptr;       // forward: written for runs with out_slot >= 0
+  // State columns per block of the scans: 0 = the default (32), 16 or 32 (kept selectable so the benchmark measures
+  // both: 16 doubles the blocks of a long run, 32 halves the re-reads of each chunk's matrices).
+  int32_t scan_columns = 0;
   // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
   // backward the chunk-start states and their gradients).
   void* workspace = nullptr;
