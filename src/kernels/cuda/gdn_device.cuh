@@ -161,7 +161,9 @@ TREECP_GDN_FN void store_out(void* p, bool f32, int64_t at, float x) {
     static_cast<uint16_t*>(p)[at] = float_to_bf16(x);
 }
 
-// ---- prep: one block per (chunk, head). Shared memory: P [64][64], beta [64].
+// ---- prep: one block per (chunk, head). Shared memory: beta [64], the scalar gate's cumulative sums [64], the
+// chunk's keys [64][dk + 1] and, for per-channel gates, G [64][dk + 1] (rows padded by one float, so that the
+// threads of a warp, which read different rows at one channel, hit different banks).
 struct GdnPrepArgs {
   GdnInputs in;
   const GdnChunkDesc* chunks;
@@ -171,9 +173,13 @@ struct GdnPrepArgs {
 struct GdnPrepKernel {
   using Args = GdnPrepArgs;
   static constexpr const char* kName = "gdn prep";
-  static size_t smem_bytes(const Args&) { return (kGdnChunk * kGdnChunk + kGdnChunk) * sizeof(float); }
+  static size_t smem_bytes(const Args& a) {
+    const size_t rows = static_cast<size_t>(kGdnChunk) * (a.in.dk + 1);
+    return (2 * kGdnChunk + rows * (a.in.scalar_gate ? 1 : 2)) * sizeof(float);
+  }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
+    const bool scalar = a.in.scalar_gate;
     const int64_t chunk = block / H;
     const int h = static_cast<int>(block % H);
     const GdnChunkDesc cd = a.chunks[chunk];
@@ -189,14 +195,21 @@ struct GdnPrepKernel {
     float* P = c + a.blk.P;
     float* C = c + a.blk.C;
     float* egl = c + a.blk.egl;
-    float* Ps = smem;                           // [64][64]
-    float* bs = smem + kGdnChunk * kGdnChunk;  // [64]
+    const int ld = dk + 1;                // row stride of the staged rows
+    float* bs = smem;                     // [64]
+    float* gr = smem + kGdnChunk;         // [64], scalar gate
+    float* ks = smem + 2 * kGdnChunk;     // [64][ld]
+    float* Gs = ks + kGdnChunk * ld;      // [64][ld], per-channel gates
     // Per key channel: the cumulative log-decay and the decayed rows.
     for (int d = tid; d < dk; d += nthr) {
       float acc = 0.f;
       for (int i = 0; i < n; ++i) {
         acc += a.in.gate(t + i, h, d);
         G[i * dk + d] = acc;
+        if (!scalar)
+          Gs[i * ld + d] = acc;
+        else if (d == 0)
+          gr[i] = acc;  // every channel holds the same sums
       }
       const float gl = acc;
       egl[d] = expf(gl);
@@ -204,6 +217,7 @@ struct GdnPrepKernel {
         const float gi = G[i * dk + d];
         const float eg = expf(gi), er = expf(gl - gi);
         const float ki = a.in.qk(a.in.k, t + i, h, d);
+        ks[i * ld + d] = ki;
         Qst[i * dk + d] = eg * a.in.qk(a.in.q, t + i, h, d);
         Kst[i * dk + d] = eg * ki;
         R[i * dk + d] = er * ki;
@@ -212,20 +226,33 @@ struct GdnPrepKernel {
     for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
     block_sync();
     // P[i][j] = Σ_d k_i k_j e^{G_i - G_j} (j < i), C[i][j] = Σ_d q_i k_j e^{G_i - G_j} (j <= i); 0 elsewhere.
+    // A scalar gate's decay is one factor per pair.
     for (int idx = tid; idx < n * n; idx += nthr) {
       const int i = idx / n, j = idx % n;
       float pk = 0.f, pq = 0.f;
       if (j <= i) {
-        for (int d = 0; d < dk; ++d) {
-          const float ex = expf(G[i * dk + d] - G[j * dk + d]);
-          const float kj = a.in.qk(a.in.k, t + j, h, d) * ex;
-          pk += a.in.qk(a.in.k, t + i, h, d) * kj;
-          pq += a.in.qk(a.in.q, t + i, h, d) * kj;
+        const float* ki = ks + i * ld;
+        const float* kj = ks + j * ld;
+        if (scalar) {
+          for (int d = 0; d < dk; ++d) {
+            pk += ki[d] * kj[d];
+            pq += a.in.qk(a.in.q, t + i, h, d) * kj[d];
+          }
+          const float ex = expf(gr[i] - gr[j]);
+          pk *= ex;
+          pq *= ex;
+        } else {
+          const float* gi = Gs + i * ld;
+          const float* gj = Gs + j * ld;
+          for (int d = 0; d < dk; ++d) {
+            const float x = kj[d] * expf(gi[d] - gj[d]);
+            pk += ki[d] * x;
+            pq += a.in.qk(a.in.q, t + i, h, d) * x;
+          }
         }
       }
       if (j == i) pk = 0.f;
       P[i * kGdnChunk + j] = pk;
-      Ps[i * kGdnChunk + j] = pk;
       C[i * kGdnChunk + j] = pq;
     }
     block_sync();
@@ -236,7 +263,7 @@ struct GdnPrepKernel {
       const int stride = is_u ? dv : dk;
       for (int i = 0; i < n; ++i) {
         float x = is_u ? a.in.vv(t + i, h, col) : Kst[i * dk + (col - dv)];
-        for (int j = 0; j < i; ++j) x -= Ps[i * kGdnChunk + j] * out[j * stride];
+        for (int j = 0; j < i; ++j) x -= P[i * kGdnChunk + j] * out[j * stride];
         out[i * stride] = bs[i] * x;
       }
     }
@@ -441,7 +468,8 @@ struct GdnBwdScanKernel {
 };
 
 // ---- gradients: one block per (chunk, head), all of dk and dv, from S0, dSe, D and dD in the cache.
-// Each token's gradients are one block's (runs do not overlap): plain adds, no atomics. Shared: beta [64].
+// Each token's gradients are one block's (runs do not overlap): plain adds, no atomics. Shared: beta [64] and, for
+// the scalar gate, its pair decays [64][64].
 struct GdnGradArgs {
   GdnInputs in;
   const GdnChunkDesc* chunks;
@@ -459,7 +487,9 @@ struct GdnGradArgs {
 struct GdnGradKernel {
   using Args = GdnGradArgs;
   static constexpr const char* kName = "gdn gradients";
-  static size_t smem_bytes(const Args&) { return kGdnChunk * sizeof(float); }
+  static size_t smem_bytes(const Args& a) {
+    return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0)) * sizeof(float);
+  }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
     const int64_t chunk = block / H;
@@ -486,11 +516,18 @@ struct GdnGradKernel {
     float* rr = c + a.blk.rr;
     float* dL = c + a.blk.dL;
     float* dC = c + a.blk.dC;
-    float* bs = smem;
+    float* bs = smem;               // [64]
+    float* Ex = smem + kGdnChunk;   // scalar gate: [64][64], e^{G_i - G_j} (j <= i)
+    const bool scalar = a.in.scalar_gate;
     const int64_t dy0 = (t * H + h) * static_cast<int64_t>(dv);
     const int64_t dy_row = static_cast<int64_t>(H) * dv;
     auto dy = [&](int i, int e) { return load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e); };
     for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
+    if (scalar)
+      for (int idx = tid; idx < n * n; idx += nthr) {
+        const int i = idx / n, j = idx % n;
+        Ex[i * kGdnChunk + j] = j <= i ? expf(G[i * dk] - G[j * dk]) : 0.f;
+      }
     // dC[i][j] = scale dY_i · D_j (j <= i); dW = -dD S0ᵀ (into dZ); dX = dD
     for (int idx = tid; idx < n * n; idx += nthr) {
       const int i = idx / n, j = idx % n;
@@ -561,7 +598,7 @@ struct GdnGradKernel {
       float dG = dqv * Qst[i * dk + d] - dr * R[i * dk + d] + dkst * Kst[i * dk + d];
       // as the later token of a pair (i, j), j <= i
       for (int j = 0; j <= i; ++j) {
-        const float ex = expf(gi - G[j * dk + d]);
+        const float ex = scalar ? Ex[i * kGdnChunk + j] : expf(gi - G[j * dk + d]);
         const float kj = a.in.qk(a.in.k, t + j, h, d) * ex;
         const float dp = j < i ? bs[i] * dL[i * kGdnChunk + j] : 0.f;
         const float dc = dC[i * kGdnChunk + j];
@@ -571,7 +608,7 @@ struct GdnGradKernel {
       }
       // as the earlier token of a pair (m, i), m >= i
       for (int m = i; m < n; ++m) {
-        const float ex = expf(G[m * dk + d] - gi);
+        const float ex = scalar ? Ex[m * kGdnChunk + i] : expf(G[m * dk + d] - gi);
         const float dp = m > i ? bs[m] * dL[m * kGdnChunk + i] : 0.f;
         const float dc = dC[m * kGdnChunk + i];
         const float x = (dp * a.in.qk(a.in.k, t + m, h, d) + dc * a.in.qk(a.in.q, t + m, h, d)) * ex;
@@ -654,7 +691,9 @@ struct GdnDeviceExec {
   void launch(int64_t blocks, const typename K::Args& a) {
     require(blocks > 0 && blocks <= 0x7fffffff, K::kName, ": ", blocks, " blocks do not fit one grid");
     const size_t smem = K::smem_bytes(a);
-    require(smem <= 48 * 1024, K::kName, ": ", smem, " bytes of shared memory (48 KiB at most)");
+    if (smem > 48 * 1024)  // above the default limit a kernel must opt in (up to 227 KiB on sm_90)
+      check_cuda(cudaFuncSetAttribute(gdn_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                 K::kName);
     gdn_kernel<K><<<static_cast<unsigned>(blocks), kGdnThreads, smem, stream>>>(a);
     check_cuda(cudaGetLastError(), K::kName);
   }
