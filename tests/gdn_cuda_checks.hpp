@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/gdn.hpp"
@@ -385,6 +386,22 @@ void check_algebra(Dev& dev, int dk, int dv, int64_t count, uint64_t seed) {
   const double ea = rel_err(ap32, ap), et = rel_err(at32, at);
   expect_within("apply", rel_err(ap_dev, ap), ea, kErrFactor * ea + kAtol);
   expect_within("apply_transposed", rel_err(at_dev, at), et, kErrFactor * et + kAtol);
+}
+
+// A parameterised test's gate and head dims, and its name (gdn_dk64_dv64, kda_dk48_dv80, ...).
+struct Shape {
+  GdnGate gate;
+  int dk, dv;
+};
+inline std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
+  return std::string(info.param.gate == GdnGate::Scalar ? "gdn" : "kda") + "_dk" + std::to_string(info.param.dk) + "_dv" +
+         std::to_string(info.param.dv);
+}
+// The shapes both suites run: dk 64 and 128 with both gates, and dk != dv with partial 32-column tiles.
+inline auto all_shapes() {
+  return ::testing::Values(Shape{GdnGate::Scalar, 64, 64}, Shape{GdnGate::PerChannel, 64, 64},
+                           Shape{GdnGate::Scalar, 128, 128}, Shape{GdnGate::PerChannel, 128, 128},
+                           Shape{GdnGate::PerChannel, 48, 80});
 }
 
 // The runs of the tests: a single token, lengths below, at and above one chunk and not multiples of 64, with

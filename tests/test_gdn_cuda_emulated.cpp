@@ -90,15 +90,6 @@ struct EmulatedDev {
   }
 };
 
-struct Shape {
-  GdnGate gate;
-  int dk, dv;
-};
-std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
-  return std::string(info.param.gate == GdnGate::Scalar ? "gdn" : "kda") + "_dk" + std::to_string(info.param.dk) + "_dv" +
-         std::to_string(info.param.dv);
-}
-
 class GdnCudaEmulated : public ::testing::TestWithParam<Shape> {
  protected:
   Case make(uint64_t seed) const {
@@ -134,12 +125,8 @@ TEST_P(GdnCudaEmulated, SummaryAppliedEqualsTheForward) {
   check_summary(dev, make(13));
 }
 
-// dk 64 and 128 as the GPU runs them (GDN and KDA), and dk != dv with partial 32-column tiles.
 INSTANTIATE_TEST_SUITE_P(Shapes, GdnCudaEmulated,
-                         ::testing::Values(Shape{GdnGate::Scalar, 64, 64}, Shape{GdnGate::PerChannel, 64, 64},
-                                           Shape{GdnGate::Scalar, 128, 128}, Shape{GdnGate::PerChannel, 128, 128},
-                                           Shape{GdnGate::PerChannel, 48, 80}),
-                         shape_name);
+                         all_shapes(), shape_name);
 
 TEST(GdnCudaEmulatedLaunch, TheGpuBlockSize) {
   EmulatedDev dev;

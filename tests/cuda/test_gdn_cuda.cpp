@@ -85,15 +85,6 @@ struct GpuDev {
   }
 };
 
-struct Shape {
-  GdnGate gate;
-  int dk, dv;
-};
-std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
-  return std::string(info.param.gate == GdnGate::Scalar ? "gdn" : "kda") + "_dk" + std::to_string(info.param.dk) + "_dv" +
-         std::to_string(info.param.dv);
-}
-
 class GdnCuda : public ::testing::TestWithParam<Shape> {
  protected:
   void SetUp() override {
@@ -147,10 +138,7 @@ TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GdnCuda,
-                         ::testing::Values(Shape{GdnGate::Scalar, 64, 64}, Shape{GdnGate::PerChannel, 64, 64},
-                                           Shape{GdnGate::Scalar, 128, 128}, Shape{GdnGate::PerChannel, 128, 128},
-                                           Shape{GdnGate::PerChannel, 48, 80}),
-                         shape_name);
+                         all_shapes(), shape_name);
 
 TEST(GdnCudaAlgebra, ComposeIsAssociativeAndAppliesMatchTheCpu) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";

@@ -28,6 +28,19 @@
 #define TREECP_GDN_HD __host__ __device__ inline
 namespace treecp::cuda::detail {
 TREECP_GDN_FN void block_sync() { __syncthreads(); }
+}  // namespace treecp::cuda::detail
+#else
+#include <barrier>
+#define TREECP_GDN_FN inline
+#define TREECP_GDN_HD inline
+namespace treecp::cuda::detail {
+// The emulator sets each thread's barrier before it runs a block.
+inline thread_local std::barrier<>* emulated_block_barrier = nullptr;
+inline void block_sync() { emulated_block_barrier->arrive_and_wait(); }
+}  // namespace treecp::cuda::detail
+#endif
+
+namespace treecp::cuda::detail {
 TREECP_GDN_HD float bits_to_float(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
@@ -47,26 +60,6 @@ TREECP_GDN_HD uint32_t float_to_bits(float f) {
 #endif
 }
 }  // namespace treecp::cuda::detail
-#else
-#include <barrier>
-#define TREECP_GDN_FN inline
-#define TREECP_GDN_HD inline
-namespace treecp::cuda::detail {
-// The emulator sets each thread's barrier before it runs a block.
-inline thread_local std::barrier<>* emulated_block_barrier = nullptr;
-inline void block_sync() { emulated_block_barrier->arrive_and_wait(); }
-inline float bits_to_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint32_t float_to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-}  // namespace treecp::cuda::detail
-#endif
 
 namespace treecp::cuda::detail {
 
