@@ -7,7 +7,7 @@
 // Per (chunk, head) of c <= 64 tokens, G_i = Σ_{t<=i} g_t (per key channel; the scalar gate broadcasts):
 //   prep:   Qst = e^G ⊙ Q, Kst = e^G ⊙ K, R = e^{G_last - G} ⊙ K, P (j < i) and C (j <= i) pair matrices,
 //           U, W from (I + diag(β) P) [U | W] = diag(β) [V | Kst] by forward substitution, egl = e^{G_last}
-//   scan:   per (run, head, 32 state columns), chunks in order: D = U - W S; Y = scale (Qst S + C D);
+//   scan:   per (run, head, 32 or 16 state columns), chunks in order: D = U - W S; Y = scale (Qst S + C D);
 //           S <- diag(egl) S + Rᵀ D
 //   bwd scan: chunks in reverse: dD = scale Cᵀ dY + R dS; dS <- diag(egl) dS + scale Qstᵀ dY - Wᵀ dD
 //   grads:  per (chunk, head), from the chunk-start state S0 and dS at the chunk end: kernels/cpu's chunk backward
@@ -263,7 +263,8 @@ struct GdnPrepKernel {
   }
 };
 
-// ---- scan: one block per (run, head, tile of 32 state columns); chunks in order. Shared: S [dk][32], D [64][32].
+// ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S [dk][tile],
+// D [64][tile].
 // The state has `width` columns: dv for the state (and E), dk for the linear part M of a summary (use_u false:
 // D = -W S, the state's recurrence with V = 0).
 struct GdnScanArgs {
@@ -296,8 +297,8 @@ struct GdnScanKernel {
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = w - e0 < tc ? w - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* S = smem;                     // [dk][tc]
-    float* Ds = smem + dk * tc;    // [64][tc]
+    float* S = smem;             // [dk][tc]
+    float* Ds = smem + dk * tc;  // [64][tc]
     // S[d][e] = S_in[d][e0 + e]
     const float* sin = (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * dk * w : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
@@ -371,8 +372,8 @@ struct GdnScanKernel {
   }
 };
 
-// ---- backward scan: one block per (run, head, 32 columns of dS); chunks in reverse. Shared: dS [dk][32],
-// dD [64][32]. Stores dS at each chunk's end and dD into the cache for the gradient kernel.
+// ---- backward scan: one block per (run, head, `tile` columns of dS); chunks in reverse. Shared: dS [dk][tile],
+// dD [64][tile]. Stores dS at each chunk's end and dD into the cache for the gradient kernel.
 struct GdnBwdScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -399,7 +400,7 @@ struct GdnBwdScanKernel {
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = dv - e0 < tc ? dv - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* dS = smem;                   // [dk][tc]
+    float* dS = smem;             // [dk][tc]
     float* dDs = smem + dk * tc;  // [64][tc]
     const int64_t ssz = static_cast<int64_t>(dk) * dv;
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
