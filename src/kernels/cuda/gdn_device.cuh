@@ -263,8 +263,14 @@ struct GdnPrepKernel {
   }
 };
 
+// Copies rows [0, n) of a [64][cols] chunk matrix into shared memory with row stride cols + 1: the threads of a
+// warp read one column of several rows, which then fall in different banks.
+TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int tid, int nthr) {
+  for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * (cols + 1) + idx % cols] = src[idx];
+}
+
 // ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S [dk][tile],
-// D [64][tile].
+// D [64][tile], one chunk matrix [64][dk + 1] at a time (W, then Qst, then R) and C [64][65].
 // The state has `width` columns: dv for the state (and E), dk for the linear part M of a summary (use_u false:
 // D = -W S, the state's recurrence with V = 0).
 struct GdnScanArgs {
@@ -287,18 +293,25 @@ struct GdnScanKernel {
   using Args = GdnScanArgs;
   static constexpr const char* kName = "gdn scan";
   static int64_t tiles(int width, int tile) { return (width + tile - 1) / tile; }
-  static size_t smem_bytes(const Args& a) { return static_cast<size_t>(a.dk + kGdnChunk) * a.tile * sizeof(float); }
+  static size_t smem_bytes(const Args& a) {
+    return (static_cast<size_t>(a.dk + kGdnChunk) * a.tile + static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
+            kGdnChunk * (kGdnChunk + 1)) *
+           sizeof(float);
+  }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int tc = a.tile;  // state columns of this block
     const int H = a.heads, dk = a.dk, dv = a.dv, w = a.width;
+    const int ld = dk + 1, lc = kGdnChunk + 1;  // staged row strides
     const int64_t nt = (w + tc - 1) / tc;
     const int64_t r = block / (H * nt);
     const int h = static_cast<int>((block / nt) % H);
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = w - e0 < tc ? w - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* S = smem;             // [dk][tc]
-    float* Ds = smem + dk * tc;  // [64][tc]
+    float* S = smem;                   // [dk][tc]
+    float* Ds = S + dk * tc;           // [64][tc]
+    float* Ms = Ds + kGdnChunk * tc;   // [64][ld]: W, Qst or R
+    float* Cs = Ms + kGdnChunk * ld;   // [64][lc]
     // S[d][e] = S_in[d][e0 + e]
     const float* sin = (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * dk * w : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
@@ -312,14 +325,14 @@ struct GdnScanKernel {
       }
       S[idx] = s;
     }
-    block_sync();
     for (int ci = 0; ci < rd.chunk_count; ++ci) {
       const int64_t chunk = rd.chunk_begin + ci;
       const GdnChunkDesc cd = a.chunks[chunk];
       const int n = cd.len;
       float* c = a.cache + (chunk * H + h) * a.blk.size;
-      const float* W = c + a.blk.W;
       const float* U = c + a.blk.U;
+      stage_rows(Ms, c + a.blk.W, n, dk, tid, nthr);
+      block_sync();  // W staged; S complete (the initial fill or the last chunk's update)
       if (a.save)
         for (int idx = tid; idx < dk * tc; idx += nthr) {
           const int d = idx / tc, e = idx % tc;
@@ -330,38 +343,41 @@ struct GdnScanKernel {
         const int i = idx / tc, e = idx % tc;
         if (e >= tw) continue;
         float acc = a.use_u ? U[i * dv + e0 + e] : 0.f;
-        for (int d = 0; d < dk; ++d) acc -= W[i * dk + d] * S[d * tc + e];
+        for (int d = 0; d < dk; ++d) acc -= Ms[i * ld + d] * S[d * tc + e];
         Ds[idx] = acc;
         if (a.save) c[a.blk.D + i * dv + e0 + e] = acc;
       }
-      block_sync();
+      block_sync();  // D complete, W read
       if (a.y) {
         // Y = scale ((e^G ⊙ Q) S + C D)
-        const float* Qst = c + a.blk.Qst;
-        const float* C = c + a.blk.C;
+        stage_rows(Ms, c + a.blk.Qst, n, dk, tid, nthr);
+        stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
+        block_sync();
         for (int idx = tid; idx < n * tc; idx += nthr) {
           const int i = idx / tc, e = idx % tc;
           if (e >= tw) continue;
           float acc = 0.f;
-          for (int d = 0; d < dk; ++d) acc += Qst[i * dk + d] * S[d * tc + e];
-          for (int j = 0; j <= i; ++j) acc += C[i * kGdnChunk + j] * Ds[j * tc + e];
+          for (int d = 0; d < dk; ++d) acc += Ms[i * ld + d] * S[d * tc + e];
+          for (int j = 0; j <= i; ++j) acc += Cs[i * lc + j] * Ds[j * tc + e];
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
                     a.scale * acc);
         }
-        block_sync();
+        block_sync();  // Qst read
       }
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
-      const float* R = c + a.blk.R;
+      stage_rows(Ms, c + a.blk.R, n, dk, tid, nthr);
+      block_sync();
       const float* egl = c + a.blk.egl;
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
         if (e >= tw) continue;
         float s = S[idx] * egl[d];
-        for (int j = 0; j < n; ++j) s += R[j * dk + d] * Ds[j * tc + e];
+        for (int j = 0; j < n; ++j) s += Ms[j * ld + d] * Ds[j * tc + e];
         S[idx] = s;
       }
-      block_sync();
+      block_sync();  // R read, S updated, before the next chunk stages over Ms
     }
+    block_sync();
     if (a.state_out && rd.out_slot >= 0) {
       float* so = a.state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * dk * w;
       for (int idx = tid; idx < dk * tc; idx += nthr) {
@@ -373,7 +389,8 @@ struct GdnScanKernel {
 };
 
 // ---- backward scan: one block per (run, head, `tile` columns of dS); chunks in reverse. Shared: dS [dk][tile],
-// dD [64][tile]. Stores dS at each chunk's end and dD into the cache for the gradient kernel.
+// dD and dY [64][tile], two chunk matrices [64][dk + 1] (R, then Qst and W) and C [64][65]. Stores dS at each
+// chunk's end and dD into the cache for the gradient kernel.
 struct GdnBwdScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -390,35 +407,48 @@ struct GdnBwdScanArgs {
 struct GdnBwdScanKernel {
   using Args = GdnBwdScanArgs;
   static constexpr const char* kName = "gdn backward scan";
-  static size_t smem_bytes(const Args& a) { return static_cast<size_t>(a.dk + kGdnChunk) * a.tile * sizeof(float); }
+  static size_t smem_bytes(const Args& a) {
+    return (static_cast<size_t>(a.dk + 2 * kGdnChunk) * a.tile + 2 * static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
+            kGdnChunk * (kGdnChunk + 1)) *
+           sizeof(float);
+  }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int tc = a.tile;  // state columns of this block
     const int H = a.heads, dk = a.dk, dv = a.dv;
+    const int ld = dk + 1, lc = kGdnChunk + 1;  // staged row strides
     const int64_t nt = (dv + tc - 1) / tc;
     const int64_t r = block / (H * nt);
     const int h = static_cast<int>((block / nt) % H);
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = dv - e0 < tc ? dv - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* dS = smem;             // [dk][tc]
-    float* dDs = smem + dk * tc;  // [64][tc]
+    float* dS = smem;                   // [dk][tc]
+    float* dDs = dS + dk * tc;          // [64][tc]
+    float* dYs = dDs + kGdnChunk * tc;  // [64][tc]
+    float* M1 = dYs + kGdnChunk * tc;   // [64][ld]: R, then Qst
+    float* M2 = M1 + kGdnChunk * ld;    // [64][ld]: W
+    float* Cs = M2 + kGdnChunk * ld;    // [64][lc]
     const int64_t ssz = static_cast<int64_t>(dk) * dv;
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
       const int d = idx / tc, e = idx % tc;
       dS[idx] = (dso && e < tw) ? dso[d * dv + e0 + e] : 0.f;
     }
-    block_sync();
     for (int ci = rd.chunk_count - 1; ci >= 0; --ci) {
       const int64_t chunk = rd.chunk_begin + ci;
       const GdnChunkDesc cd = a.chunks[chunk];
       const int n = cd.len;
       float* c = a.cache + (chunk * H + h) * a.blk.size;
-      const float* C = c + a.blk.C;
-      const float* R = c + a.blk.R;
-      // dy[t + i][h][e0 + e]
+      // dY[i][e] = dy[t + i][h][e0 + e]
       const int64_t dy0 = (cd.t * H + h) * static_cast<int64_t>(dv) + e0;
       const int64_t dy_row = static_cast<int64_t>(H) * dv;
+      for (int idx = tid; idx < n * tc; idx += nthr) {
+        const int i = idx / tc, e = idx % tc;
+        dYs[idx] = e < tw ? load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e) : 0.f;
+      }
+      stage_rows(M1, c + a.blk.R, n, dk, tid, nthr);
+      stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
+      block_sync();  // dY, R and C staged; dS complete
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
         if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[idx];
@@ -428,29 +458,31 @@ struct GdnBwdScanKernel {
         const int i = idx / tc, e = idx % tc;
         if (e >= tw) continue;
         float acc = 0.f;
-        for (int m = i; m < n; ++m) acc += C[m * kGdnChunk + i] * load_out(a.dy, a.dy_f32, dy0 + m * dy_row + e);
+        for (int m = i; m < n; ++m) acc += Cs[m * lc + i] * dYs[m * tc + e];
         acc *= a.scale;
-        for (int d = 0; d < dk; ++d) acc += R[i * dk + d] * dS[d * tc + e];
+        for (int d = 0; d < dk; ++d) acc += M1[i * ld + d] * dS[d * tc + e];
         dDs[idx] = acc;
         c[a.blk.dD + i * dv + e0 + e] = acc;
       }
+      block_sync();  // dD complete, R read
+      stage_rows(M1, c + a.blk.Qst, n, dk, tid, nthr);
+      stage_rows(M2, c + a.blk.W, n, dk, tid, nthr);
       block_sync();
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
-      const float* Qst = c + a.blk.Qst;
-      const float* W = c + a.blk.W;
       const float* egl = c + a.blk.egl;
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
         if (e >= tw) continue;
         float qy = 0.f, wd = 0.f;
         for (int i = 0; i < n; ++i) {
-          qy += Qst[i * dk + d] * load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e);
-          wd += W[i * dk + d] * dDs[i * tc + e];
+          qy += M1[i * ld + d] * dYs[i * tc + e];
+          wd += M2[i * ld + d] * dDs[i * tc + e];
         }
         dS[idx] = egl[d] * dS[idx] + a.scale * qy - wd;
       }
-      block_sync();
+      block_sync();  // Qst, W, dY read; dS updated, before the next chunk stages
     }
+    block_sync();
     if (a.d_state_in && rd.in_slot >= 0) {
       float* dsi = a.d_state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * ssz;
       for (int idx = tid; idx < dk * tc; idx += nthr) {
