@@ -10,7 +10,7 @@
 #include <memory>
 #include <thread>
 
-#include "gdn_cuda_checks.hpp"
+#include "common/gdn_cuda.hpp"
 
 namespace treecp::cuda {
 namespace {

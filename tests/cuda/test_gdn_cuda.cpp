@@ -1,11 +1,11 @@
-// The CUDA GDN/KDA kernels on the GPU: the checks of tests/gdn_cuda_checks.hpp (the same ones the CPU suite runs
+// The CUDA GDN/KDA kernels on the GPU: the checks of tests/common/gdn_cuda.hpp (the same ones the CPU suite runs
 // on the host emulation of these kernels) against the double token recurrence, on larger cases: several runs of
 // ragged lengths with and without initial states, both gates, dk = dv = 64 and 128, a long run of many chunks.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
-#include "../gdn_cuda_checks.hpp"
+#include "common/gdn_cuda.hpp"
 #include "kernels/cuda/attention.hpp"  // check_cuda
 #include "kernels/cuda/gdn.hpp"
 

@@ -20,7 +20,8 @@
 #include "kernels/cpu/gdn.hpp"
 #include "kernels/cuda/gdn_device.cuh"  // bf16 conversions (host side)
 #include "kernels/cuda/gdn_types.hpp"
-#include "test_gdn_util.hpp"
+#include "common/common.hpp"
+#include "common/gdn.hpp"
 
 namespace treecp::cuda::gdn_test {
 
@@ -78,7 +79,12 @@ struct Case {
   int64_t ssz() const { return static_cast<int64_t>(dk) * dv; }
 
   Case(int64_t S_, int H_, int dk_, int dv_, GdnGate gate_, std::vector<GdnCudaRun> runs_, int slots_, uint64_t seed)
-      : Case(testing::random_gdn_data(S_, H_, dk_, dv_, gate_, seed), std::move(runs_), slots_, seed) {}
+      : Case(random_data(S_, H_, dk_, dv_, gate_, seed), std::move(runs_), slots_, seed) {}
+  // The run's seed (common/common.hpp) salted by the case's: fresh inputs every run, replayable.
+  static testing::GdnData random_data(int64_t S, int H, int dk, int dv, GdnGate gate, uint64_t salt) {
+    testing::Rng rng = testing::test_rng(salt);
+    return testing::random_gdn_data(S, H, dk, dv, gate, rng);
+  }
   Case(const testing::GdnData& d, std::vector<GdnCudaRun> runs_, int slots_, uint64_t seed)
       : S(d.S), H(d.H), dk(d.dk), dv(d.dv), gate(d.gate), scale(static_cast<float>(1.0 / std::sqrt(d.dk))),
         runs(std::move(runs_)), slots(slots_), q(d.q), k(d.k), v(d.v), g(d.g), beta(d.beta), dy(d.dy) {
