@@ -110,7 +110,7 @@ struct Case {
   GdnParams<T> cpu_params(const Host<T>& h) const {
     GdnParams<T> p;
     p.q = h.q.data(); p.k = h.k.data(); p.v = h.v.data(); p.g = h.g.data(); p.beta = h.beta.data();
-    p.tokens = S; p.heads = H; p.dk = dk; p.dv = dv; p.gate = gate; p.scale = static_cast<T>(scale); p.chunk = 64;
+    p.tokens = S; p.shape = GdnShape{H, dk, dv, gate, scale, 64};
     return p;
   }
 };
