@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
                  beta = wide(download<uint16_t>(p.beta, n * H)), y = wide(download<uint16_t>(p.y, n * H * D));
       GdnParams<double> cp;
       cp.q = q.data(); cp.k = k.data(); cp.v = v.data(); cp.g = gg.data(); cp.beta = beta.data();
-      cp.tokens = n; cp.heads = H; cp.dk = D; cp.dv = D; cp.gate = gate; cp.scale = p.scale;
+      cp.tokens = n; cp.shape = GdnShape{H, D, D, gate, p.scale, 64};
       std::vector<double> yr(n * H * D, 0.0);
       double num = 0, den = 0;
       const int64_t checked = std::min<int64_t>(n, runs[0].t1);
