@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "tree/accounting.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
@@ -43,26 +44,25 @@ Timing<T> time_case(const Case& c, int hq, int hkv, int d, int reps, const std::
   const std::vector<T> q(q64.begin(), q64.end()), k(k64.begin(), k64.end()), v(v64.begin(), v64.end()),
       dout(do64.begin(), do64.end());
   const std::vector<Slice> slices = row_slices(c.row, c.window);
-  const AttnShape sh{S, S, hq, hkv, d, d};
-  const T scale = T(1) / std::sqrt(static_cast<T>(d));
+  const AttentionShape sh{hq, hkv, d, d, c.window};
   std::vector<T> o(q.size()), lse(static_cast<size_t>(S * hq)), dq(q.size()), dk(k.size()), dv(v.size());
   Timing<T> t;
   for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    attention_forward(AttnForwardArgs<T>{sh, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
+    attention_forward(AttnForwardArgs<T>{sh, S, S, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
                                          dense_view(v.data(), hkv, d), dense_view(o.data(), hq, d),
-                                         dense_view(lse.data(), hq, 1), scale},
+                                         dense_view(lse.data(), hq, 1)},
                       slices);
     auto t1 = std::chrono::steady_clock::now();
     std::fill(dq.begin(), dq.end(), T(0));
     std::fill(dk.begin(), dk.end(), T(0));
     std::fill(dv.begin(), dv.end(), T(0));
     attention_backward(
-        AttnBackwardArgs<T>{sh, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
+        AttnBackwardArgs<T>{sh, S, S, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
                             dense_view(v.data(), hkv, d), dense_view<const T>(o.data(), hq, d),
                             dense_view<const T>(lse.data(), hq, 1), dense_view(dout.data(), hq, d), {},
                             dense_view(dq.data(), hq, d), dense_view(dk.data(), hkv, d),
-                            dense_view(dv.data(), hkv, d), scale},
+                            dense_view(dv.data(), hkv, d)},
         slices);
     auto t2 = std::chrono::steady_clock::now();
     t.fwd_ms = std::min(t.fwd_ms, std::chrono::duration<double, std::milli>(t1 - t0).count());
@@ -77,17 +77,12 @@ AttentionResult<T> run_reference(const Case& c, int hq, int hkv, int d, const st
                                  const std::vector<double>& dout) {
   const std::vector<T> qt(q.begin(), q.end()), kt(k.begin(), k.end()), vt(v.begin(), v.end()),
       dt(dout.begin(), dout.end());
-  AttentionProblem<T> p;
-  p.hq = hq;
-  p.hkv = hkv;
-  p.d = d;
-  p.dv = d;
-  p.window = c.window;
+  AttentionInputs<T> p;
   p.q = qt.data();
   p.k = kt.data();
   p.v = vt.data();
   p.dout = dt.data();
-  return attention_reference(c.row, p);
+  return attention_reference(c.row, AttentionShape{hq, hkv, d, d, c.window}, p);
 }
 
 template <class A, class B>

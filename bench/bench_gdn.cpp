@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,8 +18,10 @@
 #include "comm/mpi_communicator.hpp"
 #endif
 #include "kernels/cpu/gdn.hpp"
+#include "runtime/cpu_backend.hpp"
 #include "runtime/gdn_cp.hpp"
-#include "runtime/gdn_plan.hpp"
+#include "plan/gdn_plan.hpp"
+#include "tree/presets.hpp"
 
 namespace {
 
@@ -35,14 +36,16 @@ struct Opts {
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
+GdnShape shape_of(const Opts& o) {
+  return {o.heads, o.dk, o.dv, o.kda ? GdnGate::PerChannel : GdnGate::Scalar, 1.0 / std::sqrt(double(o.dk)), o.chunk};
+}
+
 struct Data {
   std::vector<float> q, k, v, g, beta, dy;
   GdnParams<float> params(const Opts& o, int64_t S) const {
     GdnParams<float> p;
     p.q = q.data(); p.k = k.data(); p.v = v.data(); p.g = g.data(); p.beta = beta.data();
-    p.tokens = S; p.heads = o.heads; p.dk = o.dk; p.dv = o.dv;
-    p.gate = o.kda ? GdnGate::PerChannel : GdnGate::Scalar; p.scale = 1.0f / std::sqrt(static_cast<float>(o.dk));
-    p.chunk = o.chunk;
+    p.tokens = S; p.shape = shape_of(o);
     return p;
   }
 };
@@ -74,7 +77,7 @@ Data make_data(const Opts& o, int64_t S, uint64_t seed) {
   return d;
 }
 
-// Single-process kernel table; returns the calibrated ns per multiply-add of the chunked form.
+// Single-process kernel table; returns the calibrated multiply-adds per ms of the chunked form.
 double kernel_table(const Opts& o) {
   const int64_t S = o.tokens;
   const Data d = make_data(o, S, 1);
@@ -125,7 +128,7 @@ double kernel_table(const Opts& o) {
   const double sum_ms = best([&] {
     for (int h = 0; h < o.heads; ++h) gdn_chunked_summary(p, h, 0, S, M.data(), E.data());
   });
-  const GdnShape shape{o.heads, o.dk, o.dv, 4, o.chunk};
+  const GdnShape shape = shape_of(o);
   const double madds = gdn_token_madds(shape) * static_cast<double>(S) * o.heads;
   const double ns_per_madd = (fwd_ms + bwd_ms) * 1e6 / madds;
   std::printf("kernel (%s, float): S %lld, H %d, dk %d, dv %d, chunk %d\n", o.kda ? "KDA" : "GDN",
@@ -141,7 +144,7 @@ double kernel_table(const Opts& o) {
               state_ms / fwd_ms, sum_ms / fwd_ms);
   std::printf("  model: %.3g multiply-adds fwd+bwd -> %.3f ns per multiply-add (%.2f GFLOP/s)\n", madds, ns_per_madd,
               2.0 / ns_per_madd);
-  return ns_per_madd;
+  return 1e6 / ns_per_madd;
 }
 
 // Communicator latency (small all-to-all ring) and bandwidth (large pairwise messages).
@@ -172,32 +175,10 @@ void comm_table(Communicator& comm, double* latency_us, double* bw) {
                 *bw / 1e9);
 }
 
-// A deep row like the `deep` preset (root 2,048, 2-3 children per node to depth 4), 40,960 tokens per rank.
-Row testing_free_deep_row(int N) {
-  std::mt19937_64 rng(7);
-  std::normal_distribution<double> len(384, 128);
-  std::vector<Segment> segs;
-  int64_t total = 0;
-  const int64_t target = 40960LL * N;
-  std::function<void(int32_t, int)> add = [&](int32_t parent, int depth) {
-    if (total >= target) return;
-    const int64_t l = parent < 0 ? 2048 : std::clamp<int64_t>(std::llround(len(rng)), 16, 1024);
-    const int64_t take = std::min(l, target - total);
-    const int32_t me = static_cast<int32_t>(segs.size());
-    segs.push_back({parent, take});
-    total += take;
-    if (depth >= 4) return;
-    const int kids = 2 + static_cast<int>(rng() % 2);
-    for (int k = 0; k < kids; ++k) add(me, depth + 1);
-  };
-  while (total < target) add(-1, 1);
-  return Row(std::move(segs));
-}
-
 // Predicted vs measured forward+backward on alternative plans of a few rows.
 void plan_table(Communicator& comm, const Opts& o, const GdnCostModel& model) {
   const int N = comm.size(), me = comm.rank();
-  const GdnShape shape{o.heads, o.dk, o.dv, 4, o.chunk};
+  const GdnShape shape = shape_of(o);
   const int64_t per = o.tokens;  // tokens per rank
   struct RowCase { const char* name; Row row; };
   std::vector<Segment> fam, dom, chain;
@@ -218,9 +199,9 @@ void plan_table(Communicator& comm, const Opts& o, const GdnCostModel& model) {
   const RowCase rows[] = {{"one chain", Row(chain)}, {"families", Row(fam)}, {"dominant", Row(dom)}};
   {
     // Planning time on a large deep row (the planner runs once per row, ahead of the layers).
-    const Row big = testing_free_deep_row(N);
+    const Row big = make_preset("deep", N);
     const auto t0 = Clock::now();
-    const GdnPlan p = plan_gdn(big, N, GdnShape{32, 128, 128, 2, 64}, model);
+    const GdnPlan p = plan_gdn(big, N, GdnShape{}, model);
     if (me == 0)
       std::printf("planning a %lld-token, %d-segment row for %d ranks: %.2f ms, %d chained\n",
                   static_cast<long long>(big.tokens()), big.num_segments(), N, ms_since(t0), p.chained_segments());
@@ -239,7 +220,9 @@ void plan_table(Communicator& comm, const Opts& o, const GdnCostModel& model) {
     {
       auto self = make_self_communicator();
       const GdnPlan one = make_gdn_plan(row, 1, std::vector<uint8_t>(static_cast<size_t>(row.num_segments()), 0));
-      (void)gdn_cp_forward(*self, row, one, d.params(o, row.tokens()), y_ref.data());
+      CpuBackend<float> be;
+      GdnCP<CpuBackend<float>> cp(one, row, shape, *self, be);
+      cp.forward(d.q, d.k, d.v, d.g, d.beta, y_ref);
     }
     std::vector<uint8_t> none(static_cast<size_t>(row.num_segments()), 0), longest = none;
     longest[0] = 1;
@@ -250,24 +233,19 @@ void plan_table(Communicator& comm, const Opts& o, const GdnCostModel& model) {
     for (Alt& a : alts) {
       gdn_predict(row, a.plan, shape, model);
       const auto ranges = gdn_rank_ranges(row, a.plan, me);
-      auto take = [&](const std::vector<float>& full, int64_t w) {
-        std::vector<float> out;
-        for (const TokenRange& t : ranges) out.insert(out.end(), full.begin() + t.begin * w, full.begin() + t.end * w);
-        return out;
-      };
-      Data l{take(d.q, o.dk * o.heads), take(d.k, o.dk * o.heads), take(d.v, o.dv * o.heads),
-             take(d.g, (o.kda ? o.dk : 1) * o.heads), take(d.beta, o.heads), take(d.dy, o.dv * o.heads)};
-      const int64_t T = static_cast<int64_t>(l.beta.size()) / o.heads;
-      const GdnParams<float> p = l.params(o, T);
+      auto take = [&](const std::vector<float>& full, int64_t w) { return rows_of<float>(full, w, ranges); };
+      Data l{take(d.q, shape.qk_width()), take(d.k, shape.qk_width()), take(d.v, shape.v_width()),
+             take(d.g, shape.g_width()), take(d.beta, o.heads), take(d.dy, shape.v_width())};
+      CpuBackend<float> be;
+      GdnCP<CpuBackend<float>> cp(a.plan, row, shape, comm, be);
       double best = 1e30, err = 0;
       for (int r = 0; r < o.reps; ++r) {
         std::vector<float> y(l.v.size()), dq(l.q.size()), dk(l.k.size()), dv(l.v.size()), dg(l.g.size()),
             db(l.beta.size());
         comm.barrier();
         const auto t0 = Clock::now();
-        const auto saved = gdn_cp_forward(comm, row, a.plan, p, y.data());
-        gdn_cp_backward(comm, row, a.plan, p, saved, l.dy.data(),
-                        GdnGrads<float>{dq.data(), dk.data(), dv.data(), dg.data(), db.data()});
+        cp.forward(l.q, l.k, l.v, l.g, l.beta, y);
+        cp.backward(l.dy, dq, dk, dv, dg, db);
         comm.barrier();
         best = std::min(best, ms_since(t0));
         int64_t at = 0;
@@ -318,19 +296,19 @@ int main(int argc, char** argv) {
   auto self = treecp::make_self_communicator();
   treecp::Communicator& comm = *self;
 #endif
-  GdnCostModel model = GdnCostModel::defaults();
-  double ns = 0;
-  if (comm.rank() == 0) ns = kernel_table(o);
-  comm.all_reduce_sum(&ns, 1, treecp::CommType::F64);
-  model.ns_per_madd = ns;
+  GdnCostModel model;
+  double rate = 0;
+  if (comm.rank() == 0) rate = kernel_table(o);
+  comm.all_reduce_sum(&rate, 1, treecp::CommType::F64);
+  model.madds_per_ms = rate;
   if (comm.size() > 1) {
     double lat = 0, bw = 0;
     comm_table(comm, &lat, &bw);
     double v[2] = {lat, bw};
     comm.all_reduce_sum(v, 2, treecp::CommType::F64);
-    model.message_latency_us = v[0] / comm.size();
-    model.link_bandwidth_bytes_per_s = v[1] / comm.size();
-    if (comm.rank() == 0) std::printf("calibrated model: %s\n", json::dump(model.to_json()).c_str());
+    model.link.latency_ms = v[0] / comm.size() * 1e-3;
+    model.link.bandwidth_bytes_per_ms = v[1] / comm.size() * 1e-3;
+    if (comm.rank() == 0) std::printf("calibrated model: %s\n", json::dump(to_json(model)).c_str());
     plan_table(comm, o, model);
   }
   return 0;

@@ -27,7 +27,7 @@
 #include "plan/planner.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/mamba2_cp.hpp"
-#include "runtime/mamba2_plan.hpp"
+#include "plan/mamba2_plan.hpp"
 #include "runtime/mamba2_tree.hpp"
 #include "tree/presets.hpp"
 
@@ -204,13 +204,13 @@ void bytes_table(const Opts& o) {
   for (const char* name : {"fixed5k", "varied5k", "dominant", "longchain", "deep", "art-fixed5k", "art-long8k"}) {
     for (int cp = 2; cp <= 8; ++cp) {
       const Row row = make_preset(name, cp);
-      const RankLayout tokens = attention_ownership(make_plan(row, cp, CostModel{}, PlanOptions{}));
+      const Ownership tokens = plan_ownership(make_plan(row, cp, AttentionShape{}, CostModel{}, PlanOptions{}));
       const Mamba2Plan plan = plan_mamba2(row, tokens, shape, model);
       std::printf(
           "  %-13s %3d %9lld %12.1f %12.1f %10.1f %10.1f %7d %6s %9s\n", name, cp, static_cast<long long>(row.tokens()),
           plan.transpose_price.bytes / 1e6, plan.summary_price.bytes / 1e6, plan.transpose_price.ms,
           plan.summary_price.ms, plan.chains.chained_segments(),
-          tokens_move(tokens, mamba2_chain_layout(row, plan.chains)) ? "yes" : "no", strategy_name(plan.strategy));
+          tokens_move(tokens, gdn_ownership(row, plan.chains)) ? "yes" : "no", strategy_name(plan.strategy));
     }
   }
 }
@@ -230,7 +230,7 @@ void cp_table(Communicator& world, const Opts& o) {
   }
   for (const char* name : {"fixed5k", "dominant", "longchain", "deep"}) {
     const Row row = scale_row(make_preset(name, N), o.scale);
-    const RankLayout tokens = attention_ownership(make_plan(row, N, CostModel{}, PlanOptions{}));
+    const Ownership tokens = plan_ownership(make_plan(row, N, AttentionShape{}, CostModel{}, PlanOptions{}));
     const Data<float> d = make_data<float>(o, row.tokens(), 3);
     for (Mamba2Strategy s : {Mamba2Strategy::Transpose, Mamba2Strategy::Summary}) {
       const Mamba2Plan plan = plan_mamba2(row, tokens, shape, model, s);

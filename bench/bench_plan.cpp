@@ -71,22 +71,19 @@ int main(int argc, char** argv) {
     PlanOptions opt;
     PlanReport report;
     Plan plan;
-    const double plan_ms = median_ms(reps, [&] { plan = make_plan(row, cp, costs, opt, &report); });
-    const double plan_cpu_ms = median_cpu_ms(reps, [&] { plan = make_plan(row, cp, costs, opt, &report); });
+    const AttentionShape shape;  // DESIGN.md's benchmark shape
+    const double plan_ms = median_ms(reps, [&] { plan = make_plan(row, cp, shape, costs, opt, &report); });
+    const double plan_cpu_ms = median_cpu_ms(reps, [&] { plan = make_plan(row, cp, shape, costs, opt, &report); });
     const double validate_ms = median_ms(reps, [&] { validate_plan(plan, row, 0, cp); });
-    PlanOptions win = opt;
-    win.window = 4096;
-    const double plan_w_ms = median_ms(reps, [&] { (void)make_plan(row, cp, costs, win); });
+    AttentionShape windowed = shape;
+    windowed.window = 4096;
+    const double plan_w_ms = median_ms(reps, [&] { (void)make_plan(row, cp, windowed, costs, opt); });
     std::printf("%-14s %3d %8lld %6d %7lld %9.3f %9.3f %9.3f %11.3f %11.3f %11.3f |", name, cp,
                 static_cast<long long>(row.tokens()), w.num_chunks(), static_cast<long long>(w.nonzeros()), slices_ms,
                 work_ms, plan_ms, plan_cpu_ms, plan_w_ms, validate_ms);
     for (const LayoutResult& l : report.layouts) std::printf(" %10.3f", l.makespan_ms);
     // Lower bound: every pair at the local rate and every token's own work, spread perfectly.
-    const double bound = (static_cast<double>(w.total_pairs) *
-                              (1.0 / costs.local_forward_pairs_per_ms + 1.0 / costs.local_backward_pairs_per_ms) +
-                          static_cast<double>(row.tokens()) *
-                              (costs.token_local_forward_ms_per_token + costs.token_local_backward_ms_per_token)) /
-                         cp;
+    const double bound = own_work_ms(costs, static_cast<double>(w.total_pairs), static_cast<double>(row.tokens())) / cp;
     std::printf(" %8.3f\n", bound);
   }
   std::printf(

@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
     const int64_t common = remote * (sh.id_bytes + sh.dkv_bytes_per_token()) + int64_t{cp} * (cp - 1) * sh.id_bytes;
     const int64_t in_waves = common + wave_rows * (sh.ki_bytes_per_token() + sh.kv_bytes_per_token());
     const int64_t selected = common + wave_rows * sh.ki_bytes_per_token() + remote * sh.kv_bytes_per_token();
-    std::printf("| %d | %s | %d | %.1f / %.1f | %.1f / %.1f | %s | %lld / %lld | %.1f |\n", cp, p.plan.layout.c_str(),
+    std::printf("| %d | %s | %d | %.1f / %.1f | %.1f / %.1f | %s | %lld / %lld | %.1f |\n", cp, layout_name(p.plan.layout),
                 p.plan.num_waves, static_cast<double>(waves.bytes_moved) / 1e6, static_cast<double>(in_waves) / 1e6,
                 static_cast<double>(sel.bytes_moved) / 1e6, static_cast<double>(selected) / 1e6, kv_fetch_name(p.fetch),
                 static_cast<long long>(remote), static_cast<long long>(bound), plan_ms);

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "runtime/conv_cp.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/dense_attention.hpp"
 #include "runtime/gdn_cp.hpp"
@@ -30,15 +31,9 @@ void copy_out(const std::vector<T>& src, T* dst) {
   if (!src.empty()) std::memcpy(dst, src.data(), src.size() * sizeof(T));
 }
 
-// The runtime's attention shape; the one place the binding spells it (issue 26 renames it).
-AttentionDims attention_dims(const AttentionCall& c) {
-  AttentionDims d;
-  d.hq = c.hq;
-  d.hkv = c.hkv;
-  d.d = c.d;
-  d.dv = c.dv;
-  d.scale = c.scale;
-  return d;
+// The layer's shape (kernels/shapes.hpp): the call's head dims and scale, the plan's window.
+AttentionShape attention_shape(const AttentionCall& c, int64_t window) {
+  return AttentionShape{c.hq, c.hkv, c.d, c.dv, window, c.scale};
 }
 
 // A DenseAttentionCP and the backend it runs on, built once per shape. Autograd calls the stateless
@@ -48,7 +43,7 @@ struct AttentionRunner {
   CpuBackend<T> backend;
   DenseAttentionCP<CpuBackend<T>> cp;
   AttentionRunner(const Plan& plan, const Row& row, const AttentionCall& c, Communicator& comm)
-      : cp(plan, row, attention_dims(c), comm, backend, DenseAttentionOptions{BackwardKv::Refetch}) {}
+      : cp(plan, row, attention_shape(c, plan.window), comm, backend, DenseAttentionOptions{BackwardKv::Refetch}) {}
 };
 
 }  // namespace
@@ -62,8 +57,7 @@ KeyCore::KeyCore(Row row, Plan plan, std::unique_ptr<Communicator> comm)
     : row_(std::move(row)), plan_(std::move(plan)), comm_(std::move(comm)), runners_(std::make_unique<Runners>()) {
   require(plan_.cp == comm_->size(), "key: the plan is for ", plan_.cp, " ranks but the group has ", comm_->size());
   validate_plan(plan_, row_, plan_.window, comm_->size());
-  layout_.resize(static_cast<size_t>(plan_.cp));
-  for (int r = 0; r < plan_.cp; ++r) layout_[static_cast<size_t>(r)] = plan_.ranks[static_cast<size_t>(r)].owned;
+  layout_ = plan_ownership(plan_);
   owned_tokens_ = plan_.ranks[static_cast<size_t>(comm_->rank())].owned_tokens();
 }
 
@@ -175,8 +169,8 @@ auto& KeyCore::cuda_runner(const AttentionCall& c, int device) {
           ") need the key's NCCL communicator (KeyCore.use_nccl); the group's own communicator moves host memory");
   auto& slot = cuda_->cp[c];
   if (!slot)
-    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_dims(c), *comm, *cuda_->backend,
-                                                           DenseAttentionOptions{BackwardKv::Refetch});
+    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_shape(c, plan_.window), *comm,
+                                                           *cuda_->backend, DenseAttentionOptions{BackwardKv::Refetch});
   return *slot;
 }
 
@@ -241,60 +235,39 @@ void KeyCore::cuda_attention_backward(const AttentionCall&, int, uintptr_t, uint
 }
 #endif
 
+namespace {
+
+GdnShape gdn_shape(const GdnCall& c) {
+  return GdnShape{c.heads, c.dk, c.dv, c.per_channel_gate ? GdnGate::PerChannel : GdnGate::Scalar, c.scale, c.chunk};
+}
+
+}  // namespace
+
 const GdnPlan& KeyCore::gdn_plan(const GdnCall& c, int element_bytes) {
-  const auto key = std::make_tuple(c.heads, c.dk, c.dv, element_bytes, c.chunk);
+  const auto key = std::make_tuple(c.heads, c.dk, c.dv, c.per_channel_gate, element_bytes, c.chunk);
   auto it = gdn_plans_.find(key);
   if (it == gdn_plans_.end()) {
-    GdnShape shape;  // the one place the binding spells the GDN planner's shape (issue 26 moves it)
-    shape.heads = c.heads;
-    shape.dk = c.dk;
-    shape.dv = c.dv;
-    shape.element_bytes = element_bytes;
-    shape.chunk = c.chunk;
-    it = gdn_plans_.emplace(key, plan_gdn(row_, cp(), shape)).first;
+    GdnCostModel model;
+    model.state_bytes_per_element = element_bytes;  // states and summaries travel in the call's precision
+    it = gdn_plans_.emplace(key, plan_gdn(row_, cp(), gdn_shape(c), model)).first;
   }
   return it->second;
 }
 
 namespace {
 
-RankLayout gdn_layout(const Row& row, const GdnPlan& plan) {
-  RankLayout out(static_cast<size_t>(plan.ranks));
-  for (int r = 0; r < plan.ranks; ++r) out[static_cast<size_t>(r)] = gdn_rank_ranges(row, plan, r);
-  return out;
-}
-
 // One call's inputs moved from the attention layout into the GDN plan's layout.
 template <class T>
-struct GdnInputs {
+struct GdnArrays {
   std::vector<T> q, k, v, g, beta;
-  GdnParams<T> params;
 };
 
 template <class T>
-GdnInputs<T> gdn_inputs(Communicator& comm, const RankLayout& from, const RankLayout& to, const GdnCall& c,
-                        int64_t n, const T* q, const T* k, const T* v, const T* g, const T* beta) {
-  CpuBackend<T> be;
-  const int64_t gw = c.per_channel_gate ? c.dk : 1;
-  auto move = [&](const T* x, int64_t width) {
-    return redistribute(comm, be, to_vector(x, n * width), from, to, width);
-  };
-  GdnInputs<T> in{move(q, int64_t{c.heads} * c.dk), move(k, int64_t{c.heads} * c.dk),
-                  move(v, int64_t{c.heads} * c.dv), move(g, c.heads * gw), move(beta, c.heads), {}};
-  GdnParams<T>& p = in.params;
-  p.q = in.q.data();
-  p.k = in.k.data();
-  p.v = in.v.data();
-  p.g = in.g.data();
-  p.beta = in.beta.data();
-  p.tokens = static_cast<int64_t>(in.beta.size()) / c.heads;
-  p.heads = c.heads;
-  p.dk = c.dk;
-  p.dv = c.dv;
-  p.gate = c.per_channel_gate ? GdnGate::PerChannel : GdnGate::Scalar;
-  p.scale = static_cast<T>(c.scale);
-  p.chunk = c.chunk;
-  return in;
+GdnArrays<T> gdn_arrays(Communicator& comm, CpuBackend<T>& be, const Ownership& from, const Ownership& to,
+                        const GdnShape& s, int64_t n, const T* q, const T* k, const T* v, const T* g, const T* beta) {
+  auto move = [&](const T* x, int64_t width) { return redistribute(comm, be, to_vector(x, n * width), from, to, width); };
+  return {move(q, s.qk_width()), move(k, s.qk_width()), move(v, s.v_width()), move(g, s.g_width()),
+          move(beta, s.heads)};
 }
 
 }  // namespace
@@ -302,49 +275,62 @@ GdnInputs<T> gdn_inputs(Communicator& comm, const RankLayout& from, const RankLa
 template <class T>
 void KeyCore::gdn_forward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, T* y) {
   const GdnPlan& plan = gdn_plan(c, static_cast<int>(sizeof(T)));
-  const RankLayout glayout = gdn_layout(row_, plan);
-  GdnInputs<T> in = gdn_inputs(*comm_, layout_, glayout, c, owned_tokens_, q, k, v, g, beta);
-  std::vector<T> yg(static_cast<size_t>(in.params.tokens * c.heads * c.dv));
-  gdn_cp_forward(*comm_, row_, plan, in.params, yg.data());
+  const GdnShape shape = gdn_shape(c);
+  const Ownership owners = gdn_ownership(row_, plan);
   CpuBackend<T> be;
-  copy_out(redistribute(*comm_, be, yg, glayout, layout_, int64_t{c.heads} * c.dv), y);
+  const GdnArrays<T> in = gdn_arrays(*comm_, be, layout_, owners, shape, owned_tokens_, q, k, v, g, beta);
+  GdnCP<CpuBackend<T>> gdn(plan, row_, shape, *comm_, be);
+  std::vector<T> yg(static_cast<size_t>(gdn.owned_rows() * shape.v_width()));
+  gdn.forward(in.q, in.k, in.v, in.g, in.beta, yg);
+  copy_out(redistribute(*comm_, be, yg, owners, layout_, shape.v_width()), y);
 }
 
 template <class T>
 void KeyCore::gdn_backward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta,
                            const T* dy, T* dq, T* dk, T* dv, T* dg, T* dbeta) {
   const GdnPlan& plan = gdn_plan(c, static_cast<int>(sizeof(T)));
-  const RankLayout glayout = gdn_layout(row_, plan);
-  GdnInputs<T> in = gdn_inputs(*comm_, layout_, glayout, c, owned_tokens_, q, k, v, g, beta);
+  const GdnShape shape = gdn_shape(c);
+  const Ownership owners = gdn_ownership(row_, plan);
   CpuBackend<T> be;
+  const GdnArrays<T> in = gdn_arrays(*comm_, be, layout_, owners, shape, owned_tokens_, q, k, v, g, beta);
   const std::vector<T> dyg =
-      redistribute(*comm_, be, to_vector(dy, owned_tokens_ * c.heads * c.dv), layout_, glayout, int64_t{c.heads} * c.dv);
+      redistribute(*comm_, be, to_vector(dy, owned_tokens_ * shape.v_width()), layout_, owners, shape.v_width());
   // The backward needs the states the forward started each run from: run the forward again, as for attention.
-  std::vector<T> yg(static_cast<size_t>(in.params.tokens * c.heads * c.dv));
-  const GdnSaved<T> saved = gdn_cp_forward(*comm_, row_, plan, in.params, yg.data());
+  GdnCP<CpuBackend<T>> gdn(plan, row_, shape, *comm_, be);
+  std::vector<T> yg(static_cast<size_t>(gdn.owned_rows() * shape.v_width()));
+  gdn.forward(in.q, in.k, in.v, in.g, in.beta, yg);
   std::vector<T> gq(in.q.size()), gk(in.k.size()), gv(in.v.size()), gg(in.g.size()), gb(in.beta.size());
-  gdn_cp_backward(*comm_, row_, plan, in.params, saved, dyg.data(),
-                  GdnGrads<T>{gq.data(), gk.data(), gv.data(), gg.data(), gb.data()});
-  const int64_t gw = c.per_channel_gate ? c.dk : 1;
-  copy_out(redistribute(*comm_, be, gq, glayout, layout_, int64_t{c.heads} * c.dk), dq);
-  copy_out(redistribute(*comm_, be, gk, glayout, layout_, int64_t{c.heads} * c.dk), dk);
-  copy_out(redistribute(*comm_, be, gv, glayout, layout_, int64_t{c.heads} * c.dv), dv);
-  copy_out(redistribute(*comm_, be, gg, glayout, layout_, c.heads * gw), dg);
-  copy_out(redistribute(*comm_, be, gb, glayout, layout_, int64_t{c.heads}), dbeta);
+  gdn.backward(dyg, gq, gk, gv, gg, gb);
+  copy_out(redistribute(*comm_, be, gq, owners, layout_, shape.qk_width()), dq);
+  copy_out(redistribute(*comm_, be, gk, owners, layout_, shape.qk_width()), dk);
+  copy_out(redistribute(*comm_, be, gv, owners, layout_, shape.v_width()), dv);
+  copy_out(redistribute(*comm_, be, gg, owners, layout_, shape.g_width()), dg);
+  copy_out(redistribute(*comm_, be, gb, owners, layout_, int64_t{shape.heads}), dbeta);
 }
 
 template <class T>
 void KeyCore::conv_forward(int channels, int width, bool silu, const T* x, const T* weight, const T* bias, T* y) {
-  conv1d_cp_forward(*comm_, row_, layout_, Conv1dArgs{channels, width, silu}, x, weight, bias, y);
+  CpuBackend<T> be;
+  ConvCP<CpuBackend<T>> conv(layout_, row_, ConvShape{channels, width, silu}, *comm_, be);
+  const std::vector<T> xb = to_vector(x, owned_tokens_ * channels), wb = to_vector(weight, int64_t{channels} * width);
+  const std::vector<T> bb = bias ? to_vector(bias, channels) : std::vector<T>();
+  std::vector<T> yb(xb.size());
+  conv.forward(xb, wb, bias ? &bb : nullptr, yb);
+  copy_out(yb, y);
 }
 
 template <class T>
 void KeyCore::conv_backward(int channels, int width, bool silu, const T* x, const T* weight, const T* bias,
                             const T* dy, T* dx, T* dweight, T* dbias) {
-  std::fill(dx, dx + owned_tokens_ * channels, T(0));
-  std::vector<T> dw(static_cast<size_t>(channels) * width, T(0)), db(static_cast<size_t>(channels), T(0));
-  conv1d_cp_backward(*comm_, row_, layout_, Conv1dArgs{channels, width, silu}, x, weight, bias, dy, dx, dw.data(),
-                     bias ? db.data() : nullptr);
+  CpuBackend<T> be;
+  ConvCP<CpuBackend<T>> conv(layout_, row_, ConvShape{channels, width, silu}, *comm_, be);
+  const std::vector<T> xb = to_vector(x, owned_tokens_ * channels), wb = to_vector(weight, int64_t{channels} * width);
+  const std::vector<T> bb = bias ? to_vector(bias, channels) : std::vector<T>();
+  std::vector<T> yb(xb.size());
+  conv.forward(xb, wb, bias ? &bb : nullptr, yb);  // the backward reads the halo the forward brought
+  std::vector<T> dxb(xb.size()), dw(wb.size()), db(bb.size());
+  conv.backward(to_vector(dy, owned_tokens_ * channels), dxb, dw, bias ? &db : nullptr);
+  copy_out(dxb, dx);
   // The runtime hands every rank the gradient summed over ranks; the package's contract for weights
   // replicated across CP ranks is this rank's share (the caller sums them, as for projections and the sink).
   const T share = T(1) / static_cast<T>(cp());

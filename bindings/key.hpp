@@ -12,8 +12,8 @@
 
 #include "comm/communicator.hpp"
 #include "plan/plan.hpp"
-#include "runtime/conv_cp.hpp"
-#include "runtime/gdn_plan.hpp"
+#include "plan/gdn_plan.hpp"
+#include "plan/ownership.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
@@ -53,7 +53,7 @@ class KeyCore {
   // Canonical ids of this rank's tokens, in its buffers' order.
   std::vector<int64_t> owned_index() const;
   // Every rank's owned ranges (the attention layout, which conv and GDN calls also start from).
-  const RankLayout& layout() const { return layout_; }
+  const Ownership& layout() const { return layout_; }
 
   // y [n, hq, dv] (sink applied), lse [n, hq]; sink [hq] or null; with a sink, o_presink [n, hq, dv] gets
   // the output before the sink (what the backward takes as o).
@@ -110,11 +110,11 @@ class KeyCore {
   Row row_;
   Plan plan_;
   std::unique_ptr<Communicator> comm_;
-  RankLayout layout_;
+  Ownership layout_;
   int64_t owned_tokens_ = 0;
   std::unique_ptr<Runners> runners_;
   std::unique_ptr<CudaRunners> cuda_;
-  std::map<std::tuple<int, int, int, int, int>, GdnPlan> gdn_plans_;
+  std::map<std::tuple<int, int, int, bool, int, int>, GdnPlan> gdn_plans_;  // heads, dk, dv, KDA, bytes, chunk
 };
 
 }  // namespace treecp::py

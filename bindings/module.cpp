@@ -317,7 +317,7 @@ NB_MODULE(_core, m) {
 
   nb::class_<Plan>(m, "Plan")
       .def_ro("cp", &Plan::cp)
-      .def_ro("layout", &Plan::layout)
+      .def_prop_ro("layout", [](const Plan& p) { return std::string(layout_name(p.layout)); })
       .def_ro("window", &Plan::window)
       .def_ro("num_waves", &Plan::num_waves)
       .def_ro("visible_pairs", &Plan::visible_pairs)
@@ -331,16 +331,22 @@ NB_MODULE(_core, m) {
            })
       .def("to_json", [](const Plan& p) { return json::dump(plan_to_json(p)); });
 
-  m.def("layout_names", &layout_names);
+  m.def("layout_names", [] {
+    std::vector<std::string> out;
+    for (Layout l : kLayouts) out.emplace_back(layout_name(l));
+    return out;
+  });
   m.def(
       "make_plan",
       [](const Row& row, int cp, const std::string& layout, int64_t window, const std::string& costs_path) {
         require(cp >= 1, "cp must be >= 1, got ", cp);
         const CostModel costs = costs_path.empty() ? CostModel{} : load_costs(costs_path);
         PlanOptions options;
-        options.layout = layout;
-        options.window = window;
-        return make_plan(row, cp, costs, options);
+        options.layout = parse_layout(layout);
+        // The layer planned for: DESIGN.md's benchmark shape (the Python API passes no head dims yet), its window.
+        AttentionShape shape;
+        shape.window = window;
+        return make_plan(row, cp, shape, costs, options);
       },
       nb::arg("row"), nb::arg("cp"), nb::arg("layout") = "searched", nb::arg("window") = 0,
       nb::arg("costs_path") = "");
@@ -349,9 +355,9 @@ NB_MODULE(_core, m) {
       "plan_for_ownership",
       [](const Row& row, const Plan& ownership, int64_t window, const std::string& costs_path) {
         const CostModel costs = costs_path.empty() ? CostModel{} : load_costs(costs_path);
-        PlanOptions options;
-        options.window = window;
-        return plan_for_ownership(row, ownership, costs, options);
+        AttentionShape shape;
+        shape.window = window;
+        return plan_for_ownership(row, ownership, shape, costs);
       },
       nb::arg("row"), nb::arg("ownership"), nb::arg("window") = 0, nb::arg("costs_path") = "");
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <cstdio>
 #include <limits>
@@ -87,5 +88,21 @@ RankOptions rank_options(const Args& args, int64_t default_ranks) {
           "option --timeout must be a number of seconds in (0, 1e6], got ", o.timeout_s);
   return o;
 }
+
+std::string config_file(const std::string& name) {
+  const char* env = std::getenv("TREECP_CONFIG_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : TREECP_CONFIG_DIR) + "/" + name;
+}
+
+const std::vector<std::string>& layout_choices() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (Layout l : kLayouts) out.emplace_back(layout_name(l));
+    return out;
+  }();
+  return names;
+}
+
+Layout layout_option(const Args& args) { return parse_layout(args.get_choice("--layout", "searched", layout_choices())); }
 
 }  // namespace treecp::cli

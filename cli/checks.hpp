@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "plan/plan.hpp"
 
 namespace treecp {
 class Row;
@@ -31,6 +32,15 @@ void require_chunk(int64_t chunk_tokens);
 // Bytes the planner needs at most for `row` cut into chunks of `chunk_tokens` (0 = its default for
 // `cp` ranks): slices, and work-matrix entries bounded by the chunk pairs each slice touches.
 double plan_memory_estimate_bytes(const Row& row, int64_t window, int64_t chunk_tokens, int cp);
+
+// A file of config/ (cost coefficients): under $TREECP_CONFIG_DIR when set (binaries run away from their
+// source tree, as on a lent GPU machine), else under the source tree's config/ this binary was built from.
+std::string config_file(const std::string& name);
+
+// The names --layout accepts: the planner's layouts (plan/plan.hpp's kLayouts), in that order.
+const std::vector<std::string>& layout_choices();
+// --layout (default "searched"), required to be one of layout_choices().
+Layout layout_option(const Args& args);
 
 // Multi-rank options: --ranks N (alias --cp) and --timeout SECONDS (the communicator's deadline).
 struct RankOptions {

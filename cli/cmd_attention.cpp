@@ -21,6 +21,7 @@
 #include "runtime/cpu_backend.hpp"
 #include "runtime/dense_attention.hpp"
 #include "runtime/redistribute.hpp"
+#include "runtime/reference.hpp"
 #include "tree/row.hpp"
 
 
@@ -37,9 +38,7 @@ struct Inputs {
   NpyArray q, k, v, sink, dout;
   DType dtype = DType::F32;
   bool has_sink = false, has_dout = false;
-  int64_t window = 0;
-  double scale = 0;  // 0: 1/sqrt(D)
-  int hq = 0, hkv = 0, d = 0, dv = 0;
+  AttentionShape shape;  // from the arrays' shapes, --window and --scale
 };
 
 // Every file the command may write; those a run does not write are removed from --out at commit.
@@ -50,13 +49,7 @@ template <class T>
 OutputFiles compute(const Inputs& in) {
   const std::vector<T> q = values<T>(in.q), k = values<T>(in.k), v = values<T>(in.v);
   std::vector<T> sink, dout;
-  cpu::AttentionProblem<T> p;
-  p.hq = in.hq;
-  p.hkv = in.hkv;
-  p.d = in.d;
-  p.dv = in.dv;
-  p.window = in.window;
-  p.scale = static_cast<T>(in.scale);
+  AttentionInputs<T> p;
   p.q = q.data();
   p.k = k.data();
   p.v = v.data();
@@ -68,16 +61,16 @@ OutputFiles compute(const Inputs& in) {
     dout = values<T>(in.dout);
     p.dout = dout.data();
   }
-  const cpu::AttentionResult<T> r = cpu::attention_reference(in.row, p);
+  const AttentionResult<T> r = attention_reference(in.row, in.shape, p);
   const int64_t S = in.row.tokens();
   OutputFiles files;
-  files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, r.o));
-  files.emplace_back("lse.npy", npy_of<T>({S, in.hq}, r.lse));
+  files.emplace_back("o.npy", npy_of<T>({S, in.shape.hq, in.shape.dv}, r.o));
+  files.emplace_back("lse.npy", npy_of<T>({S, in.shape.hq}, r.lse));
   if (in.has_dout) {
-    files.emplace_back("dq.npy", npy_of<T>({S, in.hq, in.d}, r.dq));
-    files.emplace_back("dk.npy", npy_of<T>({S, in.hkv, in.d}, r.dk));
-    files.emplace_back("dv.npy", npy_of<T>({S, in.hkv, in.dv}, r.dv));
-    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.hq}, r.dsink));
+    files.emplace_back("dq.npy", npy_of<T>({S, in.shape.hq, in.shape.d}, r.dq));
+    files.emplace_back("dk.npy", npy_of<T>({S, in.shape.hkv, in.shape.d}, r.dk));
+    files.emplace_back("dv.npy", npy_of<T>({S, in.shape.hkv, in.shape.dv}, r.dv));
+    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.shape.hq}, r.dsink));
   }
   return files;
 }
@@ -87,37 +80,34 @@ OutputFiles compute(const Inputs& in) {
 template <class T>
 OutputFiles compute_cp(const Inputs& in, Communicator& comm, const Plan& plan) {
   const int64_t S = in.row.tokens();
-  const int64_t qw = int64_t{in.hq} * in.d, kw = int64_t{in.hkv} * in.d, vw = int64_t{in.hkv} * in.dv,
-                ow = int64_t{in.hq} * in.dv;
+  const int64_t qw = in.shape.q_width(), kw = in.shape.k_width(), vw = in.shape.v_width(), ow = in.shape.o_width();
   CpuBackend<T> be;
-  DenseAttentionCP<CpuBackend<T>> cp(plan, in.row, AttentionDims{in.hq, in.hkv, in.d, in.dv, in.scale}, comm, be);
+  DenseAttentionCP<CpuBackend<T>> cp(plan, in.row, in.shape, comm, be);
   const auto& owned = plan.ranks[static_cast<size_t>(comm.rank())].owned;
   const auto q = rows_of<T>(in.q.data, qw, owned), k = rows_of<T>(in.k.data, kw, owned),
              v = rows_of<T>(in.v.data, vw, owned);
   const std::vector<T> sink = in.has_sink ? values<T>(in.sink) : std::vector<T>();
   const int64_t rows = cp.owned_rows();
-  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * in.hq));
+  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * in.shape.hq));
   cp.forward(q, k, v, in.has_sink ? &sink : nullptr, y, lse);
   std::vector<T> dq(static_cast<size_t>(rows * qw)), dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * vw)),
-      dsink(static_cast<size_t>(in.hq), T(0));
+      dsink(static_cast<size_t>(in.shape.hq), T(0));
   if (in.has_dout) {
     cp.backward(rows_of<T>(in.dout.data, ow, owned), dq, dk, dv, in.has_sink ? &dsink : nullptr);
-    comm.all_reduce_sum(dsink.data(), in.hq, CpuBackend<T>::comm_type);  // the sink is replicated: reduce it
+    comm.all_reduce_sum(dsink.data(), in.shape.hq, CpuBackend<T>::comm_type);  // the sink is replicated: reduce it
   }
-  std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(comm.size()));
-  for (int r = 0; r < comm.size(); ++r) owners[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
-  const auto root = gathered_layout(S, comm.size(), 0);
-  auto gather = [&](const std::vector<T>& a, int64_t width) { return redistribute(comm, be, a, owners, root, width); };
+  const Ownership owners = plan_ownership(plan);
+  auto gather = [&](const std::vector<T>& a, int64_t width) { return gather_to_root(comm, be, a, owners, width); };
   OutputFiles files;
-  const auto o0 = gather(y, ow), lse0 = gather(lse, in.hq);
-  files.emplace_back("o.npy", npy_of<T>({S, in.hq, in.dv}, o0));
-  files.emplace_back("lse.npy", npy_of<T>({S, in.hq}, lse0));
+  const auto o0 = gather(y, ow), lse0 = gather(lse, in.shape.hq);
+  files.emplace_back("o.npy", npy_of<T>({S, in.shape.hq, in.shape.dv}, o0));
+  files.emplace_back("lse.npy", npy_of<T>({S, in.shape.hq}, lse0));
   if (in.has_dout) {
     const auto dq0 = gather(dq, qw), dk0 = gather(dk, kw), dv0 = gather(dv, vw);
-    files.emplace_back("dq.npy", npy_of<T>({S, in.hq, in.d}, dq0));
-    files.emplace_back("dk.npy", npy_of<T>({S, in.hkv, in.d}, dk0));
-    files.emplace_back("dv.npy", npy_of<T>({S, in.hkv, in.dv}, dv0));
-    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.hq}, dsink));
+    files.emplace_back("dq.npy", npy_of<T>({S, in.shape.hq, in.shape.d}, dq0));
+    files.emplace_back("dk.npy", npy_of<T>({S, in.shape.hkv, in.shape.d}, dk0));
+    files.emplace_back("dv.npy", npy_of<T>({S, in.shape.hkv, in.shape.dv}, dv0));
+    if (in.has_sink) files.emplace_back("dsink.npy", npy_of<T>({in.shape.hq}, dsink));
   }
   if (comm.rank() != 0) files.clear();
   return files;
@@ -134,13 +124,12 @@ void declare_options(Args& args) {
 Inputs prepare(const Args& args) {
   Inputs in;
   in.ranks = rank_options(args, 1);
-  in.plan.layout = args.get_choice("--layout", "searched", layout_names());
+  in.plan.layout = layout_option(args);
   in.plan.chunk_tokens = args.get_int_or("--chunk", 0);
   require_chunk(in.plan.chunk_tokens);
   in.out_dir = args.get("--out");
   in.row = load_row(args.get("--tree"));
-  in.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
-  in.plan.window = in.window;
+  in.shape.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
   in.q = load_npy(args.get("--q"));
   in.k = load_npy(args.get("--k"));
   in.v = load_npy(args.get("--v"));
@@ -159,46 +148,42 @@ Inputs prepare(const Args& args) {
   require_rank3(in.q, "q", S, "[S, Hq, D]");
   require_rank3(in.k, "k", S, "[S, Hkv, D]");
   require_rank3(in.v, "v", S, "[S, Hkv, Dv]");
-  in.hq = require_dim(in.q, "q", 1, "Hq", 1, 65536);
-  in.d = require_dim(in.q, "q", 2, "D", 1, 65536);
-  in.hkv = require_dim(in.k, "k", 1, "Hkv", 1, 65536);
-  in.dv = require_dim(in.v, "v", 2, "Dv", 1, 65536);
-  require_shape(in.k, "k", {S, in.hkv, in.d});
-  require_shape(in.v, "v", {S, in.hkv, in.dv});
-  require(in.hq % in.hkv == 0, "q: Hq = ", in.hq, " must be a multiple of k's Hkv = ", in.hkv);
-  if (in.has_sink) require_shape(in.sink, "sink", {in.hq});
-  if (in.has_dout) require_shape(in.dout, "dout", {S, in.hq, in.dv});
+  in.shape.hq = require_dim(in.q, "q", 1, "Hq", 1, 65536);
+  in.shape.d = require_dim(in.q, "q", 2, "D", 1, 65536);
+  in.shape.hkv = require_dim(in.k, "k", 1, "Hkv", 1, 65536);
+  in.shape.dv = require_dim(in.v, "v", 2, "Dv", 1, 65536);
+  require_shape(in.k, "k", {S, in.shape.hkv, in.shape.d});
+  require_shape(in.v, "v", {S, in.shape.hkv, in.shape.dv});
+  require(in.shape.hq % in.shape.hkv == 0, "q: Hq = ", in.shape.hq, " must be a multiple of k's Hkv = ", in.shape.hkv);
+  if (in.has_sink) require_shape(in.sink, "sink", {in.shape.hq});
+  if (in.has_dout) require_shape(in.dout, "dout", {S, in.shape.hq, in.shape.dv});
 
   require_finite(in.q, "q");
   require_finite(in.k, "k");
   require_finite(in.v, "v");
   if (in.has_sink) require_finite(in.sink, "sink", true);
   if (in.has_dout) require_finite(in.dout, "dout");
-  in.scale = args.get_double_or("--scale", 1.0 / std::sqrt(static_cast<double>(in.d)));
-  require(std::isfinite(in.scale) && in.scale > 0, "option --scale must be a finite number > 0, got ", in.scale);
+  in.shape.scale = args.get_double_or("--scale", 1.0 / std::sqrt(static_cast<double>(in.shape.d)));
+  require(std::isfinite(in.shape.scale) && in.shape.scale > 0, "option --scale must be a finite number > 0, got ", in.shape.scale);
   in.costs = args.has("--costs") ? load_costs(args.get("--costs")) : CostModel{};
-  in.costs.shape.hq = in.hq;
-  in.costs.shape.hkv = in.hkv;
-  in.costs.shape.d = in.d;
-  in.costs.shape.dv = in.dv;
 
   const int64_t inputs = in.q.numel() + in.k.numel() + in.v.numel() + in.sink.numel() + in.dout.numel();
-  const int64_t outputs = S * in.hq * (in.dv + 1) + (in.has_dout ? in.q.numel() + in.k.numel() + in.v.numel() + in.hq : 0);
+  const int64_t outputs = S * in.shape.hq * (in.shape.dv + 1) + (in.has_dout ? in.q.numel() + in.k.numel() + in.v.numel() + in.shape.hq : 0);
   const int elem = in.dtype == DType::F64 ? 8 : 4;
   const double plans = in.ranks.count > 1 ? static_cast<double>(in.ranks.count) *
-                                                plan_memory_estimate_bytes(in.row, in.window, in.plan.chunk_tokens,
+                                                plan_memory_estimate_bytes(in.row, in.shape.window, in.plan.chunk_tokens,
                                                                            static_cast<int>(in.ranks.count))
                                           : 0.0;
   require_memory(arrays_memory_bytes(in.ranks.count, inputs, outputs, elem) + plans,
                  count_of(in.ranks.count, "rank") + " of attention on " + count_of(S, "token"));
   // The plan of the ranks (each makes the same one): a row it cannot plan is refused here.
-  if (in.ranks.count > 1) in.cp_plan = make_plan(in.row, static_cast<int>(in.ranks.count), in.costs, in.plan);
+  if (in.ranks.count > 1) in.cp_plan = make_plan(in.row, static_cast<int>(in.ranks.count), in.shape, in.costs, in.plan);
   return in;
 }
 
 void print_summary(const Inputs& in, size_t files, const std::string& how) {
   std::printf("attention: %s, Hq %d, Hkv %d, D %d, Dv %d, %s%s, %s: wrote %s to %s\n",
-              count_of(in.row.tokens(), "token").c_str(), in.hq, in.hkv, in.d, in.dv, dtype_name(in.dtype),
+              count_of(in.row.tokens(), "token").c_str(), in.shape.hq, in.shape.hkv, in.shape.d, in.shape.dv, dtype_name(in.dtype),
               in.has_dout ? ", with backward" : "", how.c_str(), count_of(static_cast<int64_t>(files), "file").c_str(),
               in.out_dir.c_str());
 }
@@ -213,7 +198,7 @@ int execute(Communicator& comm, const Inputs& in, OutputDir* out) {
   out->commit();
   print_summary(in, files.size(),
                 one ? "one process"
-                    : count_of(comm.size(), "rank") + ", " + plan.layout + " plan with " + count_of(plan.num_waves, "wave"));
+                    : count_of(comm.size(), "rank") + ", " + layout_name(plan.layout) + " plan with " + count_of(plan.num_waves, "wave"));
   return 0;
 }
 

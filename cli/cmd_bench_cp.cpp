@@ -55,7 +55,7 @@ struct BenchConfig {
   std::vector<std::string> presets;
   int reps = 10, trees = 16;
   int64_t scale = 1;
-  int hq = 32, hkv = 4, d = 128;
+  AttentionShape shape{32, 4, 128, 128};  // --hq, --hkv, --d (= dv); no window
   double warm_s = 0.5;
   bool ring = true, links = true;
   std::string rows_dir, json_path, svg_path, costs_path;
@@ -212,16 +212,16 @@ class Bench {
     typename Env::Backend::Stat lse, sink, dsink;
     typename Env::Backend::Grad dq, dk, dv;
   };
-  AttentionDims dims() const { return AttentionDims{cfg_.hq, cfg_.hkv, cfg_.d, cfg_.d, 0.0}; }
+  const AttentionShape& dims() const { return cfg_.shape; }
   Buffers buffers(const RowMap& owned, uint64_t seed) {
-    const int64_t rows = owned.rows(), qw = int64_t{cfg_.hq} * cfg_.d, kw = int64_t{cfg_.hkv} * cfg_.d;
+    const int64_t rows = owned.rows(), qw = cfg_.shape.q_width(), kw = cfg_.shape.k_width();
     Buffers b;
     b.q = env_.input(16 * seed + 1, owned.ranges(), qw);
     b.k = env_.input(16 * seed + 2, owned.ranges(), kw);
     b.v = env_.input(16 * seed + 3, owned.ranges(), kw);
     b.dy = env_.input(16 * seed + 4, owned.ranges(), qw);
     b.y = env_.act(rows * qw);
-    b.lse = env_.stat(rows * cfg_.hq);
+    b.lse = env_.stat(rows * cfg_.shape.hq);
     b.dq = env_.grad(rows * qw);
     b.dk = env_.grad(rows * kw);
     b.dv = env_.grad(rows * kw);
@@ -256,7 +256,8 @@ double sum_over(Communicator& comm, double x) {
 
 // The plan, and per rank its stages (the cost model's load, the measured median, the prediction) and its passes,
 // gathered on rank 0: what `treecp calibrate` fits and judges.
-json::Value stage_detail(Communicator& comm, const Plan& plan, const CostModel& costs, const Steps& s) {
+json::Value stage_detail(Communicator& comm, const Plan& plan, const AttentionShape& shape, const CostModel& costs,
+                         const Steps& s) {
   const int W = plan.num_waves, n = comm.size();
   auto med = [&](const std::string& name) {
     auto it = s.stage_ms.find(name);
@@ -275,7 +276,7 @@ json::Value stage_detail(Communicator& comm, const Plan& plan, const CostModel& 
   if (comm.rank() != 0) return out;
   std::vector<RankLoad> loads;
   std::vector<WaveTraffic> traffic;
-  plan_loads(plan, costs, loads, traffic);
+  plan_loads(plan, shape, costs, loads, traffic);
   json::Value stages = json::Value::array(), ranks = json::Value::array();
   for (int r = 0; r < n; ++r) {
     const double* m = &all[static_cast<size_t>(r) * mine.size()];
@@ -346,9 +347,9 @@ std::vector<Record> bench_cp(Env& env, const BenchConfig& cfg, const CostModel& 
     std::vector<std::pair<std::string, Plan>> methods;
     const auto p0 = Clock::now();
     PlanReport report;
-    methods.push_back({"treecp", make_plan(rows[0], cp, costs, PlanOptions{}, &report)});
+    methods.push_back({"treecp", make_plan(rows[0], cp, cfg.shape, costs, PlanOptions{}, &report)});
     const double planning_ms = ms_since(p0);
-    if (cfg.ring && cp > 1) methods.push_back({"ring", ring_plan(rows[0], cp, 0, costs)});
+    if (cfg.ring && cp > 1) methods.push_back({"ring", ring_plan(rows[0], cp, cfg.shape, costs)});
     for (auto& [method, plan] : methods) {
       Record r;
       r.cp = cp;
@@ -360,7 +361,7 @@ std::vector<Record> bench_cp(Env& env, const BenchConfig& cfg, const CostModel& 
       double peak = 0, reserved = 0;
       const Steps with = bench.run_plan(rows[0], plan, false, &peak, &reserved);
       fill(r, with);
-      r.detail = stage_detail(comm, plan, costs, with);
+      r.detail = stage_detail(comm, plan, cfg.shape, costs, with);
       r.peak_mib = max_over(comm, peak);
       r.reserved_mib = max_over(comm, reserved);
       Record tmp;
@@ -514,18 +515,19 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   cfg.reps = static_cast<int>(args.get_int_or("--reps", gpu ? 10 : 2));
   cfg.trees = static_cast<int>(args.get_int_or("--trees", 16));
   cfg.scale = args.get_int_or("--scale", gpu ? 1 : 64);
-  cfg.hq = static_cast<int>(args.get_int_or("--hq", gpu ? 32 : 4));
-  cfg.hkv = static_cast<int>(args.get_int_or("--hkv", gpu ? 4 : 2));
-  cfg.d = static_cast<int>(args.get_int_or("--d", gpu ? 128 : 32));
+  cfg.shape.hq = static_cast<int>(args.get_int_or("--hq", gpu ? 32 : 4));
+  cfg.shape.hkv = static_cast<int>(args.get_int_or("--hkv", gpu ? 4 : 2));
+  cfg.shape.d = cfg.shape.dv = static_cast<int>(args.get_int_or("--d", gpu ? 128 : 32));
   cfg.warm_s = args.get_double_or("--warm", gpu ? 0.5 : 0.0);
   cfg.ring = !args.get_flag("--no-ring");
   cfg.links = !args.get_flag("--no-links");
   require(cfg.reps >= 1 && cfg.reps <= 10000, "--reps must be in [1, 10000]");
   require(cfg.trees >= 1 && cfg.trees <= 1000, "--trees must be in [1, 1000]");
   require(cfg.scale >= 1, "--scale must be >= 1");
-  require(cfg.hq >= 1 && cfg.hkv >= 1 && cfg.hq % cfg.hkv == 0, "--hq must be a positive multiple of --hkv");
-  require(!gpu || cfg.d == 64 || cfg.d == 128, "--d must be 64 or 128 on GPUs");
-  require(cfg.d >= 1 && cfg.d <= 512, "--d must be in [1, 512]");
+  require(cfg.shape.hq >= 1 && cfg.shape.hkv >= 1 && cfg.shape.hq % cfg.shape.hkv == 0,
+          "--hq must be a positive multiple of --hkv");
+  require(!gpu || cfg.shape.d == 64 || cfg.shape.d == 128, "--d must be 64 or 128 on GPUs");
+  require(cfg.shape.d >= 1 && cfg.shape.d <= 512, "--d must be in [1, 512]");
   require(cfg.warm_s >= 0 && cfg.warm_s <= 60, "--warm must be in [0, 60] seconds");
   cfg.rows_dir = args.get_or("--rows", "");
   cfg.json_path = args.get_or("--json", "");
@@ -533,11 +535,8 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   if (!cfg.json_path.empty()) check_output_file(cfg.json_path);
   if (!cfg.svg_path.empty()) check_output_file(cfg.svg_path);
   cfg.costs_path = args.get_or(
-      "--costs", std::string(TREECP_CONFIG_DIR) + (gpu ? "/costs_h200.json" : "/costs_cpu.json"));
-  CostModel costs = load_costs(cfg.costs_path);
-  costs.shape.hq = cfg.hq;
-  costs.shape.hkv = cfg.hkv;
-  costs.shape.d = costs.shape.dv = cfg.d;
+      "--costs", config_file(gpu ? "costs_h200.json" : "costs_cpu.json"));
+  const CostModel costs = load_costs(cfg.costs_path);
   if (!started_under_mpi() && ranks > 1) return run_under_mpirun("bench cp", rank_opts, argv);
 
   RankGroup group(rank_opts);
@@ -609,6 +608,13 @@ int bench_cp_main(const std::vector<std::string>& argv) {
         }
         doc.set("machine", machine);
         doc.set("costs", cfg.costs_path);
+        // The layer every plan was made and priced for (treecp calibrate re-prices them at it).
+        json::Value shape = json::Value::object();
+        shape.set("hq", cfg.shape.hq);
+        shape.set("hkv", cfg.shape.hkv);
+        shape.set("d", cfg.shape.d);
+        shape.set("dv", cfg.shape.dv);
+        doc.set("shape", shape);
         doc.set("records", arr);
         doc.set("links", larr);
         write_output(cfg.json_path, json::dump(doc, 1) + "\n");

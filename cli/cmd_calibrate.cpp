@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "checks.hpp"
 #include "command.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -21,6 +22,8 @@ struct Samples {
   std::vector<PassSample> passes;
   std::vector<LinkSample> links;
   std::vector<std::pair<Plan, double>> held_out, fitted_on;  // plan, measured forward+backward ms
+  AttentionShape shape;  // the layer the bench planned for (its "shape"; every file must agree)
+  bool have_shape = false;
   std::string machine;
 };
 
@@ -28,6 +31,20 @@ void read_bench(const std::string& path, Samples& s) {
   const json::Value doc = json::parse(json::read_file(path));
   require(doc.is_object() && doc.contains("records"), path, ": not the JSON of `treecp bench cp --json`");
   if (s.machine.empty() && doc.contains("machine")) s.machine = doc.at("machine").as_string();
+  require(doc.contains("shape"), path, ": no \"shape\" (written by `treecp bench cp --json` since the layer shape left "
+          "the cost model); run the bench again");
+  const json::Value& sh = doc.at("shape");
+  AttentionShape shape;
+  shape.hq = static_cast<int>(sh.at("hq").as_int());
+  shape.hkv = static_cast<int>(sh.at("hkv").as_int());
+  shape.d = static_cast<int>(sh.at("d").as_int());
+  shape.dv = static_cast<int>(sh.at("dv").as_int());
+  shape.validate();
+  require(!s.have_shape || (shape.hq == s.shape.hq && shape.hkv == s.shape.hkv && shape.d == s.shape.d &&
+                            shape.dv == s.shape.dv),
+          path, ": another layer shape than the files before it");
+  s.shape = shape;
+  s.have_shape = true;
   const json::Value& recs = doc.at("records");
   for (size_t i = 0; i < recs.size(); ++i) {
     const json::Value& r = recs[i];
@@ -67,9 +84,14 @@ void read_bench(const std::string& path, Samples& s) {
   }
 }
 
-double judge(const std::vector<std::pair<Plan, double>>& plans, const CostModel& c) {
+// Each plan re-priced at the bench's layer (its window the plan's).
+double judge(const std::vector<std::pair<Plan, double>>& plans, const AttentionShape& shape, const CostModel& c) {
   std::vector<std::pair<double, double>> mp;
-  for (const auto& [plan, measured] : plans) mp.push_back({measured, simulate_plan(plan, c).makespan_ms});
+  for (const auto& [plan, measured] : plans) {
+    AttentionShape layer = shape;
+    layer.window = plan.window;
+    mp.push_back({measured, simulate_plan(plan, layer, c).makespan_ms});
+  }
   return mean_abs_log_error(mp);
 }
 
@@ -79,7 +101,7 @@ int calibrate_main(const std::vector<std::string>& argv) {
   args.parse();
   const std::string out = args.get("--out");
   check_output_file(out);
-  const CostModel base = load_costs(args.get_or("--base", std::string(TREECP_CONFIG_DIR) + "/costs_default.json"));
+  const CostModel base = load_costs(args.get_or("--base", config_file("costs_default.json")));
   Samples s;
   std::stringstream list(args.get("--bench"));
   std::vector<std::string> files;
@@ -95,7 +117,7 @@ int calibrate_main(const std::vector<std::string>& argv) {
   costs.set("source", "treecp calibrate on " + machine + " from " + args.get("--bench"));
   costs.set("note", std::to_string(cal.stage_samples) + " stages, " + std::to_string(cal.pass_samples) + " passes, " +
                         std::to_string(cal.link_samples) + " link probes fitted; held-out plans: mean |log| " +
-                        std::to_string(judge(s.held_out, cal.costs)));
+                        std::to_string(judge(s.held_out, s.shape, cal.costs)));
   write_output(out, json::dump(costs, 2) + "\n");
 
   std::printf("treecp calibrate: %s; fitted on %zu plans (%d stages, %d passes, %d link probes), judged on %zu held out\n",
@@ -125,8 +147,8 @@ int calibrate_main(const std::vector<std::string>& argv) {
       if (x.measured_ms > 0) mp.push_back({x.measured_ms, stage_ms(base, x.load, x.remote, x.pass)});
     return mean_abs_log_error(mp);
   }(), cal.stage_fit_error);
-  std::printf("  plans fitted on (fwd+bwd)          %7.3f   %7.3f\n", judge(s.fitted_on, base), judge(s.fitted_on, cal.costs));
-  std::printf("  plans held out (fwd+bwd)           %7.3f   %7.3f\n", judge(s.held_out, base), judge(s.held_out, cal.costs));
+  std::printf("  plans fitted on (fwd+bwd)          %7.3f   %7.3f\n", judge(s.fitted_on, s.shape, base), judge(s.fitted_on, s.shape, cal.costs));
+  std::printf("  plans held out (fwd+bwd)           %7.3f   %7.3f\n", judge(s.held_out, s.shape, base), judge(s.held_out, s.shape, cal.costs));
   std::printf("wrote %s\n", out.c_str());
   return 0;
 }

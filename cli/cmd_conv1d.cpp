@@ -14,6 +14,8 @@
 #include "launcher.hpp"
 #include "output_dir.hpp"
 #include "runtime/conv_cp.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "runtime/redistribute.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::cli {
@@ -87,25 +89,28 @@ template <class T>
 int run_typed(Communicator& comm, const ConvInputs& in, OutputDir* out) {
   const bool silu = in.silu;
   const int N = comm.size();
-  const RankLayout layout = contiguous_layout(in.row, N);
+  const Ownership layout = contiguous_ownership(in.S, N);
   const auto& mine = layout[comm.rank()];
-  const Conv1dArgs args{in.C, in.K, silu};
   const std::vector<T> x = rows_of<T>(in.x.data, in.C, mine);
   const std::vector<T> w(in.weight.data.begin(), in.weight.data.end());
   const std::vector<T> b(in.bias.data.begin(), in.bias.data.end());
-  const T* bias = in.has_bias ? b.data() : nullptr;
+  const std::vector<T>* bias = in.has_bias ? &b : nullptr;
+  CpuBackend<T> be;
+  ConvCP<CpuBackend<T>> conv(layout, in.row, ConvShape{in.C, in.K, silu}, comm, be);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<T> y(x.size());
-  conv1d_cp_forward(comm, in.row, layout, args, x.data(), w.data(), bias, y.data());
+  conv.forward(x, w, bias, y);
   struct Out { std::string name; std::vector<int64_t> shape; std::vector<double> data; };
   std::vector<Out> outs;
-  outs.push_back({"y.npy", in.x.shape, gather_to_root(comm, layout, y, in.C, in.S)});
+  auto gather = [&](const std::vector<T>& a) {
+    const std::vector<T> all = gather_to_root(comm, be, a, layout, in.C);
+    return std::vector<double>(all.begin(), all.end());
+  };
+  outs.push_back({"y.npy", in.x.shape, gather(y)});
   if (in.has_dout) {
-    const std::vector<T> dy = rows_of<T>(in.dout.data, in.C, mine);
-    std::vector<T> dx(x.size(), T(0)), dw(w.size(), T(0)), db(b.size(), T(0));
-    conv1d_cp_backward(comm, in.row, layout, args, x.data(), w.data(), bias, dy.data(), dx.data(), dw.data(),
-                       in.has_bias ? db.data() : nullptr);
-    outs.push_back({"dx.npy", in.x.shape, gather_to_root(comm, layout, dx, in.C, in.S)});
+    std::vector<T> dx(x.size()), dw(w.size()), db(b.size());
+    conv.backward(rows_of<T>(in.dout.data, in.C, mine), dx, dw, in.has_bias ? &db : nullptr);
+    outs.push_back({"dx.npy", in.x.shape, gather(dx)});
     outs.push_back({"dweight.npy", in.weight.shape, std::vector<double>(dw.begin(), dw.end())});
     if (in.has_bias) outs.push_back({"dbias.npy", in.bias.shape, std::vector<double>(db.begin(), db.end())});
   }

@@ -16,8 +16,10 @@
 #include "launcher.hpp"
 #include "output_dir.hpp"
 #include "runtime/conv_cp.hpp"
+#include "runtime/cpu_backend.hpp"
 #include "runtime/gdn_cp.hpp"
-#include "runtime/gdn_plan.hpp"
+#include "runtime/redistribute.hpp"
+#include "plan/gdn_plan.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::cli {
@@ -109,36 +111,28 @@ GdnInputs prepare(const Args& args) {
 
 template <class T>
 int run_typed(Communicator& comm, const GdnInputs& in, OutputDir* out) {
-  const double scale = in.scale;
-  const int chunk = in.chunk;
   const int N = comm.size(), me = comm.rank();
-  const GdnShape shape{in.H, in.dk, in.dv, static_cast<int>(sizeof(T)), chunk};
-  const GdnPlan plan = plan_gdn(in.row, N, shape);  // fills the prediction
-  RankLayout layout(static_cast<size_t>(N));
-  for (int r = 0; r < N; ++r) layout[r] = gdn_rank_ranges(in.row, plan, r);
+  const GdnShape shape{in.H, in.dk, in.dv, in.gate, in.scale, in.chunk};
+  GdnCostModel costs;
+  costs.state_bytes_per_element = sizeof(T);
+  const GdnPlan plan = plan_gdn(in.row, N, shape, costs);  // fills the prediction
+  const Ownership layout = gdn_ownership(in.row, plan);
   const auto& mine = layout[me];
-  const int64_t gw = in.gate == GdnGate::Scalar ? 1 : in.dk;
-  const std::vector<T> q = rows_of<T>(in.q.data, in.H * in.dk, mine), k = rows_of<T>(in.k.data, in.H * in.dk, mine),
-                       v = rows_of<T>(in.v.data, in.H * in.dv, mine), g = rows_of<T>(in.g.data, in.H * gw, mine),
+  const std::vector<T> q = rows_of<T>(in.q.data, shape.qk_width(), mine), k = rows_of<T>(in.k.data, shape.qk_width(), mine),
+                       v = rows_of<T>(in.v.data, shape.v_width(), mine), g = rows_of<T>(in.g.data, shape.g_width(), mine),
                        beta = rows_of<T>(in.beta.data, in.H, mine);
-  GdnParams<T> p;
-  p.q = q.data(); p.k = k.data(); p.v = v.data(); p.g = g.data(); p.beta = beta.data();
-  p.tokens = static_cast<int64_t>(beta.size()) / in.H;
-  p.heads = in.H; p.dk = in.dk; p.dv = in.dv; p.gate = in.gate; p.scale = static_cast<T>(scale); p.chunk = chunk;
+  CpuBackend<T> be;
+  GdnCP<CpuBackend<T>> cp(plan, in.row, shape, comm, be);
 
   comm.barrier();
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<T> y(static_cast<size_t>(p.tokens * in.H * in.dv));
-  const GdnSaved<T> saved = gdn_cp_forward(comm, in.row, plan, p, y.data());
+  std::vector<T> y(v.size());
+  cp.forward(q, k, v, g, beta, y);
   comm.barrier();
   const auto t1 = std::chrono::steady_clock::now();
-  std::vector<T> dq, dk, dv, dg, dbeta;
+  std::vector<T> dq(q.size()), dk(k.size()), dv(v.size()), dg(g.size()), dbeta(beta.size());
   if (in.has_dout) {
-    const std::vector<T> dy = rows_of<T>(in.dout.data, in.H * in.dv, mine);
-    dq.assign(q.size(), T(0)); dk.assign(k.size(), T(0)); dv.assign(v.size(), T(0));
-    dg.assign(g.size(), T(0)); dbeta.assign(beta.size(), T(0));
-    gdn_cp_backward(comm, in.row, plan, p, saved, dy.data(),
-                    GdnGrads<T>{dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data()});
+    cp.backward(rows_of<T>(in.dout.data, shape.v_width(), mine), dq, dk, dv, dg, dbeta);
     comm.barrier();
   }
   const auto t2 = std::chrono::steady_clock::now();
@@ -146,13 +140,17 @@ int run_typed(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   // Gather everything first, write only when all of it is there.
   struct Out { std::string name; std::vector<int64_t> shape; std::vector<double> data; };
   std::vector<Out> outs;
-  outs.push_back({"o.npy", {in.S, in.H, in.dv}, gather_to_root(comm, layout, y, in.H * in.dv, in.S)});
+  auto gather = [&](const std::vector<T>& a, int64_t width) {
+    const std::vector<T> all = gather_to_root(comm, be, a, layout, width);
+    return std::vector<double>(all.begin(), all.end());
+  };
+  outs.push_back({"o.npy", {in.S, in.H, in.dv}, gather(y, shape.v_width())});
   if (in.has_dout) {
-    outs.push_back({"dq.npy", in.q.shape, gather_to_root(comm, layout, dq, in.H * in.dk, in.S)});
-    outs.push_back({"dk.npy", in.k.shape, gather_to_root(comm, layout, dk, in.H * in.dk, in.S)});
-    outs.push_back({"dv.npy", in.v.shape, gather_to_root(comm, layout, dv, in.H * in.dv, in.S)});
-    outs.push_back({"dg.npy", in.g.shape, gather_to_root(comm, layout, dg, in.H * gw, in.S)});
-    outs.push_back({"dbeta.npy", in.beta.shape, gather_to_root(comm, layout, dbeta, in.H, in.S)});
+    outs.push_back({"dq.npy", in.q.shape, gather(dq, shape.qk_width())});
+    outs.push_back({"dk.npy", in.k.shape, gather(dk, shape.qk_width())});
+    outs.push_back({"dv.npy", in.v.shape, gather(dv, shape.v_width())});
+    outs.push_back({"dg.npy", in.g.shape, gather(dg, shape.g_width())});
+    outs.push_back({"dbeta.npy", in.beta.shape, gather(dbeta, in.H)});
   }
   if (me != 0) return 0;
   const DType dtype = sizeof(T) == 8 ? DType::F64 : DType::F32;

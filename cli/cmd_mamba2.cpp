@@ -61,7 +61,7 @@ Inputs prepare(const Args& args) {
   Inputs in;
   in.ranks = rank_options(args, 1);
   in.force = parse_mamba2_strategy(args.get_or("--strategy", "auto"));
-  in.attention.layout = args.get_choice("--layout", "searched", layout_names());
+  in.attention.layout = layout_option(args);
   const int64_t chunk = args.get_int_in("--chunk", 64, 1, 4096);
   in.out_dir = args.get("--out");
   in.costs = args.has("--costs") ? load_mamba2_costs(args.get("--costs")) : mamba2_cost_defaults();
@@ -155,10 +155,7 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in, Commu
     comm.all_reduce_sum(dd.data(), H, CpuBackend<T>::comm_type);
   }
   CpuBackend<T> be;
-  const auto root = gathered_layout(S, comm.size(), 0);
-  auto gather = [&](const std::vector<T>& v, int64_t width) {
-    return redistribute(comm, be, v, plan.tokens, root, width);
-  };
+  auto gather = [&](const std::vector<T>& v, int64_t width) { return gather_to_root(comm, be, v, plan.tokens, width); };
   std::vector<std::pair<std::string, std::string>> files;
   const auto y0 = gather(y, H * P);
   files.emplace_back("y.npy", npy_of<T>({S, H, P}, y0));
@@ -176,7 +173,7 @@ std::vector<std::pair<std::string, std::string>> compute(const Inputs& in, Commu
 }
 
 int execute(Communicator& comm, const Inputs& in, OutputDir* out) {
-  const RankLayout tokens = attention_ownership(make_plan(in.row, comm.size(), CostModel{}, in.attention));
+  const Ownership tokens = plan_ownership(make_plan(in.row, comm.size(), AttentionShape{}, CostModel{}, in.attention));
   const Mamba2Plan plan = plan_mamba2(in.row, tokens, in.shape, in.costs, in.force);
   const OutputFiles files = in.dtype == DType::F64 ? compute<double>(in, comm, plan) : compute<float>(in, comm, plan);
   if (comm.rank() != 0) return 0;

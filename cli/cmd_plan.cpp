@@ -21,13 +21,21 @@ int plan_command(const std::vector<std::string>& argv) {
   Args args(argv);
   args.value("--tree").value("--preset").value("--ranks").alias("--cp", "--ranks").value("--seed").value("--window");
   args.value("--layout").value("--costs").value("--chunk").value("--waves").value("--out").value("--svg").flag("--json");
+  args.value("--hq").value("--hkv").value("--d").value("--dv");
   args.parse();
   require(args.has("--tree") != args.has("--preset"), "give exactly one of --tree FILE or --preset NAME");
   const int64_t cp = args.get_int_in("--ranks", 0, 1, 4096);
   const int64_t seed = args.get_int_in("--seed", 0, 0, INT64_MAX);
   PlanOptions options;
-  options.layout = args.get_choice("--layout", "searched", layout_names());
-  options.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
+  options.layout = layout_option(args);
+  // The layer planned for: DESIGN.md's benchmark shape unless given.
+  AttentionShape shape;
+  shape.hq = static_cast<int>(args.get_int_in("--hq", shape.hq, 1, 65536));
+  shape.hkv = static_cast<int>(args.get_int_in("--hkv", shape.hkv, 1, 65536));
+  shape.d = static_cast<int>(args.get_int_in("--d", shape.d, 1, 65536));
+  shape.dv = static_cast<int>(args.get_int_in("--dv", shape.d, 1, 65536));
+  shape.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
+  shape.validate();
   options.chunk_tokens = args.get_int_or("--chunk", 0);
   require_chunk(options.chunk_tokens);
   options.max_waves = static_cast<int>(args.get_int_in("--waves", options.max_waves, 1, 16));
@@ -41,20 +49,20 @@ int plan_command(const std::vector<std::string>& argv) {
   const Row row = args.has("--tree")
                       ? load_row(args.get("--tree"))
                       : make_preset(args.get("--preset"), static_cast<int>(cp), static_cast<uint64_t>(seed));
-  require_memory(plan_memory_estimate_bytes(row, options.window, options.chunk_tokens, static_cast<int>(cp)),
+  require_memory(plan_memory_estimate_bytes(row, shape.window, options.chunk_tokens, static_cast<int>(cp)),
                  "planning " + count_of(row.tokens(), "token") + " for " + count_of(cp, "rank"));
 
   PlanReport report;
-  const Plan plan = make_plan(row, static_cast<int>(cp), costs, options, &report);
-  validate_plan(plan, row, options.window, static_cast<int>(cp));
+  const Plan plan = make_plan(row, static_cast<int>(cp), shape, costs, options, &report);
+  validate_plan(plan, row, shape.window, static_cast<int>(cp));
   if (!svg_path.empty()) {
     viz::PlanPicture picture;
     picture.title = args.has("--tree") ? args.get("--tree")
                                        : args.get("--preset") + " (seed " + std::to_string(seed) + ")";
-    picture.title += ", cp " + std::to_string(cp) + ", layout " + plan.layout;
+    picture.title += ", cp " + std::to_string(cp) + ", layout " + layout_name(plan.layout);
     picture.subtitle = "cost coefficients: " + (args.has("--costs") ? args.get("--costs")
                                                                       : std::string("built-in defaults (one H200 per rank)"));
-    write_output(svg_path, viz::plan_svg(row, plan, simulate_plan_timeline(plan, costs), picture));
+    write_output(svg_path, viz::plan_svg(row, plan, simulate_plan_timeline(plan, shape, costs), picture));
   }
 
   if (args.get_flag("--json")) {
@@ -64,7 +72,7 @@ int plan_command(const std::vector<std::string>& argv) {
     json::Value layouts = json::Value::array();
     for (const LayoutResult& l : report.layouts) {
       json::Value jl = json::Value::object();
-      jl.set("layout", l.layout);
+      jl.set("layout", std::string(layout_name(l.layout)));
       jl.set("num_waves", static_cast<int64_t>(l.num_waves));
       jl.set("chunks", l.chunks);
       jl.set("makespan_ms", l.makespan_ms);
@@ -77,17 +85,17 @@ int plan_command(const std::vector<std::string>& argv) {
     return 0;
   }
 
-  const int64_t kv = costs.shape.kv_bytes_per_token();
+  const int64_t kv = costs.kv_bytes_per_token(shape);
   std::printf("row: %s, %s, %s%s\n", count_of(row.tokens(), "token").c_str(),
               count_of(row.num_segments(), "segment").c_str(), count_of(plan.visible_pairs, "visible pair").c_str(),
-              options.window > 0 ? (", window " + std::to_string(options.window)).c_str() : "");
+              shape.window > 0 ? (", window " + std::to_string(shape.window)).c_str() : "");
   std::printf(
       "plan: layout %s, %s, %s (chunk size %lld), %s; KV %lld B/token "
       "(Hkv %lld, D %lld, Dv %lld)\n",
-      plan.layout.c_str(), count_of(plan.cp, "rank").c_str(), count_of(static_cast<int64_t>(plan.chunk_owner.size()), "chunk").c_str(),
+      layout_name(plan.layout), count_of(plan.cp, "rank").c_str(), count_of(static_cast<int64_t>(plan.chunk_owner.size()), "chunk").c_str(),
       static_cast<long long>(report.chunk_tokens), count_of(plan.num_waves, "wave").c_str(), static_cast<long long>(kv),
-      static_cast<long long>(costs.shape.hkv), static_cast<long long>(costs.shape.d),
-      static_cast<long long>(costs.shape.dv));
+      static_cast<long long>(shape.hkv), static_cast<long long>(shape.d),
+      static_cast<long long>(shape.dv));
   std::printf("%4s %9s %6s %15s %15s %13s %13s %9s %9s %9s\n", "rank", "tokens", "ranges", "visible_pairs",
               "remote_pairs", "kv_bytes_in", "kv_bytes_out", "fwd_ms", "bwd_ms", "total_ms");
   for (int r = 0; r < plan.cp; ++r) {
@@ -109,7 +117,7 @@ int plan_command(const std::vector<std::string>& argv) {
   }
   std::printf("predicted makespan %.3f ms (slowest rank forward + backward)\n\n", plan.predicted_makespan_ms);
   std::printf("%-12s", "layout");
-  for (const LayoutResult& l : report.layouts) std::printf(" %12s", l.layout.c_str());
+  for (const LayoutResult& l : report.layouts) std::printf(" %12s", layout_name(l.layout));
   std::printf("\n%-12s", "makespan_ms");
   for (const LayoutResult& l : report.layouts) std::printf(" %12.3f", l.makespan_ms);
   std::printf("\n%-12s", "waves");
@@ -127,7 +135,7 @@ int plan_command(const std::vector<std::string>& argv) {
 
 const Register kPlan("plan",
                      "(--tree FILE | --preset NAME) --ranks N [--seed S] [--window W] [--layout L] [--costs FILE] "
-                     "[--chunk C] [--waves MAX] [--json] [--out FILE] [--svg FILE]",
+                     "[--chunk C] [--waves MAX] [--hq H] [--hkv H] [--d D] [--dv D] [--json] [--out FILE] [--svg FILE]",
                      "ownership, waves and predicted milliseconds of every layout for one row (and its picture)",
                      plan_command);
 

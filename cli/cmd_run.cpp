@@ -26,6 +26,7 @@
 #include "core/trace.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "launcher.hpp"
+#include "runtime/reference.hpp"
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
 #include "runtime/cpu_backend.hpp"
@@ -48,8 +49,7 @@ struct RunConfig {
   bool gpu = false;          // --device cuda
   std::string preset, tree;  // one of them; the preset by default
   int64_t scale = 64;
-  int hq = 8, hkv = 2, d = 64;
-  int64_t window = 0;
+  AttentionShape shape{8, 2, 64, 64};  // --hq, --hkv, --d (= Dv), --window
   bool sink = false;
   uint64_t seed = 0;
   bool json = false;
@@ -86,20 +86,20 @@ RunConfig read_options(const Args& args) {
   cfg.full = args.get_flag("--full");
   cfg.scale = args.get_int_in("--scale", cfg.gpu && cfg.full ? 1 : 64, 1, Row::kMaxTokens);
   cfg.seed = static_cast<uint64_t>(args.get_int_in("--seed", 0, 0, INT64_MAX));
-  cfg.hq = static_cast<int>(args.get_int_in("--hq", cfg.gpu ? 32 : 8, 1, 65536));
-  cfg.hkv = static_cast<int>(args.get_int_in("--hkv", cfg.gpu ? 4 : 2, 1, cfg.hq));
-  require(cfg.hq % cfg.hkv == 0, "option --hq (", cfg.hq, ") must be a multiple of --hkv (", cfg.hkv, ")");
-  cfg.d = static_cast<int>(args.get_int_in("--d", cfg.gpu ? 128 : 64, 1, 512));
-  if (cfg.gpu) require(cfg.d == 64 || cfg.d == 128, "option --d must be 64 or 128 on GPUs, got ", cfg.d);
-  cfg.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
+  AttentionShape& shape = cfg.shape;
+  shape.hq = static_cast<int>(args.get_int_in("--hq", cfg.gpu ? 32 : 8, 1, 65536));
+  shape.hkv = static_cast<int>(args.get_int_in("--hkv", cfg.gpu ? 4 : 2, 1, shape.hq));
+  require(shape.hq % shape.hkv == 0, "option --hq (", shape.hq, ") must be a multiple of --hkv (", shape.hkv, ")");
+  shape.d = shape.dv = static_cast<int>(args.get_int_in("--d", cfg.gpu ? 128 : 64, 1, 512));
+  if (cfg.gpu) require(shape.d == 64 || shape.d == 128, "option --d must be 64 or 128 on GPUs, got ", shape.d);
+  shape.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
   cfg.sink = args.get_flag("--sink");
   cfg.json = args.get_flag("--json");
   cfg.dtype = args.get_choice("--dtype", "float", {"float", "double"});
   // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
   // rank (config/costs_h200.json, calibrated on one H200); --costs overrides either.
-  cfg.costs_path = args.get_or("--costs", std::string(TREECP_CONFIG_DIR) + (cfg.gpu ? "/costs_h200.json" : "/costs_cpu.json"));
-  cfg.plan.layout = args.get_choice("--layout", "searched", layout_names());
-  cfg.plan.window = cfg.window;
+  cfg.costs_path = args.get_or("--costs", config_file(cfg.gpu ? "costs_h200.json" : "costs_cpu.json"));
+  cfg.plan.layout = layout_option(args);
   cfg.plan.chunk_tokens = args.get_int_or("--chunk", 0);
   require_chunk(cfg.plan.chunk_tokens);
   // Checked before any rank starts: a trace that cannot be written would be found only after the run.
@@ -128,11 +128,11 @@ struct RunJob {
 // and received KV, rank 0's single-process reference (with double copies in float), and the plans.
 double job_memory_bytes(const RunJob& job) {
   const RunConfig& c = job.cfg;
-  const double S = static_cast<double>(job.row.tokens()), qw = double(c.hq) * c.d, kw = double(c.hkv) * c.d;
+  const double S = static_cast<double>(job.row.tokens()), qw = double(c.shape.hq) * c.shape.d, kw = double(c.shape.hkv) * c.shape.d;
   const double full = S * (2 * qw + 2 * kw);  // q, k, v and dO (and as many outputs)
   const double elem = c.dtype == "double" ? 8 : 4, ranks = static_cast<double>(c.ranks.count);
   const double cp = elem * (3 * full + ranks * S * 2 * kw), reference = elem * 3 * full + (elem == 4 ? 16 * full : 0);
-  return cp + reference + ranks * plan_memory_estimate_bytes(job.row, c.window, c.plan.chunk_tokens, static_cast<int>(ranks));
+  return cp + reference + ranks * plan_memory_estimate_bytes(job.row, c.shape.window, c.plan.chunk_tokens, static_cast<int>(ranks));
 }
 
 // Everything a rank would check, checked here: the launcher calls it before any rank starts, and
@@ -149,16 +149,13 @@ RunJob prepare(const Args& args) {
     job.source = c.preset + " (cp " + std::to_string(c.ranks.count) + ", lengths / " + std::to_string(c.scale) + ")";
   }
   job.costs = load_costs(c.costs_path);
-  job.costs.shape.hq = c.hq;
-  job.costs.shape.hkv = c.hkv;
-  job.costs.shape.d = job.costs.shape.dv = c.d;
   if (!c.gpu) {
     require_memory(job_memory_bytes(job), count_of(c.ranks.count, "rank") +
                                               " of attention forward and backward and the reference, " +
-                                              count_of(job.row.tokens(), "token") + ", Hq " + std::to_string(c.hq) +
-                                              ", Hkv " + std::to_string(c.hkv) + ", D " + std::to_string(c.d));
+                                              count_of(job.row.tokens(), "token") + ", Hq " + std::to_string(c.shape.hq) +
+                                              ", Hkv " + std::to_string(c.shape.hkv) + ", D " + std::to_string(c.shape.d));
   }
-  job.plan = make_plan(job.row, static_cast<int>(c.ranks.count), job.costs, c.plan, &job.report);
+  job.plan = make_plan(job.row, static_cast<int>(c.ranks.count), c.shape, job.costs, c.plan, &job.report);
   return job;
 }
 
@@ -203,26 +200,25 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
               const std::string& source) {
   const int me = comm.rank(), n = comm.size();
   const int64_t S = row.tokens();
-  const int64_t qw = int64_t{cfg.hq} * cfg.d, kw = int64_t{cfg.hkv} * cfg.d, ow = qw;
+  const AttentionShape& shape = cfg.shape;
+  const int64_t qw = shape.q_width(), kw = shape.k_width(), ow = shape.o_width();
   CpuBackend<T> be;
-  DenseAttentionCP<CpuBackend<T>> cp(plan, row, AttentionDims{cfg.hq, cfg.hkv, cfg.d, cfg.d, 0.0}, comm, be);
+  DenseAttentionCP<CpuBackend<T>> cp(plan, row, shape, comm, be);
 
   // Inputs arrive in the data loader's contiguous shards; move them to the plan's ownership.
-  const auto loader = contiguous_layout(S, n);
-  std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) owners[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
+  const Ownership loader = contiguous_ownership(S, n), owners = plan_ownership(plan);
   const TokenRange mine = loader[static_cast<size_t>(me)].empty() ? TokenRange{} : loader[static_cast<size_t>(me)][0];
   const uint64_t s = cfg.seed * 16;
   const auto q = redistribute(comm, be, shard_values<T>(s + 1, mine, qw), loader, owners, qw);
   const auto k = redistribute(comm, be, shard_values<T>(s + 2, mine, kw), loader, owners, kw);
   const auto v = redistribute(comm, be, shard_values<T>(s + 3, mine, kw), loader, owners, kw);
   const auto dy = redistribute(comm, be, shard_values<T>(s + 4, mine, ow), loader, owners, ow);
-  std::vector<T> sink(static_cast<size_t>(cfg.hq));
-  for (int h = 0; h < cfg.hq; ++h) sink[static_cast<size_t>(h)] = static_cast<T>(2 * uniform_at(s + 5, static_cast<uint64_t>(h)));
+  std::vector<T> sink(static_cast<size_t>(cfg.shape.hq));
+  for (int h = 0; h < cfg.shape.hq; ++h) sink[static_cast<size_t>(h)] = static_cast<T>(2 * uniform_at(s + 5, static_cast<uint64_t>(h)));
 
   const int64_t rows = cp.owned_rows();
-  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * cfg.hq)), dq(static_cast<size_t>(rows * qw)),
-      dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * kw)), dsink(static_cast<size_t>(cfg.hq), T(0));
+  std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * cfg.shape.hq)), dq(static_cast<size_t>(rows * qw)),
+      dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * kw)), dsink(static_cast<size_t>(cfg.shape.hq), T(0));
   // Measured spans: the calls this command makes, and the runtime's stages inside them.
   SpanRecorder spans(me);
   comm.barrier();
@@ -247,7 +243,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       spans.record(st.name, measured_category(st.name), b, e);
     }
   }
-  comm.all_reduce_sum(dsink.data(), cfg.hq, CpuBackend<T>::comm_type);  // the sink is a replicated weight
+  comm.all_reduce_sum(dsink.data(), cfg.shape.hq, CpuBackend<T>::comm_type);  // the sink is a replicated weight
 
   std::vector<double> mine_stats(kFields, 0.0), all_stats(static_cast<size_t>(kFields * n));
   const RankPlan& rp = plan.ranks[static_cast<size_t>(me)];
@@ -265,38 +261,31 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   if (!cfg.trace_path.empty()) trace = gather_spans(comm, spans.spans(), 0);
 
   // Everything back on rank 0 in packed order, then the single-process reference there.
-  const auto gathered = gathered_layout(S, n, 0);
-  const auto y0 = redistribute(comm, be, y, owners, gathered, ow);
-  const auto lse0 = redistribute(comm, be, lse, owners, gathered, cfg.hq);
-  const auto dq0 = redistribute(comm, be, dq, owners, gathered, qw);
-  const auto dk0 = redistribute(comm, be, dk, owners, gathered, kw);
-  const auto dv0 = redistribute(comm, be, dv, owners, gathered, kw);
+  const auto y0 = gather_to_root(comm, be, y, owners, ow);
+  const auto lse0 = gather_to_root(comm, be, lse, owners, shape.hq);
+  const auto dq0 = gather_to_root(comm, be, dq, owners, qw);
+  const auto dk0 = gather_to_root(comm, be, dk, owners, kw);
+  const auto dv0 = gather_to_root(comm, be, dv, owners, kw);
   int status = 0;
   if (me == 0) {
     const TokenRange all{0, S};
     const auto fq = shard_values<T>(s + 1, all, qw), fk = shard_values<T>(s + 2, all, kw),
                fv = shard_values<T>(s + 3, all, kw), fdy = shard_values<T>(s + 4, all, ow);
-    cpu::AttentionProblem<T> prob;
-    prob.hq = cfg.hq, prob.hkv = cfg.hkv, prob.d = cfg.d, prob.dv = cfg.d, prob.window = cfg.window;
+    AttentionInputs<T> prob;
     prob.q = fq.data(), prob.k = fk.data(), prob.v = fv.data(), prob.dout = fdy.data();
     prob.sink = cfg.sink ? sink.data() : nullptr;
     const auto t0 = std::chrono::steady_clock::now();
-    const cpu::AttentionResult<T> ref = cpu::attention_reference(row, prob);
+    const AttentionResult<T> ref = attention_reference(row, shape, prob);
     const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    auto widen = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
     // The oracle is a double-precision run on the same (rounded) inputs. In double the CP result must
     // match it to 1e-10; in float it may differ by at most 4x what the one-process float run differs,
     // plus 1e-6 (STYLE.md): float sums in another order differ, they must not differ more.
-    cpu::AttentionResult<double> ref64;
+    auto widen = [](const std::vector<T>& a) { return std::vector<double>(a.begin(), a.end()); };
+    AttentionResult<double> ref64;
     if constexpr (sizeof(T) == 8) {
       ref64 = ref;
     } else {
-      const auto q64 = widen(fq), k64 = widen(fk), v64 = widen(fv), dy64 = widen(fdy), sink64 = widen(sink);
-      cpu::AttentionProblem<double> p64;
-      p64.hq = cfg.hq, p64.hkv = cfg.hkv, p64.d = cfg.d, p64.dv = cfg.d, p64.window = cfg.window;
-      p64.q = q64.data(), p64.k = k64.data(), p64.v = v64.data(), p64.dout = dy64.data();
-      p64.sink = cfg.sink ? sink64.data() : nullptr;
-      ref64 = cpu::attention_reference(row, p64);
+      ref64 = attention_reference_double(row, shape, prob);
     }
     struct Check {
       std::string name;
@@ -321,14 +310,14 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       write_chrome_trace(trace, cfg.trace_path);
     }
 
-    const RowStats st = row_stats(row, cfg.window);
+    const RowStats st = row_stats(row, cfg.shape.window);
     if (cfg.json) {
       json::Value out = json::Value::object();
       out.set("source", source);
       out.set("ranks", n);
       out.set("tokens", S);
       out.set("visible_pairs", st.visible_pairs);
-      out.set("layout", plan.layout);
+      out.set("layout", std::string(layout_name(plan.layout)));
       out.set("waves", plan.num_waves);
       out.set("predicted_makespan_ms", plan.predicted_makespan_ms);
       out.set("planning_ms", report.planning_ms);
@@ -364,16 +353,16 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       std::printf("row: %s, %s, %s, depth %d, %s%s\n", count_of(S, "token").c_str(),
                   count_of(st.segments, "segment").c_str(), count_of(st.families, "family", "families").c_str(),
                   st.depth, count_of(st.visible_pairs, "visible pair").c_str(),
-                  cfg.window > 0 ? (" (window " + std::to_string(cfg.window) + ")").c_str() : "");
-      std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.hq, cfg.hkv, cfg.d, cfg.sink ? ", learned sink" : "");
+                  cfg.shape.window > 0 ? (" (window " + std::to_string(cfg.shape.window) + ")").c_str() : "");
+      std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.shape.hq, cfg.shape.hkv, cfg.shape.d, cfg.sink ? ", learned sink" : "");
       std::printf("costs: %s; %s for %s\n", cfg.costs_path.c_str(),
                   count_of(std::thread::hardware_concurrency(), "hardware thread").c_str(), count_of(n, "rank").c_str());
       std::printf("plan: %s, %s of %s, %s (backward KV %s), predicted makespan %.3f ms, planned in %.2f ms\n",
-                  plan.layout.c_str(), count_of(static_cast<int64_t>(plan.chunk_owner.size()), "chunk").c_str(),
+                  layout_name(plan.layout), count_of(static_cast<int64_t>(plan.chunk_owner.size()), "chunk").c_str(),
                   count_of(report.chunk_tokens, "token").c_str(), count_of(plan.num_waves, "wave").c_str(),
                   plan.refetch_backward ? "fetched again" : "kept", plan.predicted_makespan_ms, report.planning_ms);
       std::printf("  layouts (predicted makespan ms):");
-      for (const auto& l : report.layouts) std::printf("  %s %.3f", l.layout.c_str(), l.makespan_ms);
+      for (const auto& l : report.layouts) std::printf("  %s %.3f", layout_name(l.layout), l.makespan_ms);
       std::printf("\n\n%4s %9s %12s %10s %10s %10s %10s %12s %12s %9s\n", "rank", "tokens", "pairs", "pred_fwd", "fwd_ms",
                   "pred_bwd", "bwd_ms", "bytes_out", "bytes_in", "peak_MiB");
       for (int r = 0; r < n; ++r) {
@@ -401,7 +390,7 @@ int execute(Communicator& comm, const RunJob& job) {
   const RunConfig& c = job.cfg;
   if (c.gpu) {
     GpuRunConfig g;
-    g.hq = c.hq, g.hkv = c.hkv, g.d = c.d, g.sink = c.sink, g.seed = c.seed, g.json = c.json;
+    g.shape = c.shape, g.sink = c.sink, g.seed = c.seed, g.json = c.json;
     g.full = c.full;
     g.reps = c.reps;
     g.costs_path = c.costs_path;
@@ -411,7 +400,7 @@ int execute(Communicator& comm, const RunJob& job) {
     return run_on_gpus(comm, job.row, job.costs, c.plan, g);
   }
   RunConfig cfg = c;
-  if (!cfg.trace_path.empty() && comm.rank() == 0) cfg.predicted = viz::predicted_spans(simulate_plan_timeline(job.plan, job.costs));
+  if (!cfg.trace_path.empty() && comm.rank() == 0) cfg.predicted = viz::predicted_spans(simulate_plan_timeline(job.plan, c.shape, job.costs));
   return cfg.dtype == "double" ? run_typed<double>(comm, job.row, job.plan, job.report, cfg, job.source)
                                : run_typed<float>(comm, job.row, job.plan, job.report, cfg, job.source);
 }

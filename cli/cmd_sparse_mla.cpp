@@ -92,14 +92,12 @@ OutputFiles compute_cp(const Inputs& in, Communicator& comm, const SparseMlaPlan
   }
   std::vector<T> dq(q.size()), dkv(kv.size());
   if (in.has_dout) cp.backward(rows_of<T>(in.dout.data, ow, owned), dq, dkv);
-  std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(comm.size()));
-  for (int r = 0; r < comm.size(); ++r) owners[static_cast<size_t>(r)] = plan.plan.ranks[static_cast<size_t>(r)].owned;
-  const auto root = gathered_layout(S, comm.size(), 0);
-  auto gather = [&](const std::vector<T>& a, int64_t width) { return redistribute(comm, be, a, owners, root, width); };
+  const Ownership owners = plan_ownership(plan.plan);
+  auto gather = [&](const std::vector<T>& a, int64_t width) { return gather_to_root(comm, be, a, owners, width); };
   CpuBackend<int64_t> index_be;
   OutputFiles files;
   const auto o0 = gather(o, ow), lse0 = gather(lse, in.h);
-  const auto ids0 = redistribute(comm, index_be, ids, owners, root, K);
+  const auto ids0 = gather_to_root(comm, index_be, ids, owners, K);
   files.emplace_back("o.npy", npy_of<T>({S, in.h, in.dv}, o0));
   files.emplace_back("lse.npy", npy_of<T>({S, in.h}, lse0));
   files.emplace_back("ids.npy", npy_bytes({S, K}, ids0.data()));
@@ -124,7 +122,7 @@ Inputs prepare(const Args& args) {
   Inputs in;
   in.ranks = rank_options(args, 1);
   SparseMlaPlanOptions& plan_options = in.plan_options;
-  plan_options.plan.layout = args.get_choice("--layout", "searched", layout_names());
+  plan_options.plan.layout = layout_option(args);
   plan_options.plan.chunk_tokens = args.get_int_or("--chunk", 0);
   require_chunk(plan_options.plan.chunk_tokens);
   plan_options.fetch = args.get_choice("--fetch", "auto", {"auto", "waves", "selected"});
@@ -202,7 +200,7 @@ Inputs prepare(const Args& args) {
   costs = args.has("--costs") ? load_sparse_mla_costs(args.get("--costs")) : SparseMlaCosts{};
   costs.shape.hi = hi, costs.shape.di = di, costs.shape.h = h, costs.shape.dqk = dqk, costs.shape.dv = dv;
   costs.shape.bytes_per_element = costs.shape.dkv_bytes_per_element = dtype == DType::F64 ? 8 : 4;
-  plan_options.plan.window = in.window;
+  plan_options.window = in.window;
   plan_options.topk = in.topk;
   plan_options.full_index = !in.has_ids;
   const int64_t inputs = in.q.numel() + in.kv.numel() + in.qi.numel() + in.ki.numel() + in.w.numel() + in.dout.numel() +
@@ -225,8 +223,8 @@ int execute(Communicator& comm, const Inputs& in, OutputDir* out) {
   out->commit();
   std::string how = "one process";
   if (!one) {
-    const std::string& asked = in.plan_options.plan.layout;
-    how = count_of(comm.size(), "rank") + ", " + asked + (asked == plan.plan.layout ? "" : " (" + plan.plan.layout + ")") +
+    const std::string asked = layout_name(in.plan_options.plan.layout), got = layout_name(plan.plan.layout);
+    how = count_of(comm.size(), "rank") + ", " + asked + (asked == got ? "" : " (" + got + ")") +
           " plan with " + count_of(plan.plan.num_waves, "wave") + ", KV " +
           (plan.fetch == KvFetch::Waves ? "in the waves" : "selected rows only") + " (predicted " +
           std::to_string(plan.prediction.bytes_moved) + " bytes moved; " + kv_fetch_name(plan.other.fetch) + ": " +

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "kernels/shapes.hpp"
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
 #include "tree/row.hpp"
@@ -18,7 +19,7 @@ namespace treecp::cli {
 bool gpu_support();
 
 struct GpuRunConfig {
-  int hq = 32, hkv = 4, d = 128;
+  AttentionShape shape{32, 4, 128, 128};  // the layer (window included): planned, run and checked at it
   bool sink = false;
   uint64_t seed = 0;
   bool json = false;

@@ -21,6 +21,7 @@
 #include "comm/nccl_communicator.hpp"
 #include "core/random.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "runtime/cuda_backend.hpp"
 #include "runtime/dense_attention.hpp"
 #ifdef TREECP_HAVE_MPI
@@ -98,11 +99,9 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
                RankTraffic* traffic, std::vector<StageSpan>* spans = nullptr) {
   const int me = nccl.rank(), n = nccl.size();
   const int64_t S = row.tokens();
-  const int64_t qw = int64_t{cfg.hq} * cfg.d, kw = int64_t{cfg.hkv} * cfg.d;
-  DenseAttentionCP<CudaBackend> cp(plan, row, AttentionDims{cfg.hq, cfg.hkv, cfg.d, cfg.d, 0.0}, nccl, be, opt);
-  const auto loader = contiguous_layout(S, n);
-  std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) owners[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
+  const int64_t qw = cfg.shape.q_width(), kw = cfg.shape.k_width();
+  DenseAttentionCP<CudaBackend> cp(plan, row, cfg.shape, nccl, be, opt);
+  const Ownership loader = contiguous_ownership(S, n), owners = plan_ownership(plan);
   const TokenRange mine = loader[static_cast<size_t>(me)].empty() ? TokenRange{} : loader[static_cast<size_t>(me)][0];
   const uint64_t s = cfg.seed * 16;
   auto input = [&](uint64_t tensor, int64_t width) {
@@ -113,9 +112,9 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
   };
   const CudaBackend::Act q = input(kQ, qw), k = input(kK, kw), v = input(kV, kw), dy = input(kDy, qw);
   const int64_t rows = cp.owned_rows();
-  CudaBackend::Stat sink = be.alloc_stat(cfg.hq), dsink = be.alloc_stat(cfg.hq), lse = be.alloc_stat(rows * cfg.hq);
-  std::vector<float> sink_host(static_cast<size_t>(cfg.hq));
-  for (int h = 0; h < cfg.hq; ++h)
+  CudaBackend::Stat sink = be.alloc_stat(cfg.shape.hq), dsink = be.alloc_stat(cfg.shape.hq), lse = be.alloc_stat(rows * cfg.shape.hq);
+  std::vector<float> sink_host(static_cast<size_t>(cfg.shape.hq));
+  for (int h = 0; h < cfg.shape.hq; ++h)
     sink_host[static_cast<size_t>(h)] = static_cast<float>(2 * uniform_at(s + kSink, static_cast<uint64_t>(h)));
   be.upload(sink, sink_host);
   CudaBackend::Act y = be.alloc_act(rows * qw);
@@ -131,7 +130,7 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
     if (traffic) *traffic = t;
     if (spans) *spans = cp.spans();
   }
-  nccl.all_reduce_sum(dsink.data(), cfg.hq, CommType::F32);  // a replicated weight: the caller reduces it
+  nccl.all_reduce_sum(dsink.data(), cfg.shape.hq, CommType::F32);  // a replicated weight: the caller reduces it
   nccl.synchronize();
   Outputs out;
   auto widen_bf16 = [](const std::vector<cuda::bf16_t>& a) {
@@ -165,12 +164,12 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
                 const GpuRunConfig& cfg) {
   const int me = world.rank(), n = world.size();
   const int64_t S = row.tokens();
-  const int64_t qw = int64_t{cfg.hq} * cfg.d, kw = int64_t{cfg.hkv} * cfg.d;
+  const int64_t qw = cfg.shape.q_width(), kw = cfg.shape.k_width();
   auto nccl = gpu_communicator(world, cfg.timeout_s);
   CudaBackend be;
   nccl->set_compute_stream(be.stream());
   PlanReport report;
-  const Plan plan = make_plan(row, n, costs, options, &report);
+  const Plan plan = make_plan(row, n, cfg.shape, costs, options, &report);
   DenseAttentionOptions opt;  // the backward's KV as the plan chose (PlanOptions::backward_kv)
   std::vector<double> fwd, bwd;
   RankTraffic traffic;
@@ -210,15 +209,13 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
 
   // Everything on rank 0 in packed order (host buffers over `world`).
   CpuBackend<double> host;
-  std::vector<std::vector<TokenRange>> owners(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) owners[static_cast<size_t>(r)] = plan.ranks[static_cast<size_t>(r)].owned;
-  const auto gathered = gathered_layout(S, n, 0);
+  const Ownership owners = plan_ownership(plan);
   Outputs cp;
-  cp.o = redistribute(world, host, mine.o, owners, gathered, qw);
-  cp.lse = redistribute(world, host, mine.lse, owners, gathered, cfg.hq);
-  cp.dq = redistribute(world, host, mine.dq, owners, gathered, qw);
-  cp.dk = redistribute(world, host, mine.dk, owners, gathered, kw);
-  cp.dv = redistribute(world, host, mine.dv, owners, gathered, kw);
+  cp.o = gather_to_root(world, host, mine.o, owners, qw);
+  cp.lse = gather_to_root(world, host, mine.lse, owners, cfg.shape.hq);
+  cp.dq = gather_to_root(world, host, mine.dq, owners, qw);
+  cp.dk = gather_to_root(world, host, mine.dk, owners, kw);
+  cp.dv = gather_to_root(world, host, mine.dv, owners, kw);
   cp.dsink = mine.dsink;
 
   int status = 0;
@@ -234,7 +231,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       NcclCommunicator solo(make_nccl_unique_id(), 0, 1, nccl->device());
       CudaBackend be1;
       solo.set_compute_stream(be1.stream());
-      const Plan p1 = make_plan(row, 1, costs, options);
+      const Plan p1 = make_plan(row, 1, cfg.shape, costs, options);
       one = run_cp(solo, be1, row, p1, cfg, opt, 1, nullptr, nullptr, nullptr);
     }
     const Outputs& base = n > 1 ? one : cp;
@@ -252,15 +249,14 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       const uint64_t s = cfg.seed * 16;
       const auto fq = host_values(s + kQ, S * qw), fk = host_values(s + kK, S * kw), fv = host_values(s + kV, S * kw),
                  fdy = host_values(s + kDy, S * qw);
-      std::vector<double> sink(static_cast<size_t>(cfg.hq));
-      for (int h = 0; h < cfg.hq; ++h)
+      std::vector<double> sink(static_cast<size_t>(cfg.shape.hq));
+      for (int h = 0; h < cfg.shape.hq; ++h)
         sink[static_cast<size_t>(h)] =
             static_cast<double>(static_cast<float>(2 * uniform_at(s + kSink, static_cast<uint64_t>(h))));
-      cpu::AttentionProblem<double> prob;
-      prob.hq = cfg.hq, prob.hkv = cfg.hkv, prob.d = cfg.d, prob.dv = cfg.d, prob.window = options.window;
+      AttentionInputs<double> prob;
       prob.q = fq.data(), prob.k = fk.data(), prob.v = fv.data(), prob.dout = fdy.data();
       prob.sink = cfg.sink ? sink.data() : nullptr;
-      const auto ref = cpu::attention_reference(row, prob);
+      const auto ref = attention_reference(row, cfg.shape, prob);
       // bf16 storage: one GPU within 1e-2 (norm-wise); CP within twice what one GPU differs plus 2e-3 (its
       // stage partials are rounded to bf16 once more before the merge).
       auto check = [&](const char* name, const std::vector<double>& got, const std::vector<double>& got1,
@@ -277,7 +273,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
     }
     for (const Check& c : checks) status = c.error <= c.bound ? status : 3;
     if (status == 0 && !cfg.trace_path.empty()) {
-      const auto predicted = viz::predicted_spans(simulate_plan_timeline(plan, costs));
+      const auto predicted = viz::predicted_spans(simulate_plan_timeline(plan, cfg.shape, costs));
       trace.insert(trace.end(), predicted.begin(), predicted.end());
       write_chrome_trace(trace, cfg.trace_path);
     }
@@ -286,7 +282,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
     cudaGetDevice(&dev);
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, dev);
-    const RowStats st = row_stats(row, options.window);
+    const RowStats st = row_stats(row, cfg.shape.window);
     if (cfg.json) {
       json::Value out = json::Value::object();
       out.set("source", cfg.source);
@@ -294,7 +290,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       out.set("ranks", n);
       out.set("tokens", S);
       out.set("visible_pairs", st.visible_pairs);
-      out.set("layout", plan.layout);
+      out.set("layout", std::string(layout_name(plan.layout)));
       out.set("waves", plan.num_waves);
       out.set("predicted_makespan_ms", plan.predicted_makespan_ms);
       out.set("planning_ms", report.planning_ms);
@@ -329,11 +325,11 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       std::printf("treecp run: %s, %d GPU ranks (%s), bf16\n", cfg.source.c_str(), n, prop.name);
       std::printf("row: %lld tokens, %lld segments, depth %d, %lld visible pairs%s\n", static_cast<long long>(S),
                   static_cast<long long>(st.segments), st.depth, static_cast<long long>(st.visible_pairs),
-                  options.window > 0 ? (" (window " + std::to_string(options.window) + ")").c_str() : "");
-      std::printf("attention: Hq %d, Hkv %d, D %d%s; backward KV %s\n", cfg.hq, cfg.hkv, cfg.d,
+                  cfg.shape.window > 0 ? (" (window " + std::to_string(cfg.shape.window) + ")").c_str() : "");
+      std::printf("attention: Hq %d, Hkv %d, D %d%s; backward KV %s\n", cfg.shape.hq, cfg.shape.hkv, cfg.shape.d,
                   cfg.sink ? ", learned sink" : "", plan.refetch_backward ? "fetched again" : "kept");
       std::printf("plan: %s, %zu chunks, %d waves, predicted makespan %.3f ms, planned in %.2f ms (costs %s)\n",
-                  plan.layout.c_str(), plan.chunk_owner.size(), plan.num_waves, plan.predicted_makespan_ms,
+                  layout_name(plan.layout), plan.chunk_owner.size(), plan.num_waves, plan.predicted_makespan_ms,
                   report.planning_ms, cfg.costs_path.c_str());
       std::printf("\n%4s %9s %12s %9s %9s %9s %9s %12s %12s %9s %9s\n", "rank", "tokens", "pairs", "pred_fwd", "fwd_ms",
                   "pred_bwd", "bwd_ms", "bytes_out", "bytes_in", "peak_MiB", "rsvd_MiB");

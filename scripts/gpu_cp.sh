@@ -23,6 +23,7 @@ if [ -n "${BIN_DIR:-}" ]; then
   treecp="$BIN_DIR/treecp"
   tests="$BIN_DIR/treecp_cuda_tests"
   kernels="$BIN_DIR/bench_attention"
+  export TREECP_CONFIG_DIR="$root/config"  # binaries built in another checkout find this one's cost files
 else
   build="$root/build-cuda"
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1

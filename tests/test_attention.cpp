@@ -13,61 +13,31 @@
 
 #include "core/error.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
+#include "runtime/row_map.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
+
+#include "common/common.hpp"
 
 namespace treecp {
 namespace {
 
-using cpu::AttentionProblem;
-using cpu::AttentionResult;
 using cpu::AttnBackwardArgs;
 using cpu::AttnForwardArgs;
-using cpu::AttnShape;
 using cpu::dense_view;
 using cpu::HeadView;
-using cpu::RowRange;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Fresh random inputs on every run (STYLE.md); TREECP_TEST_SEED=N replays a run, and every failure
-// message carries the seed.
-uint64_t base_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("TREECP_TEST_SEED");
-    return env ? std::stoull(env) : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }();
-  return seed;
-}
-std::mt19937_64 test_rng(uint64_t salt) { return std::mt19937_64(base_seed() * 1000003u + salt); }
-#define TREECP_SEED_TRACE SCOPED_TRACE("TREECP_TEST_SEED=" + std::to_string(base_seed()))
+using testing::max_error;
+using testing::randn;
+using testing::Rng;
+using testing::test_rng;
 
-std::vector<double> randn(size_t n, std::mt19937_64& rng, double sigma = 1.0) {
-  std::normal_distribution<double> d(0.0, sigma);
-  std::vector<double> x(n);
-  for (double& e : x) e = d(rng);
-  return x;
-}
-
-// A random row in DFS preorder: each new segment hangs under a segment of the current root path
-// or starts a new family.
-Row random_tree(std::mt19937_64& rng, int segments, int max_len) {
-  std::vector<Segment> segs;
-  std::vector<int32_t> path;
-  for (int s = 0; s < segments; ++s) {
-    const int64_t len = std::uniform_int_distribution<int64_t>(1, max_len)(rng);
-    int32_t parent = -1;
-    if (!path.empty() && std::uniform_int_distribution<int>(0, 5)(rng) > 0) {
-      const auto keep = std::uniform_int_distribution<size_t>(1, path.size())(rng);
-      path.resize(keep);
-      parent = path.back();
-    } else {
-      path.clear();
-    }
-    segs.push_back({parent, len});
-    path.push_back(s);
-  }
-  return Row(std::move(segs));
+// A random row of `segments` segments, lengths 1..max_len, paths up to 6 segments deep.
+Row random_tree(Rng& rng, int segments, int max_len) {
+  return testing::random_tree(rng, {.segments = segments, .max_len = max_len, .max_depth = 6});
 }
 
 // DESIGN.md's example: root 0-3, completion A 4-6, completion B 7-8.
@@ -78,9 +48,10 @@ struct Inputs {
   int64_t window = 0;
   double scale = 0;
   std::vector<double> q, k, v, sink, dout;  // sink empty: none
+  AttentionShape shape() const { return {hq, hkv, d, dv, window, scale}; }
 };
 
-Inputs random_inputs(const Row& row, int hq, int hkv, int d, int dv, int64_t window, bool sink, std::mt19937_64& rng) {
+Inputs random_inputs(const Row& row, int hq, int hkv, int d, int dv, int64_t window, bool sink, Rng& rng) {
   const auto S = static_cast<size_t>(row.tokens());
   Inputs in{hq, hkv, d, dv, window, 1.0 / std::sqrt(static_cast<double>(d)), {}, {}, {}, {}, {}};
   in.q = randn(S * hq * d, rng, 1.5);
@@ -105,19 +76,13 @@ struct Result {
 template <class T>
 Result run_library(const Row& row, const Inputs& in, bool backward = true) {
   const auto q = cast<T>(in.q), k = cast<T>(in.k), v = cast<T>(in.v), sink = cast<T>(in.sink), dout = cast<T>(in.dout);
-  AttentionProblem<T> p;
-  p.hq = in.hq;
-  p.hkv = in.hkv;
-  p.d = in.d;
-  p.dv = in.dv;
-  p.window = in.window;
-  p.scale = static_cast<T>(in.scale);
+  AttentionInputs<T> p;
   p.q = q.data();
   p.k = k.data();
   p.v = v.data();
   p.sink = sink.empty() ? nullptr : sink.data();
   p.dout = backward ? dout.data() : nullptr;
-  const AttentionResult<T> r = cpu::attention_reference(row, p);
+  const AttentionResult<T> r = attention_reference(row, in.shape(), p);
   auto wide = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
   return {wide(r.o), wide(r.lse), wide(r.dq), wide(r.dk), wide(r.dv), wide(r.dsink)};
 }
@@ -211,21 +176,6 @@ Result dense_oracle(const Row& row, const Inputs& in) {
   return res;
 }
 
-// max |a - b| where -inf matches -inf exactly.
-double max_err(const std::vector<double>& a, const std::vector<double>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (std::isinf(a[i]) || std::isinf(b[i])) {
-      if (a[i] != b[i]) return kInf;
-      continue;
-    }
-    const double e = std::abs(a[i] - b[i]);
-    if (!(e <= m)) m = std::isnan(e) ? kInf : e;
-  }
-  return m;
-}
-
 bool all_finite(const std::vector<double>& x) {
   return std::all_of(x.begin(), x.end(), [](double e) { return std::isfinite(e); });
 }
@@ -243,9 +193,9 @@ void expect_matches_oracle(const Row& row, const Inputs& in, double k, double at
   const std::vector<double>* e[] = {&exact.o, &exact.lse, &exact.dq, &exact.dk, &exact.dv, &exact.dsink};
   const std::vector<double>* s[] = {&same.o, &same.lse, &same.dq, &same.dk, &same.dv, &same.dsink};
   for (int a = 0; a < 6; ++a) {
-    const double ref_err = max_err(*s[a], *e[a]);
+    const double ref_err = max_error(*s[a], *e[a]);
     const double sum_atol = a == 5 ? 2 * std::numeric_limits<T>::epsilon() * exact.dsink_terms : 0.0;
-    EXPECT_LE(max_err(*g[a], *e[a]), k * ref_err + atol + sum_atol) << what << " " << names[a] << " (oracle in same precision "
+    EXPECT_LE(max_error(*g[a], *e[a]), k * ref_err + atol + sum_atol) << what << " " << names[a] << " (oracle in same precision "
                                                           << ref_err << ")";
   }
 }
@@ -254,7 +204,7 @@ void expect_matches_oracle(const Row& row, const Inputs& in, double k, double at
 
 TEST(Attention, MatchesDenseOracleOnRandomTreesDouble) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(101);
+  Rng rng = test_rng(101);
   struct Config {
     int hq, hkv, d, dv;
   };
@@ -273,7 +223,7 @@ TEST(Attention, MatchesDenseOracleOnRandomTreesDouble) {
 
 TEST(Attention, MatchesDenseOracleOnRandomTreesFloat) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(202);
+  Rng rng = test_rng(202);
   for (int64_t window : {0, 4}) {
     for (bool sink : {false, true}) {
       // d = dv = 24: the vector tiles (8 floats) and their tails both run
@@ -289,7 +239,7 @@ TEST(Attention, MatchesDenseOracleOnRandomTreesFloat) {
 TEST(Attention, BaselineInstructionSetMatchesDenseOracle) {
   ::setenv("TREECP_CPU_ISA", "baseline", 1);
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(250);
+  Rng rng = test_rng(250);
   for (int64_t window : {0, 70}) {
     const Row row({{-1, 140}, {0, 70}, {0, 9}});
     const Inputs in = random_inputs(row, 4, 2, 20, 12, window, true, rng);
@@ -303,7 +253,7 @@ TEST(Attention, LongSegmentsCrossManyTiles) {
   // Segments longer than the key block (64) and query blocks (128 rows / group) with windows that
   // cut tiles in the middle: checks tile bounds and the online softmax's rescaling.
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(303);
+  Rng rng = test_rng(303);
   const Row row({{-1, 150}, {0, 90}, {1, 70}, {0, 130}, {-1, 77}});
   for (int64_t window : {0, 65, 200}) {
     Inputs in = random_inputs(row, 4, 1, 8, 8, window, true, rng);
@@ -316,7 +266,7 @@ TEST(Attention, LongSegmentsCrossManyTiles) {
 TEST(Attention, ModelHeadDimsMatchDenseOracle) {
   // D = Dv = 64 as in the benchmark shape: full vector tiles in both instruction-set widths.
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(350);
+  Rng rng = test_rng(350);
   const Row row({{-1, 130}, {0, 70}, {1, 40}, {0, 66}});
   for (int64_t window : {0, 100}) {
     const Inputs in = random_inputs(row, 4, 1, 64, 64, window, window > 0, rng);
@@ -328,7 +278,7 @@ TEST(Attention, ModelHeadDimsMatchDenseOracle) {
 // (a) Each trajectory as an ordinary causal sequence with its prefix duplicated.
 TEST(Attention, PackedEqualsFlattenedTrajectories) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(404);
+  Rng rng = test_rng(404);
   for (int trial = 0; trial < 6; ++trial) {
     const Row row = random_tree(rng, 9, 8);
     const int64_t window = trial % 3 == 2 ? 4 : 0;
@@ -389,17 +339,17 @@ TEST(Attention, PackedEqualsFlattenedTrajectories) {
       }
       for (size_t h = 0; h < sum.dsink.size(); ++h) sum.dsink[h] += r.dsink[h];
     }
-    EXPECT_LT(max_err(sum.dq, tree.dq), 1e-12) << "trial " << trial;
-    EXPECT_LT(max_err(sum.dk, tree.dk), 1e-12) << "trial " << trial;
-    EXPECT_LT(max_err(sum.dv, tree.dv), 1e-12) << "trial " << trial;
-    EXPECT_LT(max_err(sum.dsink, tree.dsink), 1e-12) << "trial " << trial;
+    EXPECT_LT(max_error(sum.dq, tree.dq), 1e-12) << "trial " << trial;
+    EXPECT_LT(max_error(sum.dk, tree.dk), 1e-12) << "trial " << trial;
+    EXPECT_LT(max_error(sum.dv, tree.dv), 1e-12) << "trial " << trial;
+    EXPECT_LT(max_error(sum.dsink, tree.dsink), 1e-12) << "trial " << trial;
   }
 }
 
 // (b) Central differences of J = sum(dout * y) in double.
 TEST(Attention, GradientsMatchFiniteDifferences) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(505);
+  Rng rng = test_rng(505);
   for (int trial = 0; trial < 4; ++trial) {
     const Row row = trial == 0 ? small_example() : random_tree(rng, 4, 4);
     const int64_t window = trial % 2 == 1 ? 3 : 0;
@@ -430,17 +380,17 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
 
 // ---- stage form: random splits into ranks (query rows) and stages (keys), merged
 
-std::vector<RowRange> compact_map(const std::vector<int64_t>& tokens) {
-  // sorted canonical ids -> consecutive buffer rows, one range per run of consecutive ids
-  std::vector<RowRange> map;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (!map.empty() && map.back().end == tokens[i]) {
-      ++map.back().end;
+// sorted canonical ids -> one range per run of consecutive ids, laid out in that order
+RowMap compact_map(const std::vector<int64_t>& tokens) {
+  std::vector<TokenRange> runs;
+  for (int64_t t : tokens) {
+    if (!runs.empty() && runs.back().end == t) {
+      ++runs.back().end;
     } else {
-      map.push_back({tokens[i], tokens[i] + 1, static_cast<int64_t>(i)});
+      runs.push_back({t, t + 1});
     }
   }
-  return map;
+  return RowMap(std::move(runs));
 }
 
 template <class X>
@@ -463,7 +413,7 @@ void scatter_add(std::vector<X>& dst, const std::vector<X>& src, const std::vect
 // complete O/LSE, and again through merge_backward with each stage's own O/LSE. Both equal one shot.
 TEST(Attention, RandomStageSplitsEqualOneShot) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(606);
+  Rng rng = test_rng(606);
   for (int trial = 0; trial < 8; ++trial) {
     const Row row = random_tree(rng, 7, 12);
     const int64_t S = row.tokens();
@@ -496,14 +446,15 @@ TEST(Attention, RandomStageSplitsEqualOneShot) {
       std::vector<std::vector<Slice>> slices_r(static_cast<size_t>(n_stages));
       for (int st = 0; st < n_stages; ++st) {
         const auto& keys = stage_keys[static_cast<size_t>(st)];
-        slices_r[st] = cpu::to_buffer_slices(canonical, compact_map(qrows), compact_map(keys));
+        slices_r[st] = to_buffer(canonical, compact_map(qrows), compact_map(keys));
         const auto k = gather_rows(in.k, keys, hkv * d), v = gather_rows(in.v, keys, hkv * dv);
         o_r[st].resize(static_cast<size_t>(nq * hq * dv));
         l_r[st].resize(static_cast<size_t>(nq * hq));
-        const AttnShape sh{nq, static_cast<int64_t>(keys.size()), hq, hkv, d, dv};
-        cpu::attention_forward(AttnForwardArgs<double>{sh, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
-                                                       dense_view(v.data(), hkv, dv), dense_view(o_r[st].data(), hq, dv),
-                                                       dense_view(l_r[st].data(), hq, 1), in.scale},
+        const int64_t nk = static_cast<int64_t>(keys.size());
+        cpu::attention_forward(AttnForwardArgs<double>{in.shape(), nq, nk, dense_view(q.data(), hq, d),
+                                                       dense_view(k.data(), hkv, d), dense_view(v.data(), hkv, dv),
+                                                       dense_view(o_r[st].data(), hq, dv),
+                                                       dense_view(l_r[st].data(), hq, 1)},
                                slices_r[st]);
       }
       std::vector<HeadView<const double>> ov, lv;
@@ -544,9 +495,10 @@ TEST(Attention, RandomStageSplitsEqualOneShot) {
       for (int st = 0; st < n_stages; ++st) {
         const auto& keys = stage_keys[static_cast<size_t>(st)];
         const auto k = gather_rows(in.k, keys, hkv * d), v = gather_rows(in.v, keys, hkv * dv);
-        const AttnShape sh{nq, static_cast<int64_t>(keys.size()), hq, hkv, d, dv};
         std::vector<double> dk_buf(k.size(), 0), dv_buf(v.size(), 0), dk_buf2 = dk_buf, dv_buf2 = dv_buf;
-        AttnBackwardArgs<double> b{sh,
+        AttnBackwardArgs<double> b{in.shape(),
+                                   nq,
+                                   static_cast<int64_t>(keys.size()),
                                    dense_view(q.data(), hq, d),
                                    dense_view(k.data(), hkv, d),
                                    dense_view(v.data(), hkv, dv),
@@ -556,8 +508,7 @@ TEST(Attention, RandomStageSplitsEqualOneShot) {
                                    dense_view<const double>(dlse.data(), hq, 1),
                                    dense_view(dq_own.data(), hq, d),
                                    dense_view(dk_buf.data(), hkv, d),
-                                   dense_view(dv_buf.data(), hkv, dv),
-                                   in.scale};
+                                   dense_view(dv_buf.data(), hkv, dv)};
         cpu::attention_backward(b, slices_r[st]);
         b.o = dense_view<const double>(o_r[st].data(), hq, dv);
         b.lse = dense_view<const double>(l_r[st].data(), hq, 1);
@@ -577,21 +528,21 @@ TEST(Attention, RandomStageSplitsEqualOneShot) {
     }
     const std::string what = "trial " + std::to_string(trial) + " stages " + std::to_string(n_stages) + " owners " +
                              std::to_string(n_owners);
-    EXPECT_LT(max_err(o, one.o), 1e-12) << what;
-    EXPECT_LT(max_err(lse, one.lse), 1e-12) << what;
-    EXPECT_LT(max_err(dq, one.dq), 1e-12) << what;
-    EXPECT_LT(max_err(dk, one.dk), 1e-12) << what;
-    EXPECT_LT(max_err(dvv, one.dv), 1e-12) << what;
-    EXPECT_LT(max_err(dsink, one.dsink), 1e-12) << what;
-    EXPECT_LT(max_err(dq2, one.dq), 1e-12) << what << " (merge_backward interface)";
-    EXPECT_LT(max_err(dk2, one.dk), 1e-12) << what << " (merge_backward interface)";
-    EXPECT_LT(max_err(dv2, one.dv), 1e-12) << what << " (merge_backward interface)";
+    EXPECT_LT(max_error(o, one.o), 1e-12) << what;
+    EXPECT_LT(max_error(lse, one.lse), 1e-12) << what;
+    EXPECT_LT(max_error(dq, one.dq), 1e-12) << what;
+    EXPECT_LT(max_error(dk, one.dk), 1e-12) << what;
+    EXPECT_LT(max_error(dvv, one.dv), 1e-12) << what;
+    EXPECT_LT(max_error(dsink, one.dsink), 1e-12) << what;
+    EXPECT_LT(max_error(dq2, one.dq), 1e-12) << what << " (merge_backward interface)";
+    EXPECT_LT(max_error(dk2, one.dk), 1e-12) << what << " (merge_backward interface)";
+    EXPECT_LT(max_error(dv2, one.dv), 1e-12) << what << " (merge_backward interface)";
   }
 }
 
 TEST(Attention, BufferSlicesKeepExactlyTheMappedPairs) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(707);
+  Rng rng = test_rng(707);
   for (int trial = 0; trial < 20; ++trial) {
     const Row row = random_tree(rng, 6, 10);
     const int64_t S = row.tokens();
@@ -601,19 +552,25 @@ TEST(Attention, BufferSlicesKeepExactlyTheMappedPairs) {
       if (rng() % 2) qs.push_back(t);
       if (rng() % 3) ks.push_back(t);
     }
-    // buffer offsets after a random gap, to see the shift
-    std::vector<RowRange> qmap = compact_map(qs), kmap = compact_map(ks);
-    for (auto& r : qmap) r.offset += 3;
-    const auto slices = cpu::to_buffer_slices(row_slices(row, window), qmap, kmap);
-    std::vector<char> seen(static_cast<size_t>((qs.size() + 3) * ks.size()), 0);
+    // the query runs laid out in reverse order, so buffer rows are not token order
+    std::vector<TokenRange> q_runs = compact_map(qs).ranges();
+    std::reverse(q_runs.begin(), q_runs.end());
+    const RowMap qmap(q_runs), kmap = compact_map(ks);
+    std::vector<int64_t> q_token(static_cast<size_t>(qmap.rows()));
+    for (size_t i = 0; i < qmap.ranges().size(); ++i) {
+      for (int64_t t = qmap.ranges()[i].begin; t < qmap.ranges()[i].end; ++t)
+        q_token[static_cast<size_t>(qmap.offset(i) + t - qmap.ranges()[i].begin)] = t;
+    }
+    const auto slices = to_buffer(row_slices(row, window), qmap, kmap);
+    std::vector<char> seen(static_cast<size_t>(qs.size() * ks.size()), 0);
     int64_t area = 0;
     for (const Slice& s : slices) {
       area += s.area();
       for (int64_t qb = s.q_begin; qb < s.q_end; ++qb) {
         for (int64_t kb = s.k_begin; kb < s.k_end; ++kb) {
           if (!s.contains(qb, kb)) continue;
-          ASSERT_GE(qb, 3);
-          const int64_t q = qs[static_cast<size_t>(qb - 3)], k = ks[static_cast<size_t>(kb)];
+          ASSERT_GE(qb, 0);
+          const int64_t q = q_token[static_cast<size_t>(qb)], k = ks[static_cast<size_t>(kb)];
           EXPECT_TRUE(row.visible(q, k, window)) << "q " << q << " k " << k;
           EXPECT_EQ(seen[static_cast<size_t>(qb * ks.size() + kb)]++, 0) << "pair twice";
         }
@@ -626,23 +583,22 @@ TEST(Attention, BufferSlicesKeepExactlyTheMappedPairs) {
     EXPECT_EQ(area, expected) << "trial " << trial;
   }
   // the header's example: queries {4,5,6} against fetched keys {2,3}
-  const auto stage = cpu::to_buffer_slices(row_slices(small_example()), {{4, 7, 0}}, {{2, 4, 0}});
+  const auto stage = to_buffer(row_slices(small_example()), RowMap({{4, 7}}), RowMap({{2, 4}}));
   ASSERT_EQ(stage.size(), 1u);
   EXPECT_EQ(stage[0].q_begin, 0);
   EXPECT_EQ(stage[0].q_end, 3);
   EXPECT_EQ(stage[0].k_begin, 0);
   EXPECT_EQ(stage[0].k_end, 2);
   EXPECT_EQ(stage[0].area(), 6);
-  EXPECT_THROW(cpu::to_buffer_slices({}, {{0, 4, 0}, {2, 6, 4}}, {}), Error);  // canonical overlap
-  EXPECT_THROW(cpu::to_buffer_slices({}, {{0, 4, 0}, {6, 8, 3}}, {}), Error);  // buffer overlap
-  EXPECT_THROW(cpu::to_buffer_slices({}, {}, {{5, 6, 0}, {0, 4, 1}}), Error);  // unsorted
+  EXPECT_THROW(RowMap({{0, 4}, {2, 6}}), Error);  // canonical overlap
+  EXPECT_THROW(RowMap({{6, 4}}), Error);          // reversed range
 }
 
 // (d) DESIGN.md's 9-token example with a window of 3: query 8 sees physical 3, 7, 8 and never A.
 TEST(Attention, WindowNeverReachesSibling) {
   const Row row = small_example();
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(808);
+  Rng rng = test_rng(808);
   Inputs in = random_inputs(row, 1, 1, 4, 3, 3, false, rng);
   std::vector<std::vector<int64_t>> seen(9);
   for (const Slice& s : row_slices(row, 3)) {
@@ -703,16 +659,16 @@ TEST(Attention, EmptyRowsAndNegInfMergeWithoutNaN) {
   const int hq = 2, hkv = 1, d = 3, dv = 2;
   const int64_t rows = 6;
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(909);
+  Rng rng = test_rng(909);
   const auto q = randn(rows * hq * d, rng), k = randn(rows * hkv * d, rng), v = randn(rows * hkv * dv, rng);
-  const AttnShape sh{rows, rows, hq, hkv, d, dv};
+  const AttentionShape sh{hq, hkv, d, dv, 0, 0.5};
   // stage A covers rows 0-2, stage B rows 2-3; rows 4, 5 have no key anywhere
   const std::vector<Slice> a{make_slice(0, 3, 0, 3, 0, 100)}, b{make_slice(2, 4, 3, 6, -100, 100)};
   std::vector<double> oa(rows * hq * dv, 7.0), la(rows * hq, 7.0), ob = oa, lb = la;
   auto fwd = [&](const std::vector<Slice>& sl, std::vector<double>& o, std::vector<double>& l) {
-    cpu::attention_forward(AttnForwardArgs<double>{sh, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
-                                                   dense_view(v.data(), hkv, dv), dense_view(o.data(), hq, dv),
-                                                   dense_view(l.data(), hq, 1), 0.5},
+    cpu::attention_forward(AttnForwardArgs<double>{sh, rows, rows, dense_view(q.data(), hq, d),
+                                                   dense_view(k.data(), hkv, d), dense_view(v.data(), hkv, dv),
+                                                   dense_view(o.data(), hq, dv), dense_view(l.data(), hq, 1)},
                            sl);
   };
   fwd(a, oa, la);
@@ -768,11 +724,11 @@ TEST(Attention, EmptyRowsAndNegInfMergeWithoutNaN) {
   std::vector<double> dq(q.size(), 0), dk(k.size(), 0), dvv(v.size(), 0);
   std::vector<double> lse_empty(lm.size(), -kInf), o_zero(om.size(), 0.0);
   cpu::attention_backward(
-      AttnBackwardArgs<double>{sh, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
+      AttnBackwardArgs<double>{sh, rows, rows, dense_view(q.data(), hq, d), dense_view(k.data(), hkv, d),
                                dense_view(v.data(), hkv, dv), dense_view<const double>(o_zero.data(), hq, dv),
                                dense_view<const double>(lse_empty.data(), hq, 1),
                                dense_view<const double>(g.data(), hq, dv), {}, dense_view(dq.data(), hq, d),
-                               dense_view(dk.data(), hkv, d), dense_view(dvv.data(), hkv, dv), 0.5},
+                               dense_view(dk.data(), hkv, d), dense_view(dvv.data(), hkv, dv)},
       a);
   EXPECT_TRUE(all_finite(dq) && all_finite(dk) && all_finite(dvv));
 
@@ -786,7 +742,7 @@ TEST(Attention, EmptyRowsAndNegInfMergeWithoutNaN) {
 
 TEST(Attention, MergeIsAssociativeAndItsBackwardMatchesFiniteDifferences) {
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(1001);
+  Rng rng = test_rng(1001);
   const int64_t rows = 3;
   const int heads = 2, dv = 3, parts = 3;
   std::vector<std::vector<double>> o(parts), l(parts);
@@ -812,8 +768,8 @@ TEST(Attention, MergeIsAssociativeAndItsBackwardMatchesFiniteDifferences) {
   merged(o, l, 0, 3, o_all, l_all);
   merged(o, l, 0, 2, o_ab, l_ab);
   merged({o_ab, o[2]}, {l_ab, l[2]}, 0, 2, o_abc, l_abc);
-  EXPECT_LT(max_err(o_all, o_abc), 1e-14);
-  EXPECT_LT(max_err(l_all, l_abc), 1e-14);
+  EXPECT_LT(max_error(o_all, o_abc), 1e-14);
+  EXPECT_LT(max_error(l_all, l_abc), 1e-14);
 
   auto loss = [&](const std::vector<std::vector<double>>& oo, const std::vector<std::vector<double>>& ll) {
     std::vector<double> om, lm;
@@ -860,7 +816,7 @@ TEST(Attention, MergeIsAssociativeAndItsBackwardMatchesFiniteDifferences) {
 TEST(Attention, StridedViewsEqualDense) {
   // Q, K, V, O inside wider rows (as a fused QKV buffer would hold them) give the dense result.
   TREECP_SEED_TRACE;
-  std::mt19937_64 rng = test_rng(1101);
+  Rng rng = test_rng(1101);
   const Row row = random_tree(rng, 5, 10);
   const int64_t S = row.tokens();
   const int hq = 2, hkv = 1, d = 4, dv = 4;
@@ -874,13 +830,11 @@ TEST(Attention, StridedViewsEqualDense) {
     std::copy_n(in.v.begin() + t * hkv * dv, hkv * dv, qkv.begin() + t * width + hq * d + hkv * d);
   }
   std::vector<double> o(static_cast<size_t>(S * (hq * dv + 3))), lse(static_cast<size_t>(S * 2 * hq));
-  const AttnShape sh{S, S, hq, hkv, d, dv};
   cpu::attention_forward(
-      AttnForwardArgs<double>{sh, HeadView<const double>{qkv.data(), width, d},
+      AttnForwardArgs<double>{in.shape(), S, S, HeadView<const double>{qkv.data(), width, d},
                               HeadView<const double>{qkv.data() + hq * d, width, d},
                               HeadView<const double>{qkv.data() + hq * d + hkv * d, width, dv},
-                              HeadView<double>{o.data(), hq * dv + 3, dv}, HeadView<double>{lse.data(), 2 * hq, 2},
-                              in.scale},
+                              HeadView<double>{o.data(), hq * dv + 3, dv}, HeadView<double>{lse.data(), 2 * hq, 2}},
       row_slices(row));
   for (int64_t t = 0; t < S; ++t) {
     for (int h = 0; h < hq; ++h) {
@@ -896,17 +850,20 @@ TEST(Attention, StridedViewsEqualDense) {
 TEST(Attention, RefusesBadShapesAndSlices) {
   std::vector<double> buf(64, 1.0);
   const auto view = dense_view<const double>(buf.data(), 1, 1);
-  auto fwd = [&](AttnShape sh, std::vector<Slice> sl) {
-    cpu::attention_forward(AttnForwardArgs<double>{sh, view, view, view, dense_view(buf.data(), 1, 1),
-                                                   dense_view(buf.data(), 1, 1), 1.0},
+  // rows of the Q and K buffers, then the shape
+  auto fwd = [&](int64_t q_rows, int64_t kv_rows, AttentionShape sh, std::vector<Slice> sl) {
+    sh.scale = 1.0;
+    cpu::attention_forward(AttnForwardArgs<double>{sh, q_rows, kv_rows, view, view, view, dense_view(buf.data(), 1, 1),
+                                                   dense_view(buf.data(), 1, 1)},
                            sl);
   };
-  EXPECT_THROW(fwd({4, 4, 3, 2, 1, 1}, {}), Error);                            // hq not a multiple of hkv
-  EXPECT_THROW(fwd({4, 4, 1, 1, 0, 1}, {}), Error);                            // d = 0
-  EXPECT_THROW(fwd({4, 4, 1, 1, 1, 1}, {make_slice(0, 5, 0, 4, 0, 9)}), Error);  // q outside the buffer
-  EXPECT_THROW(fwd({4, 2, 1, 1, 1, 1}, {make_slice(0, 4, 0, 4, 0, 9)}), Error);  // k outside the buffer
+  EXPECT_THROW(fwd(4, 4, {3, 2, 1, 1}, {}), Error);                              // hq not a multiple of hkv
+  EXPECT_THROW(fwd(4, 4, {1, 1, 0, 1}, {}), Error);                              // d = 0
+  EXPECT_THROW(fwd(4, 4, {1, 1, 1, 1}, {make_slice(0, 5, 0, 4, 0, 9)}), Error);  // q outside the buffer
+  EXPECT_THROW(fwd(4, 2, {1, 1, 1, 1}, {make_slice(0, 4, 0, 4, 0, 9)}), Error);  // k outside the buffer
+  EXPECT_THROW(fwd(4, 4, {1, 1, 1, 1, -1}, {}), Error);                          // negative window
   try {
-    fwd({4, 4, 3, 2, 1, 1}, {});
+    fwd(4, 4, {3, 2, 1, 1}, {});
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("hkv"), std::string::npos) << e.what();
   }

@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
+#include "common/common.hpp"
 #include "core/npy.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
@@ -28,12 +30,7 @@ struct Dir : testing::TempDir {
 
 CliRun run_cli(const Dir& dir, const std::string& args) { return testing::run_treecp("attention " + args, dir / "log.txt"); }
 
-std::vector<double> randn(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<double> d(0.0, 1.0);
-  std::vector<double> x(n);
-  for (double& e : x) e = d(rng);
-  return x;
-}
+using testing::randn;
 
 // DESIGN.md's 9-token example, Hq = 2, Hkv = 1, D = 4, Dv = 3.
 constexpr int kHq = 2, kHkv = 1, kD = 4, kDv = 3;
@@ -42,8 +39,8 @@ constexpr int64_t kS = 9;
 struct Case {
   Row row{{{-1, 4}, {0, 3}, {0, 2}}};
   std::vector<double> q, k, v, sink, dout;
-  explicit Case(uint64_t seed) {
-    std::mt19937_64 rng(seed);
+  explicit Case(uint64_t salt) {
+    testing::Rng rng = testing::test_rng(salt);
     q = randn(kS * kHq * kD, rng);
     k = randn(kS * kHkv * kD, rng);
     v = randn(kS * kHkv * kDv, rng);
@@ -63,26 +60,20 @@ struct Case {
            (dir / "v.npy");
   }
   template <class T>
-  cpu::AttentionResult<T> library(int64_t window, bool with_sink, bool backward, T scale = 0) const {
+  AttentionResult<T> library(int64_t window, bool with_sink, bool backward, T scale = 0) const {
     static std::vector<T> qt, kt, vt, st, dt;
     qt.assign(q.begin(), q.end());
     kt.assign(k.begin(), k.end());
     vt.assign(v.begin(), v.end());
     st.assign(sink.begin(), sink.end());
     dt.assign(dout.begin(), dout.end());
-    cpu::AttentionProblem<T> p;
-    p.hq = kHq;
-    p.hkv = kHkv;
-    p.d = kD;
-    p.dv = kDv;
-    p.window = window;
-    p.scale = scale;
+    AttentionInputs<T> p;
     p.q = qt.data();
     p.k = kt.data();
     p.v = vt.data();
     p.sink = with_sink ? st.data() : nullptr;
     p.dout = backward ? dt.data() : nullptr;
-    return cpu::attention_reference(row, p);
+    return attention_reference(row, AttentionShape{kHq, kHkv, kD, kDv, window, scale}, p);
   }
 };
 

@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
+#include "common/common.hpp"
 #include "core/npy.hpp"
 #include "plan/planner.hpp"
 #include "tree/row.hpp"
@@ -25,15 +26,10 @@ using testing::write_file;
 
 int run_cli(const std::string& args, const std::string& log) { return testing::run_treecp("attention " + args, log).status; }
 
+// max |a - b| relative to b's largest entry (-inf LSE of rows with no key must match exactly).
 double rel_diff(const NpyArray& a, const NpyArray& b) {
   EXPECT_EQ(a.shape, b.shape);
-  double scale = 1e-300, err = 0;
-  for (size_t i = 0; i < a.data.size() && i < b.data.size(); ++i) {
-    if (std::isinf(a.data[i]) && a.data[i] == b.data[i]) continue;  // -inf LSE of rows with no key
-    scale = std::max(scale, std::abs(b.data[i]));
-    err = std::max(err, std::abs(a.data[i] - b.data[i]));
-  }
-  return err / scale;
+  return testing::max_error(a.data, b.data) / std::max(1e-300, testing::max_abs(b.data));
 }
 
 TEST(AttentionCpCli, RanksWriteTheSameFilesAsOneProcess) {
@@ -41,12 +37,12 @@ TEST(AttentionCpCli, RanksWriteTheSameFilesAsOneProcess) {
   GTEST_SKIP() << "built without MPI";
 #endif
   testing::TempDir dir("treecp_attention_cp_cli");
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(1);
   // One random family over the whole row, so that a layout that splits it must exchange KV.
-  std::vector<Segment> segs = {{-1, std::uniform_int_distribution<int64_t>(100, 300)(rng)}};
-  const int children = std::uniform_int_distribution<int>(4, 8)(rng);
-  for (int c = 0; c < children; ++c) segs.push_back({0, std::uniform_int_distribution<int64_t>(100, 400)(rng)});
-  const Row row(segs);
+  const Row row = testing::random_tree(rng, {.segments = std::uniform_int_distribution<int>(5, 9)(rng), .min_len = 100,
+                                             .max_len = 400, .max_depth = 2, .min_children = 8, .max_children = 8,
+                                             .root_min_len = 100, .root_max_len = 300});
   write_file(dir / "row.json", row_to_json(row));
   const int64_t S = row.tokens(), hq = 4, hkv = 2, d = 8, dv = 8;
   std::normal_distribution<double> nd(0.0, 1.0);

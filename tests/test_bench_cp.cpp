@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <set>
 
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
 #include "core/json.hpp"
 #include "plan/baselines.hpp"
 #include "plan/cost.hpp"
@@ -21,9 +21,11 @@ TEST(RingPlan, ValidAndMovesEveryRowToEveryRank) {
     for (int cp = 1; cp <= 6; ++cp) {
       const Row row = scale_row(make_preset(preset, cp, 1), 64);
       for (int64_t window : {int64_t{0}, int64_t{37}}) {
-        const Plan p = ring_plan(row, cp, window, CostModel{});  // validate_plan inside: exact cover, mirror
+        AttentionShape shape;
+        shape.window = window;
+        const Plan p = ring_plan(row, cp, shape, CostModel{});  // validate_plan inside: exact cover, mirror
         EXPECT_EQ(p.num_waves, cp - 1);
-        EXPECT_EQ(p.layout, "ring");
+        EXPECT_EQ(p.layout, Layout::Ring);
         int64_t pairs = 0;
         for (int r = 0; r < cp; ++r) {
           int64_t received = 0;

@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
 #include "core/npy.hpp"
 #include "tree/presets.hpp"
 

@@ -7,24 +7,14 @@
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "runtime/conv_cp.hpp"
-#include "test_gdn_util.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "common/gdn.hpp"
 
 namespace treecp {
 namespace {
 
-std::vector<double> rnd(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> d(0.0, 1.0);
-  std::vector<double> x(n);
-  for (auto& e : x) e = d(rng);
-  return x;
-}
-
-double diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+using testing::max_error;
+using testing::randn;
 
 struct ConvRun {
   std::vector<double> y, dx, dw, db;
@@ -33,30 +23,31 @@ struct ConvRun {
 ConvRun run_one_rank(const Row& row, int C, int K, bool silu, const std::vector<double>& x, const std::vector<double>& w,
                  const std::vector<double>& b, const std::vector<double>& dy) {
   auto comm = make_self_communicator();
-  const RankLayout layout = contiguous_layout(row, 1);
-  const Conv1dArgs args{C, K, silu};
-  ConvRun r{std::vector<double>(x.size()), std::vector<double>(x.size(), 0.0), std::vector<double>(w.size(), 0.0),
-        std::vector<double>(static_cast<size_t>(C), 0.0)};
-  conv1d_cp_forward(*comm, row, layout, args, x.data(), w.data(), b.empty() ? nullptr : b.data(), r.y.data());
-  conv1d_cp_backward(*comm, row, layout, args, x.data(), w.data(), b.empty() ? nullptr : b.data(), dy.data(),
-                     r.dx.data(), r.dw.data(), b.empty() ? nullptr : r.db.data());
+  CpuBackend<double> be;
+  ConvCP<CpuBackend<double>> conv(contiguous_ownership(row.tokens(), 1), row, ConvShape{C, K, silu}, *comm, be);
+  ConvRun r{std::vector<double>(x.size()), std::vector<double>(x.size()), std::vector<double>(w.size()),
+            std::vector<double>(static_cast<size_t>(C))};
+  conv.forward(x, w, b.empty() ? nullptr : &b, r.y);
+  conv.backward(dy, r.dx, r.dw, b.empty() ? nullptr : &r.db);
   return r;
 }
 
 TEST(Conv1d, EqualsExplicitPathsOnTrees) {
-  for (uint64_t seed : {1, 2, 3, 4}) {
-    const Row row = testing::random_tree(seed, 12, 1, 7, 5);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(1);
+  for (int seed = 0; seed < 4; ++seed) {
+    const Row row = testing::random_tree(rng, {.segments = 12, .max_len = 7, .max_depth = 5});
     for (int K : {1, 2, 4, 6}) {
       for (bool silu : {false, true}) {
         const int C = 3;
-        const auto x = rnd(static_cast<size_t>(row.tokens() * C), seed), w = rnd(static_cast<size_t>(C * K), seed + 1),
-                   b = rnd(C, seed + 2), dy = rnd(x.size(), seed + 3);
+        const auto x = randn(static_cast<size_t>(row.tokens() * C), rng), w = randn(static_cast<size_t>(C * K), rng),
+                   b = randn(C, rng), dy = randn(x.size(), rng);
         const auto ref = testing::conv_tree_reference(row, x, w, b, C, K, silu, dy);
         const ConvRun r = run_one_rank(row, C, K, silu, x, w, b, dy);
-        EXPECT_LT(diff(r.y, ref.y), 1e-12) << "seed " << seed << " K " << K;
-        EXPECT_LT(diff(r.dx, ref.dx), 1e-12);
-        EXPECT_LT(diff(r.dw, ref.dw), 1e-11);
-        EXPECT_LT(diff(r.db, ref.db), 1e-11);
+        EXPECT_LT(max_error(r.y, ref.y), 1e-12) << "tree " << seed << " K " << K;
+        EXPECT_LT(max_error(r.dx, ref.dx), 1e-12);
+        EXPECT_LT(max_error(r.dw, ref.dw), 1e-11);
+        EXPECT_LT(max_error(r.db, ref.db), 1e-11);
       }
     }
   }
@@ -65,9 +56,11 @@ TEST(Conv1d, EqualsExplicitPathsOnTrees) {
 TEST(Conv1d, GradientsMatchFiniteDifferences) {
   const Row row(std::vector<Segment>{{-1, 2}, {0, 3}, {1, 1}, {0, 2}});
   const int C = 2, K = 4;
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(7);
   for (bool silu : {false, true}) {
-    const auto x = rnd(static_cast<size_t>(row.tokens() * C), 7), w = rnd(C * K, 8), b = rnd(C, 9),
-               dy = rnd(x.size(), 10);
+    const auto x = randn(static_cast<size_t>(row.tokens() * C), rng), w = randn(C * K, rng), b = randn(C, rng),
+               dy = randn(x.size(), rng);
     const ConvRun r = run_one_rank(row, C, K, silu, x, w, b, dy);
     auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww, const std::vector<double>& bb) {
       const ConvRun f = run_one_rank(row, C, K, silu, xx, ww, bb, dy);
@@ -96,8 +89,8 @@ TEST(Conv1d, GradientsMatchFiniteDifferences) {
 TEST(Conv1d, ChildHaloIsParentTailAcrossShortShards) {
   // root 0-3 | A 4-6 (child of root) | B 7-8 (child of root); four ranks of 2-3 tokens.
   const Row row(std::vector<Segment>{{-1, 4}, {0, 3}, {0, 2}});
-  const RankLayout layout = {{{0, 2}}, {{2, 4}}, {{4, 7}}, {{7, 9}}};
-  validate_layout(row, layout);
+  const Ownership layout = {{{0, 2}}, {{2, 4}}, {{4, 7}}, {{7, 9}}};
+  validate_ownership(layout, row.tokens());
   // B's first token (7) reads 3, 2, 1 with K = 4; never A's tail 4-6.
   const ConvHalo h = make_conv_halo(row, layout, 3, 4);
   EXPECT_EQ(h.halo_tokens, (std::vector<int64_t>{1, 2, 3}));
@@ -111,14 +104,13 @@ TEST(Conv1d, ChildHaloIsParentTailAcrossShortShards) {
 
 TEST(Conv1d, RefusesBadLayouts) {
   const Row row(std::vector<Segment>{{-1, 4}, {0, 3}});
-  EXPECT_THROW(validate_layout(row, {{{0, 3}}, {{4, 7}}}), Error);          // token 3 missing
-  EXPECT_THROW(validate_layout(row, {{{0, 4}}, {{3, 7}}}), Error);          // token 3 twice
-  EXPECT_THROW(validate_layout(row, {{{4, 7}, {0, 4}}}), Error);            // unsorted
+  EXPECT_THROW(validate_ownership({{{0, 3}}, {{4, 7}}}, row.tokens()), Error);  // token 3 missing
+  EXPECT_THROW(validate_ownership({{{0, 4}}, {{3, 7}}}, row.tokens()), Error);  // token 3 twice
+  EXPECT_THROW(validate_ownership({{{4, 7}, {0, 4}}}, row.tokens()), Error);    // unsorted
   auto comm = make_self_communicator();
-  std::vector<double> x(7), w(4), y(7);
-  EXPECT_THROW(conv1d_cp_forward<double>(*comm, row, {{{0, 7}}}, Conv1dArgs{1, 0, false}, x.data(), w.data(), nullptr,
-                                         y.data()),
-               Error);
+  CpuBackend<double> be;
+  EXPECT_THROW((ConvCP<CpuBackend<double>>({{{0, 7}}}, row, ConvShape{1, 0, false}, *comm, be)), Error);  // width 0
+  EXPECT_THROW((ConvCP<CpuBackend<double>>({{{0, 6}}}, row, ConvShape{1, 2, false}, *comm, be)), Error);  // token 6
 }
 
 }  // namespace

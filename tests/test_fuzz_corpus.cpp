@@ -7,7 +7,7 @@
 #include <string>
 
 #include "../fuzz/inputs.hpp"
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
 
 namespace treecp {
 namespace {

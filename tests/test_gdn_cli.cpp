@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include "core/npy.hpp"
-#include "test_gdn_util.hpp"
+#include "common/cli.hpp"
+#include "common/gdn.hpp"
 
 namespace treecp {
 namespace {
@@ -24,20 +24,18 @@ const std::vector<int> kGdnRanks = {1, 3}, kConvRanks = {1, 4};
 const std::vector<int> kGdnRanks = {1}, kConvRanks = {1};
 #endif
 
+using testing::max_abs;
+using testing::max_error;
+
 struct Cli {
   int rc = 0;
   std::string output;
 };
 
 Cli run_cli(const std::string& args) {
-  const fs::path log = fs::temp_directory_path() / ("treecp_gdn_cli_" + std::to_string(::getpid()) + ".log");
-  const int status = std::system((std::string(TREECP_CLI_PATH) + " " + args + " > " + log.string() + " 2>&1").c_str());
-  Cli c;
-  c.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(log);
-  c.output.assign(std::istreambuf_iterator<char>(in), {});
-  fs::remove(log);
-  return c;
+  const testing::TempDir logs("treecp_gdn_cli_log");
+  const testing::CliRun r = testing::run_treecp(args, logs / "log");
+  return {WIFEXITED(r.status) ? WEXITSTATUS(r.status) : -1, r.log};
 }
 
 void save(const fs::path& p, const std::vector<int64_t>& shape, const std::vector<double>& data, DType dt = DType::F64) {
@@ -61,8 +59,10 @@ class GdnCli : public ::testing::Test {
 };
 
 TEST_F(GdnCli, GdnAndKdaMatchTheReferenceOnOneAndThreeRanks) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(5);
   for (GdnGate gate : {GdnGate::Scalar, GdnGate::PerChannel}) {
-    const testing::GdnData d = testing::random_gdn_data(row.tokens(), 2, 6, 3, gate, 5);
+    const testing::GdnData d = testing::random_gdn_data(row.tokens(), 2, 6, 3, gate, rng);
     const int64_t S = d.S;
     save(dir / "q.npy", {S, 2, 6}, d.q);
     save(dir / "k.npy", {S, 2, 6}, d.k);
@@ -84,17 +84,15 @@ TEST_F(GdnCli, GdnAndKdaMatchTheReferenceOnOneAndThreeRanks) {
       for (const auto& [name, want] : files) {
         const NpyArray a = load_npy(out + "/" + name);
         EXPECT_EQ(a.dtype, DType::F64);
-        ASSERT_EQ(a.data.size(), want->size()) << name;
-        double err = 0;
-        for (size_t i = 0; i < a.data.size(); ++i) err = std::max(err, std::abs(a.data[i] - (*want)[i]));
-        EXPECT_LT(err, 1e-10 * (1 + testing::max_abs(*want))) << name << " ranks " << ranks;
+        EXPECT_LT(max_error(a.data, *want), 1e-10 * (1 + max_abs(*want))) << name << " ranks " << ranks;
       }
     }
   }
 }
 
 TEST_F(GdnCli, FloatInputsGiveFloatOutputs) {
-  const testing::GdnData d = testing::random_gdn_data(row.tokens(), 1, 4, 2, GdnGate::Scalar, 6);
+  testing::Rng rng = testing::test_rng(6);
+  const testing::GdnData d = testing::random_gdn_data(row.tokens(), 1, 4, 2, GdnGate::Scalar, rng);
   const int64_t S = d.S;
   save(dir / "q.npy", {S, 1, 4}, d.q, DType::F32);
   save(dir / "k.npy", {S, 1, 4}, d.k, DType::F32);
@@ -112,7 +110,8 @@ TEST_F(GdnCli, FloatInputsGiveFloatOutputs) {
 
 TEST_F(GdnCli, ShapeErrorsAreRefusedAndNothingIsWritten) {
   const int64_t S = row.tokens();
-  const testing::GdnData d = testing::random_gdn_data(S, 2, 4, 3, GdnGate::Scalar, 7);
+  testing::Rng rng = testing::test_rng(7);
+  const testing::GdnData d = testing::random_gdn_data(S, 2, 4, 3, GdnGate::Scalar, rng);
   save(dir / "q.npy", {S, 2, 4}, d.q);
   save(dir / "k.npy", {S, 2, 4}, d.k);
   save(dir / "v.npy", {S, 2, 3}, d.v);
@@ -137,11 +136,10 @@ TEST_F(GdnCli, ShapeErrorsAreRefusedAndNothingIsWritten) {
 TEST_F(GdnCli, Conv1dMatchesTheReference) {
   const int64_t S = row.tokens();
   const int C = 3, K = 4;
-  std::mt19937_64 rng(3);
-  std::normal_distribution<double> n01(0.0, 1.0);
-  std::vector<double> x(static_cast<size_t>(S * C)), w(C * K), b(C), dy(x.size());
-  for (auto* v : {&x, &w, &b, &dy})
-    for (auto& e : *v) e = n01(rng);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(3);
+  const std::vector<double> x = testing::randn(static_cast<size_t>(S * C), rng), w = testing::randn(C * K, rng),
+                            b = testing::randn(C, rng), dy = testing::randn(x.size(), rng);
   save(dir / "x.npy", {S, C}, x);
   save(dir / "w.npy", {C, K}, w);
   save(dir / "b.npy", {C}, b);
@@ -157,10 +155,7 @@ TEST_F(GdnCli, Conv1dMatchesTheReference) {
         {"y.npy", &ref.y}, {"dx.npy", &ref.dx}, {"dweight.npy", &ref.dw}, {"dbias.npy", &ref.db}};
     for (const auto& [name, want] : files) {
       const NpyArray a = load_npy(out + "/" + name);
-      ASSERT_EQ(a.data.size(), want->size()) << name;
-      double err = 0;
-      for (size_t i = 0; i < a.data.size(); ++i) err = std::max(err, std::abs(a.data[i] - (*want)[i]));
-      EXPECT_LT(err, 1e-11) << name << " ranks " << ranks;
+      EXPECT_LT(max_error(a.data, *want), 1e-11) << name << " ranks " << ranks;
     }
   }
   const Cli bad = run_cli("conv1d --tree " + p("t.json") + " --x " + p("x.npy") + " --weight " + p("b.npy") + " --out " +

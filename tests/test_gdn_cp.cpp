@@ -2,13 +2,13 @@
 // for local, chained and mixed plans; finite differences of the whole pipeline; the planner.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <numeric>
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
-#include "runtime/gdn_cp.hpp"
-#include "runtime/gdn_plan.hpp"
-#include "test_gdn_util.hpp"
+#include "plan/gdn_plan.hpp"
+#include "common/gdn.hpp"
 
 namespace treecp {
 namespace {
@@ -24,45 +24,35 @@ Result run_cp(const Row& row, const GdnData& d, const std::vector<uint8_t>& chai
   auto comm = make_self_communicator();
   const GdnPlan plan = make_gdn_plan(row, 1, chained);
   validate_gdn_plan(row, plan);
-  const auto ranges = gdn_rank_ranges(row, plan, 0);
-  auto buf = testing::gdn_buffers<double>(d, ranges);
-  const auto p = buf.params(d, row.tokens(), chunk, scale);
-  Result r;
-  r.y.assign(d.v.size(), 0.0);
-  const auto saved = gdn_cp_forward(*comm, row, plan, p, r.y.data());
-  r.dq.assign(d.q.size(), 0.0); r.dk.assign(d.k.size(), 0.0); r.dv.assign(d.v.size(), 0.0);
-  r.dg.assign(d.g.size(), 0.0); r.dbeta.assign(d.beta.size(), 0.0);
-  gdn_cp_backward(*comm, row, plan, p, saved, buf.dy.data(),
-                  GdnGrads<double>{r.dq.data(), r.dk.data(), r.dv.data(), r.dg.data(), r.dbeta.data()});
-  return r;
+  const auto r = testing::run_gdn_cp(*comm, row, plan, d.shape(scale, chunk),
+                                     testing::gdn_buffers<double>(d, gdn_rank_ranges(row, plan, 0)));
+  return {r.y, r.dq, r.dk, r.dv, r.dg, r.dbeta};
 }
 
-double diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+using testing::max_abs;
+using testing::max_error;
 
 class GdnTree : public ::testing::TestWithParam<GdnGate> {};
 
 TEST_P(GdnTree, OneRankEqualsReferenceForAnyChainedSet) {
-  for (uint64_t seed : {1, 2, 3}) {
-    const Row row = testing::random_tree(seed, 9, 1, 40, 4);
-    const GdnData d = testing::random_gdn_data(row.tokens(), 2, 5, 4, GetParam(), seed * 31);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(1);
+  for (int seed = 0; seed < 3; ++seed) {
+    const Row row = testing::random_tree(rng, {.segments = 9, .max_len = 40});
+    const GdnData d = testing::random_gdn_data(row.tokens(), 2, 5, 4, GetParam(), rng);
     const auto ref = testing::gdn_tree_reference(row, d, 0.8);
     const int32_t n = row.num_segments();
-    std::mt19937_64 rng(seed);
     for (int mode = 0; mode < 3; ++mode) {
       std::vector<uint8_t> chained(static_cast<size_t>(n), 0);
       for (int32_t s = 0; s < n; ++s) chained[s] = mode == 1 ? 1 : mode == 2 ? static_cast<uint8_t>(rng() % 2) : 0;
       const Result r = run_cp(row, d, chained, 0.8, 8);
       const double tol = 1e-11;
-      EXPECT_LT(diff(r.y, ref.y), tol * (1 + testing::max_abs(ref.y))) << "seed " << seed << " mode " << mode;
-      EXPECT_LT(diff(r.dq, ref.dq), tol * (1 + testing::max_abs(ref.dq)));
-      EXPECT_LT(diff(r.dk, ref.dk), tol * (1 + testing::max_abs(ref.dk)));
-      EXPECT_LT(diff(r.dv, ref.dv), tol * (1 + testing::max_abs(ref.dv)));
-      EXPECT_LT(diff(r.dg, ref.dg), tol * (1 + testing::max_abs(ref.dg)));
-      EXPECT_LT(diff(r.dbeta, ref.dbeta), tol * (1 + testing::max_abs(ref.dbeta)));
+      EXPECT_LT(max_error(r.y, ref.y), tol * (1 + max_abs(ref.y))) << "seed " << seed << " mode " << mode;
+      EXPECT_LT(max_error(r.dq, ref.dq), tol * (1 + max_abs(ref.dq)));
+      EXPECT_LT(max_error(r.dk, ref.dk), tol * (1 + max_abs(ref.dk)));
+      EXPECT_LT(max_error(r.dv, ref.dv), tol * (1 + max_abs(ref.dv)));
+      EXPECT_LT(max_error(r.dg, ref.dg), tol * (1 + max_abs(ref.dg)));
+      EXPECT_LT(max_error(r.dbeta, ref.dbeta), tol * (1 + max_abs(ref.dbeta)));
     }
   }
 }
@@ -70,7 +60,9 @@ TEST_P(GdnTree, OneRankEqualsReferenceForAnyChainedSet) {
 // J = Σ y·dy through the whole tree (parents' states feed several children).
 TEST_P(GdnTree, TreeGradientsMatchFiniteDifferences) {
   const Row row(std::vector<Segment>{{-1, 6}, {0, 4}, {1, 3}, {0, 5}, {-1, 3}});
-  const GdnData d = testing::random_gdn_data(row.tokens(), 1, 3, 2, GetParam(), 99);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(99);
+  const GdnData d = testing::random_gdn_data(row.tokens(), 1, 3, 2, GetParam(), rng);
   std::vector<uint8_t> chained = {1, 0, 1, 0, 0};
   const Result r = run_cp(row, d, chained, 0.9, 4);
   auto loss = [&](const GdnData& x) {
@@ -100,7 +92,9 @@ INSTANTIATE_TEST_SUITE_P(Gates, GdnTree, ::testing::Values(GdnGate::Scalar, GdnG
                          [](const auto& info) { return info.param == GdnGate::Scalar ? "GDN" : "KDA"; });
 
 TEST(GdnPlan, RangesCoverTheRowOnce) {
-  const Row row = testing::random_tree(5, 30, 1, 100, 5);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(5);
+  const Row row = testing::random_tree(rng, {.segments = 30, .max_len = 100, .max_depth = 5});
   for (int ranks : {1, 2, 3, 4, 7}) {
     std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
     for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>(s % 3 == 0);
@@ -129,8 +123,8 @@ TEST(GdnPlan, PhasesFollowTheDag) {
 }
 
 TEST(GdnPlan, CostModelDecidesWhatChains) {
-  const GdnShape shape{32, 128, 128, 4, 64};
-  const GdnCostModel model = GdnCostModel::defaults();
+  const GdnShape shape;  // DESIGN.md's GDN shape: H 32, Dk = Dv = 128, chunk 64
+  const GdnCostModel model;
   // One dominant root: splitting it over 4 ranks beats running it on one.
   const Row dominant(std::vector<Segment>{{-1, 200000}, {0, 2000}, {0, 2000}, {-1, 3000}});
   GdnPlan p = plan_gdn(dominant, 4, shape, model);
@@ -150,16 +144,18 @@ TEST(GdnPlan, CostModelDecidesWhatChains) {
   // The choice depends on the state size, not on a length rule: with a very slow link the same
   // dominant row stays local, with a fast one it chains.
   GdnCostModel slow = model;
-  slow.link_bandwidth_bytes_per_s = 1e3;
+  slow.link.bandwidth_bytes_per_ms = 1.0;
   EXPECT_EQ(plan_gdn(dominant, 4, shape, slow).chained_segments(), 0);
 }
 
 TEST(GdnPlan, JsonRoundTrip) {
-  const Row row = testing::random_tree(8, 12, 1, 50, 4);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(8);
+  const Row row = testing::random_tree(rng, {.segments = 12, .max_len = 50});
   std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
   for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>(s % 2);
   GdnPlan p = make_gdn_plan(row, 3, chained);
-  gdn_predict(row, p, GdnShape{}, GdnCostModel::defaults());
+  gdn_predict(row, p, GdnShape{}, GdnCostModel{});
   const json::Value v = json::parse(json::dump(p.to_json()));
   EXPECT_EQ(v.at("segments").size(), static_cast<size_t>(row.num_segments()));
   const GdnPlan q = GdnPlan::from_json(v);
@@ -170,8 +166,17 @@ TEST(GdnPlan, JsonRoundTrip) {
   EXPECT_EQ(q.phase, p.phase);
   EXPECT_EQ(q.num_phases, p.num_phases);
   EXPECT_DOUBLE_EQ(q.predicted_ms, p.predicted_ms);
-  const GdnCostModel m = GdnCostModel::from_json(GdnCostModel::defaults().to_json());
-  EXPECT_EQ(m.ns_per_madd, GdnCostModel::defaults().ns_per_madd);
+  const GdnCostModel m = gdn_costs_from_json(to_json(GdnCostModel{}));
+  EXPECT_EQ(m.madds_per_ms, GdnCostModel{}.madds_per_ms);
+}
+
+// config/gdn_costs_cpu.json holds the built-in defaults; unknown keys and bad values are refused.
+TEST(GdnPlan, CostFileMatchesBuiltInDefaults) {
+  const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "config" / "gdn_costs_cpu.json";
+  EXPECT_EQ(json::dump(to_json(load_gdn_costs(path.string()))), json::dump(to_json(GdnCostModel{})));
+  EXPECT_THROW(gdn_costs_from_json(json::parse(R"({"ns_per_madd": 0.5})")), Error);
+  EXPECT_THROW(gdn_costs_from_json(json::parse(R"({"madds_per_ms": 0})")), Error);
+  EXPECT_THROW(gdn_costs_from_json(json::parse(R"({"link": {"latency_ms": 0, "bandwidth_bytes_per_ms": -1}})")), Error);
 }
 
 }  // namespace

@@ -9,9 +9,9 @@
 #include <limits>
 #include <string>
 
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
 #include "core/npy.hpp"
-#include "test_mamba2_util.hpp"
+#include "common/mamba2.hpp"
 
 namespace treecp {
 namespace {

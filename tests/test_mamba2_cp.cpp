@@ -11,8 +11,8 @@
 #include "core/json.hpp"
 #include "plan/planner.hpp"
 #include "runtime/mamba2_cp.hpp"
-#include "runtime/mamba2_plan.hpp"
-#include "test_mamba2_util.hpp"
+#include "plan/mamba2_plan.hpp"
+#include "common/mamba2.hpp"
 
 namespace treecp {
 namespace {
@@ -44,7 +44,7 @@ Mamba2Result run_one_rank(const Row& row, const Mamba2Data& d, Mamba2Strategy st
 
 TEST(Mamba2Cp, OneRankEqualsReferenceBothStrategies) {
   for (uint64_t seed : {1, 2, 3}) {
-    const Row row = testing::random_tree(seed, 8, 1, 40, 4);
+    const Row row = testing::random_tree(testing::test_rng(seed), {.segments = 8, .min_len = 1, .max_len = 40, .max_depth = 4});
     const Mamba2Data d = testing::random_mamba2_data(row.tokens(), 4, 3, 2, 5, seed != 2, seed * 13);
     const Mamba2Result ref = testing::mamba2_tree_reference(row, d);
     const Mamba2Result fref = testing::mamba2_tree_reference<float>(row, d);
@@ -83,7 +83,7 @@ TEST(Mamba2Plan, HeadCutsAndGroups) {
 // gradients come back; y and dy the same without dt, B and C.
 TEST(Mamba2Plan, TransposeBytesByHand) {
   const Row row(std::vector<Segment>{{-1, 10}, {0, 6}});
-  const RankLayout tokens = {{{0, 7}}, {{7, 16}}};
+  const Ownership tokens = {{{0, 7}}, {{7, 16}}};
   const Mamba2Shape s{4, 3, 2, 5, 4, 16};  // heads 0-1 (group 0) on rank 0, 2-3 (group 1) on rank 1
   const Mamba2Price p = price_mamba2_transpose(row, tokens, mamba2_head_cuts(4, 2), s, mamba2_cost_defaults());
   const int64_t in = 2 * (3 + 1) + 2 * 5, out = 2 * 3;  // per token, the other rank's two heads
@@ -96,12 +96,12 @@ TEST(Mamba2Plan, TransposeBytesByHand) {
 // summaries split the long segment over every rank. Many heads and short families: the transpose.
 TEST(Mamba2Plan, ChoiceFollowsTheShape) {
   const Row chain(std::vector<Segment>{{-1, 20000}});
-  const RankLayout six = contiguous_layout(chain, 6);
+  const Ownership six = contiguous_ownership(chain.tokens(), 6);
   const Mamba2Plan few = plan_mamba2(chain, six, Mamba2Shape{2, 64, 1, 128, 4, 64}, mamba2_cost_defaults());
   EXPECT_EQ(few.strategy, Mamba2Strategy::Summary);
   EXPECT_LT(few.summary_price.work_ms * 2, few.transpose_price.work_ms);
   EXPECT_EQ(few.chains.chained_segments(), 1);
-  EXPECT_EQ(mamba2_chain_layout(chain, few.chains), six);  // its pieces are the owners' shards: nothing moves
+  EXPECT_EQ(gdn_ownership(chain, few.chains), six);  // its pieces are the owners' shards: nothing moves
   std::vector<Segment> segs;
   for (int f = 0; f < 16; ++f) {
     segs.push_back({-1, 1024});
@@ -109,8 +109,8 @@ TEST(Mamba2Plan, ChoiceFollowsTheShape) {
     for (int c = 0; c < 8; ++c) segs.push_back({root, 512});
   }
   const Row families(segs);
-  const Plan attn = make_plan(families, 2, CostModel{}, PlanOptions{});
-  const Mamba2Plan many = plan_mamba2(families, attention_ownership(attn), Mamba2Shape{}, mamba2_cost_defaults());
+  const Plan attn = make_plan(families, 2, AttentionShape{}, CostModel{}, PlanOptions{});
+  const Mamba2Plan many = plan_mamba2(families, plan_ownership(attn), Mamba2Shape{}, mamba2_cost_defaults());
   EXPECT_GT(many.transpose_price.bytes, 0);
   EXPECT_EQ(many.price().ms, std::min(many.transpose_price.ms, many.summary_price.ms));
 }
@@ -118,24 +118,24 @@ TEST(Mamba2Plan, ChoiceFollowsTheShape) {
 // Aligned with contiguous owners, every chained piece and local unit is where its tokens already
 // are; make_gdn_plan's balanced placement moves some.
 TEST(Mamba2Plan, OwnerAlignedPlanMovesNothingOnContiguousOwners) {
-  const Row row = testing::random_tree(4, 12, 5, 60, 4);
+  const Row row = testing::random_tree(testing::test_rng(4), {.segments = 12, .min_len = 5, .max_len = 60, .max_depth = 4});
   for (int n : {2, 3, 5}) {
-    const RankLayout tokens = contiguous_layout(row, n);
+    const Ownership tokens = contiguous_ownership(row.tokens(), n);
     for (int mode = 0; mode < 3; ++mode) {
       std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
       for (size_t s = 0; s < chained.size(); ++s) chained[s] = mode == 0 ? 0 : mode == 1 ? 1 : s % 2;
       const GdnPlan aligned = mamba2_owner_aligned_plan(row, tokens, chained);
       validate_gdn_plan(row, aligned);
       if (mode != 1) continue;
-      EXPECT_FALSE(tokens_move(tokens, mamba2_chain_layout(row, aligned))) << n;
-      EXPECT_TRUE(tokens_move(tokens, mamba2_chain_layout(row, make_gdn_plan(row, n, chained)))) << n;
+      EXPECT_FALSE(tokens_move(tokens, gdn_ownership(row, aligned))) << n;
+      EXPECT_TRUE(tokens_move(tokens, gdn_ownership(row, make_gdn_plan(row, n, chained)))) << n;
     }
   }
 }
 
 TEST(Mamba2Plan, ForcedStrategyAndRefusals) {
   const Row row(std::vector<Segment>{{-1, 12}, {0, 4}});
-  const RankLayout two = contiguous_layout(row, 2);
+  const Ownership two = contiguous_ownership(row.tokens(), 2);
   const Mamba2Shape s{4, 2, 2, 3, 8, 8};
   EXPECT_EQ(plan_mamba2(row, two, s, mamba2_cost_defaults(), Mamba2Strategy::Summary).strategy,
             Mamba2Strategy::Summary);
@@ -152,7 +152,7 @@ TEST(Mamba2Plan, ForcedStrategyAndRefusals) {
 
 TEST(Mamba2Plan, CostFileMatchesBuiltInDefaults) {
   const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "config" / "mamba2_costs_cpu.json";
-  EXPECT_EQ(json::dump(load_mamba2_costs(path.string()).to_json()), json::dump(mamba2_cost_defaults().to_json()));
+  EXPECT_EQ(json::dump(to_json(load_mamba2_costs(path.string()))), json::dump(to_json(mamba2_cost_defaults())));
 }
 
 }  // namespace

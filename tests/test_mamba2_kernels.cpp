@@ -12,7 +12,7 @@
 #include "core/error.hpp"
 #include "kernels/cpu/gdn.hpp"
 #include "kernels/cpu/mamba2.hpp"
-#include "test_mamba2_util.hpp"
+#include "common/mamba2.hpp"
 
 namespace treecp {
 namespace {

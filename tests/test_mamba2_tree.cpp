@@ -8,7 +8,7 @@
 
 #include "core/error.hpp"
 #include "runtime/mamba2_tree.hpp"
-#include "test_mamba2_util.hpp"
+#include "common/mamba2.hpp"
 
 namespace treecp {
 namespace {
@@ -56,7 +56,7 @@ TEST(Mamba2Tree, BucketsAreDepthLevels) {
 
 TEST(Mamba2Tree, ChunkedTreeEqualsRecurrenceReference) {
   for (uint64_t seed : {1, 2, 3, 4}) {
-    const Row row = testing::random_tree(seed, 10, 1, 40, 4);
+    const Row row = testing::random_tree(testing::test_rng(seed), {.segments = 10, .min_len = 1, .max_len = 40, .max_depth = 4});
     const Mamba2Data d = testing::random_mamba2_data(row.tokens(), 4, 3, 2, 5, seed % 2 == 0, seed * 31);
     const Mamba2Result ref = testing::mamba2_tree_reference(row, d);
     for (int chunk : {1, 6, 64})
@@ -67,7 +67,7 @@ TEST(Mamba2Tree, ChunkedTreeEqualsRecurrenceReference) {
 // Packing shares the prompt's work; the result is what each trajectory computes alone.
 TEST(Mamba2Tree, PackedEqualsFlattenedTrajectories) {
   for (uint64_t seed : {5, 6, 7}) {
-    const Row row = testing::random_tree(seed, 12, 1, 30, 5);
+    const Row row = testing::random_tree(testing::test_rng(seed), {.segments = 12, .min_len = 1, .max_len = 30, .max_depth = 5});
     ASSERT_GT(row.leaves().size(), 1u);
     const Mamba2Data d = testing::random_mamba2_data(row.tokens(), 2, 4, 1, 3, true, seed);
     const Mamba2Result flat = testing::mamba2_flattened_reference(row, d);
@@ -100,7 +100,7 @@ TEST(Mamba2Tree, GradientsThroughSharedStatesMatchFiniteDifferences) {
 }
 
 TEST(Mamba2Tree, FloatWithinFloatReferenceError) {
-  const Row row = testing::random_tree(11, 9, 20, 120, 3);
+  const Row row = testing::random_tree(testing::test_rng(11), {.segments = 9, .min_len = 20, .max_len = 120, .max_depth = 3});
   const Mamba2Data d = testing::random_mamba2_data(row.tokens(), 4, 8, 2, 16, true, 12);
   const Mamba2Result exact = testing::mamba2_tree_reference(row, d);
   const Mamba2Result f1 = testing::mamba2_tree_reference<float>(row, d);

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
 

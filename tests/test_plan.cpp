@@ -14,34 +14,36 @@
 
 #include "core/error.hpp"
 #include "core/json.hpp"
+#include "kernels/cpu/tiles.hpp"
+#include "kernels/cuda/tiles.hpp"
 #include "plan/cost.hpp"
 #include "plan/plan.hpp"
 #include "plan/planner.hpp"
 #include "plan/work.hpp"
-#include "schedule_case.hpp"
+#include "common/schedule.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
 
+#include "common/common.hpp"
+
 namespace treecp {
+
+// gtest prints a Layout by its name.
+void PrintTo(Layout layout, std::ostream* os) { *os << layout_name(layout); }
+
 namespace {
 
-const std::vector<std::string> kFixed{"contiguous", "zigzag", "perdoc", "family"};
+// The layer planned for: DESIGN.md's benchmark shape, with a window.
+AttentionShape layer(int64_t window = 0) {
+  AttentionShape shape;
+  shape.window = window;
+  return shape;
+}
 
-// A random forest in DFS preorder: 1-4 families, up to depth 4, 0-3 children per node.
-Row random_row(std::mt19937_64& rng, int64_t max_len = 40) {
-  std::vector<Segment> segs;
-  std::uniform_int_distribution<int64_t> len(1, max_len);
-  std::function<void(int32_t, int)> grow = [&](int32_t parent, int depth) {
-    const auto self = static_cast<int32_t>(segs.size());
-    segs.push_back({parent, len(rng)});
-    if (depth >= 4) return;
-    const int children = std::uniform_int_distribution<int>(0, 3)(rng);
-    for (int c = 0; c < children; ++c) grow(self, depth + 1);
-  };
-  const int families = std::uniform_int_distribution<int>(1, 4)(rng);
-  for (int f = 0; f < families; ++f) grow(-1, 1);
-  return Row(segs);
+// A random forest of up to 25 segments, lengths 1..max_len, depth <= 4, 0-3 children per segment.
+Row random_row(testing::Rng& rng, int64_t max_len = 40) {
+  return testing::random_tree(rng, {.segments = std::uniform_int_distribution<int>(1, 25)(rng), .max_len = max_len});
 }
 
 // Every (q, k) of every slice of every stage, counted densely: only for small rows.
@@ -105,7 +107,8 @@ std::string message_of(const std::function<void()>& fn) {
 // every slice at every chunk pair and tiling each piece on its own (tile_padded_area is checked against
 // counting tiles below).
 TEST(Plan, WorkMatrixMatchesBruteForce) {
-  std::mt19937_64 rng(7);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(7);
   for (int iter = 0; iter < 60; ++iter) {
     const Row row = random_row(rng);
     const int64_t window = iter % 3 == 0 ? std::uniform_int_distribution<int64_t>(1, 30)(rng) : 0;
@@ -157,12 +160,12 @@ TEST(Plan, SectionFiveExample) {
   const Row row({{-1, 8}});
   PlanOptions o;
   o.chunk_tokens = 2;
-  o.layout = "contiguous";
-  const Plan contiguous = make_plan(row, 2, CostModel{}, o);
+  o.layout = Layout::Contiguous;
+  const Plan contiguous = make_plan(row, 2, layer(), CostModel{}, o);
   EXPECT_EQ(contiguous.ranks[0].pairs(), 10);
   EXPECT_EQ(contiguous.ranks[1].pairs(), 26);
-  o.layout = "zigzag";
-  const Plan folded = make_plan(row, 2, CostModel{}, o);
+  o.layout = Layout::Zigzag;
+  const Plan folded = make_plan(row, 2, layer(), CostModel{}, o);
   EXPECT_EQ(folded.ranks[0].pairs(), 18);
   EXPECT_EQ(folded.ranks[1].pairs(), 18);
   EXPECT_EQ(folded.chunk_owner, (std::vector<int32_t>{0, 1, 1, 0}));
@@ -171,22 +174,22 @@ TEST(Plan, SectionFiveExample) {
 }
 
 TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
-  std::mt19937_64 rng(11);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(11);
   int plans = 0;
   for (int iter = 0; iter < 24; ++iter) {
     const Row row = random_row(rng);
     const int64_t window = iter % 2 == 0 ? std::uniform_int_distribution<int64_t>(1, 40)(rng) : 0;
     for (int cp = 1; cp <= 8; ++cp) {
       PlanOptions o;
-      o.window = window;
       o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 16)(rng);
       o.perdoc_min_piece = std::uniform_int_distribution<int64_t>(1, 4)(rng);
       o.max_waves = std::uniform_int_distribution<int>(1, 4)(rng);
-      for (const std::string& layout : layout_names()) {
+      for (Layout layout : kLayouts) {
         o.layout = layout;
-        const std::string what = layout + " cp " + std::to_string(cp) + " iteration " + std::to_string(iter) +
+        const std::string what = std::string(layout_name(layout)) + " cp " + std::to_string(cp) + " iteration " + std::to_string(iter) +
                                  " window " + std::to_string(window);
-        const Plan plan = make_plan(row, cp, CostModel{}, o);
+        const Plan plan = make_plan(row, cp, layer(window), CostModel{}, o);
         ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << what;
         expect_exact_once(plan, row, window, what);
         expect_one_fetch(plan, what);
@@ -198,30 +201,36 @@ TEST(Plan, EveryLayoutCoversEveryPairOnceOnRandomTrees) {
   EXPECT_EQ(plans, 24 * 8 * 5);
 }
 
+// Attention layers with different windows share one ownership: the plan for another window keeps the
+// base plan's chunks and owners and still computes every visible pair of its window once, each remote
+// chunk fetched once.
 TEST(Plan, AnotherWindowKeepsTheOwnershipAndCoversEveryPairOnce) {
-  std::mt19937_64 rng(23);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(23);
   for (int iter = 0; iter < 12; ++iter) {
     const Row row = random_row(rng);
     for (int cp = 1; cp <= 5; ++cp) {
       PlanOptions o;
       o.chunk_tokens = std::uniform_int_distribution<int64_t>(1, 16)(rng);
-      const Plan base = make_plan(row, cp, CostModel{}, o);
+      o.layout = kLayouts[static_cast<size_t>(iter + cp) % 5];
+      const Plan base = make_plan(row, cp, layer(), CostModel{}, o);
       for (int64_t window : {int64_t{0}, std::uniform_int_distribution<int64_t>(1, 30)(rng)}) {
         const std::string what = "cp " + std::to_string(cp) + " iteration " + std::to_string(iter) + " window " +
                                  std::to_string(window);
-        o.window = window;
-        const Plan plan = plan_for_ownership(row, base, CostModel{}, o);
+        const Plan plan = plan_for_ownership(row, base, layer(window), CostModel{}, o);
         ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << what;
+        EXPECT_EQ(plan.window, window) << what;
         expect_exact_once(plan, row, window, what);
+        expect_one_fetch(plan, what);
         EXPECT_EQ(plan.chunk_bounds, base.chunk_bounds) << what;
         EXPECT_EQ(plan.chunk_owner, base.chunk_owner) << what;
-        for (int r = 0; r < cp; ++r) EXPECT_EQ(plan.ranks[r].owned, base.ranks[r].owned) << what;
+        EXPECT_EQ(plan_ownership(plan), plan_ownership(base)) << what;
       }
     }
   }
-  PlanOptions o;
-  EXPECT_THROW(plan_for_ownership(make_preset("fixed5k", 2, 0), make_plan(make_preset("fixed5k", 1, 0), 1, CostModel{}, o),
-                                  CostModel{}, o),
+  EXPECT_THROW(plan_for_ownership(make_preset("fixed5k", 2, 0), make_plan(make_preset("fixed5k", 1, 0), 1, layer(),
+                                                                          CostModel{}, PlanOptions{}),
+                                  layer(), CostModel{}),
                Error);
 }
 
@@ -231,9 +240,8 @@ TEST(Plan, PresetPlansValidateAtOddRankCounts) {
       const Row row = make_preset(preset, cp, 1);
       for (int64_t window : {int64_t{0}, int64_t{4096}}) {
         PlanOptions o;
-        o.window = window;
         PlanReport report;
-        const Plan plan = make_plan(row, cp, CostModel{}, o, &report);
+        const Plan plan = make_plan(row, cp, layer(window), CostModel{}, o, &report);
         ASSERT_NO_THROW(validate_plan(plan, row, window, cp)) << preset << " cp " << cp;
         expect_one_fetch(plan, preset);
         int64_t pairs = 0;
@@ -244,60 +252,86 @@ TEST(Plan, PresetPlansValidateAtOddRankCounts) {
   }
 }
 
+// The search starts from the best fixed layout and keeps only what improves it, so "never slower"
+// holds by construction; what can fail is that it finds nothing (on rows whose families do not
+// divide evenly it must beat every fixed layout somewhere) or that a prediction undercuts the lower
+// bound of all work spread evenly at the local rates (an evaluation that drops work).
 TEST(Plan, SearchedIsNeverPredictedSlowerThanAFixedLayout) {
-  std::mt19937_64 rng(5);
-  auto check = [](const Row& row, int cp, const PlanOptions& o, const std::string& what) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(5);
+  int cases = 0, improved = 0;
+  const CostModel costs;
+  ASSERT_LE(costs.remote_forward_pairs_per_ms, costs.local_forward_pairs_per_ms);  // else not a bound
+  ASSERT_LE(costs.remote_backward_pairs_per_ms, costs.local_backward_pairs_per_ms);
+  auto check = [&](const Row& row, int cp, const PlanOptions& o, const std::string& what) {
     PlanReport report;
-    const Plan plan = make_plan(row, cp, CostModel{}, o, &report);
+    const Plan plan = make_plan(row, cp, layer(), costs, o, &report);
     ASSERT_EQ(report.layouts.size(), 5u);
-    ASSERT_EQ(report.layouts[4].layout, "searched");
+    const double bound =
+        own_work_ms(costs, static_cast<double>(plan.visible_pairs), static_cast<double>(row.tokens())) / cp;
+    for (const LayoutResult& l : report.layouts)
+      EXPECT_GE(l.makespan_ms, bound * (1 - 1e-12)) << what << " " << layout_name(l.layout);
+    ASSERT_EQ(report.layouts[4].layout, Layout::Searched);
+    double best_fixed = 1e300;
     for (int l = 0; l < 4; ++l) {
       EXPECT_LE(report.layouts[4].makespan_ms, report.layouts[l].makespan_ms + 1e-12)
-          << what << " vs " << report.layouts[l].layout;
+          << what << " vs " << layout_name(report.layouts[l].layout);
+      best_fixed = std::min(best_fixed, report.layouts[l].makespan_ms);
     }
     EXPECT_DOUBLE_EQ(plan.predicted_makespan_ms, report.layouts[4].makespan_ms) << what;
+    ++cases;
+    improved += report.layouts[4].makespan_ms < best_fixed * (1 - 1e-3);
   };
   for (int cp : {2, 3, 4, 5, 6, 7, 8}) {
     for (const char* preset : {"fixed5k", "varied5k", "dominant", "deep", "art-manysmall"}) {
       check(make_preset(preset, cp, 3), cp, PlanOptions{}, std::string(preset) + " cp " + std::to_string(cp));
     }
   }
+  const int preset_cases = cases, preset_improved = improved;
   for (int iter = 0; iter < 40; ++iter) {
     const Row row = random_row(rng, 400);
     PlanOptions o;
     o.chunk_tokens = std::uniform_int_distribution<int64_t>(16, 200)(rng);
     check(row, 2 + iter % 7, o, "random " + std::to_string(iter));
   }
+  std::printf("the search beat every fixed layout by more than 0.1%% on %d of %d presets, %d of %d random rows\n",
+              preset_improved, preset_cases, improved - preset_improved, cases - preset_cases);
+  EXPECT_GT(preset_improved, 0) << "the search never improved on the best fixed layout of a preset";
+  EXPECT_GT(improved - preset_improved, 0) << "the search never improved on the best fixed layout of a random row";
 }
 
 // One long causal sequence: equal tokens are not equal work, folding balances it (ART §05).
 TEST(Plan, CausalSequencePrefersFoldingOverContiguous) {
   const Row row({{-1, 262144}});
   PlanReport report;
-  (void)make_plan(row, 4, CostModel{}, PlanOptions{}, &report);
+  (void)make_plan(row, 4, layer(), CostModel{}, PlanOptions{}, &report);
   EXPECT_LT(report.layouts[1].makespan_ms, report.layouts[0].makespan_ms);  // zigzag beats contiguous
   EXPECT_LT(report.layouts[4].makespan_ms, report.layouts[0].makespan_ms);
 }
 
-// Small inputs: the bounded search against every ownership and wave count.
+// Small inputs: the bounded search against every ownership and wave count, on the grid the search
+// used (the perdoc grid of a row whose perdoc layout won has too many chunks for the exhaustive
+// search: such rows are drawn again, and the test insists on 24 compared rows). A bound on a
+// heuristic, so the seed is pinned.
 TEST(Plan, SearchIsCloseToExhaustiveOnSmallInputs) {
   std::mt19937_64 rng(23);
   double worst = 1.0;
-  for (int iter = 0; iter < 24; ++iter) {
+  int compared = 0;
+  for (int iter = 0; iter < 200 && compared < 24; ++iter) {
     const Row row = random_row(rng, 600);
-    const int cp = 2 + iter % 2;
+    const int cp = 2 + compared % 2;
     const int32_t chunks = cp == 2 ? 9 : 7;
     PlanOptions o;
     o.max_waves = 2;
     o.chunk_tokens = (row.tokens() + chunks - 1) / chunks;
-    // The planner's own grid, so that both searches price the same chunks.
     const CostModel costs;
     PlanReport report;
-    const Plan plan = make_plan(row, cp, costs, o, &report);
-    if (report.layouts[3].chunks != report.layouts[4].chunks) continue;  // searched on the perdoc grid
+    const Plan plan = make_plan(row, cp, layer(), costs, o, &report);
     const WorkMatrix w = build_work_matrix(row_slices(row), plan.chunk_bounds);
-    Evaluator ev(w, costs, cp);
     const int32_t n = w.num_chunks();
+    if (n > chunks) continue;
+    ++compared;
+    Evaluator ev(w, costs, layer(), cp);
     std::vector<int32_t> owner(n, 0);
     double best = 1e300;
     for (int64_t code = 0;; ++code) {
@@ -314,21 +348,22 @@ TEST(Plan, SearchIsCloseToExhaustiveOnSmallInputs) {
     worst = std::max(worst, got / best);
     EXPECT_LE(got, best * 1.10) << "iteration " << iter << ": searched " << got << " ms, optimum " << best << " ms";
   }
+  ASSERT_EQ(compared, 24) << "too few rows could be searched exhaustively";
   std::printf("worst searched / optimum on small inputs: %.4f\n", worst);
 }
 
 TEST(Plan, SimulatingThePlanGivesItsPredictions) {
   for (int cp : {1, 2, 3, 8}) {
     const Row row = make_preset("varied5k", cp, 2);
-    for (const std::string& layout : layout_names()) {
+    for (Layout layout : kLayouts) {
       PlanOptions o;
       o.layout = layout;
-      const Plan plan = make_plan(row, cp, CostModel{}, o);
-      const Prediction p = simulate_plan(plan, CostModel{});
+      const Plan plan = make_plan(row, cp, layer(), CostModel{}, o);
+      const Prediction p = simulate_plan(plan, layer(), CostModel{});
       double makespan = 0.0;
       for (int r = 0; r < cp; ++r) {
-        EXPECT_NEAR(p.forward_ms[r], plan.ranks[r].predicted_forward_ms, 1e-9) << layout << " rank " << r;
-        EXPECT_NEAR(p.backward_ms[r], plan.ranks[r].predicted_backward_ms, 1e-9) << layout << " rank " << r;
+        EXPECT_NEAR(p.forward_ms[r], plan.ranks[r].predicted_forward_ms, 1e-9) << layout_name(layout) << " rank " << r;
+        EXPECT_NEAR(p.backward_ms[r], plan.ranks[r].predicted_backward_ms, 1e-9) << layout_name(layout) << " rank " << r;
         makespan = std::max(makespan, p.forward_ms[r] + p.backward_ms[r]);
       }
       EXPECT_NEAR(p.makespan_ms, plan.predicted_makespan_ms, 1e-9);
@@ -338,13 +373,14 @@ TEST(Plan, SimulatingThePlanGivesItsPredictions) {
 }
 
 TEST(Plan, JsonRoundTrip) {
-  std::mt19937_64 rng(3);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(3);
   for (int iter = 0; iter < 10; ++iter) {
     const Row row = iter == 0 ? make_preset("deep", 4, 0) : random_row(rng, 100);
     const int cp = 1 + iter % 6;
     PlanOptions o;
-    o.window = iter % 3 == 0 ? 50 : 0;
-    const Plan plan = make_plan(row, cp, CostModel{}, o);
+    const int64_t window = iter % 3 == 0 ? 50 : 0;
+    const Plan plan = make_plan(row, cp, layer(window), CostModel{}, o);
     const json::Value v = plan_to_json(plan);
     for (const char* key : {"predicted_makespan_ms", "visible_pairs", "ranks"}) EXPECT_TRUE(v.contains(key)) << key;
     ASSERT_EQ(v.at("ranks").size(), static_cast<size_t>(cp));
@@ -380,7 +416,7 @@ TEST(Plan, JsonRoundTrip) {
         EXPECT_EQ(a.stages[w].pairs, b.stages[w].pairs);
       }
     }
-    validate_plan(back, row, o.window, cp);
+    validate_plan(back, row, window, cp);
     EXPECT_EQ(json::dump(plan_to_json(back)), json::dump(v));
   }
 }
@@ -388,8 +424,8 @@ TEST(Plan, JsonRoundTrip) {
 TEST(Plan, ValidateRejectsCorruptedPlans) {
   const Row row = make_preset("deep", 3, 0);
   PlanOptions o;
-  o.layout = "zigzag";
-  const Plan good = make_plan(row, 3, CostModel{}, o);
+  o.layout = Layout::Zigzag;
+  const Plan good = make_plan(row, 3, layer(), CostModel{}, o);
   validate_plan(good, row, 0, 3);
   // A stage with at least two slices.
   int r0 = -1;
@@ -476,19 +512,19 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
   const Row row = make_preset("longchain", 4, 0);
   CostModel costs;
   PlanOptions o;
-  o.layout = "zigzag";
+  o.layout = Layout::Zigzag;
   PlanReport free_report;
-  (void)make_plan(row, 4, costs, o, &free_report);
+  (void)make_plan(row, 4, layer(), costs, o, &free_report);
   const LayoutResult unbounded = free_report.layouts[1];
   ASSERT_GE(unbounded.num_waves, 1);
   ASSERT_FALSE(unbounded.refetch_backward) << "keeping fits without a bound";
   costs.memory_limit_bytes_per_rank = unbounded.peak_memory_bytes - 1;
   PlanReport report;
-  const Plan plan = make_plan(row, 4, costs, o, &report);
+  const Plan plan = make_plan(row, 4, layer(), costs, o, &report);
   validate_plan(plan, row, 0, 4);
   for (const LayoutResult& l : report.layouts) {
     if (l.fits_memory) {
-      EXPECT_LE(l.peak_memory_bytes, costs.memory_limit_bytes_per_rank) << l.layout;
+      EXPECT_LE(l.peak_memory_bytes, costs.memory_limit_bytes_per_rank) << layout_name(l.layout);
     }
   }
   EXPECT_TRUE(report.layouts[1].fits_memory);
@@ -499,11 +535,11 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
   o.backward_kv = "refetch";
   costs.memory_limit_bytes_per_rank = 0;
   PlanReport refetch_report;
-  (void)make_plan(row, 4, costs, o, &refetch_report);
+  (void)make_plan(row, 4, layer(), costs, o, &refetch_report);
   const LayoutResult refetch = refetch_report.layouts[1];
   costs.memory_limit_bytes_per_rank = refetch.peak_memory_bytes - 1;
   PlanReport tight;
-  (void)make_plan(row, 4, costs, o, &tight);
+  (void)make_plan(row, 4, layer(), costs, o, &tight);
   EXPECT_TRUE(tight.layouts[1].fits_memory);
   EXPECT_LE(tight.layouts[1].peak_memory_bytes, costs.memory_limit_bytes_per_rank);
   EXPECT_NE(tight.layouts[1].num_waves, refetch.num_waves) << "other receive buffers";
@@ -512,13 +548,13 @@ TEST(Plan, MemoryBoundTradesWavesForBuffers) {
 TEST(Costs, SlowerCrossNodeLinksRaiseThePrediction) {
   const Row row = make_preset("varied5k", 4, 0);
   PlanOptions o;
-  o.layout = "zigzag";
+  o.layout = Layout::Zigzag;
   CostModel one_node;
   CostModel two_nodes;
   two_nodes.ranks_per_node = 2;
   two_nodes.inter_node = {0.5, 1.0e6};  // 1 GB/s
-  const Plan a = make_plan(row, 4, one_node, o);
-  const Plan b = make_plan(row, 4, two_nodes, o);
+  const Plan a = make_plan(row, 4, layer(), one_node, o);
+  const Plan b = make_plan(row, 4, layer(), two_nodes, o);
   EXPECT_EQ(a.chunk_owner, b.chunk_owner);
   EXPECT_GT(b.predicted_makespan_ms, a.predicted_makespan_ms + 0.5);
   // A per-pair override wins over the node rule.
@@ -536,12 +572,40 @@ TEST(Costs, DefaultFileMatchesBuiltInDefaults) {
   EXPECT_EQ(json::dump(to_json(costs_from_json(to_json(file)))), json::dump(to_json(file)));
 }
 
+// Every shipped coefficient file loads (a binary whose default file it is refuses to start otherwise):
+// the H200 file keeps its fitted local-stage throughputs and round-trips.
+TEST(Costs, CalibratedH200FileLoads) {
+  const auto path = std::filesystem::path(__FILE__).parent_path().parent_path() / "config" / "costs_h200.json";
+  const CostModel h200 = load_costs(path.string());
+  EXPECT_NE(h200.local_forward_pairs_per_ms, CostModel{}.local_forward_pairs_per_ms);
+  EXPECT_NE(h200.local_backward_pairs_per_ms, CostModel{}.local_backward_pairs_per_ms);
+  EXPECT_EQ(json::dump(to_json(costs_from_json(to_json(h200)))), json::dump(to_json(h200)));
+}
+
+// The tiles priced are the kernels' own: the CPU kernel's 128 rows over the GQA group x 64 keys.
+TEST(Costs, KernelTilesComeFromTheKernels) {
+  EXPECT_EQ(tile_tokens(KernelTiles::Cpu, 4).query, cpu::kTileRows / 4);
+  EXPECT_EQ(tile_tokens(KernelTiles::Cpu, 4).key, cpu::kKeyBlock);
+  EXPECT_EQ(tile_tokens(KernelTiles::Cpu, 512).query, 1);
+  EXPECT_EQ(tile_tokens(KernelTiles::Cuda, 8).query, cuda::kFwdBlockRows / 8);
+  EXPECT_EQ(tile_tokens(KernelTiles::Cuda, 8).key, cuda::kFwdBlockKeys);
+  EXPECT_EQ(tile_tokens(KernelTiles::Exact, 8).query, 0);
+  const CostModel cpu_file = load_costs(
+      (std::filesystem::path(__FILE__).parent_path().parent_path() / "config" / "costs_cpu.json").string());
+  EXPECT_EQ(cpu_file.kernel_tiles, KernelTiles::Cpu);
+  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"kernel_tiles": "tpu"})")); }).find("kernel_tiles"),
+            std::string::npos);
+}
+
 TEST(Costs, RejectsUnknownKeysAndBadValues) {
   EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"local_forward_pairs_per_m": 1})")); }).find("unknown key"),
             std::string::npos);
   EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"local_forward_pairs_per_ms": 0})")); }).find("> 0"),
             std::string::npos);
-  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"shape": {"hkv": 0}})")); }).find("shape.hkv"),
+  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"kv_bytes_per_element": 0})")); }).find("kv_bytes_per_element"),
+            std::string::npos);
+  // The layer's shape is not a coefficient: make_plan takes it.
+  EXPECT_NE(message_of([] { costs_from_json(json::parse(R"({"shape": {"hkv": 4}})")); }).find("unknown key"),
             std::string::npos);
 }
 
@@ -563,7 +627,9 @@ TEST(Costs, StageAndTransferTerms) {
   c.intra_node = {0.1, 1000.0};
   c.inter_node = {1.0, 100.0};
   c.rank_bandwidth_bytes_per_ms = 500.0;
-  c.shape = AttentionShape{1, 1, 1, 1, 1, 1};  // 2 bytes per token
+  c.kv_bytes_per_element = c.dkv_bytes_per_element = 1;
+  const AttentionShape tiny{1, 1, 1, 1};  // 2 bytes per token
+  EXPECT_EQ(c.kv_bytes_per_token(tiny), 2);
   const Links links(c, 4);
   WaveTraffic t(16, 0);
   t[1 * 4 + 0] = 100;  // rank 1 -> rank 0, same node: 200 B
@@ -578,7 +644,7 @@ TEST(Costs, StageAndTransferTerms) {
 TEST(Costs, SimulatorFollowsTheScheduleModel) {
   const testing::ScheduleCase s = testing::hand_worked_schedule();
   const Links links(s.costs, 2);
-  const Prediction p = simulate(s.costs, links, s.loads, s.waves);
+  const Prediction p = simulate(s.costs, links, s.shape, s.loads, s.waves);
   // forward: compute 3, fetch0 ready 4 -> start 4, fetch1 ready 4 + 2 = 6, done 5; start 6, done 8.
   EXPECT_DOUBLE_EQ(p.forward_ms[0], 8.0);
   // backward: wave 1 2 x 2 = 4 ms, return 2 ms -> 6; wave 0 +2 ms = 6, return 4 ms -> 10; local +6 = 12.
@@ -627,7 +693,8 @@ namespace {
 
 // tile_padded_area against counting the touched tiles one by one.
 TEST(Cost, TilePaddedAreaCountsEveryTouchedTile) {
-  std::mt19937_64 rng(17);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(17);
   std::uniform_int_distribution<int64_t> pos(0, 40), d(-50, 50), tile(1, 9);
   for (int trial = 0; trial < 2000; ++trial) {
     const int64_t a = d(rng), b = d(rng);
@@ -654,15 +721,14 @@ TEST(Cost, TilePaddedAreaCountsEveryTouchedTile) {
 // and small-segment rows cost more than their pairs once a tile is set.
 TEST(Cost, TiledPredictionMatchesSimulationOfThePlan) {
   CostModel c;
-  c.tile_query_tokens = 32;
-  c.tile_key_tokens = 64;
+  c.kernel_tiles = KernelTiles::Cpu;
   for (int cp : {1, 2, 3}) {
     const Row row = scale_row(make_preset("varied5k", cp, 4), 16);
     PlanOptions opt;
-    opt.layout = "contiguous";
-    const Plan tiled = make_plan(row, cp, c, opt);
-    const Plan exact = make_plan(row, cp, CostModel{}, opt);
-    EXPECT_NEAR(simulate_plan(tiled, c).makespan_ms, tiled.predicted_makespan_ms, 1e-6 * tiled.predicted_makespan_ms);
+    opt.layout = Layout::Contiguous;
+    const Plan tiled = make_plan(row, cp, layer(), c, opt);
+    const Plan exact = make_plan(row, cp, layer(), CostModel{}, opt);
+    EXPECT_NEAR(simulate_plan(tiled, layer(), c).makespan_ms, tiled.predicted_makespan_ms, 1e-6 * tiled.predicted_makespan_ms);
     EXPECT_GT(tiled.predicted_makespan_ms, exact.predicted_makespan_ms);
   }
 }

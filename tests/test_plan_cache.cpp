@@ -1,5 +1,5 @@
 // The plan cache returns the very plan it made for identical inputs and a fresh one for any change of row,
-// rank count, options or coefficients; it evicts the least recently used entry; lookahead's prepared plans
+// rank count, layer shape (window included), options or coefficients; it evicts the least recently used entry; lookahead's prepared plans
 // equal direct planning, and its workers' errors reach the caller.
 #include <gtest/gtest.h>
 
@@ -14,6 +14,8 @@
 namespace treecp {
 namespace {
 
+const AttentionShape kLayer{4, 2, 8, 8};
+
 Row small_row(int64_t extra) {
   return Row(std::vector<Segment>{{-1, 40 + extra}, {0, 17}, {0, 9}, {-1, 23}, {3, 5}});
 }
@@ -23,47 +25,55 @@ TEST(PlanCache, HitsOnlyForIdenticalInputs) {
   const CostModel costs;
   PlanOptions opt;
   bool hit = true;
-  const auto a = cache.get(small_row(0), 2, costs, opt, &hit);
+  const auto a = cache.get(small_row(0), 2, kLayer, costs, opt, &hit);
   EXPECT_FALSE(hit);
-  const auto b = cache.get(small_row(0), 2, costs, opt, &hit);
+  const auto b = cache.get(small_row(0), 2, kLayer, costs, opt, &hit);
   EXPECT_TRUE(hit);
   EXPECT_EQ(a.get(), b.get());
-  EXPECT_EQ(json::dump(plan_to_json(*a)), json::dump(plan_to_json(make_plan(small_row(0), 2, costs, opt))));
+  EXPECT_EQ(json::dump(plan_to_json(*a)), json::dump(plan_to_json(make_plan(small_row(0), 2, kLayer, costs, opt))));
   // every input of the plan is part of the key
-  cache.get(small_row(1), 2, costs, opt, &hit);
+  cache.get(small_row(1), 2, kLayer, costs, opt, &hit);
   EXPECT_FALSE(hit) << "another row";
-  cache.get(small_row(0), 3, costs, opt, &hit);
+  cache.get(small_row(0), 3, kLayer, costs, opt, &hit);
   EXPECT_FALSE(hit) << "another rank count";
-  PlanOptions windowed = opt;
+  AttentionShape windowed = kLayer;
   windowed.window = 7;
-  cache.get(small_row(0), 2, costs, windowed, &hit);
+  cache.get(small_row(0), 2, windowed, costs, opt, &hit);
   EXPECT_FALSE(hit) << "another window";
+  AttentionShape wider = kLayer;
+  wider.hkv = 4;
+  cache.get(small_row(0), 2, wider, costs, opt, &hit);
+  EXPECT_FALSE(hit) << "another shape";
   PlanOptions zigzag = opt;
-  zigzag.layout = "zigzag";
-  cache.get(small_row(0), 2, costs, zigzag, &hit);
+  zigzag.layout = Layout::Zigzag;
+  cache.get(small_row(0), 2, kLayer, costs, zigzag, &hit);
   EXPECT_FALSE(hit) << "another layout";
+  PlanOptions refetch = opt;
+  refetch.backward_kv = "refetch";
+  cache.get(small_row(0), 2, kLayer, costs, refetch, &hit);
+  EXPECT_FALSE(hit) << "another backward KV choice";
   CostModel slower = costs;
   slower.local_forward_pairs_per_ms /= 2;
-  cache.get(small_row(0), 2, slower, opt, &hit);
+  cache.get(small_row(0), 2, kLayer, slower, opt, &hit);
   EXPECT_FALSE(hit) << "other coefficients";
-  EXPECT_EQ(cache.size(), 6u);
+  EXPECT_EQ(cache.size(), 8u);
   EXPECT_EQ(cache.hits(), 1);
-  EXPECT_EQ(cache.misses(), 6);
+  EXPECT_EQ(cache.misses(), 8);
 }
 
 TEST(PlanCache, EvictsTheLeastRecentlyUsed) {
   PlanCache cache(2);
   const CostModel costs;
   bool hit = false;
-  cache.get(small_row(0), 2, costs, PlanOptions{});
-  cache.get(small_row(1), 2, costs, PlanOptions{});
-  cache.get(small_row(0), 2, costs, PlanOptions{}, &hit);  // row 0 is now the most recent
+  cache.get(small_row(0), 2, kLayer, costs, PlanOptions{});
+  cache.get(small_row(1), 2, kLayer, costs, PlanOptions{});
+  cache.get(small_row(0), 2, kLayer, costs, PlanOptions{}, &hit);  // row 0 is now the most recent
   EXPECT_TRUE(hit);
-  cache.get(small_row(2), 2, costs, PlanOptions{});  // evicts row 1
+  cache.get(small_row(2), 2, kLayer, costs, PlanOptions{});  // evicts row 1
   EXPECT_EQ(cache.size(), 2u);
-  cache.get(small_row(0), 2, costs, PlanOptions{}, &hit);
+  cache.get(small_row(0), 2, kLayer, costs, PlanOptions{}, &hit);
   EXPECT_TRUE(hit);
-  cache.get(small_row(1), 2, costs, PlanOptions{}, &hit);
+  cache.get(small_row(1), 2, kLayer, costs, PlanOptions{}, &hit);
   EXPECT_FALSE(hit);
 }
 
@@ -73,7 +83,7 @@ TEST(PlanCache, ConcurrentCallersGetOnePlanPerKey) {
   const Row row = make_preset("varied5k", 2, 3);
   std::vector<std::shared_ptr<const Plan>> got(4);
   std::vector<std::thread> threads;
-  for (int i = 0; i < 4; ++i) threads.emplace_back([&, i] { got[i] = cache.get(row, 2, costs, PlanOptions{}); });
+  for (int i = 0; i < 4; ++i) threads.emplace_back([&, i] { got[i] = cache.get(row, 2, kLayer, costs, PlanOptions{}); });
   for (auto& t : threads) t.join();
   EXPECT_EQ(cache.size(), 1u);
   for (int i = 1; i < 4; ++i) EXPECT_EQ(json::dump(plan_to_json(*got[i])), json::dump(plan_to_json(*got[0])));
@@ -81,20 +91,18 @@ TEST(PlanCache, ConcurrentCallersGetOnePlanPerKey) {
 
 TEST(Lookahead, PreparesWhatDirectPlanningGives) {
   const CostModel costs;
-  const AttentionDims dims{4, 2, 8, 8, 0.0};
   PlanCache cache(4);
   std::vector<Row> rows;
   for (uint64_t seed = 0; seed < 3; ++seed) rows.push_back(scale_row(make_preset("varied5k", 3, seed), 64));
   rows.push_back(rows[0]);  // a repeated tree comes from the cache
   for (int rank = 0; rank < 3; ++rank) {
-    Lookahead<CpuBackend<float>> ahead(rank, 3, costs, PlanOptions{}, dims, &cache);
-    ahead.submit(rows[0]);
+    Lookahead<CpuBackend<float>> ahead(rank, 3, costs, PlanOptions{}, kLayer, &cache);
+    for (size_t i = 0; i < 3; ++i) ahead.submit(rows[i]);
     for (size_t i = 0; i < rows.size(); ++i) {
+      // The repeat is submitted once row 0's plan is cached (submitted together, both workers may miss).
+      if (i == 1) ahead.submit(rows[3]);
       const auto got = ahead.next();
-      // the rest once row 0 is done, so that its repeat (row 3) finds it in the cache whatever the timing
-      if (i == 0)
-        for (size_t j = 1; j < rows.size(); ++j) ahead.submit(rows[j]);
-      const Plan direct = make_plan(rows[i], 3, costs, PlanOptions{});
+      const Plan direct = make_plan(rows[i], 3, kLayer, costs, PlanOptions{});
       EXPECT_EQ(json::dump(plan_to_json(*got.plan)), json::dump(plan_to_json(direct))) << "row " << i << " rank " << rank;
       const RankSchedule want = make_rank_schedule(direct, rank);
       EXPECT_EQ(got.prepared.schedule.owned.ranges(), want.owned.ranges());
@@ -111,8 +119,8 @@ TEST(Lookahead, PreparesWhatDirectPlanningGives) {
 }
 
 TEST(Lookahead, WorkerErrorsReachTheCaller) {
-  Lookahead<CpuBackend<float>> ahead(0, 1, CostModel{}, PlanOptions{.layout = "no-such-layout"},
-                                     AttentionDims{2, 1, 4, 4, 0.0});
+  // Ring is a baseline's layout, which make_plan refuses.
+  Lookahead<CpuBackend<float>> ahead(0, 1, CostModel{}, PlanOptions{.layout = Layout::Ring}, AttentionShape{2, 1, 4, 4});
   ahead.submit(small_row(0));
   EXPECT_THROW(ahead.next(), Error);
   EXPECT_THROW(ahead.next(), Error) << "nothing submitted";

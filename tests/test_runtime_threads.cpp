@@ -19,8 +19,11 @@
 #include "plan/planner.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/dense_attention.hpp"
+#include "runtime/reference.hpp"
 #include "runtime/row_map.hpp"
 #include "tree/row.hpp"
+
+#include "common/common.hpp"
 
 namespace treecp {
 namespace {
@@ -42,22 +45,6 @@ void on_threads(int ranks, const ThreadCommOptions& opt, const std::function<voi
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
-}
-
-// A random DFS-preorder tree: each segment hangs under a segment of the current root path or starts a root.
-Row random_tree(std::mt19937_64& rng, int segments, int max_len) {
-  std::vector<Segment> segs;
-  std::vector<int32_t> path;
-  for (int s = 0; s < segments; ++s) {
-    if (!path.empty() && rng() % 4 != 0) {
-      path.resize(1 + rng() % path.size());
-    } else {
-      path.clear();
-    }
-    segs.push_back({path.empty() ? -1 : path.back(), static_cast<int64_t>(1 + rng() % max_len)});
-    path.push_back(s);
-  }
-  return Row(segs);
 }
 
 std::vector<double> values(uint64_t seed, int64_t n) {
@@ -83,7 +70,7 @@ double rel_error(const std::vector<double>& got, const std::vector<double>& ref_
 
 struct Case {
   int ranks;
-  std::string layout;
+  Layout layout;
   int64_t window;
   bool sink;
   int hq, hkv, d, dv;
@@ -92,8 +79,8 @@ struct Case {
 };
 
 void run_case(const Case& c, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const Row row = random_tree(rng, 4 + static_cast<int>(rng() % 14), 30);
+  testing::Rng rng = testing::test_rng(seed);
+  const Row row = testing::random_tree(rng, {.segments = 4 + static_cast<int>(rng() % 14), .max_len = 30});
   const int64_t S = row.tokens();
   const int64_t qw = int64_t{c.hq} * c.d, kw = int64_t{c.hkv} * c.d, vw = int64_t{c.hkv} * c.dv,
                 ow = int64_t{c.hq} * c.dv;
@@ -101,31 +88,30 @@ void run_case(const Case& c, uint64_t seed) {
              dy = values(seed * 8 + 4, S * ow);
   std::vector<double> sink = values(seed * 8 + 5, c.hq);
   for (double& s : sink) s *= 3;
-  cpu::AttentionProblem<double> prob;
-  prob.hq = c.hq, prob.hkv = c.hkv, prob.d = c.d, prob.dv = c.dv, prob.window = c.window;
+  const AttentionShape shape{c.hq, c.hkv, c.d, c.dv, c.window};
+  AttentionInputs<double> prob;
   prob.q = q.data(), prob.k = k.data(), prob.v = v.data(), prob.dout = dy.data();
   prob.sink = c.sink ? sink.data() : nullptr;
-  const cpu::AttentionResult<double> ref = cpu::attention_reference(row, prob);
+  const AttentionResult<double> ref = attention_reference(row, shape, prob);
 
   PlanOptions opt;
   opt.layout = c.layout;
-  opt.window = c.window;
   opt.chunk_tokens = std::max<int64_t>(1, S / 19);  // many chunks: fragmented ownership, several waves
-  const Plan plan = make_plan(row, c.ranks, CostModel{}, opt);
+  const Plan plan = make_plan(row, c.ranks, shape, CostModel{}, opt);
   std::vector<double> dsink_total(static_cast<size_t>(c.hq), 0.0);
   std::mutex sum_lock;
   ThreadCommOptions copt;
   copt.late = true;
   copt.seed = seed;
   copt.max_pause_us = 50;
-  const std::string what = c.layout + " ranks " + std::to_string(c.ranks) + " window " + std::to_string(c.window) +
+  const std::string what = std::string(layout_name(c.layout)) + " ranks " + std::to_string(c.ranks) + " window " + std::to_string(c.window) +
                            (c.sink ? " sink" : "") + (c.kv == BackwardKv::Refetch ? " refetch" : " keep") +
                            (c.stateless ? " stateless" : "") + " seed " + std::to_string(seed);
   on_threads(c.ranks, copt, [&](int r, Communicator& comm) {
     CpuBackend<double> be;
     DenseAttentionOptions o;
     o.backward_kv = c.kv;
-    DenseAttentionCP<CpuBackend<double>> cp(plan, row, AttentionDims{c.hq, c.hkv, c.d, c.dv, 0.0}, comm, be, o);
+    DenseAttentionCP<CpuBackend<double>> cp(plan, row, shape, comm, be, o);
     const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
     const auto q_own = rows_of<double>(q, qw, owned), k_own = rows_of<double>(k, kw, owned),
                v_own = rows_of<double>(v, vw, owned), dy_own = rows_of<double>(dy, ow, owned);
@@ -155,12 +141,11 @@ void run_case(const Case& c, uint64_t seed) {
 
 TEST(ThreadRanks, LateOutOfOrderExchangesEqualOneProcess) {
   uint64_t seed = 7000;
-  const std::vector<std::string>& layouts = layout_names();
   int i = 0;
   for (int ranks = 1; ranks <= 6; ++ranks) {
-    for (size_t l = 0; l < layouts.size(); ++l, ++i) {
+    for (size_t l = 0; l < std::size(kLayouts); ++l, ++i) {
       const bool gqa = i % 2 == 0;
-      Case c{ranks, layouts[l], (i % 3 == 0) ? int64_t{0} : int64_t{2 + i % 13}, i % 4 != 1,
+      Case c{ranks, kLayouts[l], (i % 3 == 0) ? int64_t{0} : int64_t{2 + i % 13}, i % 4 != 1,
              gqa ? 4 : 2, 2, 8, gqa ? 8 : 6, i % 3 == 2 ? BackwardKv::Refetch : BackwardKv::Keep, i % 5 == 3};
       run_case(c, seed++);
     }
@@ -170,17 +155,17 @@ TEST(ThreadRanks, LateOutOfOrderExchangesEqualOneProcess) {
 TEST(ThreadRanks, RankThatOwnsNothingTakesPart) {
   // Two tokens for five ranks: three ranks own nothing and still enter every exchange.
   const Row row(std::vector<Segment>{{-1, 1}, {0, 1}});
-  const Plan plan = make_plan(row, 5, CostModel{}, PlanOptions{});
+  const AttentionShape shape{1, 1, 4, 4};
+  const Plan plan = make_plan(row, 5, shape, CostModel{}, PlanOptions{});
   const auto q = values(11, 2 * 4), k = values(12, 2 * 4), v = values(13, 2 * 4), dy = values(14, 2 * 4);
-  cpu::AttentionProblem<double> prob;
-  prob.hq = 1, prob.hkv = 1, prob.d = 4, prob.dv = 4;
+  AttentionInputs<double> prob;
   prob.q = q.data(), prob.k = k.data(), prob.v = v.data(), prob.dout = dy.data();
-  const auto ref = cpu::attention_reference(row, prob);
+  const auto ref = attention_reference(row, shape, prob);
   ThreadCommOptions copt;
   copt.late = true;
   on_threads(5, copt, [&](int r, Communicator& comm) {
     CpuBackend<double> be;
-    DenseAttentionCP<CpuBackend<double>> cp(plan, row, AttentionDims{1, 1, 4, 4, 0.0}, comm, be);
+    DenseAttentionCP<CpuBackend<double>> cp(plan, row, shape, comm, be);
     const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
     const int64_t rows = cp.owned_rows();
     std::vector<double> y(static_cast<size_t>(rows * 4)), lse(static_cast<size_t>(rows)), dq(y.size()), dk(y.size()),
@@ -233,21 +218,22 @@ TEST(ThreadRanks, PeakMemoryEqualsThePrediction) {
   for (int ranks : {1, 2, 3, 5}) {
     for (bool refetch : {false, true}) {
       for (bool sink : {false, true}) {
-        std::mt19937_64 rng(seed++);
-        const Row row = random_tree(rng, 12, 40);
+        testing::Rng rng = testing::test_rng(seed++);
+        const Row row = testing::random_tree(rng, {.segments = 12, .max_len = 40});
         const int64_t S = row.tokens();
         PlanOptions opt;
-        opt.layout = "zigzag";
+        opt.layout = Layout::Zigzag;
         opt.chunk_tokens = std::max<int64_t>(1, S / 17);
-        const Plan plan = make_plan(row, ranks, CostModel{}, opt);
         const int hq = 4, hkv = 2, d = 8, dv = 6;
+        const AttentionShape shape{hq, hkv, d, dv};
+        const Plan plan = make_plan(row, ranks, shape, CostModel{}, opt);
         const auto q = values(seed, S * hq * d), k = values(seed + 1, S * hkv * d), v = values(seed + 2, S * hkv * dv),
                    dy = values(seed + 3, S * hq * dv), sk = values(seed + 4, hq);
         on_threads(ranks, ThreadCommOptions{}, [&](int r, Communicator& comm) {
           CpuBackend<float> be;
           DenseAttentionOptions o;
           o.backward_kv = refetch ? BackwardKv::Refetch : BackwardKv::Keep;
-          DenseAttentionCP<CpuBackend<float>> cp(plan, row, AttentionDims{hq, hkv, d, dv, 0.0}, comm, be, o);
+          DenseAttentionCP<CpuBackend<float>> cp(plan, row, shape, comm, be, o);
           const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
           const auto qo = rows_of<float>(q, hq * d, owned), ko = rows_of<float>(k, hkv * d, owned),
                      vo = rows_of<float>(v, hkv * dv, owned), dyo = rows_of<float>(dy, hq * dv, owned);
@@ -302,22 +288,22 @@ namespace {
 TEST(ThreadRanks, PlannerMemoryBoundIsTheRuntimePeak) {
   uint64_t seed = 9400;
   for (int ranks : {2, 3, 4}) {
-    std::mt19937_64 rng(seed++);
-    const Row row = random_tree(rng, 14, 40);
+    testing::Rng rng = testing::test_rng(seed++);
+    const Row row = testing::random_tree(rng, {.segments = 14, .max_len = 40});
     const int64_t S = row.tokens();
     const int hq = 4, hkv = 2, d = 8, dv = 8;
+    const AttentionShape shape{hq, hkv, d, dv};
     CostModel costs;
-    costs.shape.hq = hq, costs.shape.hkv = hkv, costs.shape.d = d, costs.shape.dv = dv;
-    costs.shape.kv_bytes_per_element = costs.shape.dkv_bytes_per_element = 4;  // float on the CPU backend
+    costs.kv_bytes_per_element = costs.dkv_bytes_per_element = 4;  // float on the CPU backend
     costs.activation_bytes_per_token = 0;
     costs.memory_limit_bytes_per_rank = 0;
     PlanOptions opt;
-    opt.layout = "zigzag";
+    opt.layout = Layout::Zigzag;
     opt.chunk_tokens = std::max<int64_t>(1, S / 17);
     for (const char* mode : {"keep", "refetch"}) {
       opt.backward_kv = mode;
       PlanReport report;
-      const Plan plan = make_plan(row, ranks, costs, opt, &report);
+      const Plan plan = make_plan(row, ranks, shape, costs, opt, &report);
       ASSERT_EQ(plan.refetch_backward, std::string(mode) == "refetch");
       const int64_t bound = report.layouts[1].peak_memory_bytes;  // zigzag, the largest rank's
       std::vector<int64_t> peaks(static_cast<size_t>(ranks));
@@ -325,7 +311,7 @@ TEST(ThreadRanks, PlannerMemoryBoundIsTheRuntimePeak) {
                  dy = values(seed + 3, S * hq * dv), sk = values(seed + 4, hq);
       on_threads(ranks, ThreadCommOptions{}, [&](int r, Communicator& comm) {
         CpuBackend<float> be;
-        DenseAttentionCP<CpuBackend<float>> cp(plan, row, AttentionDims{hq, hkv, d, dv, 0.0}, comm, be);
+        DenseAttentionCP<CpuBackend<float>> cp(plan, row, shape, comm, be);
         const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
         const auto qo = rows_of<float>(q, hq * d, owned), ko = rows_of<float>(k, hkv * d, owned),
                    vo = rows_of<float>(v, hkv * dv, owned), dyo = rows_of<float>(dy, hq * dv, owned);
@@ -345,16 +331,16 @@ TEST(ThreadRanks, PlannerMemoryBoundIsTheRuntimePeak) {
     // A limit between the two peaks: auto fetches again and fits.
     opt.backward_kv = "keep";
     PlanReport keep_report, refetch_report;
-    make_plan(row, ranks, costs, opt, &keep_report);
+    make_plan(row, ranks, shape, costs, opt, &keep_report);
     opt.backward_kv = "refetch";
-    make_plan(row, ranks, costs, opt, &refetch_report);
+    make_plan(row, ranks, shape, costs, opt, &refetch_report);
     const int64_t keep_peak = keep_report.layouts[1].peak_memory_bytes,
                   refetch_peak = refetch_report.layouts[1].peak_memory_bytes;
     if (refetch_peak < keep_peak) {
       costs.memory_limit_bytes_per_rank = (keep_peak + refetch_peak) / 2;
       opt.backward_kv = "auto";
       PlanReport report;
-      const Plan plan = make_plan(row, ranks, costs, opt, &report);
+      const Plan plan = make_plan(row, ranks, shape, costs, opt, &report);
       EXPECT_TRUE(plan.refetch_backward) << "ranks " << ranks;
       EXPECT_TRUE(report.layouts[1].fits_memory);
       EXPECT_GE(report.layouts[1].makespan_ms, keep_report.layouts[1].makespan_ms) << "fetching again costs time";

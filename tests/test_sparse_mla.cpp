@@ -14,10 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "runtime/row_map.hpp"
 #include "core/error.hpp"
 #include "kernels/cpu/sparse_mla.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
+
+#include "common/common.hpp"
 
 namespace treecp {
 namespace {
@@ -25,42 +28,15 @@ namespace {
 using cpu::SparseMlaProblem;
 using cpu::SparseMlaResult;
 
-// Fresh random inputs on every run; TREECP_TEST_SEED=N replays one, and failures print the seed.
-uint64_t base_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("TREECP_TEST_SEED");
-    return env ? std::stoull(env) : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }();
-  return seed;
-}
-std::mt19937_64 test_rng(uint64_t salt) { return std::mt19937_64(base_seed() * 1000003u + salt); }
-#define TREECP_SEED_TRACE SCOPED_TRACE("TREECP_TEST_SEED=" + std::to_string(base_seed()))
+using testing::base_seed;  // tests/common: TREECP_TEST_SEED=N replays a run, failures print the seed
+using testing::randn;
+using testing::test_rng;
 
-// A random row in DFS preorder: each segment hangs under one of the current root path or starts a family.
+// A random row of `segments` segments, lengths 1..max_len, paths up to 6 segments deep.
 Row random_tree(std::mt19937_64& rng, int segments, int max_len) {
-  std::vector<Segment> segs;
-  std::vector<int32_t> path;
-  for (int s = 0; s < segments; ++s) {
-    const int64_t len = std::uniform_int_distribution<int64_t>(1, max_len)(rng);
-    int32_t parent = -1;
-    if (!path.empty() && std::uniform_int_distribution<int>(0, 5)(rng) > 0) {
-      path.resize(std::uniform_int_distribution<size_t>(1, path.size())(rng));
-      parent = path.back();
-    } else {
-      path.clear();
-    }
-    segs.push_back({parent, len});
-    path.push_back(s);
-  }
-  return Row(std::move(segs));
+  return testing::random_tree(rng, {.segments = segments, .max_len = max_len, .max_depth = 6});
 }
 
-std::vector<double> randn(size_t n, std::mt19937_64& rng, double sigma = 1.0) {
-  std::normal_distribution<double> d(0.0, sigma);
-  std::vector<double> x(n);
-  for (double& e : x) e = d(rng);
-  return x;
-}
 // Small integers: every indexer score is an exact integer in float and double, and ties are common.
 std::vector<double> randi(size_t n, std::mt19937_64& rng, int lo, int hi) {
   std::uniform_int_distribution<int> d(lo, hi);
@@ -319,22 +295,21 @@ void check_stage_splits(uint64_t salt) {
         if (stage_of[c] == st) chunks.push_back(c);
       }
       std::shuffle(chunks.begin(), chunks.end(), rng);
-      std::vector<cpu::RowRange> kmap;
+      std::vector<TokenRange> kranges;  // in buffer order
       std::vector<T> kbuf;
       std::vector<int64_t> key_ids;
       for (size_t c : chunks) {
-        kmap.push_back({bounds[c], bounds[c + 1], static_cast<int64_t>(key_ids.size())});
+        kranges.push_back({bounds[c], bounds[c + 1]});
         for (int64_t t = bounds[c]; t < bounds[c + 1]; ++t) {
           key_ids.push_back(t);
           kbuf.insert(kbuf.end(), ki.begin() + t * di, ki.begin() + (t + 1) * di);
         }
       }
-      std::sort(kmap.begin(), kmap.end(), [](const cpu::RowRange& a, const cpu::RowRange& b) { return a.begin < b.begin; });
       std::vector<Slice> mine;
       for (const Slice& p : pieces) {
         if (stage_of[static_cast<size_t>(std::upper_bound(bounds.begin(), bounds.end(), p.k_begin) - bounds.begin() - 1)] == st) mine.push_back(p);
       }
-      const std::vector<Slice> buf = cpu::to_buffer_slices(mine, {{0, S, 0}}, kmap);
+      const std::vector<Slice> buf = to_buffer(mine, RowMap({{0, S}}), RowMap(kranges));
       cpu::IndexerArgs<T> a;
       a.shape = {S, static_cast<int64_t>(key_ids.size()), hi, di, topk};
       a.qi = cpu::dense_view<const T>(qi.data(), hi, di);

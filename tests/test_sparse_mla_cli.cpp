@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
+#include "common/common.hpp"
 #include "core/npy.hpp"
 #include "kernels/cpu/sparse_mla.hpp"
 #include "tree/row.hpp"
@@ -82,7 +83,8 @@ std::string indexer_args(const TempDir& dir, const std::string& prefix = "") {
 
 TEST(SparseMlaCli, OneProcessWritesTheLibrarysResults) {
   TempDir dir("treecp_smla_cli");
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(1);
   const Problem p = write_problem(dir, rng);
   const testing::CliRun r = run_cli(dir, p.inputs + indexer_args(dir) + " --topk 6 --window 40 --scale 0.3 --out " + (dir / "out"));
   ASSERT_EQ(r.status, 0) << r.log;
@@ -106,7 +108,8 @@ TEST(SparseMlaCli, RanksWriteTheSameFilesAsOneProcess) {
   GTEST_SKIP() << "built without MPI";
 #endif
   TempDir dir("treecp_smla_cp_cli");
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(2);
   const Problem p = write_problem(dir, rng);
   const std::string args = p.inputs + indexer_args(dir) + " --topk 5 --window 50";
   ASSERT_EQ(run_cli(dir, args + " --out " + (dir / "one")).status, 0) << read_text(dir / "log.txt");
@@ -136,7 +139,8 @@ TEST(SparseMlaCli, RanksWriteTheSameFilesAsOneProcess) {
 TEST(SparseMlaCli, IdsReuseASelection) {
   // Layer 2 reuses layer 1's ids.npy: ids.npy repeats them and the outputs equal the library's on them.
   TempDir dir("treecp_smla_ids");
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(3);
   const Problem first = write_problem(dir, rng);
   const Problem second = write_problem(dir, rng, "l2_", &first.row);
   ASSERT_EQ(run_cli(dir, first.inputs + indexer_args(dir) + " --topk 4 --out " + (dir / "l1")).status, 0)
@@ -194,7 +198,8 @@ TEST(SparseMlaCli, Float32ForwardOnlyRemovesStaleGradients) {
 
 TEST(SparseMlaCli, BadInputsAreRefusedInOneLineAndWriteNothing) {
   TempDir dir("treecp_smla_bad");
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(4);
   const Problem p = write_problem(dir, rng);
   // ids: query 0 reads token 1, which comes after it
   std::vector<int64_t> bad_ids(static_cast<size_t>(p.S * 2), -1);

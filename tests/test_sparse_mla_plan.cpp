@@ -20,33 +20,16 @@
 #include "plan/work.hpp"
 #include "tree/row.hpp"
 
+#include "common/common.hpp"
+
 namespace treecp {
 namespace {
 
-uint64_t base_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("TREECP_TEST_SEED");
-    return env ? std::stoull(env) : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }();
-  return seed;
-}
-#define TREECP_SEED_TRACE SCOPED_TRACE("TREECP_TEST_SEED=" + std::to_string(base_seed()))
+using testing::base_seed;  // tests/common: TREECP_TEST_SEED=N replays a run, failures print the seed
 
+// A random row of `segments` segments, lengths 1..max_len, paths up to 6 segments deep.
 Row random_tree(std::mt19937_64& rng, int segments, int max_len) {
-  std::vector<Segment> segs;
-  std::vector<int32_t> path;
-  for (int s = 0; s < segments; ++s) {
-    int32_t parent = -1;
-    if (!path.empty() && std::uniform_int_distribution<int>(0, 4)(rng) > 0) {
-      path.resize(std::uniform_int_distribution<size_t>(1, path.size())(rng));
-      parent = path.back();
-    } else {
-      path.clear();
-    }
-    segs.push_back({parent, std::uniform_int_distribution<int64_t>(1, max_len)(rng)});
-    path.push_back(s);
-  }
-  return Row(std::move(segs));
+  return testing::random_tree(rng, {.segments = segments, .max_len = max_len, .max_depth = 6});
 }
 
 std::string message_of(const std::function<void()>& f) {
@@ -86,12 +69,12 @@ TEST(SparseMlaPlan, WorkAndBoundAgainstBruteForce) {
     const Row row = random_tree(rng, 9, 40);
     const int cp = 2 + trial % 4;
     SparseMlaPlanOptions o;
-    o.plan.layout = layout_names()[static_cast<size_t>(trial) % layout_names().size()];
-    o.plan.window = trial % 2 ? 11 : 0;
+    o.plan.layout = kLayouts[static_cast<size_t>(trial) % std::size(kLayouts)];
+    o.window = trial % 2 ? 11 : 0;
     o.plan.chunk_tokens = 7;
     o.topk = 1 + trial * 3;
     const SparseMlaPlan p = make_sparse_mla_plan(row, cp, SparseMlaCosts{}, o);
-    const std::vector<int64_t> per_query = sparse_pairs_per_query(row, o.plan.window, o.topk);
+    const std::vector<int64_t> per_query = sparse_pairs_per_query(row, o.window, o.topk);
     int64_t indexer = 0;
     for (int r = 0; r < cp; ++r) {
       const SparseMlaRankCost& rc = p.prediction.ranks[static_cast<size_t>(r)];
@@ -110,7 +93,7 @@ TEST(SparseMlaPlan, WorkAndBoundAgainstBruteForce) {
           for (int64_t q = t.begin; q < t.end; ++q) {
             int64_t n = 0;
             for (int64_t j = 0; j < row.tokens(); ++j) {
-              if (p.plan.chunk_owner[static_cast<size_t>(chunk_of(p.plan.chunk_bounds, j))] != src || !row.visible(q, j, o.plan.window)) continue;
+              if (p.plan.chunk_owner[static_cast<size_t>(chunk_of(p.plan.chunk_bounds, j))] != src || !row.visible(q, j, o.window)) continue;
               ++n;
               any[static_cast<size_t>(j)] = true;
             }
@@ -175,7 +158,7 @@ TEST(SparseMlaPlan, FetchFollowsTheBytes) {
   // the 300 rows with the waves; with k = 100 the bound is the 300 rows and the waves win.
   const Row row({{-1, 300}, {0, 10}, {-1, 290}});
   SparseMlaPlanOptions o;
-  o.plan.layout = "contiguous";
+  o.plan.layout = Layout::Contiguous;
   o.plan.chunk_tokens = 10;
   for (int64_t topk : {4, 100}) {
     o.topk = topk;
@@ -223,8 +206,8 @@ TEST(SparseMlaPlan, SparseDominatedCostsBalanceQueriesNotPairs) {
     return static_cast<double>(worst) / (static_cast<double>(total) / 2);
   };
   PlanOptions dense_options;
-  dense_options.layout = "searched";
-  const Plan dense = make_plan(row, 2, CostModel{}, dense_options);
+  dense_options.layout = Layout::Searched;
+  const Plan dense = make_plan(row, 2, AttentionShape{}, CostModel{}, dense_options);
   EXPECT_GT(max_sparse(dense), 1.3) << "the row must make the two balances disagree";
   SparseMlaCosts sparse_heavy;
   sparse_heavy.sparse.local_forward_pairs_per_ms = 1.0e3;
@@ -234,10 +217,10 @@ TEST(SparseMlaPlan, SparseDominatedCostsBalanceQueriesNotPairs) {
   const SparseMlaPlan p = make_sparse_mla_plan(row, 2, sparse_heavy, o);
   EXPECT_LT(max_sparse(p.plan), 1.1);
   // and the searched plan is the fastest of every layout's
-  for (const std::string& layout : layout_names()) {
+  for (Layout layout : kLayouts) {
     SparseMlaPlanOptions one = o;
     one.plan.layout = layout;
-    EXPECT_LE(p.prediction.makespan_ms, make_sparse_mla_plan(row, 2, sparse_heavy, one).prediction.makespan_ms + 1e-12) << layout;
+    EXPECT_LE(p.prediction.makespan_ms, make_sparse_mla_plan(row, 2, sparse_heavy, one).prediction.makespan_ms + 1e-12) << layout_name(layout);
   }
 }
 

@@ -11,7 +11,7 @@
 
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
-#include "schedule_case.hpp"
+#include "common/schedule.hpp"
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 
@@ -25,7 +25,7 @@ TEST(Timeline, HandWorkedSchedule) {
   s.costs.token_local_backward_ms_per_token = 0.5;
   s.loads[0].owned_tokens = 4;  // token-local 1 ms forward, 2 ms backward
   const Links links(s.costs, 2);
-  const Timeline t = simulate_timeline(s.costs, links, s.loads, s.waves);
+  const Timeline t = simulate_timeline(s.costs, links, s.shape, s.loads, s.waves);
   // Forward (after 1 ms of token-local work): local 0-3 while wave 0 lands at 4; wave 0 runs 4-5 and
   // issues wave 1's fetch (4-6); wave 1 runs 6-8. Backward from 9: wave 1 (4 ms), its return (2 ms),
   // wave 0 (2 ms), its return (4 ms, to 10 + 9), local (6 ms), token-local 2 ms.
@@ -68,7 +68,9 @@ TEST(Timeline, BackwardWaitsForTheLastReturn) {
   c.local_backward_pairs_per_ms = c.remote_backward_pairs_per_ms = 1.0;
   c.intra_node = {0.0, 1.0};
   c.rank_bandwidth_bytes_per_ms = 1e9;
-  c.shape = AttentionShape{1, 1, 1, 1, 1, 4};  // 2 B per KV token, 8 B per dK/dV token
+  c.kv_bytes_per_element = 1;
+  c.dkv_bytes_per_element = 4;
+  const AttentionShape shape{1, 1, 1, 1};  // 2 B per KV token, 8 B per dK/dV token
   const Links links(c, 2);
   std::vector<RankLoad> loads(2);
   loads[0].local = {1, 0, 0};
@@ -76,7 +78,7 @@ TEST(Timeline, BackwardWaitsForTheLastReturn) {
   loads[1].waves = {{0, 0, 0}};
   std::vector<WaveTraffic> waves(1, WaveTraffic(4, 0));
   waves[0][1 * 2 + 0] = 2;  // forward 4 ms; the return 16 ms
-  const Timeline t = simulate_timeline(c, links, loads, waves);
+  const Timeline t = simulate_timeline(c, links, shape, loads, waves);
   // Forward: local 0-1, wait 1-4, wave 0 4-5. Backward from 5: wave 0 5-6, return 6-22, local 6-7, wait 7-22.
   ASSERT_EQ(t.spans.size(), 8u);
   EXPECT_EQ(t.spans.back().kind, SpanKind::Wait);
@@ -97,7 +99,7 @@ void expect_same(const Prediction& a, const Prediction& b) {
 }
 
 // The properties every timeline has, checked against the public cost functions.
-void check_timeline(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
+void check_timeline(const CostModel& c, const Links& links, const AttentionShape& shape, const std::vector<RankLoad>& loads,
                     const std::vector<WaveTraffic>& waves, const Timeline& t) {
   const int cp = links.cp();
   const size_t W = waves.size();
@@ -154,7 +156,7 @@ void check_timeline(const CostModel& c, const Links& links, const std::vector<Ra
       last_wave = s.wave;
       ASSERT_GE(s.begin_ms, fetch_free - tol);
       fetch_free = s.end_ms;
-      EXPECT_NEAR(s.end_ms - s.begin_ms, exchange_ms(c, links, waves[s.wave], r, c.shape.kv_bytes_per_token(), true),
+      EXPECT_NEAR(s.end_ms - s.begin_ms, exchange_ms(c, links, waves[s.wave], r, c.kv_bytes_per_token(shape), true),
                   tol);
       if (fwd_stage_begin[s.wave] >= 0) {
         EXPECT_GE(fwd_stage_begin[s.wave], s.end_ms - tol);
@@ -164,7 +166,7 @@ void check_timeline(const CostModel& c, const Links& links, const std::vector<Ra
       }
     }
     for (size_t w = 0; w < W; ++w) {
-      const bool needs = exchange_ms(c, links, waves[w], r, c.shape.kv_bytes_per_token(), true) > 0;
+      const bool needs = exchange_ms(c, links, waves[w], r, c.kv_bytes_per_token(shape), true) > 0;
       EXPECT_EQ(needs, std::any_of(fetches.begin(), fetches.end(), [&](const ScheduleSpan& s) {
                   return s.wave == static_cast<int>(w);
                 })) << "rank " << r << " wave " << w;
@@ -176,7 +178,7 @@ void check_timeline(const CostModel& c, const Links& links, const std::vector<Ra
       if (s.pass == Pass::Backward && s.kind != SpanKind::TokenLocal) attention_done = s.end_ms;
     }
     for (const ScheduleSpan& s : returns) {
-      EXPECT_NEAR(s.end_ms - s.begin_ms, exchange_ms(c, links, waves[s.wave], r, c.shape.dkv_bytes_per_token(), false),
+      EXPECT_NEAR(s.end_ms - s.begin_ms, exchange_ms(c, links, waves[s.wave], r, c.dkv_bytes_per_token(shape), false),
                   tol);
       if (bwd_stage_end[s.wave] >= 0) {
         EXPECT_NEAR(s.begin_ms, bwd_stage_end[s.wave], tol);
@@ -210,7 +212,9 @@ TEST(Timeline, RandomLoadsKeepEveryProperty) {
     c.intra_node = {0.1 * u(rng), 100 + 2000 * u(rng)};
     c.inter_node = {0.3 * u(rng), 50 + 500 * u(rng)};
     c.rank_bandwidth_bytes_per_ms = 100 + 3000 * u(rng);
-    c.shape = AttentionShape{1, 1, 1, 1, 1 + static_cast<int64_t>(rng() % 2), 1 + static_cast<int64_t>(rng() % 4)};
+    c.kv_bytes_per_element = 1 + static_cast<int64_t>(rng() % 2);
+    c.dkv_bytes_per_element = 1 + static_cast<int64_t>(rng() % 4);
+    const AttentionShape shape{1, 1, 1, 1};
     const Links links(c, cp);
     std::vector<RankLoad> loads(cp);
     std::vector<WaveTraffic> waves(W, WaveTraffic(static_cast<size_t>(cp) * cp, 0));
@@ -228,9 +232,9 @@ TEST(Timeline, RandomLoadsKeepEveryProperty) {
         }
       }
     }
-    const Timeline t = simulate_timeline(c, links, loads, waves);
-    expect_same(t.prediction, simulate(c, links, loads, waves));
-    check_timeline(c, links, loads, waves, t);
+    const Timeline t = simulate_timeline(c, links, shape, loads, waves);
+    expect_same(t.prediction, simulate(c, links, shape, loads, waves));
+    check_timeline(c, links, shape, loads, waves, t);
     if (HasFatalFailure() || HasFailure()) {
       ADD_FAILURE() << "trial " << trial << " (cp " << cp << ", " << W << " waves)";
       return;
@@ -255,16 +259,17 @@ TEST(Timeline, RandomLoadsKeepEveryProperty) {
 TEST(Timeline, PlansOfPresets) {
   for (const char* preset : {"varied5k", "deep", "longchain", "art-varied5k"}) {
     for (int cp : {2, 3, 4, 8}) {
-      for (const char* layout : {"searched", "zigzag"}) {
+      for (Layout layout : {Layout::Searched, Layout::Zigzag}) {
         const Row row = scale_row(make_preset(preset, cp, 1), 8);
         PlanOptions opt;
         opt.layout = layout;
         const CostModel c;
-        const Plan plan = make_plan(row, cp, c, opt);
-        const Timeline t = simulate_plan_timeline(plan, c);
-        expect_same(t.prediction, simulate_plan(plan, c));
+        const AttentionShape shape;
+        const Plan plan = make_plan(row, cp, shape, c, opt);
+        const Timeline t = simulate_plan_timeline(plan, shape, c);
+        expect_same(t.prediction, simulate_plan(plan, shape, c));
         EXPECT_NEAR(t.prediction.makespan_ms, plan.predicted_makespan_ms, 1e-6 * plan.predicted_makespan_ms)
-            << preset << " cp " << cp << " " << layout;
+            << preset << " cp " << cp << " " << layout_name(layout);
         for (const ScheduleSpan& s : t.spans) ASSERT_LE(s.end_ms, t.prediction.makespan_ms);
       }
     }

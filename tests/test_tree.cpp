@@ -15,6 +15,8 @@
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
 
+#include "common/common.hpp"
+
 namespace treecp {
 namespace {
 
@@ -47,25 +49,10 @@ struct BruteRow {
   }
 };
 
-// A random row in DFS preorder: each new segment attaches to a node on the current path (or is a root).
-std::vector<Segment> random_segments(std::mt19937_64& rng, int max_segments, int max_len) {
-  std::uniform_int_distribution<int> nseg(1, max_segments), len(1, max_len);
-  const int n = nseg(rng);
-  std::vector<Segment> segs;
-  std::vector<int32_t> path;
-  for (int i = 0; i < n; ++i) {
-    const int choice = std::uniform_int_distribution<int>(0, static_cast<int>(path.size()))(rng);
-    int32_t parent = -1;
-    if (choice > 0) {
-      parent = path[static_cast<size_t>(choice - 1)];
-      path.resize(static_cast<size_t>(choice));
-    } else {
-      path.clear();
-    }
-    segs.push_back({parent, len(rng)});
-    path.push_back(i);
-  }
-  return segs;
+// A random row of 1..max_segments segments, lengths 1..max_len, paths up to 6 segments deep.
+std::vector<Segment> random_segments(testing::Rng& rng, int max_segments, int max_len) {
+  const int n = std::uniform_int_distribution<int>(1, max_segments)(rng);
+  return testing::random_tree(rng, {.segments = n, .max_len = max_len, .max_depth = 6}).segments();
 }
 
 std::set<std::pair<int64_t, int64_t>> slice_pairs(const std::vector<Slice>& slices, int64_t* duplicates) {
@@ -97,7 +84,8 @@ int64_t brute_ancestor_runs(const std::vector<Segment>& segs, int32_t s) {
 }
 
 TEST(Visibility, SlicesEqualBruteForcePairForPair) {
-  std::mt19937_64 rng(20261129);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(20261129);
   for (int trial = 0; trial < 300; ++trial) {
     const auto segs = random_segments(rng, 9, 7);
     const Row row(segs);
@@ -179,7 +167,8 @@ TEST(Input, RowNeedingTooManySlicesIsRefusedNamingTheLimit) {
 }
 
 TEST(Visibility, SplitAtAnyChunkBoundaryKeepsEveryPair) {
-  std::mt19937_64 rng(7);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(7);
   for (int trial = 0; trial < 200; ++trial) {
     const Row row(random_segments(rng, 8, 9));
     const int64_t window = std::uniform_int_distribution<int64_t>(0, 6)(rng);
@@ -202,7 +191,8 @@ TEST(Visibility, SplitAtAnyChunkBoundaryKeepsEveryPair) {
 }
 
 TEST(Visibility, SliceAreaClosedFormMatchesCounting) {
-  std::mt19937_64 rng(3);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(3);
   std::uniform_int_distribution<int64_t> pos(0, 30), d(-40, 40);
   for (int trial = 0; trial < 2000; ++trial) {
     int64_t q0 = pos(rng), q1 = q0 + pos(rng), k0 = pos(rng), k1 = k0 + pos(rng), a = d(rng), b = d(rng);
@@ -251,7 +241,8 @@ TEST(SmallExample, NineTokens) {
 }
 
 TEST(Accounting, SingleFamilyFormulas) {
-  std::mt19937_64 rng(11);
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(11);
   for (int trial = 0; trial < 100; ++trial) {
     const int64_t P = std::uniform_int_distribution<int64_t>(1, 3000)(rng);
     const int m = std::uniform_int_distribution<int>(1, 20)(rng);

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli_test_util.hpp"
+#include "common/cli.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -178,9 +178,10 @@ TEST(Trace, PredictedSpansEncloseEachPass) {
   c.intra_node = {0.05, 1e6};  // slow links: waves wait for their KV
   c.rank_bandwidth_bytes_per_ms = 1e6;
   PlanOptions opt;
-  opt.layout = "zigzag";
-  const Plan plan = make_plan(row, 4, c, opt);
-  const Timeline t = simulate_plan_timeline(plan, c);
+  opt.layout = Layout::Zigzag;
+  const AttentionShape layer;
+  const Plan plan = make_plan(row, 4, layer, c, opt);
+  const Timeline t = simulate_plan_timeline(plan, layer, c);
   const std::vector<Span> spans = viz::predicted_spans(t);
   ASSERT_EQ(spans.size(), t.spans.size() + 8);
   for (const Span& s : spans) {
@@ -263,8 +264,8 @@ bool have_renderer() { return std::system("command -v rsvg-convert > /dev/null 2
 
 TEST(PlanSvg, RefusesAPlanOfAnotherRow) {
   const Row row = make_preset("fixed5k", 2, 0);
-  const Plan plan = make_plan(row, 2, CostModel{}, PlanOptions{});
-  const Timeline t = simulate_plan_timeline(plan, CostModel{});
+  const Plan plan = make_plan(row, 2, AttentionShape{}, CostModel{}, PlanOptions{});
+  const Timeline t = simulate_plan_timeline(plan, AttentionShape{}, CostModel{});
   EXPECT_THROW(viz::plan_svg(make_preset("fixed5k", 3, 0), plan, t, {}), Error);
   Timeline short_t = t;
   short_t.prediction.forward_ms.pop_back();

@@ -32,9 +32,11 @@
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
+#include "timing.hpp"
 
 using namespace treecp;
 using namespace treecp::cuda;
+using namespace treecp::cuda::bench;
 
 namespace {
 
@@ -66,48 +68,6 @@ float bf(uint16_t b) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// One call of fn timed alone with CUDA events (the pair is created once and reused).
-class EventTimer {
- public:
-  EventTimer() {
-    check_cuda(cudaEventCreate(&a_), "event");
-    check_cuda(cudaEventCreate(&b_), "event");
-  }
-  ~EventTimer() {
-    cudaEventDestroy(a_);
-    cudaEventDestroy(b_);
-  }
-  EventTimer(const EventTimer&) = delete;
-  EventTimer& operator=(const EventTimer&) = delete;
-  template <class Fn>
-  double ms(Fn&& fn) {
-    check_cuda(cudaEventRecord(a_), "record");
-    fn();
-    check_cuda(cudaEventRecord(b_), "record");
-    check_cuda(cudaEventSynchronize(b_), "sync");
-    float t = 0;
-    check_cuda(cudaEventElapsedTime(&t, a_, b_), "elapsed");
-    return t;
-  }
-
- private:
-  cudaEvent_t a_, b_;
-};
-
-template <class Fn>
-double time_ms(int reps, Fn&& fn) {
-  EventTimer timer;
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) t.push_back(timer.ms(fn));
-  return median(t);
 }
 
 // --experiments 0: the earlier experiments' timings (the blocks below this table's, decided in docs/benchmarks-gpu.md)

@@ -1,3 +1,6 @@
+// comm/: a narrow communicator (all-to-all with per-peer counts, grouped send/receive, all-reduce,
+// all-gather, barrier, agreement) and its MPI, NCCL and thread implementations.
+//
 // The narrow communicator the runtime needs. Implementations: MPI (CPU ranks, comm/mpi_*.cpp) and
 // NCCL (GPU ranks, later). Contract: every rank calls every collective in the same order, with
 // zero-sized parts where it has nothing; a rank with no work still participates. Buffers live where

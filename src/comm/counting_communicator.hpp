@@ -1,3 +1,6 @@
+// comm/: a narrow communicator (all-to-all with per-peer counts, grouped send/receive, all-reduce,
+// all-gather, barrier, agreement) and its MPI, NCCL and thread implementations.
+//
 // A Communicator that forwards every call to another and counts the bytes that the all-to-alls and
 // point-to-point groups move between different ranks (a rank's part to itself is a local copy and
 // is not counted). Reductions, gathers and barriers are forwarded uncounted. Used to measure what a

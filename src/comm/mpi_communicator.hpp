@@ -1,3 +1,6 @@
+// comm/: a narrow communicator (all-to-all with per-peer counts, grouped send/receive, all-reduce,
+// all-gather, barrier, agreement) and its MPI, NCCL and thread implementations.
+//
 // The MPI backend of Communicator (CPU ranks, host buffers). Compiled only when MPI is found
 // (TREECP_HAVE_MPI). Every MPI call is checked: the communicator runs with MPI_ERRORS_RETURN and a
 // failing call throws treecp::Error naming the call and MPI's error string.

@@ -1,3 +1,6 @@
+// comm/: a narrow communicator (all-to-all with per-peer counts, grouped send/receive, all-reduce,
+// all-gather, barrier, agreement) and its MPI, NCCL and thread implementations.
+//
 // The NCCL backend of Communicator (GPU ranks, one process per GPU, device buffers).
 //
 // Stream order: exchanges run on a communication stream of their own. A started exchange waits (on the

@@ -1,3 +1,6 @@
+// comm/: a narrow communicator (all-to-all with per-peer counts, grouped send/receive, all-reduce,
+// all-gather, barrier, agreement) and its MPI, NCCL and thread implementations.
+//
 // Bootstrap of the NCCL communicator under mpirun: one process per GPU, rank 0's unique id broadcast over
 // MPI, each rank on the GPU of its node-local rank (modulo the node's GPU count). Compiled with MPI and NCCL.
 #pragma once

@@ -1,3 +1,6 @@
+// comm/: a narrow communicator (all-to-all with per-peer counts, grouped send/receive, all-reduce,
+// all-gather, barrier, agreement) and its MPI, NCCL and thread implementations.
+//
 // Ranks as threads of one process: a Communicator per rank over a shared hub, host memory (all-to-all
 // parts may move through a caller's copy function instead: ThreadCommOptions::copy). It serves
 // tests of the protocol code (many rank counts in one process, no MPI) and in-process multi-rank runs.

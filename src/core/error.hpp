@@ -1,3 +1,5 @@
+// core/: the ground every layer stands on: errors, JSON, .npy and output files, trace spans, random values.
+//
 // treecp::Error: the one exception type the library throws for bad input or failed calls.
 // Its message names the argument or object at fault and what was expected; the library never exits.
 #pragma once

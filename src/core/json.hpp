@@ -1,3 +1,5 @@
+// core/: the ground every layer stands on: errors, JSON, .npy and output files, trace spans, random values.
+//
 // A small JSON value with a strict parser and a writer. Parse errors name line and column.
 // Integers keep full int64 precision (token counts reach 2^31 and pair counts 2^62).
 #pragma once

@@ -1,3 +1,5 @@
+// core/: the ground every layer stands on: errors, JSON, .npy and output files, trace spans, random values.
+//
 // NumPy .npy files: little-endian float32 ('<f4') or float64 ('<f8'), C order, format 1.0/2.0/3.0; and
 // int64 ('<i8') for token ids, through their own functions. Anything else (big-endian, Fortran order,
 // other dtypes, other header keys, truncated data) is refused in one printable line naming the file.

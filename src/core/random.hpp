@@ -1,3 +1,5 @@
+// core/: the ground every layer stands on: errors, JSON, .npy and output files, trace spans, random values.
+//
 // Counter-based random values: element i of a stream depends only on (seed, i), so every rank can
 // generate exactly its shard of an array that a single process would generate whole.
 #pragma once

@@ -1,3 +1,5 @@
+// core/: the ground every layer stands on: errors, JSON, .npy and output files, trace spans, random values.
+//
 // Timed spans of a run and their Chrome trace form (chrome://tracing, https://ui.perfetto.dev).
 // A span is one named interval on one rank: measured (track 0, what a rank saw its clock do) or
 // predicted (track 1, what the cost model's simulator says). `treecp run --trace` records each rank's

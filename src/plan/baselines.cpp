@@ -9,15 +9,15 @@
 
 namespace treecp {
 
-Plan ring_plan(const Row& row, int cp, int64_t window, const CostModel& costs) {
+Plan ring_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs) {
+  const int64_t window = shape.window;
   require(cp >= 1, "ring_plan: cp must be >= 1, got ", cp);
   const int64_t S = row.tokens();
   PlanOptions opt;
-  opt.layout = "zigzag";
-  opt.window = window;
+  opt.layout = Layout::Zigzag;
   opt.chunk_tokens = std::max<int64_t>(1, (S + 2 * cp - 1) / (2 * cp));
-  Plan plan = make_plan(row, cp, costs, opt);  // the zigzag ownership; its schedule is replaced below
-  plan.layout = "ring";
+  Plan plan = make_plan(row, cp, shape, costs, opt);  // the zigzag ownership; its schedule is replaced below
+  plan.layout = Layout::Ring;
   plan.num_waves = cp - 1;
   const std::vector<int64_t>& bounds = plan.chunk_bounds;
   for (int r = 0; r < cp; ++r) {
@@ -50,7 +50,7 @@ Plan ring_plan(const Row& row, int cp, int64_t window, const CostModel& costs) {
     st.slices.push_back(s);
     st.pairs += s.area();
   }
-  const Prediction pred = simulate_plan(plan, costs);
+  const Prediction pred = simulate_plan(plan, shape, costs);
   for (int r = 0; r < cp; ++r) {
     plan.ranks[static_cast<size_t>(r)].predicted_forward_ms = pred.forward_ms[static_cast<size_t>(r)];
     plan.ranks[static_cast<size_t>(r)].predicted_backward_ms = pred.backward_ms[static_cast<size_t>(r)];

@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
 // Plans of the CP methods treecp is compared with, built as ordinary Plans so the same runtime executes
 // and times them. ring_plan: ring attention as people run it on packed rows — a zigzag layout (2 cp
 // chunks folded), and in wave w every rank receives ALL the KV of the rank w + 1 places before it, needed
@@ -13,6 +16,7 @@ namespace treecp {
 
 class Row;
 
-Plan ring_plan(const Row& row, int cp, int64_t window, const CostModel& costs);
+// For a layer of `shape` (its window decides the pairs, its head dims the bytes).
+Plan ring_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs);
 
 }  // namespace treecp

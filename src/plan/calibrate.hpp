@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
 // Fitting the cost model (plan/cost.hpp) to measurements, and judging a fit on plans it was not fitted on.
 //
 // Stages: every measured stage (its load as the cost model sees it, and its measured ms) gives one equation

@@ -5,8 +5,29 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "kernels/cpu/tiles.hpp"
+#include "kernels/cuda/tiles.hpp"
 
 namespace treecp {
+
+const char* kernel_tiles_name(KernelTiles t) {
+  switch (t) {
+    case KernelTiles::Exact: return "exact";
+    case KernelTiles::Cpu: return "cpu";
+    case KernelTiles::Cuda: return "cuda";
+  }
+  return "?";
+}
+
+TileTokens tile_tokens(KernelTiles t, int64_t group) {
+  require(group >= 1, "tile_tokens: group must be >= 1, got ", group);
+  switch (t) {
+    case KernelTiles::Exact: return {};
+    case KernelTiles::Cpu: return {std::max<int64_t>(1, cpu::kTileRows / group), cpu::kKeyBlock};
+    case KernelTiles::Cuda: return {std::max<int64_t>(1, cuda::kFwdBlockRows / group), cuda::kFwdBlockKeys};
+  }
+  return {};
+}
 
 Link CostModel::link(int src, int dst) const {
   for (const LinkOverride& o : links) {
@@ -16,16 +37,14 @@ Link CostModel::link(int src, int dst) const {
   return src / per_node == dst / per_node ? intra_node : inter_node;
 }
 
-namespace {
-
-json::Value link_json(const Link& l) {
+json::Value to_json(const Link& l) {
   json::Value v = json::Value::object();
   v.set("latency_ms", l.latency_ms);
   v.set("bandwidth_bytes_per_ms", l.bandwidth_bytes_per_ms);
   return v;
 }
 
-Link link_from(const json::Value& v, const std::string& what) {
+Link link_from_json(const json::Value& v, const std::string& what) {
   Link l;
   for (const auto& [key, val] : v.as_object(what)) {
     if (key == "latency_ms") {
@@ -40,8 +59,6 @@ Link link_from(const json::Value& v, const std::string& what) {
   require(l.bandwidth_bytes_per_ms > 0.0, "costs: ", what, ".bandwidth_bytes_per_ms must be > 0");
   return l;
 }
-
-}  // namespace
 
 CostModel costs_from_json(const json::Value& v) {
   CostModel c;
@@ -70,10 +87,10 @@ CostModel costs_from_json(const json::Value& v) {
   };
   const Integer integers[] = {
       {"underfill_pairs", &c.underfill_pairs},
-      {"tile_query_tokens", &c.tile_query_tokens},
-      {"tile_key_tokens", &c.tile_key_tokens},
       {"activation_bytes_per_token", &c.activation_bytes_per_token},
       {"memory_limit_bytes_per_rank", &c.memory_limit_bytes_per_rank},
+      {"kv_bytes_per_element", &c.kv_bytes_per_element},
+      {"dkv_bytes_per_element", &c.dkv_bytes_per_element},
   };
   for (const auto& [key, val] : v.as_object("costs")) {
     bool done = false;
@@ -89,31 +106,27 @@ CostModel costs_from_json(const json::Value& v) {
       if (key == s.name) {
         *s.value = val.as_int(std::string("costs.") + s.name);
         require(*s.value >= 0 || key == "memory_limit_bytes_per_rank", "costs.", s.name, " must be >= 0");
+        require(*s.value > 0 || (key != "kv_bytes_per_element" && key != "dkv_bytes_per_element"), "costs.", s.name,
+                " must be > 0");
         done = true;
       }
     }
     if (done || key == "note" || key == "source") continue;
-    if (key == "shape") {
-      for (const auto& [sk, sv] : val.as_object("costs.shape")) {
-        int64_t* field = sk == "hq"                      ? &c.shape.hq
-                         : sk == "hkv"                   ? &c.shape.hkv
-                         : sk == "d"                     ? &c.shape.d
-                         : sk == "dv"                    ? &c.shape.dv
-                         : sk == "kv_bytes_per_element"  ? &c.shape.kv_bytes_per_element
-                         : sk == "dkv_bytes_per_element" ? &c.shape.dkv_bytes_per_element
-                                                         : nullptr;
-        require(field != nullptr, "costs.shape: unknown key '", sk, "'");
-        *field = sv.as_int("costs.shape." + sk);
-        require(*field > 0, "costs.shape.", sk, " must be > 0");
+    if (key == "kernel_tiles") {
+      const std::string t = val.as_string("costs.kernel_tiles");
+      bool known = false;
+      for (KernelTiles k : {KernelTiles::Exact, KernelTiles::Cpu, KernelTiles::Cuda}) {
+        if (t == kernel_tiles_name(k)) c.kernel_tiles = k, known = true;
       }
+      require(known, "costs.kernel_tiles must be exact, cpu or cuda, got '", t, "'");
     } else if (key == "ranks_per_node") {
       const int64_t n = val.as_int("costs.ranks_per_node");
       require(n >= 1 && n <= 1 << 20, "costs.ranks_per_node must be >= 1, got ", n);
       c.ranks_per_node = static_cast<int>(n);
     } else if (key == "intra_node") {
-      c.intra_node = link_from(val, "costs.intra_node");
+      c.intra_node = link_from_json(val, "costs.intra_node");
     } else if (key == "inter_node") {
-      c.inter_node = link_from(val, "costs.inter_node");
+      c.inter_node = link_from_json(val, "costs.inter_node");
     } else if (key == "links") {
       c.links.clear();
       for (const json::Value& l : val.as_array("costs.links")) {
@@ -121,7 +134,7 @@ CostModel costs_from_json(const json::Value& v) {
         o.src = static_cast<int>(l.at("src", "costs.links[]").as_int("costs.links[].src"));
         o.dst = static_cast<int>(l.at("dst", "costs.links[]").as_int("costs.links[].dst"));
         require(o.src >= 0 && o.dst >= 0, "costs.links[]: src and dst must be >= 0");
-        o.link = link_from(l, "costs.links[]");
+        o.link = link_from_json(l, "costs.links[]");
         c.links.push_back(o);
       }
     } else {
@@ -135,20 +148,13 @@ CostModel load_costs(const std::string& path) { return costs_from_json(json::par
 
 json::Value to_json(const CostModel& c) {
   json::Value v = json::Value::object();
-  json::Value shape = json::Value::object();
-  shape.set("hq", c.shape.hq);
-  shape.set("hkv", c.shape.hkv);
-  shape.set("d", c.shape.d);
-  shape.set("dv", c.shape.dv);
-  shape.set("kv_bytes_per_element", c.shape.kv_bytes_per_element);
-  shape.set("dkv_bytes_per_element", c.shape.dkv_bytes_per_element);
-  v.set("shape", shape);
+  v.set("kv_bytes_per_element", c.kv_bytes_per_element);
+  v.set("dkv_bytes_per_element", c.dkv_bytes_per_element);
   v.set("local_forward_pairs_per_ms", c.local_forward_pairs_per_ms);
   v.set("remote_forward_pairs_per_ms", c.remote_forward_pairs_per_ms);
   v.set("local_backward_pairs_per_ms", c.local_backward_pairs_per_ms);
   v.set("remote_backward_pairs_per_ms", c.remote_backward_pairs_per_ms);
-  v.set("tile_query_tokens", c.tile_query_tokens);
-  v.set("tile_key_tokens", c.tile_key_tokens);
+  v.set("kernel_tiles", std::string(kernel_tiles_name(c.kernel_tiles)));
   v.set("stage_launch_ms", c.stage_launch_ms);
   v.set("merge_ms_per_query_token", c.merge_ms_per_query_token);
   v.set("range_ms", c.range_ms);
@@ -157,12 +163,12 @@ json::Value to_json(const CostModel& c) {
   v.set("token_local_forward_ms_per_token", c.token_local_forward_ms_per_token);
   v.set("token_local_backward_ms_per_token", c.token_local_backward_ms_per_token);
   v.set("ranks_per_node", static_cast<int64_t>(c.ranks_per_node));
-  v.set("intra_node", link_json(c.intra_node));
-  v.set("inter_node", link_json(c.inter_node));
+  v.set("intra_node", to_json(c.intra_node));
+  v.set("inter_node", to_json(c.inter_node));
   v.set("rank_bandwidth_bytes_per_ms", c.rank_bandwidth_bytes_per_ms);
   json::Value links = json::Value::array();
   for (const LinkOverride& o : c.links) {
-    json::Value l = link_json(o.link);
+    json::Value l = to_json(o.link);
     l.set("src", static_cast<int64_t>(o.src));
     l.set("dst", static_cast<int64_t>(o.dst));
     links.push_back(l);
@@ -173,15 +179,28 @@ json::Value to_json(const CostModel& c) {
   return v;
 }
 
-double stage_ms(const CostModel& c, const StageLoad& s, bool remote, Pass pass) {
-  if (s.pairs <= 0) return 0.0;
+double pairs_ms(const CostModel& c, double pairs, bool remote, Pass pass) {
   const double throughput = pass == Pass::Forward
                                 ? (remote ? c.remote_forward_pairs_per_ms : c.local_forward_pairs_per_ms)
                                 : (remote ? c.remote_backward_pairs_per_ms : c.local_backward_pairs_per_ms);
+  return pairs / throughput;
+}
+
+double token_local_ms(const CostModel& c, double tokens, Pass pass) {
+  return tokens * (pass == Pass::Forward ? c.token_local_forward_ms_per_token : c.token_local_backward_ms_per_token);
+}
+
+double own_work_ms(const CostModel& c, double pairs, double tokens) {
+  return pairs * (1.0 / c.local_forward_pairs_per_ms + 1.0 / c.local_backward_pairs_per_ms) +
+         tokens * (c.token_local_forward_ms_per_token + c.token_local_backward_ms_per_token);
+}
+
+double stage_ms(const CostModel& c, const StageLoad& s, bool remote, Pass pass) {
+  if (s.pairs <= 0) return 0.0;
   // The kernel computes whole tiles: price the padded pairs when they are known.
   const int64_t computed = std::max(s.pairs, s.compute_pairs);
-  double ms =
-      c.stage_launch_ms + static_cast<double>(computed) / throughput + c.range_ms * static_cast<double>(s.ranges);
+  double ms = c.stage_launch_ms + pairs_ms(c, static_cast<double>(computed), remote, pass) +
+              c.range_ms * static_cast<double>(s.ranges);
   // The local stage writes the accumulators; every remote stage merges into them.
   if (remote) ms += c.merge_ms_per_query_token * static_cast<double>(s.query_tokens);
   if (c.underfill_pairs > 0 && s.pairs < c.underfill_pairs) {
@@ -247,8 +266,9 @@ bool is_transfer(SpanKind kind) { return kind == SpanKind::Fetch || kind == Span
 namespace {
 
 // The simulator. With `spans` it also records the schedule it computes; the numbers are the same either way.
-Prediction simulate_into(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                         const std::vector<WaveTraffic>& waves, bool refetch, std::vector<ScheduleSpan>* spans) {
+Prediction simulate_into(const CostModel& c, const Links& links, const AttentionShape& shape,
+                         const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves, bool refetch,
+                         std::vector<ScheduleSpan>* spans) {
   const int cp = links.cp();
   require(static_cast<int>(loads.size()) == cp, "simulate: ", loads.size(), " rank loads for cp = ", cp);
   const size_t num_waves = waves.size();
@@ -261,7 +281,7 @@ Prediction simulate_into(const CostModel& c, const Links& links, const std::vect
       std::copy(i.begin(), i.end(), in.begin() + static_cast<ptrdiff_t>(w * cp));
     }
   }
-  const int64_t kv_bytes = c.shape.kv_bytes_per_token(), dkv_bytes = c.shape.dkv_bytes_per_token();
+  const int64_t kv_bytes = c.kv_bytes_per_token(shape), dkv_bytes = c.dkv_bytes_per_token(shape);
   Prediction p;
   p.forward_ms.assign(cp, 0.0);
   p.backward_ms.assign(cp, 0.0);
@@ -278,8 +298,8 @@ Prediction simulate_into(const CostModel& c, const Links& links, const std::vect
       if (spans != nullptr && end > begin) spans->push_back({kind, pass, r, wave, offset + begin, offset + end});
     };
     const double owned = static_cast<double>(load.owned_tokens);
-    const double local_forward = owned * c.token_local_forward_ms_per_token;
-    const double local_backward = owned * c.token_local_backward_ms_per_token;
+    const double local_forward = token_local_ms(c, owned, Pass::Forward);
+    const double local_backward = token_local_ms(c, owned, Pass::Backward);
     // Forward: the token-local work (the projections that make K and V) first; then the local stage
     // while wave 0 arrives; each wave starts when both its KV and the GPU are free, and issues the
     // next wave's fetch as it starts.
@@ -340,15 +360,17 @@ Prediction simulate_into(const CostModel& c, const Links& links, const std::vect
 
 }  // namespace
 
-Prediction simulate(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                    const std::vector<WaveTraffic>& waves, bool refetch_backward) {
-  return simulate_into(c, links, loads, waves, refetch_backward, nullptr);
+Prediction simulate(const CostModel& c, const Links& links, const AttentionShape& shape,
+                    const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves,
+                    bool refetch_backward) {
+  return simulate_into(c, links, shape, loads, waves, refetch_backward, nullptr);
 }
 
-Timeline simulate_timeline(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                           const std::vector<WaveTraffic>& waves, bool refetch_backward) {
+Timeline simulate_timeline(const CostModel& c, const Links& links, const AttentionShape& shape,
+                           const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves,
+                           bool refetch_backward) {
   Timeline t;
-  t.prediction = simulate_into(c, links, loads, waves, refetch_backward, &t.spans);
+  t.prediction = simulate_into(c, links, shape, loads, waves, refetch_backward, &t.spans);
   return t;
 }
 

@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
 // The cost model of DESIGN.md "Schedule model": coefficients (a JSON file), the one stage-cost and
 // transfer-cost function, and the forward/backward schedule simulator. The planner, the plan
 // simulator and every report call these; no other file prices a stage.
@@ -15,39 +18,50 @@
 #include <vector>
 
 #include "core/json.hpp"
+#include "kernels/shapes.hpp"
 
 namespace treecp {
-
-// The execution shape the byte and memory terms use (DESIGN.md benchmark shape by default).
-struct AttentionShape {
-  int64_t hq = 32, hkv = 4, d = 128, dv = 128;
-  int64_t kv_bytes_per_element = 2;   // bf16 K and V on the wire
-  int64_t dkv_bytes_per_element = 4;  // fp32 dK and dV returned to their owner
-  int64_t kv_bytes_per_token() const { return hkv * (d + dv) * kv_bytes_per_element; }
-  int64_t dkv_bytes_per_token() const { return hkv * (d + dv) * dkv_bytes_per_element; }
-};
 
 struct Link {
   double latency_ms = 0.0;
   double bandwidth_bytes_per_ms = 1.0;
 };
 
+// A link in a coefficient file: {"latency_ms": ..., "bandwidth_bytes_per_ms": ...}; `what` names it in
+// errors. Shared by every cost model (dense attention here, GDN in plan/gdn_plan.hpp).
+Link link_from_json(const json::Value& v, const std::string& what);
+json::Value to_json(const Link& l);
+
 struct LinkOverride {
   int src = 0, dst = 0;
   Link link;
 };
 
+// Whose tiles a stage's pair term counts (the kernel computes every tile a slice touches in full):
+// none (exact pairs), the CPU kernel's (kernels/cpu/tiles.hpp) or the CUDA forward kernel's
+// (kernels/cuda/tiles.hpp). JSON: "exact", "cpu", "cuda".
+enum class KernelTiles { Exact, Cpu, Cuda };
+const char* kernel_tiles_name(KernelTiles t);
+
+// A kernel's tile in tokens at `group` query heads per KV head (queries x keys); {0, 0} for Exact.
+struct TileTokens {
+  int64_t query = 0, key = 0;
+};
+TileTokens tile_tokens(KernelTiles t, int64_t group);
+
+// The coefficients: no layer shape (the planner takes the layer's AttentionShape, kernels/shapes.hpp).
 struct CostModel {
-  AttentionShape shape;
+  // Wire precision of what a wave moves; bytes per token = hkv x (d + dv) x these.
+  int64_t kv_bytes_per_element = 2;   // bf16 K and V on the wire
+  int64_t dkv_bytes_per_element = 4;  // fp32 dK and dV returned to their owner
   // Attention pair throughput: local (owned KV) and remote (received KV) stages, forward and backward.
   double local_forward_pairs_per_ms = 2.16e7;
   double remote_forward_pairs_per_ms = 2.03e7;
   double local_backward_pairs_per_ms = 8.33e6;
   double remote_backward_pairs_per_ms = 7.69e6;
-  // The kernel's tile in tokens (queries x keys): a stage's pair term counts every tile a slice touches
-  // in full (tile_padded_area). 0 = count exact pairs (the default until a GPU calibration sets it).
-  int64_t tile_query_tokens = 0;
-  int64_t tile_key_tokens = 0;
+  // Tiles the pair term counts (tile_padded_area at tile_tokens(kernel_tiles, hq / hkv)); exact pairs by
+  // default until a GPU calibration sets "cuda".
+  KernelTiles kernel_tiles = KernelTiles::Exact;
   double stage_launch_ms = 0.02;             // per non-empty stage
   double merge_ms_per_query_token = 1.0e-5;  // per query token a remote stage merges (fwd O/LSE, bwd dQ)
   double range_ms = 0.002;                   // per gathered/scattered range of a stage
@@ -68,6 +82,11 @@ struct CostModel {
   int64_t memory_limit_bytes_per_rank = 34359738368;  // 32 GiB; <= 0 = unbounded
 
   Link link(int src, int dst) const;
+  // Bytes one token's K and V (dK and dV) take on the wire at the layer's shape.
+  int64_t kv_bytes_per_token(const AttentionShape& s) const { return (s.k_width() + s.v_width()) * kv_bytes_per_element; }
+  int64_t dkv_bytes_per_token(const AttentionShape& s) const {
+    return (s.k_width() + s.v_width()) * dkv_bytes_per_element;
+  }
 };
 
 // Reads a coefficient file; keys not present keep their defaults, unknown keys are refused.
@@ -87,6 +106,15 @@ struct StageLoad {
 
 // THE stage cost. An empty stage (no pairs) costs nothing.
 double stage_ms(const CostModel& c, const StageLoad& s, bool remote, Pass pass);
+
+// Its pair term: `pairs` at the throughput of the stage kind and pass.
+double pairs_ms(const CostModel& c, double pairs, bool remote, Pass pass);
+// The token-local work of `tokens` owned tokens in one pass.
+double token_local_ms(const CostModel& c, double tokens, Pass pass);
+// What `pairs` owned pairs and `tokens` owned tokens cost one rank, forward + backward, without
+// launches, merges, ranges, tile padding or communication: the weight by which the balancing layouts
+// rank chunks, and, spread evenly over cp ranks, a lower bound on any plan's makespan.
+double own_work_ms(const CostModel& c, double pairs, double tokens);
 
 // Per rank: the local stage and one StageLoad per wave, with the tokens it owns.
 struct RankLoad {
@@ -121,11 +149,13 @@ class Links {
 double exchange_ms(const CostModel& c, const Links& links, const WaveTraffic& traffic, int rank,
                    int64_t bytes_per_token, bool inbound);
 
-// DESIGN.md's simulator over every rank. loads.size() == cp; waves[w] holds wave w's traffic.
+// DESIGN.md's simulator over every rank, for a layer of `shape`. loads.size() == cp; waves[w] holds
+// wave w's traffic.
 // The totals of simulate_timeline's timeline, computed by the same code without recording it.
 // With `refetch_backward` the backward fetches each wave's KV again, one wave ahead (Plan::refetch_backward).
-Prediction simulate(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                    const std::vector<WaveTraffic>& waves, bool refetch_backward = false);
+Prediction simulate(const CostModel& c, const Links& links, const AttentionShape& shape,
+                    const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves,
+                    bool refetch_backward = false);
 
 // One interval of the simulated schedule. A rank's compute spans (token-local work, stages, waits)
 // follow one another without overlap; its transfers overlap the compute (that is the point of waves),
@@ -155,7 +185,8 @@ struct Timeline {
 
 // The simulator's schedule span by span: rank r's forward runs over [0, forward_ms[r]] and its
 // backward over [forward_ms[r], forward_ms[r] + backward_ms[r]]. Empty stages and transfers are left out.
-Timeline simulate_timeline(const CostModel& c, const Links& links, const std::vector<RankLoad>& loads,
-                           const std::vector<WaveTraffic>& waves, bool refetch_backward = false);
+Timeline simulate_timeline(const CostModel& c, const Links& links, const AttentionShape& shape,
+                           const std::vector<RankLoad>& loads, const std::vector<WaveTraffic>& waves,
+                           bool refetch_backward = false);
 
 }  // namespace treecp

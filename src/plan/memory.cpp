@@ -28,9 +28,12 @@ RuntimeMemory attention_runtime_memory(const RuntimeMemoryInput& in) {
   const int64_t o_bytes = in.owned_rows * in.hq * in.dv * in.act_bytes, l_bytes = in.owned_rows * in.hq * in.stat_bytes;
   auto send = [&](size_t w) { return in.sent_rows[w] * kvw * in.act_bytes; };
   auto kv = [&](size_t w) { return in.fetched_rows[w] * kvw * in.act_bytes; };
+  // A wave that fetches nothing runs no kernel and adds no part to the merge.
+  size_t live = 0;
+  for (size_t w = 0; w < W; ++w) live += in.fetched_rows[w] > 0 ? 1 : 0;
   Meter m;
   // forward (DenseAttentionCP::forward)
-  const bool direct = W == 0 && !in.sink;
+  const bool direct = live == 0 && !in.sink;
   if (!direct) {
     m.alloc(o_bytes);
     m.alloc(l_bytes);
@@ -45,13 +48,15 @@ RuntimeMemory attention_runtime_memory(const RuntimeMemoryInput& in) {
       m.alloc(send(w + 1));
       m.alloc(kv(w + 1));
     }
-    m.alloc(o_bytes);
-    m.alloc(l_bytes);
+    if (in.fetched_rows[w] > 0) {
+      m.alloc(o_bytes);
+      m.alloc(l_bytes);
+    }
     if (in.refetch) m.release(kv(w));
   }
   if (!direct) {
     if (in.sink) m.alloc(o_bytes);  // the pre-sink output kept for the backward
-    m.release(static_cast<int64_t>(W + 1) * (o_bytes + l_bytes));
+    m.release(static_cast<int64_t>(live + 1) * (o_bytes + l_bytes));
   }
   RuntimeMemory out;
   out.forward_peak_bytes = m.peak;
@@ -81,7 +86,7 @@ RuntimeMemory attention_runtime_memory(const RuntimeMemoryInput& in) {
   return out;
 }
 
-RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, int64_t owned_rows) {
+RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, const CostModel& costs, int64_t owned_rows) {
   RuntimeMemoryInput in;
   in.owned_rows = owned_rows;
   in.hq = shape.hq;
@@ -89,9 +94,9 @@ RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, int64_t own
   in.d = shape.d;
   in.dv = shape.dv;
   in.sink = true;
-  in.act_bytes = shape.kv_bytes_per_element;
+  in.act_bytes = costs.kv_bytes_per_element;
   in.stat_bytes = 4;
-  in.grad_bytes = shape.dkv_bytes_per_element;
+  in.grad_bytes = costs.dkv_bytes_per_element;
   return in;
 }
 

@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
 // What the dense attention runtime (runtime/dense_attention.hpp) holds on one rank, predicted from the
 // plan's sizes alone: the peak over the forward and over the backward of the buffers it allocates itself
 // (stage partials, packed sends, received KV, dK/dV, returns), counted from just before the forward, and
@@ -8,7 +11,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/shapes.hpp"
+
 namespace treecp {
+
+struct CostModel;  // plan/cost.hpp
 
 struct RuntimeMemoryInput {
   int64_t owned_rows = 0;
@@ -29,9 +36,9 @@ struct RuntimeMemory {
 
 RuntimeMemory attention_runtime_memory(const RuntimeMemoryInput& in);
 
-struct AttentionShape;
-// The planner's input for a rank owning `owned_rows` tokens at `shape` (its head counts and wire element sizes;
-// statistics are fp32), with a sink (the larger bound); the caller adds the waves' sizes.
-RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, int64_t owned_rows);
+// The planner's input for a rank owning `owned_rows` tokens of a layer of `shape` (its head counts), with
+// element sizes the wire's (costs.kv_bytes_per_element for activations, costs.dkv_bytes_per_element for
+// gradients; statistics are fp32) and a sink (the larger bound); the caller adds the waves' sizes.
+RuntimeMemoryInput runtime_memory_input(const AttentionShape& shape, const CostModel& costs, int64_t owned_rows);
 
 }  // namespace treecp

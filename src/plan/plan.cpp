@@ -6,13 +6,37 @@
 #include "core/error.hpp"
 #include "plan/work.hpp"
 #include "tree/row.hpp"
+#include "tree/slice.hpp"
 
 namespace treecp {
 
-int64_t RankPlan::owned_tokens() const {
-  int64_t n = 0;
-  for (const TokenRange& r : owned) n += r.size();
-  return n;
+const char* layout_name(Layout layout) {
+  switch (layout) {
+    case Layout::Contiguous: return "contiguous";
+    case Layout::Zigzag: return "zigzag";
+    case Layout::Perdoc: return "perdoc";
+    case Layout::Family: return "family";
+    case Layout::Searched: return "searched";
+    case Layout::Ring: return "ring";
+  }
+  return "?";
+}
+
+Layout parse_layout(std::string_view name) {
+  for (Layout l : kLayouts) {
+    if (name == layout_name(l)) return l;
+  }
+  if (name == layout_name(Layout::Ring)) return Layout::Ring;
+  fail("unknown layout '", name, "' (expected contiguous, zigzag, perdoc, family or searched)");
+}
+
+int64_t RankPlan::owned_tokens() const { return tokens_of(owned); }
+
+Ownership plan_ownership(const Plan& plan) {
+  Ownership out;
+  out.reserve(plan.ranks.size());
+  for (const RankPlan& rp : plan.ranks) out.push_back(rp.owned);
+  return out;
 }
 
 int64_t RankPlan::pairs() const {
@@ -253,7 +277,7 @@ std::vector<std::vector<TokenRange>> per_peer_from(const json::Value& v, const s
 
 json::Value plan_to_json(const Plan& plan) {
   json::Value v = json::Value::object();
-  v.set("layout", plan.layout);
+  v.set("layout", std::string(layout_name(plan.layout)));
   v.set("cp", static_cast<int64_t>(plan.cp));
   v.set("tokens", plan.tokens);
   v.set("window", plan.window);
@@ -310,7 +334,7 @@ json::Value plan_to_json(const Plan& plan) {
 
 Plan plan_from_json(const json::Value& v) {
   Plan plan;
-  plan.layout = v.at("layout", "plan").as_string("plan.layout");
+  plan.layout = parse_layout(v.at("layout", "plan").as_string("plan.layout"));
   const int64_t cp = v.at("cp", "plan").as_int("plan.cp");
   require(cp >= 1 && cp <= 1 << 20, "plan JSON: cp must be >= 1, got ", cp);
   plan.cp = static_cast<int>(cp);

@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
 // A Plan: which rank owns which token chunks, and which stages each rank runs with which remote KV.
 // Pure data (no tensor values), JSON round trip, computed once per row and reused by every layer with
 // the same geometry. The runtime only executes it.
@@ -16,15 +19,22 @@
 #include <vector>
 
 #include "core/json.hpp"
-#include "tree/slice.hpp"
+#include "kernels/slice.hpp"
+#include "plan/ownership.hpp"
 
 namespace treecp {
 
-struct TokenRange {
-  int64_t begin = 0, end = 0;  // physical [begin, end)
-  int64_t size() const { return end - begin; }
-  bool operator==(const TokenRange&) const = default;
-};
+// Where a plan's ownership came from: the ownership generators of the planner (plan/planner.hpp, in
+// kLayouts; Searched refines the best of the others), or Ring, the ring-attention baseline of
+// plan/baselines.hpp, which the planner never produces.
+enum class Layout { Contiguous, Zigzag, Perdoc, Family, Searched, Ring };
+inline constexpr Layout kLayouts[] = {Layout::Contiguous, Layout::Zigzag, Layout::Perdoc, Layout::Family,
+                                      Layout::Searched};
+// "contiguous", "zigzag", "perdoc", "family", "searched", "ring".
+const char* layout_name(Layout layout);
+// The layout of a name (any of the six: a plan file may hold a baseline's); throws treecp::Error naming
+// the known ones.
+Layout parse_layout(std::string_view name);
 
 struct Stage {
   // Visible pairs this stage computes, in canonical token ids: every q row is owned by this rank;
@@ -48,7 +58,7 @@ struct RankPlan {
 };
 
 struct Plan {
-  std::string layout;                 // contiguous | zigzag | perdoc | family | searched
+  Layout layout = Layout::Searched;
   int cp = 1;
   int64_t tokens = 0;
   int64_t window = 0;                 // 0 = none; visibility the slices encode
@@ -64,6 +74,9 @@ struct Plan {
 };
 
 class Row;
+
+// Who holds which tokens under the plan: ranks[r].owned for every rank.
+Ownership plan_ownership(const Plan& plan);
 
 // Checks that a plan fits the row and window and is executable: rank count (expected_cp > 0 also
 // checks it against the communicator size), token count, chunk bounds and owners, owned ranges,

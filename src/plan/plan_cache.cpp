@@ -10,7 +10,8 @@ PlanCache::PlanCache(size_t capacity) : capacity_(capacity) {
   require(capacity >= 1, "PlanCache: capacity must be >= 1");
 }
 
-std::string PlanCache::key(const Row& row, int cp, const CostModel& costs, const PlanOptions& o) {
+std::string PlanCache::key(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs,
+                           const PlanOptions& o) {
   std::string k;
   k.reserve(static_cast<size_t>(row.num_segments()) * 12 + 256);
   auto put = [&k](int64_t x) {
@@ -22,22 +23,29 @@ std::string PlanCache::key(const Row& row, int cp, const CostModel& costs, const
     put(s.parent);
     put(s.length);
   }
-  put(o.window);
+  put(shape.hq);
+  put(shape.hkv);
+  put(shape.d);
+  put(shape.dv);
+  put(shape.window);
+  k.append(reinterpret_cast<const char*>(&shape.scale), sizeof shape.scale);
   put(o.chunk_tokens);
   put(o.max_waves);
   put(o.search_evaluations);
   put(o.search_steps);
   put(o.perdoc_min_piece);
   k.append(reinterpret_cast<const char*>(&o.min_gain), sizeof o.min_gain);
-  k += o.layout;
+  k += layout_name(o.layout);
+  k += '\0';
+  k += o.backward_kv;
   k += '\0';
   k += json::dump(to_json(costs));  // every coefficient, in a fixed order
   return k;
 }
 
-std::shared_ptr<const Plan> PlanCache::get(const Row& row, int cp, const CostModel& costs, const PlanOptions& options,
-                                           bool* hit) {
-  std::string k = key(row, cp, costs, options);
+std::shared_ptr<const Plan> PlanCache::get(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs,
+                                           const PlanOptions& options, bool* hit) {
+  std::string k = key(row, cp, shape, costs, options);
   {
     std::lock_guard<std::mutex> lock(m_);
     auto it = index_.find(k);
@@ -50,7 +58,7 @@ std::shared_ptr<const Plan> PlanCache::get(const Row& row, int cp, const CostMod
     ++misses_;
   }
   if (hit) *hit = false;
-  auto plan = std::make_shared<const Plan>(make_plan(row, cp, costs, options));
+  auto plan = std::make_shared<const Plan>(make_plan(row, cp, shape, costs, options));
   std::lock_guard<std::mutex> lock(m_);
   if (index_.count(k) == 0) {  // another thread may have made the same plan meanwhile
     lru_.emplace_front(k, plan);

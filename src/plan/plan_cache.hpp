@@ -1,5 +1,8 @@
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
 // A bounded cache of Plans keyed by everything a plan depends on: the row's segments, the rank count, the
-// planning options and the cost coefficients. Training revisits rows (several epochs, several layers of one
+// layer's shape (window included), the planning options and the cost coefficients. Training revisits rows (several epochs, several layers of one
 // geometry, microbatches that repeat a tree); a hit costs one key comparison instead of a search. Least
 // recently used entries go first. Thread-safe: lookahead plans on a host thread while the GPU runs.
 #pragma once
@@ -25,8 +28,8 @@ class PlanCache {
   explicit PlanCache(size_t capacity = 128);
 
   // The cached plan for these inputs, or a new one made (outside the lock) and cached. `hit` says which.
-  std::shared_ptr<const Plan> get(const Row& row, int cp, const CostModel& costs, const PlanOptions& options,
-                                  bool* hit = nullptr);
+  std::shared_ptr<const Plan> get(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs,
+                                  const PlanOptions& options, bool* hit = nullptr);
 
   size_t size() const;
   size_t capacity() const { return capacity_; }
@@ -34,7 +37,8 @@ class PlanCache {
   int64_t misses() const;
 
   // The key (exact, not a hash: two inputs never share a plan by collision).
-  static std::string key(const Row& row, int cp, const CostModel& costs, const PlanOptions& options);
+  static std::string key(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs,
+                         const PlanOptions& options);
 
  private:
   using Entry = std::pair<std::string, std::shared_ptr<const Plan>>;

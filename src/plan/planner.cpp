@@ -9,24 +9,18 @@
 
 #include "core/error.hpp"
 #include "tree/row.hpp"
+#include "tree/slice.hpp"
 
 namespace treecp {
-
-const std::vector<std::string>& layout_names() {
-  static const std::vector<std::string> names{"contiguous", "zigzag", "perdoc", "family", "searched"};
-  return names;
-}
 
 namespace {
 
 // Estimated single-GPU ms of a chunk's own work (its attention pairs plus its token-local work): the
 // weight the balancing layouts and the search use to rank chunks before the simulator prices them.
 std::vector<double> chunk_estimates(const WorkMatrix& w, const CostModel& c) {
-  const double per_pair = 1.0 / c.local_forward_pairs_per_ms + 1.0 / c.local_backward_pairs_per_ms;
-  const double per_token = c.token_local_forward_ms_per_token + c.token_local_backward_ms_per_token;
   std::vector<double> est(w.num_chunks());
   for (int32_t i = 0; i < w.num_chunks(); ++i) {
-    est[i] = static_cast<double>(w.q_weight[i]) * per_pair + static_cast<double>(w.chunk_tokens(i)) * per_token;
+    est[i] = own_work_ms(c, static_cast<double>(w.q_weight[i]), static_cast<double>(w.chunk_tokens(i)));
   }
   return est;
 }
@@ -140,8 +134,8 @@ std::vector<int32_t> family_owner(const Row& row, const WorkMatrix& w, const Cos
 
 // ---- evaluation
 
-Evaluator::Evaluator(const WorkMatrix& w, const CostModel& c, int cp)
-    : w_(w), c_(c), cp_(cp), n_(w.num_chunks()), links_(c, cp) {
+Evaluator::Evaluator(const WorkMatrix& w, const CostModel& c, const AttentionShape& shape, int cp)
+    : w_(w), c_(c), shape_(shape), cp_(cp), n_(w.num_chunks()), links_(c, cp) {
   require(cp >= 1, "cp must be >= 1, got ", cp);
   need_.assign(n_, 0);
   need_compute_.assign(n_, 0);
@@ -261,7 +255,7 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
   // Memory per rank, with the received KV kept for the backward and fetched again; the choice, then its price.
   int64_t peak_keep = 0, peak_refetch = 0;
   for (int r = 0; r < cp; ++r) {
-    RuntimeMemoryInput in = runtime_memory_input(c_.shape, loads_[r].owned_tokens);
+    RuntimeMemoryInput in = runtime_memory_input(shape_, c_, loads_[r].owned_tokens);
     for (int wave = 0; wave < waves; ++wave) {
       int64_t fetched = 0, sent = 0;
       for (int p = 0; p < cp; ++p) {
@@ -281,7 +275,7 @@ Evaluator::Result Evaluator::evaluate(const std::vector<int32_t>& owner, int wav
   res.refetch_backward = kv_mode_ == 2 || (kv_mode_ == 0 && !fits(peak_keep) && waves > 0);
   res.peak_memory_bytes = res.refetch_backward ? peak_refetch : peak_keep;
   res.fits_memory = fits(res.peak_memory_bytes);
-  res.prediction = simulate(c_, links_, loads_, traffic_, res.refetch_backward);
+  res.prediction = simulate(c_, links_, shape_, loads_, traffic_, res.refetch_backward);
   return res;
 }
 
@@ -294,7 +288,7 @@ void Evaluator::set_backward_kv(const std::string& mode) {
 // ---- the Plan
 
 Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator& evaluator,
-                const std::vector<int32_t>& owner, int waves, const std::string& layout) {
+                const std::vector<int32_t>& owner, int waves, Layout layout) {
   const Evaluator::Result res = evaluator.evaluate(owner, waves);
   require(res.valid, "build_plan: remote key/value data is needed but the plan has no waves");
   const WorkMatrix& w = evaluator.work();
@@ -391,7 +385,7 @@ Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator&
 }
 
 // The loads and traffic a Plan implies, from its slices and ranges.
-void plan_loads(const Plan& plan, const CostModel& costs, std::vector<RankLoad>& loads,
+void plan_loads(const Plan& plan, const AttentionShape& shape, const CostModel& costs, std::vector<RankLoad>& loads,
                 std::vector<WaveTraffic>& traffic) {
   const int cp = plan.cp;
   require(cp >= 1 && static_cast<int>(plan.ranks.size()) == cp, "simulate_plan: plan has ", plan.ranks.size(),
@@ -401,15 +395,16 @@ void plan_loads(const Plan& plan, const CostModel& costs, std::vector<RankLoad>&
   loads.assign(cp, RankLoad{});
   traffic.assign(waves, WaveTraffic(static_cast<size_t>(cp) * cp, 0));
   std::vector<int32_t> stamp(bounds.size(), -1);  // last stage that counted a query chunk
+  const TileTokens tile = tile_tokens(costs.kernel_tiles, shape.group());
   int32_t stage_id = 0;
   for (int r = 0; r < cp; ++r) {
     const RankPlan& rp = plan.ranks[r];
     require(rp.stages.size() == waves + 1, "simulate_plan: rank ", r, " has ", rp.stages.size(), " stages");
     RankLoad& l = loads[r];
     l.owned_tokens = rp.owned_tokens();
-    auto computed = [&costs](const Stage& st) {
+    auto computed = [&tile](const Stage& st) {
       int64_t sum = 0;
-      for (const Slice& sl : st.slices) sum += tile_padded_area(sl, costs.tile_query_tokens, costs.tile_key_tokens);
+      for (const Slice& sl : st.slices) sum += tile_padded_area(sl, tile.query, tile.key);
       return sum;
     };
     l.local.pairs = rp.stages[0].pairs;
@@ -438,19 +433,18 @@ void plan_loads(const Plan& plan, const CostModel& costs, std::vector<RankLoad>&
   }
 }
 
-
-Prediction simulate_plan(const Plan& plan, const CostModel& costs) {
+Prediction simulate_plan(const Plan& plan, const AttentionShape& shape, const CostModel& costs) {
   std::vector<RankLoad> loads;
   std::vector<WaveTraffic> traffic;
-  plan_loads(plan, costs, loads, traffic);
-  return simulate(costs, Links(costs, plan.cp), loads, traffic, plan.refetch_backward);
+  plan_loads(plan, shape, costs, loads, traffic);
+  return simulate(costs, Links(costs, plan.cp), shape, loads, traffic, plan.refetch_backward);
 }
 
-Timeline simulate_plan_timeline(const Plan& plan, const CostModel& costs) {
+Timeline simulate_plan_timeline(const Plan& plan, const AttentionShape& shape, const CostModel& costs) {
   std::vector<RankLoad> loads;
   std::vector<WaveTraffic> traffic;
-  plan_loads(plan, costs, loads, traffic);
-  return simulate_timeline(costs, Links(costs, plan.cp), loads, traffic, plan.refetch_backward);
+  plan_loads(plan, shape, costs, loads, traffic);
+  return simulate_timeline(costs, Links(costs, plan.cp), shape, loads, traffic, plan.refetch_backward);
 }
 
 // ---- the search
@@ -680,38 +674,37 @@ class Search {
 
 }  // namespace
 
-Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions& options, PlanReport* report) {
+Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs, const PlanOptions& options,
+               PlanReport* report) {
   const auto t0 = std::chrono::steady_clock::now();
   require(cp >= 1 && cp <= 4096, "cp must be in [1, 4096], got ", cp);
-  require(options.window >= 0, "window must be >= 0 (0 = none), got ", options.window);
+  shape.validate();
+  require(options.layout != Layout::Ring, "layout 'ring' is a baseline (plan/baselines.hpp: ring_plan), not a layout "
+          "the planner builds");
   require(options.chunk_tokens >= 0, "chunk size must be >= 0 (0 = choose), got ", options.chunk_tokens);
   require(options.max_waves >= 1 && options.max_waves <= 16, "max waves must be in [1, 16], got ", options.max_waves);
-  const auto& names = layout_names();
-  require(std::find(names.begin(), names.end(), options.layout) != names.end(), "unknown layout '", options.layout,
-          "' (expected contiguous, zigzag, perdoc, family or searched)");
 
-  const std::vector<Slice> slices = row_slices(row, options.window);
+  const std::vector<Slice> slices = row_slices(row, shape.window);
   const int64_t chunk = options.chunk_tokens > 0 ? options.chunk_tokens : default_chunk_tokens(row.tokens(), cp);
-  const int64_t tq = costs.tile_query_tokens, tk = costs.tile_key_tokens;
+  const TileTokens tile = tile_tokens(costs.kernel_tiles, shape.group());
+  const int64_t tq = tile.query, tk = tile.key;
   const WorkMatrix common = build_work_matrix(slices, make_chunk_bounds(row, chunk), tq, tk);
   const WorkMatrix perdoc = build_work_matrix(slices, perdoc_chunk_bounds(row, cp, options.perdoc_min_piece), tq, tk);
-  Evaluator ev_common(common, costs, cp), ev_perdoc(perdoc, costs, cp);
+  Evaluator ev_common(common, costs, shape, cp), ev_perdoc(perdoc, costs, shape, cp);
   ev_common.set_backward_kv(options.backward_kv);
   ev_perdoc.set_backward_kv(options.backward_kv);
   int evaluations = 0, moves = 0;
   Search on_common(ev_common, options, evaluations), on_perdoc(ev_perdoc, options, evaluations);
 
   // Fixed layouts, each with its best wave count; then the search from the best of them.
-  Candidate fixed[4] = {
-      on_common.best_waves(contiguous_owner(common, cp)),
-      on_common.best_waves(zigzag_owner(common, cp)),
-      on_perdoc.best_waves(perdoc_owner(row, perdoc, cp, options.perdoc_min_piece)),
-      on_common.best_waves(family_owner(row, common, costs, cp)),
-  };
+  const Candidate contiguous = on_common.best_waves(contiguous_owner(common, cp));
+  const Candidate zigzag = on_common.best_waves(zigzag_owner(common, cp));
+  const Candidate perdoc_fixed = on_perdoc.best_waves(perdoc_owner(row, perdoc, cp, options.perdoc_min_piece));
+  const Candidate family = on_common.best_waves(family_owner(row, common, costs, cp));
   // Search starts on the common grid: the fixed layouts there, an equal-cost contiguous split and
   // whole families never split (no communication at all when it pays).
-  const Candidate* start = &fixed[0];
-  for (const Candidate* c : {&fixed[1], &fixed[3]}) {
+  const Candidate* start = &contiguous;
+  for (const Candidate* c : {&zigzag, &family}) {
     if (better(c->result, start->result)) start = c;
   }
   const Candidate balanced = on_common.best_waves(balanced_owner(common, costs, cp));
@@ -722,22 +715,33 @@ Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions
   Candidate searched = on_common.refine(*start, chunk_estimates(common, costs), moves);
   bool searched_on_perdoc = false;
   // The finer perdoc grid is searched too when its fixed layout beats the common grid's result.
-  if (better(fixed[2].result, searched.result)) {
-    searched = on_perdoc.refine(fixed[2], chunk_estimates(perdoc, costs), moves);
+  if (better(perdoc_fixed.result, searched.result)) {
+    searched = on_perdoc.refine(perdoc_fixed, chunk_estimates(perdoc, costs), moves);
     searched_on_perdoc = true;
   }
 
-  const int chosen = static_cast<int>(std::find(names.begin(), names.end(), options.layout) - names.begin());
-  const Candidate& pick = chosen < 4 ? fixed[chosen] : searched;
-  const bool pick_perdoc = chosen == 2 || (chosen == 4 && searched_on_perdoc);
+  auto candidate = [&](Layout l) -> const Candidate& {
+    switch (l) {
+      case Layout::Contiguous: return contiguous;
+      case Layout::Zigzag: return zigzag;
+      case Layout::Perdoc: return perdoc_fixed;
+      case Layout::Family: return family;
+      case Layout::Searched:
+      case Layout::Ring: break;
+    }
+    return searched;
+  };
+  const Candidate& pick = candidate(options.layout);
+  const bool pick_perdoc =
+      options.layout == Layout::Perdoc || (options.layout == Layout::Searched && searched_on_perdoc);
   Plan plan =
-      build_plan(slices, options.window, pick_perdoc ? ev_perdoc : ev_common, pick.owner, pick.waves, options.layout);
+      build_plan(slices, shape.window, pick_perdoc ? ev_perdoc : ev_common, pick.owner, pick.waves, options.layout);
   if (report != nullptr) {
     report->layouts.clear();
-    for (int l = 0; l < 5; ++l) {
-      const Candidate& c = l < 4 ? fixed[l] : searched;
+    for (Layout l : kLayouts) {
+      const Candidate& c = candidate(l);
       LayoutResult lr;
-      lr.layout = names[l];
+      lr.layout = l;
       lr.num_waves = c.waves;
       lr.chunks = static_cast<int64_t>(c.owner.size());
       lr.makespan_ms = c.result.prediction.makespan_ms;
@@ -754,17 +758,20 @@ Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions
   return plan;
 }
 
-Plan plan_for_ownership(const Row& row, const Plan& ownership, const CostModel& costs, const PlanOptions& options) {
-  require(options.window >= 0, "window must be >= 0 (0 = none), got ", options.window);
+Plan plan_for_ownership(const Row& row, const Plan& ownership, const AttentionShape& shape, const CostModel& costs,
+                        const PlanOptions& options) {
+  shape.validate();
   require(ownership.tokens == row.tokens(), "ownership: the plan is for ", ownership.tokens, " tokens, the row has ",
           row.tokens());
-  const std::vector<Slice> slices = row_slices(row, options.window);
-  const WorkMatrix w =
-      build_work_matrix(slices, ownership.chunk_bounds, costs.tile_query_tokens, costs.tile_key_tokens);
-  Evaluator ev(w, costs, ownership.cp);
+  require(options.max_waves >= 1 && options.max_waves <= 16, "max waves must be in [1, 16], got ", options.max_waves);
+  const std::vector<Slice> slices = row_slices(row, shape.window);
+  const TileTokens tile = tile_tokens(costs.kernel_tiles, shape.group());
+  const WorkMatrix w = build_work_matrix(slices, ownership.chunk_bounds, tile.query, tile.key);
+  Evaluator ev(w, costs, shape, ownership.cp);
+  ev.set_backward_kv(options.backward_kv);
   int evaluations = 0;
   const Candidate pick = Search(ev, options, evaluations).best_waves(ownership.chunk_owner);
-  return build_plan(slices, options.window, ev, pick.owner, pick.waves, ownership.layout);
+  return build_plan(slices, shape.window, ev, pick.owner, pick.waves, ownership.layout);
 }
 
 }  // namespace treecp

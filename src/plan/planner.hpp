@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
 // The planner: layouts as ownership generators, the schedule (which remote key chunks each rank
 // fetches in which wave), evaluation through the cost model, a bounded ownership search, and the
 // construction of the Plan the runtime executes.
@@ -16,12 +19,8 @@ namespace treecp {
 
 class Row;
 
-// "contiguous", "zigzag", "perdoc", "family", "searched".
-const std::vector<std::string>& layout_names();
-
 struct PlanOptions {
-  std::string layout = "searched";
-  int64_t window = 0;            // 0 = none
+  Layout layout = Layout::Searched;
   int64_t chunk_tokens = 0;      // 0 = default_chunk_tokens(row, cp)
   int max_waves = 4;             // wave counts tried: 1..max_waves (0 when no rank needs remote KV)
   int search_evaluations = 160;  // budget of plan evaluations for the ownership moves
@@ -36,7 +35,7 @@ struct PlanOptions {
 
 // One layout's best schedule, as the report shows it.
 struct LayoutResult {
-  std::string layout;
+  Layout layout = Layout::Searched;
   int num_waves = 0;
   int64_t chunks = 0;
   double makespan_ms = 0.0;
@@ -46,20 +45,25 @@ struct LayoutResult {
 };
 
 struct PlanReport {
-  std::vector<LayoutResult> layouts;  // every layout of layout_names(), in that order
+  std::vector<LayoutResult> layouts;  // every layout of kLayouts, in that order
   int64_t chunk_tokens = 0;           // chosen chunk size (the common grid)
   int evaluations = 0;                // plan evaluations, all layouts and the search together
   int search_moves = 0;               // accepted ownership moves
   double planning_ms = 0.0;           // wall time of make_plan
 };
 
-// Plans a row for `cp` ranks with the requested layout; the report (optional) has every layout.
-Plan make_plan(const Row& row, int cp, const CostModel& costs, const PlanOptions& options,
+// Plans a row for `cp` ranks and a layer of `shape` (its window decides the visibility; its head dims
+// the bytes a wave moves and the kernel tiles) with the requested layout; the report (optional) has
+// every layout.
+Plan make_plan(const Row& row, int cp, const AttentionShape& shape, const CostModel& costs, const PlanOptions& options,
                PlanReport* report = nullptr);
 
-// The same ownership (chunk bounds and owners of `ownership`) with the schedule of options.window:
-// layers with different sliding windows share one token layout, so activations never move between them.
-Plan plan_for_ownership(const Row& row, const Plan& ownership, const CostModel& costs, const PlanOptions& options);
+// The same ownership (chunk bounds and owners of `ownership`) with the schedule of another attention layer of
+// the row (`shape`: its window): layers with different sliding windows share one token layout, so activations
+// never move between them. The stages, their slices and the wave count (the best of 1..max_waves, or none when
+// no rank needs remote keys) are planned for that window; the layout name is ownership's.
+Plan plan_for_ownership(const Row& row, const Plan& ownership, const AttentionShape& shape, const CostModel& costs,
+                        const PlanOptions& options = {});
 
 // ---- the parts, exposed for tests and benchmarks
 
@@ -73,10 +77,11 @@ std::vector<int32_t> perdoc_owner(const Row& row, const WorkMatrix& w, int cp, i
 std::vector<int32_t> family_owner(const Row& row, const WorkMatrix& w, const CostModel& c, int cp, bool split = true);
 std::vector<int32_t> balanced_owner(const WorkMatrix& w, const CostModel& c, int cp);  // equal cost, in order
 
-// Prices ownerships on one work matrix; reuses its buffers between calls (not thread-safe).
+// Prices ownerships on one work matrix for a layer of `shape`; reuses its buffers between calls (not
+// thread-safe).
 class Evaluator {
  public:
-  Evaluator(const WorkMatrix& w, const CostModel& c, int cp);
+  Evaluator(const WorkMatrix& w, const CostModel& c, const AttentionShape& shape, int cp);
 
   struct Result {
     Prediction prediction;
@@ -107,6 +112,7 @@ class Evaluator {
  private:
   const WorkMatrix& w_;
   const CostModel& c_;
+  AttentionShape shape_;
   int cp_;
   int32_t n_;
   Links links_;
@@ -125,14 +131,16 @@ class Evaluator {
 
 // The Plan of an ownership and wave count on a work matrix, predictions included.
 Plan build_plan(const std::vector<Slice>& row_slices, int64_t window, Evaluator& evaluator,
-                const std::vector<int32_t>& owner, int waves, const std::string& layout);
+                const std::vector<int32_t>& owner, int waves, Layout layout);
 
-// The loads a Plan implies (from its slices and ranges) priced with the same cost function.
-Prediction simulate_plan(const Plan& plan, const CostModel& costs);
+// The loads a Plan implies (from its slices and ranges) priced with the same cost function, for a layer of
+// `shape`.
+Prediction simulate_plan(const Plan& plan, const AttentionShape& shape, const CostModel& costs);
 // The same simulation span by span (what `treecp plan --svg` and `treecp run --trace` draw).
-Timeline simulate_plan_timeline(const Plan& plan, const CostModel& costs);
+Timeline simulate_plan_timeline(const Plan& plan, const AttentionShape& shape, const CostModel& costs);
 
 // The loads and traffic a Plan implies (from its slices and ranges), as simulate_plan prices them.
-void plan_loads(const Plan& plan, const CostModel& costs, std::vector<RankLoad>& loads, std::vector<WaveTraffic>& traffic);
+void plan_loads(const Plan& plan, const AttentionShape& shape, const CostModel& costs, std::vector<RankLoad>& loads,
+                std::vector<WaveTraffic>& traffic);
 
 }  // namespace treecp

@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "tree/row.hpp"
+#include "tree/slice.hpp"
 
 namespace treecp {
 
@@ -34,8 +35,8 @@ namespace {
 // The keys of each nested model that its price reads; the others are refused, so that a file never
 // holds a value that changes nothing.
 const std::vector<std::string>& indexer_keys() {
-  static const std::vector<std::string> k{"local_forward_pairs_per_ms", "remote_forward_pairs_per_ms", "tile_query_tokens",
-                                          "tile_key_tokens", "stage_launch_ms", "merge_ms_per_query_token", "range_ms",
+  static const std::vector<std::string> k{"local_forward_pairs_per_ms", "remote_forward_pairs_per_ms", "kernel_tiles",
+                                          "stage_launch_ms", "merge_ms_per_query_token", "range_ms",
                                           "underfill_pairs", "underfill_ms", "ranks_per_node", "intra_node", "inter_node",
                                           "rank_bandwidth_bytes_per_ms", "links", "activation_bytes_per_token",
                                           "memory_limit_bytes_per_rank"};
@@ -139,15 +140,22 @@ std::vector<int64_t> sparse_pairs_per_query(const Row& row, int64_t window, int6
 
 namespace {
 
-// The indexer's stages priced by the dense schedule: Hi heads of Di against one shared key, the wave
-// KV carrying ki (and with Waves the kv rows too); token-local work belongs to the sparse model.
-CostModel indexer_model(const SparseMlaCosts& c, bool kv_in_waves) {
+// The indexer's stages priced by the dense schedule as an attention layer of Hi heads of Di against one
+// shared key head and no values, the wave KV carrying ki (and with Waves the kv rows too, as its "values");
+// token-local work belongs to the sparse model.
+AttentionShape indexer_shape(const SparseMlaCosts& c, bool kv_in_waves, int64_t window) {
+  AttentionShape s;
+  s.hq = static_cast<int>(c.shape.hi);
+  s.hkv = 1;
+  s.d = static_cast<int>(c.shape.di);
+  s.dv = kv_in_waves ? static_cast<int>(c.shape.dqk) : 0;
+  s.window = window;
+  return s;
+}
+
+CostModel indexer_model(const SparseMlaCosts& c) {
   CostModel m = c.indexer;
-  m.shape.hq = c.shape.hi;
-  m.shape.hkv = 1;
-  m.shape.d = c.shape.di;
-  m.shape.dv = kv_in_waves ? c.shape.dqk : 0;
-  m.shape.kv_bytes_per_element = c.shape.bytes_per_element;
+  m.kv_bytes_per_element = c.shape.bytes_per_element;
   m.token_local_forward_ms_per_token = 0.0;
   m.token_local_backward_ms_per_token = 0.0;
   return m;
@@ -213,8 +221,9 @@ SparseMlaPrediction price_sparse_mla(const Plan& plan, const SparseMlaCosts& cos
           "price_sparse_mla: a layer that reuses ids has no indexer waves to carry KV (fetch must be selected)");
   const SparseMlaShape& sh = costs.shape;
   const bool kv_in_waves = full_index && fetch == KvFetch::Waves;
-  const CostModel ix = indexer_model(costs, kv_in_waves);
-  const Prediction staged = full_index ? simulate_plan(plan, ix) : Prediction{};
+  const CostModel ix = indexer_model(costs);
+  const Prediction staged = full_index ? simulate_plan(plan, indexer_shape(costs, kv_in_waves, plan.window), ix)
+                                       : Prediction{};
   const Links links(costs.indexer, cp);
   SparseMlaPrediction out;
   out.fetch = fetch;
@@ -290,34 +299,32 @@ SparseMlaPlan make_sparse_mla_plan(const Row& row, int cp, const SparseMlaCosts&
   require(o.fetch == "auto" || o.fetch == "waves" || o.fetch == "selected", "fetch must be auto, waves or selected; got '",
           o.fetch, "'");
   require(o.full_index || o.fetch != "waves", "a layer that reuses ids (IndexShare) cannot take KV from indexer waves");
-  const auto& names = layout_names();
-  require(std::find(names.begin(), names.end(), o.plan.layout) != names.end(), "unknown layout '", o.plan.layout,
-          "' (expected contiguous, zigzag, perdoc, family or searched)");
   // The dense search steers by the indexer's stages plus the row's average sparse work per owned token.
-  const std::vector<int64_t> per_query = sparse_pairs_per_query(row, o.plan.window, o.topk);
+  const std::vector<int64_t> per_query = sparse_pairs_per_query(row, o.window, o.topk);
   int64_t sparse_total = 0;
   for (int64_t x : per_query) sparse_total += x;
   const double per_token = row.tokens() > 0 ? static_cast<double>(sparse_total) / static_cast<double>(row.tokens()) : 0.0;
-  CostModel steer = indexer_model(costs, o.full_index && o.fetch != "selected");
+  CostModel steer = indexer_model(costs);
+  const AttentionShape steer_shape = indexer_shape(costs, o.full_index && o.fetch != "selected", o.window);
   if (!o.full_index) {  // no indexer stages and nothing in waves: ownership balances the sparse work alone
     steer.local_forward_pairs_per_ms = steer.remote_forward_pairs_per_ms = std::numeric_limits<double>::max();
-    steer.shape.kv_bytes_per_element = 0;
+    steer.kv_bytes_per_element = 0;
   }
   // the indexer has no backward pass
   steer.local_backward_pairs_per_ms = steer.remote_backward_pairs_per_ms = std::numeric_limits<double>::max();
-  steer.shape.dkv_bytes_per_element = 0;
+  steer.dkv_bytes_per_element = 0;
   steer.token_local_forward_ms_per_token = per_token / costs.sparse.local_forward_pairs_per_ms + costs.sparse.token_local_forward_ms_per_token;
   steer.token_local_backward_ms_per_token = per_token / costs.sparse.local_backward_pairs_per_ms + costs.sparse.token_local_backward_ms_per_token;
 
-  std::vector<std::string> layouts = {o.plan.layout};
-  if (o.plan.layout == "searched") layouts = names;
+  std::vector<Layout> layouts = {o.plan.layout};
+  if (o.plan.layout == Layout::Searched) layouts.assign(std::begin(kLayouts), std::end(kLayouts));
   SparseMlaPlan best;
   bool have = false;
-  for (const std::string& layout : layouts) {
+  for (Layout layout : layouts) {
     PlanOptions po = o.plan;
     po.layout = layout;
     SparseMlaPlan cand;
-    cand.plan = make_plan(row, cp, steer, po);
+    cand.plan = make_plan(row, cp, steer_shape, steer, po);
     cand.topk = o.topk;
     if (o.full_index) {
       const SparseMlaPrediction waves = price_sparse_mla(cand.plan, costs, o.topk, KvFetch::Waves, true);

@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
 // Planning sparse MLA with a learned indexer (ART §07): two kinds of work priced separately, as the
 // article insists. The indexer scores every visible (query, key) pair and runs through the dense
 // plan's stages and waves (its pairs are the plan's visible pairs); the sparse attention computes
@@ -97,7 +100,8 @@ SparseMlaPrediction price_sparse_mla(const Plan& plan, const SparseMlaCosts& cos
                                      bool full_index = true);
 
 struct SparseMlaPlanOptions {
-  PlanOptions plan;            // layout ("searched" = the best of every layout), window, chunk, waves, budget
+  PlanOptions plan;            // layout ("searched" = the best of every layout), chunk, waves, budget
+  int64_t window = 0;          // the layer's sliding window (0 = none)
   int64_t topk = 2048;
   std::string fetch = "auto";  // auto (fewer bytes) | waves | selected
   bool full_index = true;      // false: the layer reuses ids (IndexShare)

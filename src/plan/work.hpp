@@ -1,3 +1,6 @@
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
 // Chunks and the work matrix (ART §05): the row is cut into contiguous chunks, the planning unit of
 // ownership; W[i][j] = visible pairs between query chunk i and key chunk j, built from slices in
 // closed form and stored sparse (only non-zero entries; never S x S, never N x N dense).
@@ -6,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tree/slice.hpp"
+#include "kernels/slice.hpp"
 
 namespace treecp {
 

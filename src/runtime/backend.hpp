@@ -1,6 +1,10 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // What the runtime's protocol code needs from a Backend (cpu_backend.hpp: host vectors; cuda_backend.hpp:
 // device memory). The protocol never touches tensor elements itself: it moves rows between buffers and calls
 // these operations, so the same protocol runs on host buffers over MPI and on device buffers over NCCL.
+// Layer shapes are kernels/shapes.hpp's.
 //
 // Ordering. A backend executes its operations in the order they are called: on the CPU at once, on a GPU
 // enqueued on one compute stream and never waited for by the host. A Communicator's started exchange is
@@ -20,7 +24,8 @@
 //   Act alloc_act(n); Stat alloc_stat(n); Grad alloc_grad(n);  contents unspecified
 //   void release(X&) for each kind: gives the memory back (to a pool on the GPU); counted by the meter
 //   Elem* data(Act&) (Elem = the activation element), float-or-T* data(Stat& / Grad&), and const forms
-//   void zero(Grad&);
+//   void zero(Grad&);  int64_t size(const X&) (elements) for each kind
+//   void copy_rows(const X& src, const std::vector<RowCopy>&, int64_t width, X& dst)   for Act and Grad
 //   int64_t live_bytes(), peak_bytes(); void reset_peak();  what the backend holds now and at most
 //   HostGeometry prepare_geometry(slices, q_rows, kv_rows, dims)   host only, thread-safe, static
 //   Geometry upload(const HostGeometry&)      what the kernels read (a device tile plan on the GPU)
@@ -57,18 +62,45 @@
 //   void sparse_backward(const SparseMlaDims&, const Act& q, int64_t q_rows, const Act& kv, int64_t kv_rows,
 //                        const IndexBuffer& rows, const Act& o, const Stat& lse, const Act& d_o, Grad& dq,
 //                        Grad& dkv)          accumulate (+=)
+//
+// Affine-state recurrences (runtime/affine_cp.hpp: GDN/KDA, Mamba-2's summaries). A state holds every
+// head's rows x cols block; item i of a maps buffer holds every head's summary (M [rows][rows], then
+// E [rows][cols]: S_out = M S_in + E), AffineShape::map_elements() each. States and maps are Grad
+// buffers (fp32 on a GPU) and travel as grad_comm_type:
+//   void affine_identity(const AffineShape&, Grad& maps, int64_t item)
+//   void affine_compose(const AffineShape&, int64_t items, Grad& later, const Grad& earlier)   later = later ∘ earlier
+//   void affine_seed(const AffineShape&, Grad& maps, int64_t item, const Grad* state)   (M, E) -> (0, M s + E)
+//   void affine_adjoint(const AffineShape&, const Grad& map, const Grad& a, const Grad* g, Grad& maps, int64_t item)
+//        a run's gradient map: (Mᵀ, a), or with dL/dS_out g: (0, Mᵀ g + a)
+//   void affine_state(const AffineShape&, const Grad& maps, int64_t item, Grad& state)   state = E
+// GDN / KDA (runtime/gdn_cp.hpp; kernels/cpu/gdn.hpp), every head of the run of buffer rows [row, row + rows):
+//   void gdn_forward(const GdnShape&, const GdnInputs<Act>& in, int64_t row, int64_t rows, Grad& state, Act& y)
+//   void gdn_backward(const GdnShape&, const GdnInputs<Act>& in, int64_t row, int64_t rows, const Grad& state_in,
+//                     const Act& dy, Grad& dstate, const GdnGradients<Grad>& grads)   dstate: out in, in out; grads +=
+//   void gdn_summary(const GdnShape&, const GdnInputs<Act>& in, int64_t row, int64_t rows, Grad& maps, int64_t item)
+//   void l2norm_forward(const Act& x, int64_t groups, int dim, Act& y)      the layer's q/k normalisation
+//   void l2norm_backward(const Act& x, const Grad& dy, int64_t groups, int dim, Grad& dx)   dx +=
+// The short convolution over rows linked by their logical predecessor (runtime/conv_cp.hpp;
+// kernels/cpu/conv1d.hpp): x holds the outputs' rows then halo rows, prev[r] is r's predecessor row:
+//   void conv1d_forward(const ConvShape&, const Act& x, const std::vector<int64_t>& prev, int64_t out_rows,
+//                       const Act& weight, const Act* bias, Act& y)
+//   void conv1d_backward(const ConvShape&, const Act& x, const std::vector<int64_t>& prev, int64_t out_rows,
+//                        const Act& weight, const Act* bias, const Grad& dy, Grad& dx, Grad& dweight,
+//                        Grad* dbias)     accumulate (+=), halo rows of dx included
+// (The CPU backend implements all of these; the CUDA backend does attention so far.)
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
+
+#include "kernels/shapes.hpp"
 
 namespace treecp {
 
-struct AttentionDims {
-  int hq = 1, hkv = 1, d = 1, dv = 1;
-  double scale = 0.0;  // <= 0: 1/sqrt(d)
-  double softmax_scale() const { return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(d)); }
-};
+// The attention layer's shape is kernels/shapes.hpp's AttentionShape; this name is kept for code
+// written against it before the shapes became one type.
+using AttentionDims [[deprecated("use AttentionShape (kernels/shapes.hpp)")]] = AttentionShape;
 
 // Sparse MLA with a learned indexer (absorbed MLA, one shared latent KV head): indexer heads hi of di,
 // attention heads h over kv rows of dqk (latent then rope), the value being the first dv columns.
@@ -82,6 +114,16 @@ struct SparseMlaDims {
 // Copy `rows` rows from src row `src_row` to dst row `dst_row`.
 struct RowCopy {
   int64_t src_row = 0, dst_row = 0, rows = 0;
+};
+
+// A rank's GDN/KDA inputs and gradients as buffers (token-major, its rows in its ownership's order).
+template <class Buffer>
+struct GdnInputs {
+  const Buffer *q = nullptr, *k = nullptr, *v = nullptr, *g = nullptr, *beta = nullptr;
+};
+template <class Buffer>
+struct GdnGradients {  // a null member is not computed; all null: the state gradient only
+  Buffer *dq = nullptr, *dk = nullptr, *dv = nullptr, *dg = nullptr, *dbeta = nullptr;
 };
 
 // K and V rows of one stage: element (r, h, i) of K at k + r * k_row_stride + h * d + i (V likewise, dv).

@@ -4,14 +4,10 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "runtime/row_map.hpp"
 
 namespace treecp {
 namespace {
-
-template <class T>
-constexpr CommType comm_type() {
-  return sizeof(T) == 8 ? CommType::F64 : CommType::F32;
-}
 
 // The token before t on its logical path, or -1 at a root's first token.
 int64_t logical_pred(const Row& row, int64_t t) {
@@ -21,28 +17,9 @@ int64_t logical_pred(const Row& row, int64_t t) {
   return p < 0 ? -1 : row.end(p) - 1;
 }
 
-// Buffer row of token t in a rank's sorted ranges, or -1 when it holds no such token.
-int64_t owned_row(const std::vector<TokenRange>& ranges, const std::vector<int64_t>& offsets, int64_t t) {
-  auto it = std::upper_bound(ranges.begin(), ranges.end(), t, [](int64_t x, const TokenRange& r) { return x < r.begin; });
-  if (it == ranges.begin()) return -1;
-  --it;
-  if (t >= it->end) return -1;
-  return offsets[static_cast<size_t>(it - ranges.begin())] + (t - it->begin);
-}
-
-std::vector<int64_t> offsets_of(const std::vector<TokenRange>& ranges) {
-  std::vector<int64_t> off;
-  int64_t at = 0;
-  for (const TokenRange& r : ranges) {
-    off.push_back(at);
-    at += r.size();
-  }
-  return off;
-}
-
 // Sorted halo tokens of one rank: predecessors within width-1 steps of its tokens that it does not hold.
 std::vector<int64_t> halo_of(const Row& row, const std::vector<TokenRange>& ranges, int width) {
-  const std::vector<int64_t> off = offsets_of(ranges);
+  const RowMap held(ranges);
   std::set<int64_t> halo;
   for (const TokenRange& r : ranges) {
     for (int32_t s = row.segment_of(r.begin); s < row.num_segments() && row.start(s) < r.end; ++s) {
@@ -53,7 +30,7 @@ std::vector<int64_t> halo_of(const Row& row, const std::vector<TokenRange>& rang
         for (int i = 1; i < width; ++i) {
           u = logical_pred(row, u);
           if (u < 0) break;
-          if (owned_row(ranges, off, u) < 0) halo.insert(u);
+          if (held.find(u) < 0) halo.insert(u);
         }
       }
     }
@@ -61,59 +38,20 @@ std::vector<int64_t> halo_of(const Row& row, const std::vector<TokenRange>& rang
   return {halo.begin(), halo.end()};
 }
 
-int owner_of(const RankLayout& layout, int64_t t) {
-  for (size_t r = 0; r < layout.size(); ++r) {
-    const auto& rs = layout[r];
-    auto it = std::upper_bound(rs.begin(), rs.end(), t, [](int64_t x, const TokenRange& q) { return x < q.begin; });
-    if (it != rs.begin() && t < std::prev(it)->end) return static_cast<int>(r);
-  }
-  fail("conv1d: token ", t, " is held by no rank");
-}
-
 }  // namespace
 
-RankLayout contiguous_layout(const Row& row, int ranks) {
-  require(ranks >= 1, "conv1d: ranks must be >= 1, got ", ranks);
-  RankLayout out(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) {
-    const int64_t b = row.tokens() * r / ranks, e = row.tokens() * (r + 1) / ranks;
-    if (b < e) out[static_cast<size_t>(r)].push_back({b, e});
-  }
-  return out;
-}
-
-void validate_layout(const Row& row, const RankLayout& layout) {
-  std::vector<TokenRange> all;
-  for (size_t r = 0; r < layout.size(); ++r) {
-    for (size_t i = 0; i < layout[r].size(); ++i) {
-      const TokenRange& t = layout[r][i];
-      require(t.begin < t.end && t.begin >= 0 && t.end <= row.tokens(), "layout: rank ", r, " range ", i,
-              " must be non-empty inside [0, ", row.tokens(), ")");
-      require(i == 0 || layout[r][i - 1].end <= t.begin, "layout: rank ", r, " ranges must be sorted and disjoint");
-      all.push_back(t);
-    }
-  }
-  std::sort(all.begin(), all.end(), [](const TokenRange& a, const TokenRange& b) { return a.begin < b.begin; });
-  int64_t at = 0;
-  for (const TokenRange& t : all) {
-    require(t.begin == at, "layout: token ", at, " must be held by exactly one rank");
-    at = t.end;
-  }
-  require(at == row.tokens(), "layout: tokens from ", at, " on are held by no rank");
-}
-
-ConvHalo make_conv_halo(const Row& row, const RankLayout& layout, int rank, int width) {
+ConvHalo make_conv_halo(const Row& row, const Ownership& layout, int rank, int width) {
   const int n = static_cast<int>(layout.size());
   require(rank >= 0 && rank < n, "conv1d: rank ", rank, " outside the layout's ", n, " ranks");
   require(width >= 1, "conv1d: width must be >= 1, got ", width);
   ConvHalo h;
   const auto& mine = layout[static_cast<size_t>(rank)];
-  const std::vector<int64_t> off = offsets_of(mine);
-  for (const TokenRange& r : mine) h.owned_rows += r.size();
+  const RowMap held(mine);
+  h.owned_rows = held.rows();
   h.halo_tokens = halo_of(row, mine, width);
   auto row_of = [&](int64_t t) -> int64_t {
     if (t < 0) return -1;
-    const int64_t o = owned_row(mine, off, t);
+    const int64_t o = held.find(t);
     if (o >= 0) return o;
     auto it = std::lower_bound(h.halo_tokens.begin(), h.halo_tokens.end(), t);
     if (it == h.halo_tokens.end() || *it != t) return -1;  // beyond what any output reaches
@@ -132,125 +70,11 @@ ConvHalo make_conv_halo(const Row& row, const RankLayout& layout, int rank, int 
   for (int p = 0; p < n; ++p) {
     if (p == rank) continue;
     for (int64_t t : halo_of(row, layout[static_cast<size_t>(p)], width)) {
-      const int64_t o = owned_row(mine, off, t);
+      const int64_t o = held.find(t);
       if (o >= 0) h.send_rows[static_cast<size_t>(p)].push_back(o);
     }
   }
   return h;
 }
-
-namespace {
-
-// Forward halo exchange: returns [owned + halo, C] rows.
-template <class T>
-std::vector<T> with_halo(Communicator& comm, const ConvHalo& h, int C, const T* x_local) {
-  const int n = comm.size();
-  const int64_t rows = h.owned_rows + static_cast<int64_t>(h.halo_tokens.size());
-  std::vector<T> x(static_cast<size_t>(rows * C));
-  std::copy(x_local, x_local + h.owned_rows * C, x.begin());
-  std::vector<int64_t> sc(n), sd(n), rc(n), rd(n);
-  std::vector<T> sbuf, rbuf;
-  int64_t rtot = 0;
-  for (int p = 0; p < n; ++p) {
-    sd[p] = static_cast<int64_t>(sbuf.size());
-    for (int64_t r : h.send_rows[p]) sbuf.insert(sbuf.end(), x_local + r * C, x_local + (r + 1) * C);
-    sc[p] = static_cast<int64_t>(sbuf.size()) - sd[p];
-    rd[p] = rtot;
-    rc[p] = static_cast<int64_t>(h.recv_rows[p].size()) * C;
-    rtot += rc[p];
-  }
-  rbuf.resize(static_cast<size_t>(rtot));
-  comm.all_to_all_v(sbuf.data(), sc, sd, rbuf.data(), rc, rd, comm_type<T>());
-  for (int p = 0; p < n; ++p)
-    for (size_t i = 0; i < h.recv_rows[p].size(); ++i)
-      std::copy(rbuf.begin() + rd[p] + static_cast<int64_t>(i) * C, rbuf.begin() + rd[p] + static_cast<int64_t>(i + 1) * C,
-                x.begin() + h.recv_rows[p][i] * C);
-  return x;
-}
-
-template <class T>
-Conv1dParams<T> params_of(const ConvHalo& h, const Conv1dArgs& a, const std::vector<T>& x, const T* weight,
-                          const T* bias) {
-  Conv1dParams<T> p;
-  p.x = x.data();
-  p.prev = h.prev.data();
-  p.weight = weight;
-  p.bias = bias;
-  p.rows = static_cast<int64_t>(h.prev.size());
-  p.out_rows = h.owned_rows;
-  p.channels = a.channels;
-  p.width = a.width;
-  p.silu = a.silu;
-  return p;
-}
-
-void check_args(const Communicator& comm, const Row& row, const RankLayout& layout, const Conv1dArgs& a) {
-  require(static_cast<int>(layout.size()) == comm.size(), "conv1d: layout is for ", layout.size(),
-          " ranks, communicator has ", comm.size());
-  require(a.channels >= 1, "conv1d: channels must be >= 1, got ", a.channels);
-  require(a.width >= 1 && a.width <= 64, "conv1d: width must be in [1, 64], got ", a.width);
-  validate_layout(row, layout);
-}
-
-}  // namespace
-
-template <class T>
-void conv1d_cp_forward(Communicator& comm, const Row& row, const RankLayout& layout, const Conv1dArgs& args,
-                       const T* x_local, const T* weight, const T* bias, T* y_local) {
-  check_args(comm, row, layout, args);
-  const ConvHalo h = make_conv_halo(row, layout, comm.rank(), args.width);
-  const std::vector<T> x = with_halo(comm, h, args.channels, x_local);
-  const Conv1dParams<T> p = params_of(h, args, x, weight, bias);
-  conv1d_check_params(p);
-  conv1d_forward(p, y_local);
-}
-
-template <class T>
-void conv1d_cp_backward(Communicator& comm, const Row& row, const RankLayout& layout, const Conv1dArgs& args,
-                        const T* x_local, const T* weight, const T* bias, const T* dy_local, T* dx_local,
-                        T* dweight, T* dbias) {
-  check_args(comm, row, layout, args);
-  const int n = comm.size(), C = args.channels;
-  const ConvHalo h = make_conv_halo(row, layout, comm.rank(), args.width);
-  const std::vector<T> x = with_halo(comm, h, C, x_local);
-  const Conv1dParams<T> p = params_of(h, args, x, weight, bias);
-  std::vector<T> dx(x.size(), T(0)), dw(static_cast<size_t>(C * args.width), T(0)), db(static_cast<size_t>(C), T(0));
-  conv1d_backward(p, dy_local, dx.data(), dw.data(), dbias ? db.data() : nullptr);
-  // Halo gradients go back along the forward's routes (the mirror exchange) and are added.
-  std::vector<int64_t> sc(n), sd(n), rc(n), rd(n);
-  std::vector<T> sbuf, rbuf;
-  int64_t rtot = 0;
-  for (int q = 0; q < n; ++q) {
-    sd[q] = static_cast<int64_t>(sbuf.size());
-    for (int64_t r : h.recv_rows[q]) sbuf.insert(sbuf.end(), dx.begin() + r * C, dx.begin() + (r + 1) * C);
-    sc[q] = static_cast<int64_t>(sbuf.size()) - sd[q];
-    rd[q] = rtot;
-    rc[q] = static_cast<int64_t>(h.send_rows[q].size()) * C;
-    rtot += rc[q];
-  }
-  rbuf.resize(static_cast<size_t>(rtot));
-  comm.all_to_all_v(sbuf.data(), sc, sd, rbuf.data(), rc, rd, comm_type<T>());
-  for (int q = 0; q < n; ++q)
-    for (size_t i = 0; i < h.send_rows[q].size(); ++i)
-      for (int c = 0; c < C; ++c) dx[h.send_rows[q][i] * C + c] += rbuf[rd[q] + static_cast<int64_t>(i) * C + c];
-  for (int64_t i = 0; i < h.owned_rows * C; ++i) dx_local[i] += dx[i];
-  // Parameter gradients: every token contributes; sum over ranks so that all hold the same.
-  comm.all_reduce_sum(dw.data(), static_cast<int64_t>(dw.size()), comm_type<T>());
-  for (size_t i = 0; i < dw.size(); ++i) dweight[i] += dw[i];
-  if (dbias) {
-    comm.all_reduce_sum(db.data(), C, comm_type<T>());
-    for (int c = 0; c < C; ++c) dbias[c] += db[c];
-  }
-}
-
-template void conv1d_cp_forward<float>(Communicator&, const Row&, const RankLayout&, const Conv1dArgs&, const float*,
-                                       const float*, const float*, float*);
-template void conv1d_cp_forward<double>(Communicator&, const Row&, const RankLayout&, const Conv1dArgs&,
-                                        const double*, const double*, const double*, double*);
-template void conv1d_cp_backward<float>(Communicator&, const Row&, const RankLayout&, const Conv1dArgs&, const float*,
-                                        const float*, const float*, const float*, float*, float*, float*);
-template void conv1d_cp_backward<double>(Communicator&, const Row&, const RankLayout&, const Conv1dArgs&,
-                                         const double*, const double*, const double*, const double*, double*,
-                                         double*, double*);
 
 }  // namespace treecp

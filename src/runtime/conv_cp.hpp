@@ -1,57 +1,26 @@
-// Causal depthwise conv1d over a packed prefix-tree row whose tokens are spread over ranks.
-// layout[r] = the sorted, disjoint physical ranges rank r holds (together: every token once); a rank's
-// buffers hold its tokens in that order. Each rank needs the K-1 inputs preceding each of its tokens
-// along the token's logical path: its HALO. A child's halo is its parent's tail (wherever the parent
-// lives), and a very short shard's halo may come from several earlier ranks. One all-to-all brings
-// the halo; the backward returns the halo's input gradients to their owners, who add them.
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
+// Causal depthwise conv1d (the short convolution of GDN/KDA layers) over a packed prefix-tree row
+// whose tokens are spread over ranks by any Ownership (plan/ownership.hpp; a rank's buffers hold its
+// tokens in that order), generic over a Backend (runtime/backend.hpp) and a Communicator. Each rank
+// needs the K-1 inputs preceding each of its tokens along the token's logical path: its HALO. A
+// child's halo is its parent's tail (wherever the parent lives), and a very short shard's halo may
+// come from several earlier ranks. One all-to-all brings the halo; the backward returns the halo's
+// input gradients to their owners, who add them.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "kernels/cpu/conv1d.hpp"
-#include "plan/plan.hpp"
-#include "runtime/row_map.hpp"
+#include "core/error.hpp"
+#include "plan/ownership.hpp"
+#include "runtime/backend.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
-
-using RankLayout = std::vector<std::vector<TokenRange>>;
-
-// Near-equal contiguous shards of the row (the data loader's split).
-RankLayout contiguous_layout(const Row& row, int ranks);
-// Checks that the layout covers the row exactly once with sorted ranges.
-void validate_layout(const Row& row, const RankLayout& layout);
-
-// Every rank's buffer (laid out by layout[rank]) into a full [S, width] array on rank 0 (empty
-// elsewhere). One all-to-all in which only rank 0 receives.
-template <class T>
-std::vector<double> gather_to_root(Communicator& comm, const RankLayout& layout, const std::vector<T>& local,
-                                   int64_t width, int64_t S) {
-  const int n = comm.size();
-  std::vector<int64_t> sc(n, 0), sd(n, 0), rc(n, 0), rd(n, 0);
-  sc[0] = static_cast<int64_t>(local.size());
-  int64_t total = 0;
-  if (comm.rank() == 0) {
-    for (int r = 0; r < n; ++r) {
-      rd[r] = total;
-      for (const TokenRange& t : layout[r]) rc[r] += t.size() * width;
-      total += rc[r];
-    }
-  }
-  std::vector<T> stage(static_cast<size_t>(total));
-  comm.all_to_all_v(local.data(), sc, sd, stage.data(), rc, rd, sizeof(T) == 8 ? CommType::F64 : CommType::F32);
-  std::vector<double> full;
-  if (comm.rank() != 0) return full;
-  full.assign(static_cast<size_t>(S * width), 0.0);
-  for (int r = 0; r < n; ++r) {
-    int64_t at = rd[r];
-    for (const TokenRange& t : layout[r])
-      for (int64_t i = t.begin * width; i < t.end * width; ++i) full[i] = static_cast<double>(stage[at++]);
-  }
-  return full;
-}
 
 // Rank `rank`'s conv geometry: owned rows first, then halo rows (sorted by token id).
 struct ConvHalo {
@@ -61,24 +30,114 @@ struct ConvHalo {
   std::vector<std::vector<int64_t>> send_rows;  // per peer: owned rows it needs from this rank
   std::vector<std::vector<int64_t>> recv_rows;  // per peer: halo rows it fills
 };
-ConvHalo make_conv_halo(const Row& row, const RankLayout& layout, int rank, int width);
+ConvHalo make_conv_halo(const Row& row, const Ownership& layout, int rank, int width);
 
-struct Conv1dArgs {
-  int channels = 0;
-  int width = 4;
-  bool silu = false;
+template <class Backend>
+class ConvCP {
+ public:
+  using Act = typename Backend::Act;
+  using Grad = typename Backend::Grad;
+  using Buffer = Act;
+
+  // Checks the shape and the ownership against the row and the communicator on every rank, and agrees
+  // on the verdict before any data moves.
+  ConvCP(const Ownership& layout, const Row& row, const ConvShape& shape, Communicator& comm, Backend& backend)
+      : shape_(shape), comm_(comm), be_(backend) {
+    std::string problem;
+    try {
+      shape.validate();
+      require(static_cast<int>(layout.size()) == comm.size(), "conv1d: layout is for ", layout.size(),
+              " ranks, communicator has ", comm.size());
+      validate_ownership(layout, row.tokens());
+      halo_ = make_conv_halo(row, layout, comm.rank(), shape.width);
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    if (!comm.all_ok(problem.empty())) fail(problem.empty() ? "conv1d layout refused on another rank" : problem);
+  }
+
+  ConvCP(const ConvCP&) = delete;
+  ConvCP& operator=(const ConvCP&) = delete;
+  ~ConvCP() { be_.release(x_); }
+
+  int64_t owned_rows() const { return halo_.owned_rows; }
+
+  // x [owned, C], weight [C, K], bias [C] or null -> y [owned, C]. weight and bias must outlive backward().
+  void forward(const Act& x, const Act& weight, const Act* bias, Act& y) {
+    const int64_t C = shape_.channels, rows = halo_.owned_rows + static_cast<int64_t>(halo_.halo_tokens.size());
+    weight_ = &weight;
+    bias_ = bias;
+    be_.release(x_);
+    x_ = be_.alloc_act(rows * C);
+    be_.copy_rows(x, {{0, 0, halo_.owned_rows}}, C, x_);
+    // The halo: owned rows other ranks need go out, the rows this rank needs come in, in token order.
+    const Routes r = routes(halo_.send_rows, halo_.recv_rows);
+    Act send = be_.alloc_act(r.sent * C), recv = be_.alloc_act(r.received * C);
+    be_.copy_rows(x_, r.pack, C, send);
+    comm_.all_to_all_v(be_.data(send), r.sc, r.sd, be_.data(recv), r.rc, r.rd, Backend::act_comm_type);
+    be_.copy_rows(recv, r.unpack, C, x_);
+    be_.release(send);
+    be_.release(recv);
+    be_.conv1d_forward(shape_, x_, halo_.prev, halo_.owned_rows, weight, bias, y);
+  }
+
+  // dy [owned, C] -> dx [owned, C] (overwritten, with the halo gradients other ranks return), dweight
+  // [C, K] and dbias [C] (overwritten; the full gradient, summed over the ranks, on every rank: the
+  // weights are replicated).
+  void backward(const Grad& dy, Grad& dx, Grad& dweight, Grad* dbias) {
+    require(weight_ != nullptr, "conv1d: backward() called before forward()");
+    const int64_t C = shape_.channels;
+    Grad dx_all = be_.alloc_grad(be_.size(x_));
+    be_.zero(dx_all);
+    be_.zero(dweight);
+    if (dbias) be_.zero(*dbias);
+    be_.conv1d_backward(shape_, x_, halo_.prev, halo_.owned_rows, *weight_, bias_, dy, dx_all, dweight, dbias);
+    // The halo rows' gradients go back along the forward's routes (the mirror exchange) and are added.
+    const Routes r = routes(halo_.recv_rows, halo_.send_rows);
+    Grad send = be_.alloc_grad(r.sent * C), recv = be_.alloc_grad(r.received * C);
+    be_.copy_rows(dx_all, r.pack, C, send);
+    comm_.all_to_all_v(be_.data(send), r.sc, r.sd, be_.data(recv), r.rc, r.rd, Backend::grad_comm_type);
+    be_.add_rows(recv, C, 0, C, be_.upload(r.unpack), dx_all);
+    be_.copy_rows(dx_all, {{0, 0, halo_.owned_rows}}, C, dx);
+    be_.release(send);
+    be_.release(recv);
+    be_.release(dx_all);
+    comm_.all_reduce_sum(be_.data(dweight), be_.size(dweight), Backend::grad_comm_type);
+    if (dbias) comm_.all_reduce_sum(be_.data(*dbias), be_.size(*dbias), Backend::grad_comm_type);
+  }
+
+ private:
+  // One all-to-all of C-wide rows: rows send_rows[p] of the source go to peer p (packed in that order),
+  // the rows from peer p land in rows recv_rows[p] of the destination.
+  struct Routes {
+    std::vector<int64_t> sc, sd, rc, rd;  // element counts and offsets per peer
+    std::vector<RowCopy> pack, unpack;
+    int64_t sent = 0, received = 0;       // rows
+  };
+  Routes routes(const std::vector<std::vector<int64_t>>& send_rows, const std::vector<std::vector<int64_t>>& recv_rows) const {
+    const int n = comm_.size();
+    const int64_t C = shape_.channels;
+    Routes r;
+    r.sc.assign(static_cast<size_t>(n), 0);
+    r.sd = r.rc = r.rd = r.sc;
+    for (int p = 0; p < n; ++p) {
+      r.sd[static_cast<size_t>(p)] = r.sent * C;
+      for (int64_t row : send_rows[static_cast<size_t>(p)]) r.pack.push_back({row, r.sent++, 1});
+      r.sc[static_cast<size_t>(p)] = r.sent * C - r.sd[static_cast<size_t>(p)];
+      r.rd[static_cast<size_t>(p)] = r.received * C;
+      for (int64_t row : recv_rows[static_cast<size_t>(p)]) r.unpack.push_back({r.received++, row, 1});
+      r.rc[static_cast<size_t>(p)] = r.received * C - r.rd[static_cast<size_t>(p)];
+    }
+    return r;
+  }
+
+  ConvShape shape_;
+  Communicator& comm_;
+  Backend& be_;
+  ConvHalo halo_;
+  const Act* weight_ = nullptr;
+  const Act* bias_ = nullptr;
+  Act x_;  // the owned rows, then the halo rows (kept for the backward)
 };
-
-// y_local [owned, C] from x_local [owned, C]; weight [C, K], bias [C] or null.
-template <class T>
-void conv1d_cp_forward(Communicator& comm, const Row& row, const RankLayout& layout, const Conv1dArgs& args,
-                       const T* x_local, const T* weight, const T* bias, T* y_local);
-
-// Adds dx_local [owned, C] (including the halo gradients other ranks return). dweight [C, K] and
-// dbias [C] (may be null) receive the full gradient, summed over all ranks, on every rank.
-template <class T>
-void conv1d_cp_backward(Communicator& comm, const Row& row, const RankLayout& layout, const Conv1dArgs& args,
-                        const T* x_local, const T* weight, const T* bias, const T* dy_local, T* dx_local,
-                        T* dweight, T* dbias);
 
 }  // namespace treecp

@@ -8,7 +8,7 @@ namespace treecp {
 
 namespace {
 
-void check_dims(const AttentionDims& d, const char* who) {
+void check_dims(const AttentionShape& d, const char* who) {
   require(d.d == d.dv && (d.d == 64 || d.d == 128), who, ": the CUDA kernels take head dims 64 or 128 with Dv = D, got D ",
           d.d, " Dv ", d.dv);
   require(d.hq >= 1 && d.hkv >= 1 && d.hq % d.hkv == 0, who, ": hq must be a positive multiple of hkv, got ", d.hq,
@@ -119,7 +119,7 @@ template std::vector<cuda::bf16_t> CudaBackend::download(const DeviceBuffer<cuda
 template std::vector<float> CudaBackend::download(const DeviceBuffer<float>&);
 
 CudaBackend::HostGeometry CudaBackend::prepare_geometry(const std::vector<Slice>& slices, int64_t q_rows,
-                                                        int64_t kv_rows, const AttentionDims& dims) {
+                                                        int64_t kv_rows, const AttentionShape& dims) {
   check_dims(dims, "CudaBackend");
   return std::make_shared<const cuda::TilePlan>(cuda::build_tile_plan(slices, q_rows, kv_rows, dims.hq / dims.hkv));
 }
@@ -175,7 +175,7 @@ void CudaBackend::add_rows(const Grad& src, int64_t src_width, int64_t src_col, 
   cuda::add_rows_f32(src.data(), src_width, src_col, cols, *copies.list, dst.data(), stream_);
 }
 
-void CudaBackend::attention_forward(const AttentionDims& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
+void CudaBackend::attention_forward(const AttentionShape& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
                                     Act& o, Stat& lse) {
   check_dims(dims, "attention_forward");
   cuda::AttentionForwardParams p;
@@ -187,7 +187,7 @@ void CudaBackend::attention_forward(const AttentionDims& dims, const Geometry& g
   cuda::attention_forward(p, *g, stream_);
 }
 
-void CudaBackend::merge_sink_forward(const AttentionDims& dims, int64_t rows, const std::vector<const Act*>& o_parts,
+void CudaBackend::merge_sink_forward(const AttentionShape& dims, int64_t rows, const std::vector<const Act*>& o_parts,
                                      const std::vector<const Stat*>& lse_parts, const Stat* sink, Act& y, Act* o_merged,
                                      Stat& lse) {
   require(!o_parts.empty() && o_parts.size() == lse_parts.size(), "merge_sink_forward: ", o_parts.size(),
@@ -238,7 +238,7 @@ void CudaBackend::merge_sink_forward(const AttentionDims& dims, int64_t rows, co
   cuda::merge_sink_forward(p, stream_);
 }
 
-const CudaBackend::Act& CudaBackend::merge_sink_backward(const AttentionDims& dims, int64_t rows, const Act& o,
+const CudaBackend::Act& CudaBackend::merge_sink_backward(const AttentionShape& dims, int64_t rows, const Act& o,
                                                          const Stat& lse, const Stat* sink, const Act& dy, Act& d_o,
                                                          Stat& dsum, Stat* dsink) {
   // One part, the complete output: d_o = w dy and Dsum = w dot(dy, o) - dJ/dL. Without a sink w = 1 where a
@@ -264,7 +264,7 @@ const CudaBackend::Act& CudaBackend::merge_sink_backward(const AttentionDims& di
   return sink ? d_o : dy;
 }
 
-void CudaBackend::attention_backward(const AttentionDims& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
+void CudaBackend::attention_backward(const AttentionShape& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
                                      const Act& o, const Stat& lse, const Act& d_o, const Stat& dsum, Grad& dq,
                                      const DkvView<GradElem>& dkv) {
   check_dims(dims, "attention_backward");

@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // The CUDA Backend of the runtime (runtime/backend.hpp) over kernels/cuda: bf16 activations, fp32
 // statistics (LSE, Dsum, the sink) and fp32 gradient accumulators, every buffer from a caching device pool,
 // every operation enqueued on one compute stream and never waited for by the host. A stage's geometry is a
@@ -123,7 +126,7 @@ class CudaBackend {
 
   // ---- geometry and row lists
   static HostGeometry prepare_geometry(const std::vector<Slice>& slices, int64_t q_rows, int64_t kv_rows,
-                                       const AttentionDims& dims);
+                                       const AttentionShape& dims);
   Geometry upload(const HostGeometry& g);
   CopyList upload(const std::vector<RowCopy>& copies);
 
@@ -134,15 +137,15 @@ class CudaBackend {
   void add_rows(const Grad& src, int64_t src_width, int64_t src_col, int64_t cols, const CopyList& copies, Grad& dst);
 
   // ---- attention
-  void attention_forward(const AttentionDims& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv, Act& o,
+  void attention_forward(const AttentionShape& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv, Act& o,
                          Stat& lse);
-  void merge_sink_forward(const AttentionDims& dims, int64_t rows, const std::vector<const Act*>& o_parts,
+  void merge_sink_forward(const AttentionShape& dims, int64_t rows, const std::vector<const Act*>& o_parts,
                           const std::vector<const Stat*>& lse_parts, const Stat* sink, Act& y, Act* o_merged,
                           Stat& lse);
   // dstat is Dsum = dot(dO, O) - dJ/dLSE (the kernels' dsum_ready form).
-  const Act& merge_sink_backward(const AttentionDims& dims, int64_t rows, const Act& o, const Stat& lse,
+  const Act& merge_sink_backward(const AttentionShape& dims, int64_t rows, const Act& o, const Stat& lse,
                                  const Stat* sink, const Act& dy, Act& d_o, Stat& dsum, Stat* dsink);
-  void attention_backward(const AttentionDims& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
+  void attention_backward(const AttentionShape& dims, const Geometry& g, const Act& q, const KvView<Elem>& kv,
                           const Act& o, const Stat& lse, const Act& d_o, const Stat& dsum, Grad& dq,
                           const DkvView<GradElem>& dkv);
 

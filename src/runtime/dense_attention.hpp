@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Dense attention context parallelism (ART 03-04): executes a Plan on one rank, generic over a
 // Backend (runtime/backend.hpp) and a Communicator. Q and O stay with their owner; stage 0 runs owned
 // queries against owned keys while wave 1's KV travels; each remote wave's KV (K and V side by side in one
@@ -58,7 +61,7 @@ struct StageSpan {
 // row's while the current one runs); checks the plan against the row first.
 template <class Backend>
 struct PreparedAttention {
-  AttentionDims dims;
+  AttentionShape dims;
   bool refetch_backward = false;  // the plan's choice
   RankSchedule schedule;
   typename Backend::HostGeometry local;
@@ -66,8 +69,9 @@ struct PreparedAttention {
 };
 
 template <class Backend>
-PreparedAttention<Backend> prepare_attention(const Plan& plan, const Row& row, const AttentionDims& dims, int rank) {
-  validate_plan(plan, row, plan.window, plan.cp);
+PreparedAttention<Backend> prepare_attention(const Plan& plan, const Row& row, const AttentionShape& dims, int rank) {
+  dims.validate();
+  validate_plan(plan, row, dims.window, plan.cp);
   PreparedAttention<Backend> p;
   p.dims = dims;
   p.refetch_backward = plan.refetch_backward;
@@ -89,9 +93,10 @@ class DenseAttentionCP {
   using GradElem = typename Backend::GradElem;
   using Mark = typename Backend::Mark;
 
-  // Checks the plan against the row and the communicator on every rank, and agrees on the verdict
-  // before any data moves: a bad plan throws the same error on every rank, no collective hangs.
-  DenseAttentionCP(const Plan& plan, const Row& row, const AttentionDims& shape, Communicator& comm, Backend& backend,
+  // Checks the shape, and the plan against the row, the layer's window and the communicator, on every
+  // rank, and agrees on the verdict before any data moves: a bad plan throws the same error on every
+  // rank, no collective hangs.
+  DenseAttentionCP(const Plan& plan, const Row& row, const AttentionShape& shape, Communicator& comm, Backend& backend,
                    DenseAttentionOptions options = {})
       : comm_(comm), be_(backend), opt_(options) {
     std::string problem;
@@ -124,7 +129,7 @@ class DenseAttentionCP {
   int64_t owned_rows() const { return s_.owned_rows(); }
   const RowMap& owned() const { return s_.owned; }
   const RankSchedule& schedule() const { return s_; }
-  const AttentionDims& dims() const { return dims_; }
+  const AttentionShape& dims() const { return dims_; }
   const DenseAttentionOptions& options() const { return opt_; }
 
   // q [owned, Hq, D], k [owned, Hkv, D], v [owned, Hkv, Dv], sink [Hq] or null. Writes y [owned, Hq, Dv]
@@ -139,8 +144,9 @@ class DenseAttentionCP {
     fwd_spans_.clear();
     traffic_.bytes_sent = traffic_.bytes_received = 0;
     be_.record(marks_[0]);
+    // A wave none of this rank's queries reads from (it only sends in it) adds no part to the merge.
     // Without merge or sink, stage 0 writes the outputs themselves.
-    const bool direct = W == 0 && sink == nullptr;
+    const bool direct = live_waves_ == 0 && sink == nullptr;
     std::vector<Act> o_parts(W + 1);
     std::vector<Stat> lse_parts(W + 1);
     if (!direct) {
@@ -158,6 +164,7 @@ class DenseAttentionCP {
       end_span(fwd_spans_);
       be_.release(waves_[w].send);
       if (w + 1 < W) pending = start_fetch(w + 1, k, v);
+      if (!live(w)) continue;
       o_parts[w + 1] = be_.alloc_act(o_elems);
       lse_parts[w + 1] = be_.alloc_stat(l_elems);
       begin_span(fwd_spans_, "fwd wave " + std::to_string(w + 1));
@@ -170,6 +177,7 @@ class DenseAttentionCP {
       std::vector<const Act*> op;
       std::vector<const Stat*> lp;
       for (size_t i = 0; i <= W; ++i) {
+        if (i > 0 && !live(i - 1)) continue;
         op.push_back(&o_parts[i]);
         lp.push_back(&lse_parts[i]);
       }
@@ -269,8 +277,14 @@ class DenseAttentionCP {
       waves_[w].kv_counts = exchange_counts(ws.send_rows, ws.recv_rows, kw_ + vw_);
       waves_[w].dkv_counts = exchange_counts(ws.recv_rows, ws.send_rows, kw_ + vw_);
     }
+    live_waves_ = 0;
+    for (size_t w = 0; w < s_.waves.size(); ++w) live_waves_ += live(w) ? 1 : 0;
     for (int i = 0; i < 4; ++i) marks_.push_back(be_.make_mark());
   }
+
+  // Whether wave w brings this rank any KV: a wave can carry only this rank's sends, and then neither
+  // direction runs a kernel for it (plan/memory.cpp replays the same rule).
+  bool live(size_t w) const { return s_.waves[w].fetched.rows() > 0; }
 
   KvView<Elem> owned_kv(const Act& k, const Act& v) const {
     return {be_.data(k), be_.data(v), kw_, vw_, owned_rows()};
@@ -345,10 +359,12 @@ class DenseAttentionCP {
       wave.dkv = be_.alloc_grad(fr * kvw);
       be_.zero(wave.dkv);
       GradElem* g = be_.data(wave.dkv);
-      begin_span(bwd_spans_, "bwd wave " + std::to_string(w + 1));
-      be_.attention_backward(dims_, wave_geom_[w], q, fetched_kv(w), o, lse, d_o, dstat, dq,
-                             DkvView<GradElem>{g, g + kw_, kvw, kvw});
-      end_span(bwd_spans_);
+      if (live(w)) {
+        begin_span(bwd_spans_, "bwd wave " + std::to_string(w + 1));
+        be_.attention_backward(dims_, wave_geom_[w], q, fetched_kv(w), o, lse, d_o, dstat, dq,
+                               DkvView<GradElem>{g, g + kw_, kvw, kvw});
+        end_span(bwd_spans_);
+      }
       be_.release(wave.kv);
       // The mirror of the forward fetch: what came from a peer goes back to it.
       wave.ret = be_.alloc_grad(s_.waves[w].send_total * kvw);
@@ -404,9 +420,10 @@ class DenseAttentionCP {
   Communicator& comm_;
   Backend& be_;
   DenseAttentionOptions opt_;
-  AttentionDims dims_;
+  AttentionShape dims_;
   RankSchedule s_;
   int64_t kw_ = 0, vw_ = 0;
+  size_t live_waves_ = 0;
   typename Backend::Geometry local_geom_;
   std::vector<typename Backend::Geometry> wave_geom_;
   std::vector<Wave> waves_;

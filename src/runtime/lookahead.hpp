@@ -1,8 +1,11 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Per-input host work off the critical path: the plan of the next row and its prepared stages (tile lists on
 // the GPU) are built on a host thread while the current row's forward and backward run. ART plans a row in
 // about 40 ms and hides it the same way; treecp's planning takes a few ms and is hidden too.
 //
-//   Lookahead<CudaBackend> ahead(comm.rank(), comm.size(), costs, options, dims, &cache);
+//   Lookahead<CudaBackend> ahead(comm.rank(), comm.size(), costs, options, shape, &cache);
 //   ahead.submit(row_0);
 //   for (i...) {
 //     if (i + 1 < n) ahead.submit(row_{i+1});        // planned while row i runs
@@ -41,8 +44,9 @@ class Lookahead {
   };
 
   // `cache` may be null (no caching) and must outlive this object.
-  Lookahead(int rank, int ranks, CostModel costs, PlanOptions options, AttentionDims dims, PlanCache* cache = nullptr)
-      : rank_(rank), ranks_(ranks), costs_(std::move(costs)), options_(std::move(options)), dims_(dims),
+  // Plans every row for a layer of `shape` (its window included).
+  Lookahead(int rank, int ranks, CostModel costs, PlanOptions options, AttentionShape shape, PlanCache* cache = nullptr)
+      : rank_(rank), ranks_(ranks), costs_(std::move(costs)), options_(std::move(options)), shape_(shape),
         cache_(cache) {
     require(ranks >= 1 && rank >= 0 && rank < ranks, "Lookahead: rank ", rank, " of ", ranks, " is out of range");
   }
@@ -76,9 +80,9 @@ class Lookahead {
     const auto t0 = std::chrono::steady_clock::now();
     Ready r;
     r.row = row;
-    r.plan = cache_ ? cache_->get(*row, ranks_, costs_, options_, &r.cache_hit)
-                    : std::make_shared<const Plan>(make_plan(*row, ranks_, costs_, options_));
-    r.prepared = prepare_attention<Backend>(*r.plan, *row, dims_, rank_);
+    r.plan = cache_ ? cache_->get(*row, ranks_, shape_, costs_, options_, &r.cache_hit)
+                    : std::make_shared<const Plan>(make_plan(*row, ranks_, shape_, costs_, options_));
+    r.prepared = prepare_attention<Backend>(*r.plan, *row, shape_, rank_);
     r.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return r;
   }
@@ -86,7 +90,7 @@ class Lookahead {
   int rank_, ranks_;
   CostModel costs_;
   PlanOptions options_;
-  AttentionDims dims_;
+  AttentionShape shape_;
   PlanCache* cache_;
   std::deque<std::future<Ready>> queue_;
 };

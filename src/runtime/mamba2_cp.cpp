@@ -62,28 +62,35 @@ void write_record(const Columns<T>& cols, int64_t r, const RecordShape& s, int P
   });
 }
 
-// The Mamba-2 chunked kernels as the affine protocol's recurrence: the state of a head is one row
-// of N·P values and a run's map is a scalar decay.
+// The Mamba-2 chunked kernels as the affine protocol's recurrence (runtime/affine_cp.hpp) on the CPU
+// backend: the state of a head is one row of N·P values and a run's map is a scalar decay.
 template <class T>
 struct Mamba2Recurrence {
-  using Scalar = T;
   using Grads = Mamba2Grads<T>;
+  using Buffer = typename CpuBackend<T>::Buffer;
   static constexpr const char* name = "mamba2";
   const Mamba2Params<T>& p;
   bool drop_decay = false;  // Mamba2Fault::SummaryWithoutDecay
 
-  int heads() const { return p.heads; }
-  int rows() const { return 1; }
-  int cols() const { return static_cast<int>(p.state_size()); }
   int64_t tokens() const { return p.tokens; }
-  void check() const { mamba2_check_params(p); }
-  void forward(int h, int64_t t0, int64_t t1, T* s, T* y) const { mamba2_chunked_forward(p, h, t0, t1, s, y); }
-  void summary(int h, int64_t t0, int64_t t1, T* M, T* E) const {
-    mamba2_chunked_summary(p, h, t0, t1, M, E);
-    if (drop_decay) *M = T(1);
+  void forward(CpuBackend<T>&, int64_t row, int64_t rows, Buffer& state, Buffer& y) const {
+    const int64_t ssz = p.state_size();
+    for (int h = 0; h < p.heads; ++h) mamba2_chunked_forward(p, h, row, row + rows, state.data() + h * ssz, y.data());
   }
-  void backward(int h, int64_t t0, int64_t t1, const T* s_in, const T* dy, T* ds, const Grads& g) const {
-    mamba2_chunked_backward(p, h, t0, t1, s_in, dy, ds, g);
+  void summary(CpuBackend<T>&, int64_t row, int64_t rows, Buffer& maps, int64_t item) const {
+    const int64_t blk = 1 + p.state_size();  // the decay, then E
+    T* m = maps.data() + item * p.heads * blk;
+    for (int h = 0; h < p.heads; ++h) {
+      T* M = m + h * blk;
+      mamba2_chunked_summary(p, h, row, row + rows, M, M + 1);
+      if (drop_decay) *M = T(1);
+    }
+  }
+  void backward(CpuBackend<T>&, int64_t row, int64_t rows, const Buffer& state_in, const Buffer& dy, Buffer& dstate,
+                const Grads& g) const {
+    const int64_t ssz = p.state_size();
+    for (int h = 0; h < p.heads; ++h)
+      mamba2_chunked_backward(p, h, row, row + rows, state_in.data() + h * ssz, dy.data(), dstate.data() + h * ssz, g);
   }
 };
 
@@ -98,14 +105,16 @@ Mamba2CP<T>::Mamba2CP(const Mamba2Plan& plan, const Row& row, const Mamba2Shape&
   require(shape.heads >= 1 && shape.groups >= 1 && shape.heads % shape.groups == 0, "mamba2: heads (", shape.heads,
           ") must be a positive multiple of groups (", shape.groups, ")");
   require(shape.head_dim >= 1 && shape.state_dim >= 1, "mamba2: head_dim and state_dim must be >= 1");
-  validate_layout(row, plan.tokens);
+  validate_ownership(plan.tokens, row.tokens());
   require(plan.head_cuts == mamba2_head_cuts(shape.heads, plan.ranks), "mamba2: the plan's head cuts are not for ",
           shape.heads, " heads");
-  owned_rows_ = tokens_in(plan.tokens[static_cast<size_t>(comm.rank())]);
+  owned_rows_ = tokens_of(plan.tokens[static_cast<size_t>(comm.rank())]);
   if (plan.strategy == Mamba2Strategy::Summary) {
-    validate_gdn_plan(row, plan.chains);
     require(plan.chains.ranks == plan.ranks, "mamba2: the chain plan is for ", plan.chains.ranks, " ranks");
-    chain_layout_ = mamba2_chain_layout(row, plan.chains);
+    chain_cp_ = std::make_unique<AffineCP<CpuBackend<T>>>(
+        plan.chains, row, AffineShape{shape.heads, 1, static_cast<int>(int64_t{shape.state_dim} * shape.head_dim)},
+        comm, be_, "mamba2");
+    chain_layout_ = gdn_ownership(row, plan.chains);
   }
 }
 
@@ -166,11 +175,11 @@ void exchange_records(Communicator& comm, const Mamba2Plan& plan, const Mamba2Sh
     const GroupRange g = mamba2_groups_of(shape, h0, h1);
     return at_owner ? RecordShape{h0, h1 - h0, g.begin, g.size(), full} : RecordShape{0, h1 - h0, 0, g.size(), full};
   };
-  const int64_t my_rows = tokens_in(plan.tokens[static_cast<size_t>(me)]);
+  const int64_t my_rows = tokens_of(plan.tokens[static_cast<size_t>(me)]);
   std::vector<int64_t> sc(static_cast<size_t>(n)), sd(sc), rc(sc), rd(sc);
   int64_t send_total = 0, recv_total = 0;
   for (int p = 0; p < n; ++p) {
-    const int64_t peer_rows = tokens_in(plan.tokens[static_cast<size_t>(p)]);
+    const int64_t peer_rows = tokens_of(plan.tokens[static_cast<size_t>(p)]);
     const int64_t to_peer = my_rows * record(p, true).size(P, N), from_peer = peer_rows * record(me, false).size(P, N);
     sd[p] = send_total;
     rd[p] = recv_total;
@@ -261,7 +270,7 @@ Mamba2Params<T> Mamba2CP<T>::chain_params() const {
   p.x = xl_.data(); p.dt = dtl_.data(); p.B = Bl_.data(); p.C = Cl_.data();
   p.A = A_.data();
   p.D = D_.empty() ? nullptr : D_.data();
-  p.tokens = tokens_in(chain_layout_[static_cast<size_t>(comm_.rank())]);
+  p.tokens = tokens_of(chain_layout_[static_cast<size_t>(comm_.rank())]);
   p.heads = shape_.heads;
   p.head_dim = shape_.head_dim;
   p.groups = shape_.groups;
@@ -295,7 +304,7 @@ void unpack_rows(const std::vector<T>& packed, int64_t rows, const Mamba2Shape& 
 // Rows between two layouts; a copy when no token changes rank (every rank knows both layouts, so
 // all of them skip the collective together).
 template <class T>
-std::vector<T> move_rows(Communicator& comm, const std::vector<T>& src, const RankLayout& from, const RankLayout& to,
+std::vector<T> move_rows(Communicator& comm, const std::vector<T>& src, const Ownership& from, const Ownership& to,
                          int64_t width) {
   if (!tokens_move(from, to)) return src;
   CpuBackend<T> be;
@@ -307,7 +316,7 @@ std::vector<T> move_rows(Communicator& comm, const std::vector<T>& src, const Ra
 template <class T>
 void Mamba2CP<T>::summary_forward(const Mamba2Inputs<T>& in, T* y) {
   const Mamba2Shape& s = shape_;
-  const int64_t rows = tokens_in(chain_layout_[static_cast<size_t>(comm_.rank())]);
+  const int64_t rows = tokens_of(chain_layout_[static_cast<size_t>(comm_.rank())]);
   const int64_t w = s.input_elements(0, s.heads), yw = int64_t{s.heads} * s.head_dim;
   const Columns<const T> owner{in.x, in.dt, in.B, in.C, s.heads, s.groups};
   const std::vector<T> moved = move_rows(comm_, pack_rows(owner, owned_rows_, s), plan_.tokens, chain_layout_, w);
@@ -318,9 +327,9 @@ void Mamba2CP<T>::summary_forward(const Mamba2Inputs<T>& in, T* y) {
   unpack_rows(moved, rows, s, Columns<T>{xl_.data(), dtl_.data(), Bl_.data(), Cl_.data(), s.heads, s.groups},
               Io::Assign);
   const Mamba2Params<T> p = chain_params();
+  mamba2_check_params(p);
   std::vector<T> yl(xl_.size(), T(0));
-  chain_saved_ = affine_cp_forward(comm_, row_, plan_.chains,
-                                   Mamba2Recurrence<T>{p, fault_ == Mamba2Fault::SummaryWithoutDecay}, yl.data());
+  chain_cp_->forward(Mamba2Recurrence<T>{p, fault_ == Mamba2Fault::SummaryWithoutDecay}, yl);
   const std::vector<T> home = move_rows(comm_, yl, chain_layout_, plan_.tokens, yw);
   std::copy(home.begin(), home.end(), y);
 }
@@ -332,10 +341,10 @@ void Mamba2CP<T>::summary_backward(const T* dy, const Mamba2Grads<T>& grads) {
   const std::vector<T> dy_own(dy, dy + owned_rows_ * yw);
   const std::vector<T> dyl = move_rows(comm_, dy_own, plan_.tokens, chain_layout_, yw);
   const Mamba2Params<T> p = chain_params();
+  mamba2_check_params(p);
   std::vector<T> dxl(xl_.size(), T(0)), ddtl(dtl_.size(), T(0)), dBl(Bl_.size(), T(0)), dCl(Cl_.size(), T(0));
-  affine_cp_backward(
-      comm_, row_, plan_.chains, Mamba2Recurrence<T>{p, fault_ == Mamba2Fault::SummaryWithoutDecay}, chain_saved_,
-      dyl.data(),
+  chain_cp_->backward(
+      Mamba2Recurrence<T>{p, fault_ == Mamba2Fault::SummaryWithoutDecay}, dyl,
       Mamba2Grads<T>{dxl.data(), ddtl.data(), grads.dA, dBl.data(), dCl.data(), D_.empty() ? nullptr : grads.dD});
   const Columns<const T> local{dxl.data(), ddtl.data(), dBl.data(), dCl.data(), s.heads, s.groups};
   const std::vector<T> home = move_rows(comm_, pack_rows(local, p.tokens, s), chain_layout_, plan_.tokens, w);

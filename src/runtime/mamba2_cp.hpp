@@ -1,5 +1,9 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Mamba-2 context parallelism over a packed prefix-tree row (CPU backend, any Communicator), by the
-// strategy a Mamba2Plan chose (runtime/mamba2_plan.hpp says what each does and moves).
+// strategy a Mamba2Plan chose (plan/mamba2_plan.hpp says what each does and moves). The summary
+// strategy runs the affine-state protocol of runtime/affine_cp.hpp on the CPU backend.
 //
 // Every rank holds the rows of its token owner's ranges (plan.tokens[rank], in that order) with all
 // heads, and calls forward and then backward with the same row, plan and shape; a rank with no
@@ -8,12 +12,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "kernels/cpu/mamba2.hpp"
 #include "runtime/affine_cp.hpp"
-#include "runtime/mamba2_plan.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "plan/mamba2_plan.hpp"
 #include "runtime/mamba2_tree.hpp"
 #include "tree/row.hpp"
 
@@ -75,9 +81,10 @@ class Mamba2CP {
   std::vector<T> xs_, dts_, Bs_, Cs_;
   Mamba2TreeSaved<T> tree_saved_;
   // Summary: the tokens in the chain plan's layout, and the protocol's saved states.
-  RankLayout chain_layout_;
+  Ownership chain_layout_;
   std::vector<T> xl_, dtl_, Bl_, Cl_;
-  AffineSaved<T> chain_saved_;
+  CpuBackend<T> be_;
+  std::unique_ptr<AffineCP<CpuBackend<T>>> chain_cp_;  // holds what the forward saved for the backward
 };
 
 }  // namespace treecp

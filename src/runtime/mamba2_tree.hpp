@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Mamba-2 over a whole packed tree on one rank, for the heads it holds (one process, or a head shard
 // of the head-transposed CP strategy). Buffer row t is physical token t.
 //

@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // One rank's share of a dense attention Plan in buffer terms, computed once per plan on the host (any
 // thread): where owned and received tokens sit in this rank's buffers, the slices of every stage in those
 // coordinates, and per wave the rows to pack for each peer and to add back when their dK/dV return.

@@ -1,7 +1,11 @@
-// Moving a packed row between layouts: from the data loader's contiguous shards to a plan's
-// ownership and back, and gathering a distributed array onto one rank. One all-to-all each; both
-// sides enumerate the intersections of (source ranges of the sender) x (destination ranges of the
-// receiver) in canonical order, so no index lists travel.
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
+// Moving a packed row between ownerships (plan/ownership.hpp): from the data loader's contiguous
+// shards to a plan's ownership, from one layer kind's ownership to the next's, and gathering a
+// distributed array onto one rank. One all-to-all each; both sides enumerate the intersections of
+// (source ranges of the sender) x (destination ranges of the receiver) in canonical order, so no index
+// lists travel.
 #pragma once
 
 #include <cstdint>
@@ -13,12 +17,11 @@
 
 namespace treecp {
 
-// layout[r] = the sorted canonical ranges rank r holds. Moves rows of `width` elements from `src`
-// (laid out by from[me]) into `dst` (laid out by to[me]; allocated here).
+// Moves rows of `width` elements from `src` (laid out by from[me]) into a buffer laid out by to[me]
+// (allocated here). Every rank calls it with the same ownerships.
 template <class Backend>
 typename Backend::Buffer redistribute(Communicator& comm, Backend& be, const typename Backend::Buffer& src,
-                                      const std::vector<std::vector<TokenRange>>& from,
-                                      const std::vector<std::vector<TokenRange>>& to, int64_t width) {
+                                      const Ownership& from, const Ownership& to, int64_t width) {
   const int n = comm.size(), me = comm.rank();
   const RowMap src_map(from[static_cast<size_t>(me)]), dst_map(to[static_cast<size_t>(me)]);
   std::vector<RowCopy> pack, unpack;
@@ -47,21 +50,13 @@ typename Backend::Buffer redistribute(Communicator& comm, Backend& be, const typ
   return dst;
 }
 
-// The data loader's layout: rank r holds one contiguous shard.
-inline std::vector<std::vector<TokenRange>> contiguous_layout(int64_t tokens, int ranks) {
-  std::vector<std::vector<TokenRange>> out(static_cast<size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) {
-    const TokenRange t = contiguous_shard(tokens, r, ranks);
-    if (t.size() > 0) out[static_cast<size_t>(r)].push_back(t);
-  }
-  return out;
-}
-
-// Everything on `root`: rank root's layout is the whole row, the others hold nothing.
-inline std::vector<std::vector<TokenRange>> gathered_layout(int64_t tokens, int ranks, int root) {
-  std::vector<std::vector<TokenRange>> out(static_cast<size_t>(ranks));
-  out[static_cast<size_t>(root)].push_back({0, tokens});
-  return out;
+// Every rank's part (laid out by from[rank]) in token order on `root`, an empty buffer elsewhere.
+template <class Backend>
+typename Backend::Buffer gather_to_root(Communicator& comm, Backend& be, const typename Backend::Buffer& src,
+                                        const Ownership& from, int64_t width, int root = 0) {
+  int64_t tokens = 0;
+  for (const auto& ranges : from) tokens += tokens_of(ranges);
+  return redistribute(comm, be, src, from, gathered_ownership(tokens, comm.size(), root), width);
 }
 
 }  // namespace treecp

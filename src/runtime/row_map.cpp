@@ -22,13 +22,18 @@ RowMap::RowMap(std::vector<TokenRange> ranges) : ranges_(std::move(ranges)) {
   }
 }
 
-int64_t RowMap::row_of(int64_t token) const {
+int64_t RowMap::find(int64_t token) const {
   auto it = std::upper_bound(by_begin_.begin(), by_begin_.end(), token,
                              [&](int64_t t, size_t i) { return t < ranges_[i].begin; });
-  require(it != by_begin_.begin(), "row map: token ", token, " is not held here");
+  if (it == by_begin_.begin()) return -1;
   const size_t i = *(it - 1);
-  require(token < ranges_[i].end, "row map: token ", token, " is not held here");
-  return offsets_[i] + (token - ranges_[i].begin);
+  return token < ranges_[i].end ? offsets_[i] + (token - ranges_[i].begin) : -1;
+}
+
+int64_t RowMap::row_of(int64_t token) const {
+  const int64_t row = find(token);
+  require(row >= 0, "row map: token ", token, " is not held here");
+  return row;
 }
 
 int64_t RowMap::row_of_range(int64_t begin, int64_t end) const {
@@ -38,39 +43,35 @@ int64_t RowMap::row_of_range(int64_t begin, int64_t end) const {
   return first;
 }
 
-Slice to_buffer(const Slice& s, const RowMap& q_map, const RowMap& k_map) {
-  const int64_t dq = q_map.row_of_range(s.q_begin, s.q_end) - s.q_begin;
-  const int64_t dk = k_map.row_of_range(s.k_begin, s.k_end) - s.k_begin;
-  // (q + dq) - (k + dk) = (q - k) + (dq - dk)
-  return Slice{s.q_begin + dq, s.q_end + dq, s.k_begin + dk, s.k_end + dk, s.diag_min + dq - dk, s.diag_max + dq - dk};
+std::vector<size_t> RowMap::overlapping(int64_t begin, int64_t end) const {
+  // The first range ending after `begin`: ranges are disjoint, so ends increase with begins.
+  auto it = std::upper_bound(by_begin_.begin(), by_begin_.end(), begin,
+                             [&](int64_t t, size_t i) { return t < ranges_[i].end; });
+  std::vector<size_t> out;
+  for (; it != by_begin_.end() && ranges_[*it].begin < end; ++it) out.push_back(*it);
+  return out;
 }
 
 std::vector<Slice> to_buffer(const std::vector<Slice>& slices, const RowMap& q_map, const RowMap& k_map) {
   std::vector<Slice> out;
   out.reserve(slices.size());
-  for (const Slice& s : slices) out.push_back(to_buffer(s, q_map, k_map));
-  return out;
-}
-
-std::vector<TokenRange> intersect(const std::vector<TokenRange>& a, const std::vector<TokenRange>& b) {
-  std::vector<TokenRange> out;
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const int64_t lo = std::max(a[i].begin, b[j].begin), hi = std::min(a[i].end, b[j].end);
-    if (lo < hi) out.push_back({lo, hi});
-    (a[i].end < b[j].end) ? ++i : ++j;
+  for (const Slice& s : slices) {
+    if (s.empty()) continue;
+    const std::vector<size_t> ks = k_map.overlapping(s.k_begin, s.k_end);
+    for (size_t qi : q_map.overlapping(s.q_begin, s.q_end)) {
+      const TokenRange& qr = q_map.ranges()[qi];
+      for (size_t ki : ks) {
+        const TokenRange& kr = k_map.ranges()[ki];
+        const Slice piece = cut_slice(s, qr.begin, qr.end, kr.begin, kr.end);
+        if (piece.empty()) continue;
+        // q_buf = q + dq, k_buf = k + dk, so q_buf - k_buf = (q - k) + (dq - dk)
+        const int64_t dq = q_map.offset(qi) - qr.begin, dk = k_map.offset(ki) - kr.begin;
+        out.push_back(Slice{piece.q_begin + dq, piece.q_end + dq, piece.k_begin + dk, piece.k_end + dk,
+                            piece.diag_min + dq - dk, piece.diag_max + dq - dk});
+      }
+    }
   }
   return out;
-}
-
-int64_t tokens_in(const std::vector<TokenRange>& ranges) {
-  int64_t n = 0;
-  for (const TokenRange& r : ranges) n += r.size();
-  return n;
-}
-
-TokenRange contiguous_shard(int64_t tokens, int rank, int ranks) {
-  return {tokens * rank / ranks, tokens * (rank + 1) / ranks};
 }
 
 }  // namespace treecp

@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Every rank's spans on one rank, for one trace of the whole run (`treecp run --trace`). Two
 // collectives that every rank calls: an all-gather of the sizes and an all-to-all of the spans.
 #pragma once

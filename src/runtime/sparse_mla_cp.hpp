@@ -1,3 +1,6 @@
+// runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
+// Communicator; moves activations between ownerships; the one-process references.
+//
 // Sparse MLA with a learned indexer under context parallelism (ART §07) on one rank, generic over a
 // Backend (runtime/backend.hpp) and a Communicator.
 //

@@ -1,3 +1,5 @@
+// tree/: packed prefix-tree rows: segments, positions, visibility as slices, workload presets, accounting.
+//
 // Accounting for a packed row: what sharing saves against storing every trajectory separately.
 #pragma once
 

@@ -1,3 +1,5 @@
+// tree/: packed prefix-tree rows: segments, positions, visibility as slices, workload presets, accounting.
+//
 // Workload presets of DESIGN.md "Workloads": one family repeated until the row (base x CP tokens)
 // fills, the last segment clipped. Random draws come from a seeded mt19937_64 with our own
 // Box-Muller transform, so a (preset, cp, seed) triple gives the same row on every platform.

@@ -1,3 +1,5 @@
+// tree/: packed prefix-tree rows: segments, positions, visibility as slices, workload presets, accounting.
+//
 // A packed prefix-tree row: segments in DFS preorder, each with a parent (or none) and a length.
 // Token ids are physical positions in the packed row; logical positions count from the root along
 // the token's root-to-leaf path (rotary embeddings and sliding windows use them).

@@ -1,3 +1,5 @@
+// viz/: pictures and traces of plans and runs (SVG, Chrome trace), from plans and measured spans.
+//
 // Axis ticks for the pictures: round steps (1, 2 or 5 times a power of ten) and labels with as many
 // decimals as the step needs.
 #pragma once

@@ -284,7 +284,7 @@ std::string plan_svg(const Row& row, const Plan& plan, const Timeline& timeline,
                 "%s tokens, %s segments, %s visible pairs%s; layout %s, cp %d, %zu chunks, %d wave%s; "
                 "predicted makespan %s ms (rank %d)",
                 grouped(row.tokens()).c_str(), grouped(row.num_segments()).c_str(), grouped(plan.visible_pairs).c_str(),
-                plan.window > 0 ? (", window " + std::to_string(plan.window)).c_str() : "", plan.layout.c_str(), cp,
+                plan.window > 0 ? (", window " + std::to_string(plan.window)).c_str() : "", layout_name(plan.layout), cp,
                 plan.chunk_owner.size(), plan.num_waves, plan.num_waves == 1 ? "" : "s",
                 ms_text(pred.makespan_ms).c_str(), pred.slowest_rank);
   svg.element("text", {{"x", px(kLeftPx)}, {"y", "40"}, {"font-size", "11"}, {"fill", "#333333"}}, line);

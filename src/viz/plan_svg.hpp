@@ -1,3 +1,5 @@
+// viz/: pictures and traces of plans and runs (SVG, Chrome trace), from plans and measured spans.
+//
 // The picture of a plan (`treecp plan --svg FILE`): the row's segments as bars in physical order, one
 // row of bars per depth, coloured by the rank that owns each token; below it one lane per rank with the
 // simulated forward and backward schedule (stages, waits, KV fetches, dK/dV returns, the makespan).

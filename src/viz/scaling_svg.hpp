@@ -1,3 +1,5 @@
+// viz/: pictures and traces of plans and runs (SVG, Chrome trace), from plans and measured spans.
+//
 // Weak-scaling curves (`treecp bench cp --svg FILE`): one panel per preset, x = CP (log scale),
 // y = milliseconds, one line per method. Points carry data-cp and data-ms for tools and tests.
 #pragma once

@@ -1,3 +1,5 @@
+// viz/: pictures and traces of plans and runs (SVG, Chrome trace), from plans and measured spans.
+//
 // The simulated schedule as words and as predicted spans: one naming for the plan picture and the
 // Chrome trace, so that a span reads the same in both.
 #pragma once

@@ -1,3 +1,5 @@
+// viz/: pictures and traces of plans and runs (SVG, Chrome trace), from plans and measured spans.
+//
 // A small SVG writer: elements with attributes and escaped text, numbers in a short fixed form.
 // The pictures (plan_svg.hpp, scaling_svg.hpp) are built with it; no plotting library is involved.
 #pragma once

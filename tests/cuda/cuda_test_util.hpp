@@ -1,4 +1,4 @@
-// Helpers for the GPU tests: bf16 on the host, device buffers, random trees, a double-precision
+// Helpers for the GPU tests: bf16 on the host, device buffers, random trees (common/common.hpp), a double-precision
 // oracle of slice attention (brute force over Row::visible), and relative errors.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "common/common.hpp"
 #include "kernels/cuda/attention.hpp"
 #include "tree/row.hpp"
 
@@ -68,25 +69,10 @@ inline Tensor random_tensor(size_t n, std::mt19937_64& rng, double stddev = 1.0)
   return t;
 }
 
-// Random DFS-preorder tree: each new segment hangs under a segment of the current root path, or
-// starts a new root; lengths in [1, max_len] with single-token segments common.
+// A random tree (common/common.hpp) with single-token segments common; lengths in [1, max_len].
 inline Row random_row(std::mt19937_64& rng, int segments, int max_len) {
-  std::vector<Segment> segs;
-  std::vector<int32_t> path;
-  for (int s = 0; s < segments; ++s) {
-    int32_t parent = -1;
-    if (!path.empty() && rng() % 5 != 0) {
-      const size_t keep = 1 + rng() % path.size();
-      path.resize(keep);
-      parent = path.back();
-    } else {
-      path.clear();
-    }
-    const int64_t len = rng() % 4 == 0 ? 1 : 1 + static_cast<int64_t>(rng() % max_len);
-    segs.push_back(Segment{parent, len});
-    path.push_back(s);
-  }
-  return Row(segs);
+  return treecp::testing::random_tree(
+      rng, {.segments = segments, .max_len = max_len, .max_depth = 8, .single_token = 0.25});
 }
 
 struct Dims {

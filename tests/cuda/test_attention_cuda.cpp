@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <map>
 #include <memory>
@@ -200,7 +201,8 @@ void check_lists(const TilePlan& plan, const TileLists& l, bool q_major, const R
 }
 
 TEST(CudaTilePlan, ListsMatchVisibility) {
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  std::mt19937_64 rng = treecp::testing::test_rng(1);
   for (int trial = 0; trial < 6; ++trial) {
     const Row row = random_row(rng, 10 + trial * 3, 70);
     const int64_t window = trial % 2 ? 1 + static_cast<int64_t>(rng() % 90) : 0;
@@ -410,7 +412,8 @@ class CudaAttention : public ::testing::TestWithParam<Config> {};
 TEST_P(CudaAttention, ForwardBackwardRandomTree) {
   REQUIRE_GPU();
   const Config c = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  std::mt19937_64 rng = treecp::testing::test_rng(2);
   const Row row = random_row(rng, 14, 60);
   const int64_t S = row.tokens();
   const Dims m{S, S, c.hq, c.hkv, c.d};
@@ -564,10 +567,56 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
 // Stage form: the KV rows are cut into chunks held in separate buffers; each stage attends the whole
 // query buffer to one chunk (rows that see nothing there get LSE = -inf, O = 0), the fused merge +
 // sink combines them, and the backward runs per stage from the merged LSE and the sink-aware Dsum.
+// A stage without keys (a CP wave that fetched nothing for this rank): every row gets O = 0 and
+// LSE = -inf on every forward path, with K and V null.
+TEST(CudaAttentionNoKeys, ZeroOutputAndMinusInfinityLse) {
+  REQUIRE_GPU();
+  using Mainloop = AttentionForwardParams::Mainloop;
+  for (int d : {64, 128}) {
+    const int hq = 8, hkv = 2;
+    const int64_t S = 37;
+    const DeviceTilePlan dplan(build_tile_plan({}, S, 0, hq / hkv));
+    std::mt19937_64 rng = treecp::testing::test_rng(4);
+    Tensor q = random_tensor(S * hq * d, rng);
+    DeviceBuffer<uint16_t> dq_in(q.bits), o(S * hq * d);
+    DeviceBuffer<float> lse(S * hq);
+    DeviceBuffer<unsigned char> workspace(attention_forward_workspace_bytes());
+    AttentionForwardParams fp;
+    fp.q = dq_in.ptr;
+    fp.o = o.ptr;
+    fp.lse = lse.ptr;
+    fp.q_row_stride = fp.o_row_stride = int64_t{hq} * d;
+    fp.k_row_stride = fp.v_row_stride = int64_t{hkv} * d;
+    fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = fp.o_head_stride = d;
+    fp.lse_row_stride = hq;
+    fp.lse_head_stride = 1;
+    fp.hq = hq;
+    fp.hkv = hkv;
+    fp.head_dim = d;
+    fp.scale = 0.1f;
+    for (Mainloop mainloop : {Mainloop::kDefault, Mainloop::kMmaSync}) {
+      for (bool with_workspace : {false, true}) {
+        const std::string what = "d " + std::to_string(d) + " mainloop " + std::to_string(static_cast<int>(mainloop)) +
+                                 " workspace " + std::to_string(with_workspace);
+        o.poison();
+        lse.poison();
+        fp.mainloop = mainloop;
+        fp.workspace = with_workspace ? workspace.ptr : nullptr;
+        fp.workspace_bytes = with_workspace ? workspace.n : 0;
+        attention_forward(fp, dplan);
+        check_cuda(cudaDeviceSynchronize(), "forward without keys");
+        for (uint16_t bits : o.download()) ASSERT_EQ(from_bf16(bits), 0.f) << what;
+        for (float l : lse.download()) ASSERT_TRUE(std::isinf(l) && l < 0) << what << ": lse " << l;
+      }
+    }
+  }
+}
+
 TEST_P(CudaAttention, StagesMergeSink) {
   REQUIRE_GPU();
   const Config c = GetParam();
-  std::mt19937_64 rng(std::random_device{}());
+  TREECP_SEED_TRACE;
+  std::mt19937_64 rng = treecp::testing::test_rng(3);
   const Row row = random_row(rng, 12, 50);
   const int64_t S = row.tokens();
   const Dims m{S, S, c.hq, c.hkv, c.d};

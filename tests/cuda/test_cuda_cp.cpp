@@ -17,6 +17,7 @@
 #include "comm/thread_communicator.hpp"
 #include "cuda_test_util.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "runtime/reference.hpp"
 #include "plan/planner.hpp"
 #include "runtime/cuda_backend.hpp"
 #include "runtime/dense_attention.hpp"
@@ -75,7 +76,7 @@ struct Result {
 
 struct Case {
   int ranks;
-  std::string layout;
+  Layout layout;
   int hq, hkv, d;
   int64_t window;
   bool sink;
@@ -87,11 +88,11 @@ struct Case {
 Result run_cp(const Case& c, const Row& row, const Inputs& in) {
   const int64_t S = row.tokens();
   const int64_t qw = int64_t{c.hq} * c.d, kw = int64_t{c.hkv} * c.d;
+  const AttentionShape shape{c.hq, c.hkv, c.d, c.d, c.window};
   PlanOptions opt;
   opt.layout = c.layout;
-  opt.window = c.window;
   opt.chunk_tokens = std::max<int64_t>(16, S / 13);
-  const Plan plan = make_plan(row, c.ranks, CostModel{}, opt);
+  const Plan plan = make_plan(row, c.ranks, shape, CostModel{}, opt);
   Result r;
   r.o.assign(static_cast<size_t>(S * qw), 0.0);
   r.lse.assign(static_cast<size_t>(S * c.hq), 0.0);
@@ -117,8 +118,7 @@ Result run_cp(const Case& c, const Row& row, const Inputs& in) {
         CudaBackend be;
         DenseAttentionOptions o;
         o.backward_kv = c.kv;
-        DenseAttentionCP<CudaBackend> cp(plan, row, AttentionDims{c.hq, c.hkv, c.d, c.d, 0.0},
-                                         *comms[static_cast<size_t>(rank)], be, o);
+        DenseAttentionCP<CudaBackend> cp(plan, row, shape, *comms[static_cast<size_t>(rank)], be, o);
         const auto& owned = plan.ranks[static_cast<size_t>(rank)].owned;
         const int64_t rows = cp.owned_rows();
         auto up = [&](const std::vector<uint16_t>& full, int64_t w) {
@@ -164,28 +164,28 @@ TEST(CudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   uint64_t seed = 31000;
   const std::vector<Case> cases = {
-      {2, "zigzag", 8, 2, 128, 0, false, BackwardKv::Keep, false},
-      {2, "contiguous", 8, 2, 128, 100, true, BackwardKv::Refetch, false},
-      {3, "searched", 32, 4, 128, 0, true, BackwardKv::Keep, true},
-      {4, "perdoc", 8, 1, 64, 37, false, BackwardKv::Keep, false},
-      {4, "family", 6, 2, 128, 0, true, BackwardKv::Refetch, true},
-      {3, "zigzag", 4, 4, 64, 0, true, BackwardKv::Keep, false},
+      {2, Layout::Zigzag, 8, 2, 128, 0, false, BackwardKv::Keep, false},
+      {2, Layout::Contiguous, 8, 2, 128, 100, true, BackwardKv::Refetch, false},
+      {3, Layout::Searched, 32, 4, 128, 0, true, BackwardKv::Keep, true},
+      {4, Layout::Perdoc, 8, 1, 64, 37, false, BackwardKv::Keep, false},
+      {4, Layout::Family, 6, 2, 128, 0, true, BackwardKv::Refetch, true},
+      {3, Layout::Zigzag, 4, 4, 64, 0, true, BackwardKv::Keep, false},
   };
   for (const Case& c : cases) {
     std::mt19937_64 rng(seed++);
     const Row row = cuda::test::random_row(rng, 14, 300);
     const int64_t S = row.tokens();
     const Inputs in = make_inputs(seed * 3, S, c.hq, c.hkv, c.d);
-    cpu::AttentionProblem<double> prob;
-    prob.hq = c.hq, prob.hkv = c.hkv, prob.d = c.d, prob.dv = c.d, prob.window = c.window;
+    SCOPED_TRACE(std::string(layout_name(c.layout)) + " ranks " + std::to_string(c.ranks) + " S " + std::to_string(S));
+    AttentionInputs<double> prob;
     prob.q = in.qd.data(), prob.k = in.kd.data(), prob.v = in.vd.data(), prob.dout = in.dyd.data();
     const std::vector<double> sinkd(in.sink.begin(), in.sink.end());
     prob.sink = c.sink ? sinkd.data() : nullptr;
-    const auto ref = cpu::attention_reference(row, prob);
+    const auto ref = attention_reference(row, AttentionShape{c.hq, c.hkv, c.d, c.d, c.window}, prob);
     Case one = c;
     one.ranks = 1;
     const Result r1 = run_cp(one, row, in), rn = run_cp(c, row, in);
-    const std::string what = c.layout + " ranks " + std::to_string(c.ranks) + " S " + std::to_string(S);
+    const std::string what = std::string(layout_name(c.layout)) + " ranks " + std::to_string(c.ranks) + " S " + std::to_string(S);
     auto expect = [&](const char* name, const std::vector<double>& got1, const std::vector<double>& gotn,
                       const std::vector<double>& oracle) {
       const double e1 = cuda::test::rel_error(got1, oracle), en = cuda::test::rel_error(gotn, oracle);
@@ -208,10 +208,11 @@ TEST(CudaCP, SteadyStateAllocatesNothing) {
   std::mt19937_64 rng(5);
   const Row row = cuda::test::random_row(rng, 10, 400);
   const int64_t S = row.tokens();
-  const Plan plan = make_plan(row, 1, CostModel{}, PlanOptions{});
+  const AttentionShape shape{8, 2, 128, 128};
+  const Plan plan = make_plan(row, 1, shape, CostModel{}, PlanOptions{});
   auto comm = make_self_communicator();
   CudaBackend be;
-  DenseAttentionCP<CudaBackend> cp(plan, row, AttentionDims{8, 2, 128, 128, 0.0}, *comm, be);
+  DenseAttentionCP<CudaBackend> cp(plan, row, shape, *comm, be);
   const Inputs in = make_inputs(9, S, 8, 2, 128);
   CudaBackend::Act q = be.alloc_act(S * 1024), k = be.alloc_act(S * 256), v = be.alloc_act(S * 256),
                    dy = be.alloc_act(S * 1024), y = be.alloc_act(S * 1024);
@@ -237,8 +238,9 @@ TEST(CudaCP, PreparedGeometryIsHostOnly) {
   // Runs without a GPU: lookahead prepares the next row's tile lists on a host thread.
   std::mt19937_64 rng(8);
   const Row row = cuda::test::random_row(rng, 12, 200);
-  const Plan plan = make_plan(row, 2, CostModel{}, PlanOptions{});
-  const auto prepared = prepare_attention<CudaBackend>(plan, row, AttentionDims{8, 2, 128, 128, 0.0}, 1);
+  const AttentionShape shape{8, 2, 128, 128};
+  const Plan plan = make_plan(row, 2, shape, CostModel{}, PlanOptions{});
+  const auto prepared = prepare_attention<CudaBackend>(plan, row, shape, 1);
   ASSERT_NE(prepared.local, nullptr);
   EXPECT_EQ(prepared.waves.size(), static_cast<size_t>(plan.num_waves));
   int64_t pairs = prepared.local->visible_pairs;

@@ -1,4 +1,4 @@
-// MpiCommunicator under mpirun with 1-4 ranks: every collective, zero-count peers, split messages,
+// MpiCommunicator under mpirun with 1-6 ranks: every collective, zero-count peers, split messages,
 // agreement, and errors that name the call.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/mpi_communicator.hpp"
-#include "mpi_gtest_main.hpp"
+#include "common/mpi_main.hpp"
 #include "core/error.hpp"
 
 namespace treecp {

@@ -1,4 +1,4 @@
-// GDN/KDA context parallelism under mpirun with 1-4 ranks: every rank's outputs and gradients equal
+// GDN/KDA context parallelism under mpirun with 1-6 ranks: every rank's outputs and gradients equal
 // the one-process tree reference on random trees (deep ones, short shards, ranks owning nothing,
 // chained and local segments in every combination, GDN and KDA gates), in double and float; the
 // summary scan gives the same states whatever the rank count.
@@ -6,19 +6,21 @@
 #include <mpi.h>
 
 #include <cstdio>
-#include <random>
 
 #include "comm/mpi_communicator.hpp"
-#include "mpi_gtest_main.hpp"
+#include "common/gdn.hpp"
+#include "common/mpi_main.hpp"
 #include "runtime/conv_cp.hpp"
+#include "runtime/cpu_backend.hpp"
 #include "runtime/gdn_cp.hpp"
-#include "runtime/gdn_plan.hpp"
-#include "../test_gdn_util.hpp"
+#include "plan/gdn_plan.hpp"
 
 namespace treecp {
 namespace {
 
 using testing::GdnData;
+using testing::max_abs;
+using testing::max_error;
 
 struct Case {
   uint64_t seed;
@@ -28,15 +30,14 @@ struct Case {
   int chain_mode;  // 0 none, 1 all, 2 random, 3 planner
 };
 
-std::vector<uint8_t> chained_set(const Row& row, int mode, uint64_t seed, int ranks) {
+std::vector<uint8_t> chained_set(const Row& row, int mode, testing::Rng& rng, int ranks) {
   const size_t n = static_cast<size_t>(row.num_segments());
   std::vector<uint8_t> c(n, 0);
-  std::mt19937_64 rng(seed * 7 + 1);
   if (mode == 3) {
     // A shape whose summaries are cheap next to the tokens: the planner chains the long segments.
-    GdnShape shape{32, 128, 128, 4, 64};
-    GdnCostModel m = GdnCostModel::defaults();
-    m.message_latency_us = 0.0;
+    const GdnShape shape;  // DESIGN.md's GDN shape
+    GdnCostModel m;
+    m.link.latency_ms = 0.0;
     return plan_gdn(row, ranks, shape, m).chained;
   }
   for (size_t s = 0; s < n; ++s) c[s] = mode == 1 ? 1 : mode == 2 ? static_cast<uint8_t>(rng() % 2) : 0;
@@ -45,24 +46,21 @@ std::vector<uint8_t> chained_set(const Row& row, int mode, uint64_t seed, int ra
 
 template <class T>
 void check_case(MpiCommunicator& comm, const Case& cs, GdnGate gate) {
-  const Row row = testing::random_tree(cs.seed, cs.max_segments, cs.min_len, cs.max_len, cs.depth);
-  const GdnData d = testing::random_gdn_data(row.tokens(), 2, 4, 3, gate, cs.seed + 17);
+  // Every rank draws the same row and inputs: the run's seed is agreed on (common/mpi_main.hpp).
+  testing::Rng rng = testing::test_rng(cs.seed);
+  const Row row = testing::random_tree(
+      rng, {.segments = cs.max_segments, .min_len = cs.min_len, .max_len = cs.max_len, .max_depth = cs.depth});
+  const GdnData d = testing::random_gdn_data(row.tokens(), 2, 4, 3, gate, rng);
   const double scale = 0.75;
   const auto ref = testing::gdn_tree_reference(row, d, scale);
-  const GdnPlan plan = make_gdn_plan(row, comm.size(), chained_set(row, cs.chain_mode, cs.seed, comm.size()));
+  const GdnPlan plan = make_gdn_plan(row, comm.size(), chained_set(row, cs.chain_mode, rng, comm.size()));
   validate_gdn_plan(row, plan);
   const auto ranges = gdn_rank_ranges(row, plan, comm.rank());
-  auto buf = testing::gdn_buffers<T>(d, ranges);
-  int64_t tokens = 0;
-  for (const auto& r : ranges) tokens += r.size();
+  const int64_t tokens = tokens_of(ranges);
   // Chunks of 5 cross every boundary; the default 64 runs on the longer rows.
   const int chunk = cs.max_len >= 80 ? 64 : 5;
-  const auto p = buf.params(d, tokens, chunk, static_cast<T>(scale));
-  std::vector<T> y(static_cast<size_t>(tokens * d.H * d.dv)), dq(buf.q.size()), dk(buf.k.size()), dv(buf.v.size()),
-      dg(buf.g.size()), dbeta(buf.beta.size());
-  const auto saved = gdn_cp_forward(comm, row, plan, p, y.data());
-  gdn_cp_backward(comm, row, plan, p, saved, buf.dy.data(),
-                  GdnGrads<T>{dq.data(), dk.data(), dv.data(), dg.data(), dbeta.data()});
+  const GdnShape shape = d.shape(scale, chunk);
+  const testing::GdnRun<T> got = testing::run_gdn_cp(comm, row, plan, shape, testing::gdn_buffers<T>(d, ranges));
   // double: rounding only. float: within a small multiple of the error that the same kernels make in
   // float in one process (all segments local), measured per array against the double reference.
   const bool is_double = sizeof(T) == 8;
@@ -70,37 +68,33 @@ void check_case(MpiCommunicator& comm, const Case& cs, GdnGate gate) {
   if (!is_double) {
     auto self = make_self_communicator();
     const GdnPlan one = make_gdn_plan(row, 1, std::vector<uint8_t>(static_cast<size_t>(row.num_segments()), 0));
-    auto fb = testing::gdn_buffers<float>(d, {{0, row.tokens()}});
-    const auto fp = fb.params(d, row.tokens(), chunk, static_cast<float>(scale));
-    std::vector<float> fy(d.v.size()), fdq(d.q.size()), fdk(d.k.size()), fdv(d.v.size()), fdg(d.g.size()),
-        fdb(d.beta.size());
-    const auto fs = gdn_cp_forward(*self, row, one, fp, fy.data());
-    gdn_cp_backward(*self, row, one, fp, fs, fb.dy.data(),
-                    GdnGrads<float>{fdq.data(), fdk.data(), fdv.data(), fdg.data(), fdb.data()});
+    const auto f = testing::run_gdn_cp(*self, row, one, shape, testing::gdn_buffers<float>(d, {{0, row.tokens()}}));
     auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
-    fref = {widen(fy), widen(fdq), widen(fdk), widen(fdv), widen(fdg), widen(fdb)};
+    fref = {widen(f.y), widen(f.dq), widen(f.dk), widen(f.dv), widen(f.dg), widen(f.dbeta)};
   }
   auto expect_close = [&](const std::vector<T>& got, const std::vector<double>& want, int64_t width, const char* name) {
-    const double err = testing::max_rows_diff(got, want, width, ranges);
-    double bound = 1e-10 * (1 + testing::max_abs(want));
-    if (!is_double) {
-      const std::vector<double>* same = name == std::string("y") ? &fref.y : name == std::string("dq") ? &fref.dq
-                                      : name == std::string("dk") ? &fref.dk : name == std::string("dv") ? &fref.dv
-                                      : name == std::string("dg") ? &fref.dg : &fref.dbeta;
-      double ref_err = 0;
-      for (size_t i = 0; i < want.size(); ++i) ref_err = std::max(ref_err, std::abs((*same)[i] - want[i]));
-      bound = 4 * ref_err + 1e-6 * (1 + testing::max_abs(want));
+    const std::vector<double> mine = rows_of<double>(want, width, ranges);
+    const std::string what = std::string(name) + " rank " + std::to_string(comm.rank()) + "/" +
+                             std::to_string(comm.size()) + " case " + std::to_string(cs.seed) + " mode " +
+                             std::to_string(cs.chain_mode) + " chained " + std::to_string(plan.chained_segments()) +
+                             " tokens " + std::to_string(tokens);
+    if (is_double) {
+      EXPECT_LE(max_error(got, mine), 1e-10 * (1 + max_abs(want))) << what;
+      return;
     }
-    EXPECT_LE(err, bound)
-        << name << " rank " << comm.rank() << "/" << comm.size() << " seed " << cs.seed << " mode " << cs.chain_mode
-        << " chained " << plan.chained_segments() << " tokens " << tokens;
+    const std::vector<double>* same = name == std::string("y") ? &fref.y : name == std::string("dq") ? &fref.dq
+                                    : name == std::string("dk") ? &fref.dk : name == std::string("dv") ? &fref.dv
+                                    : name == std::string("dg") ? &fref.dg : &fref.dbeta;
+    EXPECT_TRUE(testing::within_reference(got, rows_of<double>(*same, width, ranges), mine, 4.0,
+                                          1e-6 * (1 + max_abs(want))))
+        << what;
   };
-  expect_close(y, ref.y, d.H * d.dv, "y");
-  expect_close(dq, ref.dq, d.H * d.dk, "dq");
-  expect_close(dk, ref.dk, d.H * d.dk, "dk");
-  expect_close(dv, ref.dv, d.H * d.dv, "dv");
-  expect_close(dg, ref.dg, d.H * d.g_width(), "dg");
-  expect_close(dbeta, ref.dbeta, d.H, "dbeta");
+  expect_close(got.y, ref.y, d.H * d.dv, "y");
+  expect_close(got.dq, ref.dq, d.H * d.dk, "dq");
+  expect_close(got.dk, ref.dk, d.H * d.dk, "dk");
+  expect_close(got.dv, ref.dv, d.H * d.dv, "dv");
+  expect_close(got.dg, ref.dg, d.H * d.g_width(), "dg");
+  expect_close(got.dbeta, ref.dbeta, d.H, "dbeta");
 }
 
 const Case kCases[] = {
@@ -134,27 +128,25 @@ TEST(MpiGdn, ScanIndependentOfRankCount) {
   MpiCommunicator comm;
   const int N = comm.size(), me = comm.rank();
   const int64_t S = 97;
-  const GdnData d = testing::random_gdn_data(S, 2, 4, 3, GdnGate::PerChannel, 5);
-  auto buf = testing::gdn_buffers<double>(d, {{0, S}});
-  const auto p = buf.params(d, S, 8, 1.0);
-  const int dk = d.dk, dv = d.dv, H = d.H;
-  const int64_t blk = dk * (dk + dv);
+  testing::Rng rng = testing::test_rng(5);
+  const GdnData d = testing::random_gdn_data(S, 2, 4, 3, GdnGate::PerChannel, rng);
+  const auto buf = testing::gdn_buffers<double>(d, {{0, S}});
+  const GdnShape shape = d.shape(1.0, 8);
+  CpuBackend<double> be;
+  const GdnInputs<std::vector<double>> in{&buf.q, &buf.k, &buf.v, &buf.g, &buf.beta};
   for (int dir : {+1, -1}) {
     // Rank r's shard is [cut(r), cut(r+1)) in scan order; rank 0 of the scan order may hold nothing.
     auto cut = [&](int pos) { return pos == 0 ? 0 : S * pos / N; };
     const int pos = dir > 0 ? me : N - 1 - me;
-    std::vector<double> own(static_cast<size_t>(H * blk)), excl;
-    for (int h = 0; h < H; ++h)
-      gdn_chunked_summary(p, h, cut(pos), cut(pos + 1), own.data() + h * blk, own.data() + h * blk + dk * dk);
-    const bool have = affine_exclusive_scan<double>(comm, dir, 1, H, dk, dv, own, excl);
+    const AffineShape af = shape.affine();
+    std::vector<double> own = be.alloc(af.map_elements()), excl;
+    be.gdn_summary(shape, in, cut(pos), cut(pos + 1) - cut(pos), own, 0);
+    const bool have = affine_exclusive_scan(comm, be, af, dir, 1, own, excl);
     EXPECT_EQ(have, pos > 0);
     if (!have) continue;
-    std::vector<double> want(static_cast<size_t>(H * blk));
-    for (int h = 0; h < H; ++h)
-      gdn_chunked_summary(p, h, 0, cut(pos), want.data() + h * blk, want.data() + h * blk + dk * dk);
-    double err = 0;
-    for (size_t i = 0; i < want.size(); ++i) err = std::max(err, std::abs(want[i] - excl[i]));
-    EXPECT_LT(err, 1e-12) << "rank " << me << " of " << N << " direction " << dir;
+    std::vector<double> want = be.alloc(af.map_elements());
+    be.gdn_summary(shape, in, 0, cut(pos), want, 0);
+    EXPECT_LT(max_error(excl, want), 1e-12) << "rank " << me << " of " << N << " direction " << dir;
   }
 }
 
@@ -163,37 +155,34 @@ TEST(MpiGdn, ScanIndependentOfRankCount) {
 TEST(MpiConv1d, EqualsExplicitPaths) {
   MpiCommunicator comm;
   const int N = comm.size(), me = comm.rank();
-  for (uint64_t seed : {1, 2, 3, 4, 5}) {
-    const Row row = testing::random_tree(seed, 3 + static_cast<int>(seed) * 2, 1, seed % 2 ? 3 : 12, 4);
+  testing::Rng rng = testing::test_rng(1);
+  for (int tree = 1; tree <= 5; ++tree) {
+    const Row row = testing::random_tree(rng, {.segments = 3 + tree * 2, .max_len = tree % 2 ? 3 : 12});
     for (int K : {2, 4, 7}) {
       for (int lay = 0; lay < 2; ++lay) {
-        RankLayout layout = contiguous_layout(row, N);
+        Ownership layout = contiguous_ownership(row.tokens(), N);
         if (lay == 1) {
           std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
-          for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>((s + seed) % 2);
-          const GdnPlan plan = make_gdn_plan(row, N, chained);
-          for (int r = 0; r < N; ++r) layout[static_cast<size_t>(r)] = gdn_rank_ranges(row, plan, r);
+          for (size_t s = 0; s < chained.size(); ++s) chained[s] = static_cast<uint8_t>((s + tree) % 2);
+          layout = gdn_ownership(row, make_gdn_plan(row, N, chained));
         }
         const int C = 3;
-        const bool silu = (seed + K) % 2 == 0;
-        std::mt19937_64 rng(seed * 100 + static_cast<uint64_t>(K));
-        std::normal_distribution<double> n01(0.0, 1.0);
-        std::vector<double> x(static_cast<size_t>(row.tokens() * C)), w(static_cast<size_t>(C * K)), b(C),
-            dy(x.size());
-        for (auto* v : {&x, &w, &b, &dy})
-          for (auto& e : *v) e = n01(rng);
+        const bool silu = (tree + K) % 2 == 0;
+        const std::vector<double> x = testing::randn(static_cast<size_t>(row.tokens() * C), rng),
+                                  w = testing::randn(static_cast<size_t>(C * K), rng), b = testing::randn(C, rng),
+                                  dy = testing::randn(x.size(), rng);
         const auto ref = testing::conv_tree_reference(row, x, w, b, C, K, silu, dy);
         const auto& mine = layout[static_cast<size_t>(me)];
-        const auto xl = testing::gather_rows<double>(x, C, mine), dyl = testing::gather_rows<double>(dy, C, mine);
-        std::vector<double> y(xl.size()), dx(xl.size(), 0.0), dw(w.size(), 0.0), db(b.size(), 0.0);
-        const Conv1dArgs args{C, K, silu};
-        conv1d_cp_forward(comm, row, layout, args, xl.data(), w.data(), b.data(), y.data());
-        conv1d_cp_backward(comm, row, layout, args, xl.data(), w.data(), b.data(), dyl.data(), dx.data(), dw.data(),
-                           db.data());
-        EXPECT_LT(testing::max_rows_diff(y, ref.y, C, mine), 1e-12) << "seed " << seed << " K " << K << " layout " << lay;
-        EXPECT_LT(testing::max_rows_diff(dx, ref.dx, C, mine), 1e-12) << "seed " << seed << " K " << K;
-        EXPECT_LT(testing::max_rows_diff(dw, ref.dw, C * K, {{0, 1}}), 1e-11);
-        EXPECT_LT(testing::max_rows_diff(db, ref.db, C, {{0, 1}}), 1e-11);
+        const auto xl = rows_of<double>(x, C, mine), dyl = rows_of<double>(dy, C, mine);
+        std::vector<double> y(xl.size()), dx(xl.size()), dw(w.size()), db(b.size());
+        CpuBackend<double> be;
+        ConvCP<CpuBackend<double>> conv(layout, row, ConvShape{C, K, silu}, comm, be);
+        conv.forward(xl, w, &b, y);
+        conv.backward(dyl, dx, dw, &db);
+        EXPECT_LT(max_error(y, rows_of<double>(ref.y, C, mine)), 1e-12) << "tree " << tree << " K " << K << " layout " << lay;
+        EXPECT_LT(max_error(dx, rows_of<double>(ref.dx, C, mine)), 1e-12) << "tree " << tree << " K " << K;
+        EXPECT_LT(max_error(dw, ref.dw), 1e-11);
+        EXPECT_LT(max_error(db, ref.db), 1e-11);
       }
     }
   }

@@ -12,11 +12,11 @@
 
 #include "comm/counting_communicator.hpp"
 #include "comm/mpi_communicator.hpp"
-#include "mpi_gtest_main.hpp"
+#include "common/mpi_main.hpp"
 #include "plan/planner.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/mamba2_cp.hpp"
-#include "../test_mamba2_util.hpp"
+#include "common/mamba2.hpp"
 
 namespace treecp {
 namespace {
@@ -30,25 +30,26 @@ struct Case {
   int64_t min_len, max_len;
   int depth;
   int H, G;
-  std::string layout;  // the dense attention planner's
+  Layout layout;  // the dense attention planner's
 };
 
 const Case kCases[] = {
-    {1, 6, 1, 30, 3, 4, 2, "contiguous"}, {2, 8, 1, 25, 4, 8, 2, "zigzag"},   {3, 10, 1, 20, 4, 6, 3, "searched"},
-    {4, 12, 1, 6, 6, 2, 1, "contiguous"}, {5, 9, 20, 60, 3, 8, 4, "family"},  // deep trees of short segments
-    {6, 2, 1, 3, 2, 5, 1, "contiguous"},  {7, 1, 2, 2, 1, 2, 2, "zigzag"},    // tiny rows: most ranks own nothing
+    {1, 6, 1, 30, 3, 4, 2, Layout::Contiguous}, {2, 8, 1, 25, 4, 8, 2, Layout::Zigzag},   {3, 10, 1, 20, 4, 6, 3, Layout::Searched},
+    {4, 12, 1, 6, 6, 2, 1, Layout::Contiguous}, {5, 9, 20, 60, 3, 8, 4, Layout::Family},  // deep trees of short segments
+    {6, 2, 1, 3, 2, 5, 1, Layout::Contiguous},  {7, 1, 2, 2, 1, 2, 2, Layout::Zigzag},    // tiny rows: most ranks own nothing
 };
 
-RankLayout owners(const Row& row, int ranks, const std::string& layout) {
+// The token owners of a dense attention plan for DESIGN.md's benchmark layer.
+Ownership owners(const Row& row, int ranks, Layout layout) {
   PlanOptions o;
   o.layout = layout;
-  return attention_ownership(make_plan(row, ranks, CostModel{}, o));
+  return plan_ownership(make_plan(row, ranks, AttentionShape{}, CostModel{}, o));
 }
 
 // The strategies each case runs: the transpose, the planner's summary plan, summary plans with
 // every segment chained and with a random chained set (evenly cut and aligned with the token
 // owners), and the planner's own choice.
-std::vector<Mamba2Plan> plans_for(const Row& row, const RankLayout& tokens, const Mamba2Shape& shape, uint64_t seed) {
+std::vector<Mamba2Plan> plans_for(const Row& row, const Ownership& tokens, const Mamba2Shape& shape, uint64_t seed) {
   const GdnCostModel m = mamba2_cost_defaults();
   std::vector<Mamba2Plan> out;
   out.push_back(plan_mamba2(row, tokens, shape, m, Mamba2Strategy::Transpose));
@@ -95,12 +96,12 @@ Mamba2Result run_cp(MpiCommunicator& world, const Row& row, const Mamba2Plan& pl
 // Largest error of this rank's rows (and of dA, dD) against a full-row result, per field.
 std::vector<double> errors(const Mamba2Result& got, const Mamba2Result& want, const Mamba2Data& d,
                            const std::vector<TokenRange>& mine) {
-  return {testing::max_rows_diff(got.y, want.y, d.H * d.P, mine),
-          testing::max_rows_diff(got.dx, want.dx, d.H * d.P, mine),
-          testing::max_rows_diff(got.ddt, want.ddt, d.H, mine),
+  return {testing::max_error(got.y, rows_of<double>(want.y, d.H * d.P, mine)),
+          testing::max_error(got.dx, rows_of<double>(want.dx, d.H * d.P, mine)),
+          testing::max_error(got.ddt, rows_of<double>(want.ddt, d.H, mine)),
           testing::max_abs_diff(got.dA, want.dA),
-          testing::max_rows_diff(got.dB, want.dB, d.G * d.N, mine),
-          testing::max_rows_diff(got.dC, want.dC, d.G * d.N, mine),
+          testing::max_error(got.dB, rows_of<double>(want.dB, d.G * d.N, mine)),
+          testing::max_error(got.dC, rows_of<double>(want.dC, d.G * d.N, mine)),
           testing::max_abs_diff(got.dD, want.dD)};
 }
 
@@ -113,7 +114,7 @@ const char* kFields[] = {"y", "dx", "ddt", "dA", "dB", "dC", "dD"};
 
 std::string describe(const MpiCommunicator& comm, const Case& c, const Mamba2Plan& p) {
   return "rank " + std::to_string(comm.rank()) + "/" + std::to_string(comm.size()) + " seed " + std::to_string(c.seed) +
-         " H " + std::to_string(c.H) + " " + c.layout + " " + strategy_name(p.strategy) + " chained " +
+         " H " + std::to_string(c.H) + " " + layout_name(c.layout) + " " + strategy_name(p.strategy) + " chained " +
          std::to_string(p.chains.chained_segments());
 }
 
@@ -122,7 +123,7 @@ std::string describe(const MpiCommunicator& comm, const Case& c, const Mamba2Pla
 // to the plan's count.
 template <class T>
 void check_case(MpiCommunicator& comm, const Case& c, bool with_d, uint64_t data_seed) {
-  const Row row = testing::random_tree(c.seed, c.max_segments, c.min_len, c.max_len, c.depth);
+  const Row row = testing::random_tree(testing::test_rng(c.seed), {.segments = c.max_segments, .min_len = c.min_len, .max_len = c.max_len, .max_depth = c.depth});
   const Mamba2Data d = testing::random_mamba2_data(row.tokens(), c.H, 3, c.G, 4, with_d, data_seed);
   const Mamba2Result ref = testing::mamba2_tree_reference(row, d);
   const bool is_double = sizeof(T) == 8;
@@ -130,7 +131,7 @@ void check_case(MpiCommunicator& comm, const Case& c, bool with_d, uint64_t data
                               : errors(testing::mamba2_tree_reference<float>(row, d), ref, d, {{0, row.tokens()}});
   const auto mag = magnitudes(ref);
   const Mamba2Shape shape{c.H, d.P, c.G, d.N, static_cast<int>(sizeof(T)), c.max_len >= 40 ? 16 : 4};
-  const RankLayout tokens = owners(row, comm.size(), c.layout);
+  const Ownership tokens = owners(row, comm.size(), c.layout);
   for (const Mamba2Plan& plan : plans_for(row, tokens, shape, c.seed)) {
     int64_t bytes = 0;
     const Mamba2Result r = run_cp<T>(comm, row, plan, shape, d, &bytes);
@@ -164,7 +165,7 @@ TEST(MpiMamba2, DeliberateBugsAreCaught) {
   const Mamba2Data d = testing::random_mamba2_data(row.tokens(), 8, 3, 2, 4, true, 7);
   const Mamba2Result ref = testing::mamba2_tree_reference(row, d);
   const Mamba2Shape shape{8, 3, 2, 4, 8, 8};
-  const RankLayout tokens = owners(row, n, "contiguous");
+  const Ownership tokens = owners(row, n, Layout::Contiguous);
   const auto cuts = mamba2_head_cuts(8, n);
   bool misread = false, shared_group = false;
   for (int r = 0; r < n; ++r) {

@@ -17,7 +17,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "core/error.hpp"
 #include "kernels/cpu/sparse_mla.hpp"
-#include "mpi_gtest_main.hpp"
+#include "common/mpi_main.hpp"
 #include "plan/sparse_mla_plan.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/row_map.hpp"
@@ -28,8 +28,9 @@ namespace treecp {
 namespace {
 
 MpiCommunicator* g_comm = nullptr;
-uint64_t g_seed = 0;  // the same on every rank: TREECP_TEST_SEED, or drawn by rank 0
-#define TREECP_SEED_TRACE SCOPED_TRACE("TREECP_TEST_SEED=" + std::to_string(g_seed))
+// The run's seed, the same on every rank (common/mpi_main.hpp broadcasts rank 0's; TREECP_TEST_SEED
+// replays a run); TREECP_SEED_TRACE names it in every failure.
+uint64_t seed_of_run() { return testing::base_seed(); }
 
 enum class Shape { Ragged, Deep, GiantFamily, TinyFamilies };
 
@@ -148,7 +149,7 @@ struct Case {
   int64_t window;
   int64_t topk;
   bool ties;
-  std::string layout;
+  Layout layout;
   std::string fetch;
 };
 
@@ -169,7 +170,7 @@ void run_case(const Case& c, uint64_t seed, double tol) {
 
   SparseMlaPlanOptions opt;
   opt.plan.layout = c.layout;
-  opt.plan.window = c.window;
+  opt.window = c.window;
   opt.plan.chunk_tokens = std::max<int64_t>(1, S / 23);  // many chunks: fragmented ownership, several waves
   opt.topk = c.topk;
   opt.fetch = c.fetch;
@@ -186,7 +187,7 @@ void run_case(const Case& c, uint64_t seed, double tol) {
   cp.forward(qi, ki, w, q, kv, ids, o, lse);
   cp.backward(dout, dq, dkv);
 
-  const std::string what = c.layout + " fetch " + kv_fetch_name(plan.fetch) + " window " + std::to_string(c.window) +
+  const std::string what = std::string(layout_name(c.layout)) + " fetch " + kv_fetch_name(plan.fetch) + " window " + std::to_string(c.window) +
                            " k " + std::to_string(c.topk) + (c.ties ? " ties" : "") + " rank " +
                            std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + " seed " + std::to_string(seed);
   EXPECT_EQ(ids, rows_of<int64_t>(ref.ids, c.topk, owned)) << "ids " << what;
@@ -206,7 +207,7 @@ std::vector<Case> cases() {
   const Shape shapes[] = {Shape::Ragged, Shape::Deep, Shape::GiantFamily, Shape::TinyFamilies};
   const char* fetches[] = {"waves", "selected", "auto"};
   int i = 0;
-  for (const std::string& layout : layout_names()) {
+  for (Layout layout : kLayouts) {
     for (Shape s : shapes) {
       const int64_t window = i % 3 == 0 ? 0 : 4 + i % 9;
       const int64_t topk = i % 4 == 3 ? 500 : 2 + i % 7;  // 500: more than any query sees
@@ -220,7 +221,7 @@ std::vector<Case> cases() {
 TEST(SparseMlaCP, DoubleEqualsOneProcess) {
   TREECP_SEED_TRACE;
   uint64_t n = 0;
-  for (const Case& c : cases()) run_case<double>(c, g_seed * 131 + n++, 1e-10);
+  for (const Case& c : cases()) run_case<double>(c, seed_of_run() * 131 + n++, 1e-10);
 }
 
 TEST(SparseMlaCP, FloatEqualsOneProcess) {
@@ -230,7 +231,7 @@ TEST(SparseMlaCP, FloatEqualsOneProcess) {
   uint64_t n = 0;
   for (const Case& c : cases()) {
     if (n++ % 3 != 0) continue;
-    std::mt19937_64 rng(g_seed * 71 + n);
+    std::mt19937_64 rng(seed_of_run() * 71 + n);
     const Row row = make_tree(c.shape, rng);
     const Dims d;
     const Layer layer = random_layer(row, d, c.ties, rng);
@@ -246,7 +247,7 @@ TEST(SparseMlaCP, FloatEqualsOneProcess) {
     };
     const double tol = 4 * std::max({err(ref.o, exact.o, d.h * d.dv), err(ref.dq, exact.dq, d.h * d.dqk),
                                      err(ref.dkv, exact.dkv, d.dqk)}) + 1e-6;
-    run_case<float>(c, g_seed * 71 + n, tol);
+    run_case<float>(c, seed_of_run() * 71 + n, tol);
   }
 }
 
@@ -257,7 +258,7 @@ TEST(SparseMlaCP, SharedIdsEqualOneProcess) {
   Communicator& comm = *g_comm;
   int64_t remote_rows = 0;
   for (int t = 0; t < 4; ++t) {
-    std::mt19937_64 rng(g_seed * 17 + static_cast<uint64_t>(t));
+    std::mt19937_64 rng(seed_of_run() * 17 + static_cast<uint64_t>(t));
     const Row row = make_tree(static_cast<Shape>(t), rng);
     const Dims d;
     const int64_t topk = 3 + t, window = t % 2 ? 6 : 0;
@@ -265,8 +266,8 @@ TEST(SparseMlaCP, SharedIdsEqualOneProcess) {
     const std::vector<int64_t> ids = one_process<double>(row, d, topk, window, first, nullptr).ids;
     const cpu::SparseMlaResult<double> ref = one_process<double>(row, d, topk, window, second, &ids);
     SparseMlaPlanOptions opt;
-    opt.plan.layout = t % 2 ? "zigzag" : "contiguous";  // the searched plan may rightly keep a small row on one rank
-    opt.plan.window = window;
+    opt.plan.layout = t % 2 ? Layout::Zigzag : Layout::Contiguous;  // the searched plan may rightly keep a small row on one rank
+    opt.window = window;
     opt.plan.chunk_tokens = std::max<int64_t>(1, row.tokens() / 17);
     opt.topk = topk;
     opt.full_index = false;
@@ -301,7 +302,7 @@ TEST(SparseMlaCP, BadSharedIdsRefusedOnEveryRank) {
   const Row row({{-1, 4}, {0, 3}, {0, 2}});
   const Dims d;
   SparseMlaPlanOptions opt;
-  opt.plan.layout = "contiguous";
+  opt.plan.layout = Layout::Contiguous;
   opt.plan.chunk_tokens = 1;
   opt.topk = 2;
   opt.full_index = false;
@@ -331,12 +332,12 @@ TEST(SparseMlaCP, RankWithNoTokensTakesPart) {
   Communicator& comm = *g_comm;
   const Row row({{-1, 2}, {0, 1}});
   const Dims d;
-  std::mt19937_64 rng(g_seed + 5);
+  std::mt19937_64 rng(seed_of_run() + 5);
   const Layer layer = random_layer(row, d, false, rng);
   const cpu::SparseMlaResult<double> ref = one_process<double>(row, d, 2, 0, layer, nullptr);
   for (const char* fetch : {"waves", "selected"}) {
     SparseMlaPlanOptions opt;
-    opt.plan.layout = "contiguous";
+    opt.plan.layout = Layout::Contiguous;
     opt.plan.chunk_tokens = 1;
     opt.topk = 2;
     opt.fetch = fetch;
@@ -363,7 +364,7 @@ TEST(SparseMlaCP, MismatchedPlanRefusedOnEveryRank) {
   const Row row({{-1, 40}, {0, 20}, {0, 30}});
   const Dims d;
   SparseMlaPlanOptions opt;
-  opt.plan.layout = "zigzag";
+  opt.plan.layout = Layout::Zigzag;
   opt.plan.chunk_tokens = 5;
   opt.topk = 4;
   CpuBackend<double> be;
@@ -396,14 +397,6 @@ int main(int argc, char** argv) {
   return treecp::testing::run_on_all_ranks(argc, argv, [] {
     treecp::MpiCommunicator comm;
     treecp::g_comm = &comm;
-    int64_t seed = 0;
-    if (comm.rank() == 0) {
-      const char* env = std::getenv("TREECP_TEST_SEED");
-      seed = static_cast<int64_t>((env ? std::stoull(env) : (uint64_t{std::random_device{}()} << 20) ^ std::random_device{}()) &
-                                  ((uint64_t{1} << 40) - 1));
-    }
-    comm.all_reduce_sum(&seed, 1, treecp::CommType::I64);
-    treecp::g_seed = static_cast<uint64_t>(seed);
     return RUN_ALL_TESTS();
   });
 }

@@ -7,7 +7,7 @@
 
 #include "comm/mpi_communicator.hpp"
 #include "core/trace.hpp"
-#include "mpi_gtest_main.hpp"
+#include "common/mpi_main.hpp"
 #include "runtime/span_gather.hpp"
 
 namespace treecp {

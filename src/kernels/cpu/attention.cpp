@@ -10,16 +10,10 @@
 
 #include "core/error.hpp"
 #include "kernels/cpu/tile.hpp"
-#include "tree/row.hpp"
+#include "kernels/cpu/tiles.hpp"
 
 namespace treecp::cpu {
 namespace {
-
-// Rows of a tile: (query, head) pairs of one KV head, about 128 of them so that a key block's scores
-// (128 x 64) and the packed Q/dO rows stay in L2 while the block is processed.
-constexpr int64_t kTileRows = 128;
-// Keys per block: 64 keys x (D + Dv = 128) x 8 bytes = 64 KiB in double, 32 KiB in float.
-constexpr int64_t kKeyBlock = 64;
 
 // Merges a partial result (acc / l, m + log l) into the running (o, lse) of one row and head.
 template <class T>
@@ -46,7 +40,7 @@ struct Workspace {
   int64_t block_q = 0;  // queries per block
   std::vector<T> qp, dop, kt, vt, s, p, ds, acc, m, l, lse, delta, dqp;
 
-  explicit Workspace(const AttnShape& sh) {
+  explicit Workspace(const AttentionShape& sh) {
     const int G = sh.group();
     block_q = std::max<int64_t>(1, kTileRows / G);
     const auto rows = static_cast<size_t>(block_q * G);
@@ -90,9 +84,10 @@ void pack_transposed(const HeadView<const T>& x, int g, int64_t kb, int64_t nk, 
 // softmax (running max m, denominator l, unnormalised acc += P V), merged into O/LSE at the end.
 template <class Isa, class T>
 TREECP_TILE_INLINE void forward_slice(const AttnForwardArgs<T>& a, const Slice& s, Workspace<T>& w) {
-  const AttnShape& sh = a.shape;
+  const AttentionShape& sh = a.shape;
   const int G = sh.group();
   const int d = sh.d, dv = sh.dv;
+  const T scale = static_cast<T>(sh.softmax_scale());
   for (int g = 0; g < sh.hkv; ++g) {
     for (int64_t qb = s.q_begin; qb < s.q_end; qb += w.block_q) {
       const int64_t qe = std::min(qb + w.block_q, s.q_end);
@@ -120,7 +115,7 @@ TREECP_TILE_INLINE void forward_slice(const AttnForwardArgs<T>& a, const Slice& 
           if (j0 >= j1) continue;
           T mx = kNegInf<T>;
           for (int64_t j = j0; j < j1; ++j) {
-            sr[j] *= a.scale;
+            sr[j] *= scale;
             mx = std::max(mx, sr[j]);
           }
           const T m_new = std::max(w.m[r], mx);
@@ -155,9 +150,10 @@ TREECP_TILE_INLINE void forward_slice(const AttnForwardArgs<T>& a, const Slice& 
 template <class Isa, class T>
 TREECP_TILE_INLINE void backward_slice(const AttnBackwardArgs<T>& a, const Slice& s, const std::vector<T>& delta,
                                        Workspace<T>& w) {
-  const AttnShape& sh = a.shape;
+  const AttentionShape& sh = a.shape;
   const int G = sh.group();
   const int d = sh.d, dv = sh.dv;
+  const T scale = static_cast<T>(sh.softmax_scale());
   for (int g = 0; g < sh.hkv; ++g) {
     for (int64_t qb = s.q_begin; qb < s.q_end; qb += w.block_q) {
       const int64_t qe = std::min(qb + w.block_q, s.q_end);
@@ -196,9 +192,9 @@ TREECP_TILE_INLINE void backward_slice(const AttnBackwardArgs<T>& a, const Slice
             std::fill(dsr, dsr + nk, T(0));
             continue;
           }
-          for (int64_t j = j0; j < j1; ++j) pr[j] = sr[j] * a.scale - lse;
+          for (int64_t j = j0; j < j1; ++j) pr[j] = sr[j] * scale - lse;
           exp_inplace<Isa>(pr + j0, j1 - j0);
-          for (int64_t j = 0; j < nk; ++j) dsr[j] = pr[j] * (dsr[j] - dl) * a.scale;
+          for (int64_t j = 0; j < nk; ++j) dsr[j] = pr[j] * (dsr[j] - dl) * scale;
         }
         const int64_t nr = rz - ra;
         gemm_acc<Isa>(nk, dv, nr, w.p.data() + ra * nk, 1, nk, w.dop.data() + ra * dv, dv, a.dv.at(kb, g),
@@ -273,23 +269,12 @@ void require_view(const void* data, int64_t rows, const char* name) {
 
 }  // namespace
 
-void AttnShape::validate() const {
-  require(q_rows >= 0, "attention: q_rows must be >= 0, got ", q_rows);
-  require(kv_rows >= 0, "attention: kv_rows must be >= 0, got ", kv_rows);
-  require(hq > 0, "attention: hq must be > 0, got ", hq);
-  require(hkv > 0, "attention: hkv must be > 0, got ", hkv);
-  require(hq % hkv == 0, "attention: hq (", hq, ") must be a multiple of hkv (", hkv, ")");
-  require(d > 0, "attention: d must be > 0, got ", d);
-  require(dv > 0, "attention: dv must be > 0, got ", dv);
-}
-
-void validate_slices(const AttnShape& shape, const std::vector<Slice>& slices) {
+void validate_slices(int64_t q_rows, int64_t kv_rows, const std::vector<Slice>& slices) {
   for (size_t i = 0; i < slices.size(); ++i) {
     const Slice& s = slices[i];
     if (s.empty()) continue;
-    require(s.q_begin >= 0 && s.q_end <= shape.q_rows && s.k_begin >= 0 && s.k_end <= shape.kv_rows,
-            "attention: slice ", i, " ", to_string(s), " outside the buffers q[0,", shape.q_rows, ") k[0,",
-            shape.kv_rows, ")");
+    require(s.q_begin >= 0 && s.q_end <= q_rows && s.k_begin >= 0 && s.k_end <= kv_rows, "attention: slice ", i, " ",
+            to_string(s), " outside the buffers q[0,", q_rows, ") k[0,", kv_rows, ")");
   }
 }
 
@@ -298,24 +283,24 @@ namespace {
 // The checks forward and backward share: shape, slices inside the buffers, scale, Q/K/V/O/LSE views.
 template <class Args>
 void check_common_args(const Args& args, const std::vector<Slice>& slices, const char* what) {
-  const AttnShape& sh = args.shape;
-  sh.validate();
-  validate_slices(sh, slices);
-  require(std::isfinite(args.scale), what, ": scale must be finite");
-  require_view(args.q.data, sh.q_rows, "q");
-  require_view(args.k.data, sh.kv_rows, "k");
-  require_view(args.v.data, sh.kv_rows, "v");
-  require_view(args.o.data, sh.q_rows, "o");
-  require_view(args.lse.data, sh.q_rows, "lse");
+  args.shape.validate();
+  require(args.q_rows >= 0 && args.kv_rows >= 0, what, ": q_rows and kv_rows must be >= 0, got ", args.q_rows, ", ",
+          args.kv_rows);
+  validate_slices(args.q_rows, args.kv_rows, slices);
+  require_view(args.q.data, args.q_rows, "q");
+  require_view(args.k.data, args.kv_rows, "k");
+  require_view(args.v.data, args.kv_rows, "v");
+  require_view(args.o.data, args.q_rows, "o");
+  require_view(args.lse.data, args.q_rows, "lse");
 }
 
 }  // namespace
 
 template <class T>
 void attention_forward(const AttnForwardArgs<T>& args, const std::vector<Slice>& slices) {
-  const AttnShape& sh = args.shape;
+  const AttentionShape& sh = args.shape;
   check_common_args(args, slices, "attention_forward");
-  for (int64_t q = 0; q < sh.q_rows; ++q) {
+  for (int64_t q = 0; q < args.q_rows; ++q) {
     for (int h = 0; h < sh.hq; ++h) {
       std::fill(args.o.at(q, h), args.o.at(q, h) + sh.dv, T(0));
       *args.lse.at(q, h) = kNegInf<T>;
@@ -327,15 +312,15 @@ void attention_forward(const AttnForwardArgs<T>& args, const std::vector<Slice>&
 
 template <class T>
 void attention_backward(const AttnBackwardArgs<T>& args, const std::vector<Slice>& slices) {
-  const AttnShape& sh = args.shape;
+  const AttentionShape& sh = args.shape;
   check_common_args(args, slices, "attention_backward");
-  require_view(args.dout.data, sh.q_rows, "dout");
-  require_view(args.dq.data, sh.q_rows, "dq");
-  require_view(args.dk.data, sh.kv_rows, "dk");
-  require_view(args.dv.data, sh.kv_rows, "dv");
+  require_view(args.dout.data, args.q_rows, "dout");
+  require_view(args.dq.data, args.q_rows, "dq");
+  require_view(args.dk.data, args.kv_rows, "dk");
+  require_view(args.dv.data, args.kv_rows, "dv");
   // delta[q * hq + h] = dot(dO, O) - dLSE of the complete output
-  std::vector<T> delta(static_cast<size_t>(sh.q_rows * sh.hq));
-  for (int64_t q = 0; q < sh.q_rows; ++q) {
+  std::vector<T> delta(static_cast<size_t>(args.q_rows * sh.hq));
+  for (int64_t q = 0; q < args.q_rows; ++q) {
     for (int h = 0; h < sh.hq; ++h) {
       T dl = dot(args.dout.at(q, h), args.o.at(q, h), sh.dv);
       if (args.dlse.data) dl -= *args.dlse.at(q, h);
@@ -471,119 +456,13 @@ void sink_backward(const SinkBackwardArgs<T>& a) {
   }
 }
 
-namespace {
-void check_map(const std::vector<RowRange>& map, const char* name) {
-  for (size_t i = 0; i < map.size(); ++i) {
-    const RowRange& r = map[i];
-    require(r.begin <= r.end && r.offset >= 0, "to_buffer_slices: ", name, " range ", i, " [", r.begin, ",", r.end,
-            ") at ", r.offset, " is malformed");
-    require(i == 0 || map[i - 1].end <= r.begin, "to_buffer_slices: ", name,
-            " ranges must be sorted by begin and disjoint (range ", i, ")");
-  }
-  std::vector<size_t> by_offset(map.size());
-  std::iota(by_offset.begin(), by_offset.end(), size_t{0});
-  std::sort(by_offset.begin(), by_offset.end(), [&](size_t x, size_t y) { return map[x].offset < map[y].offset; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const RowRange& p = map[by_offset[i - 1]];
-    require(p.offset + (p.end - p.begin) <= map[by_offset[i]].offset, "to_buffer_slices: ", name,
-            " ranges overlap in the buffer (ranges ", by_offset[i - 1], " and ", by_offset[i], ")");
-  }
-}
-
-// First range of a sorted, disjoint map that ends after `pos`.
-size_t first_range_ending_after(const std::vector<RowRange>& map, int64_t pos) {
-  return static_cast<size_t>(
-      std::upper_bound(map.begin(), map.end(), pos, [](int64_t p, const RowRange& r) { return p < r.end; }) -
-      map.begin());
-}
-}  // namespace
-
-std::vector<Slice> to_buffer_slices(const std::vector<Slice>& slices, const std::vector<RowRange>& q_map,
-                                    const std::vector<RowRange>& kv_map) {
-  check_map(q_map, "q_map");
-  check_map(kv_map, "kv_map");
-  std::vector<Slice> out;
-  for (const Slice& s : slices) {
-    if (s.empty()) continue;
-    for (size_t qi = first_range_ending_after(q_map, s.q_begin); qi < q_map.size() && q_map[qi].begin < s.q_end;
-         ++qi) {
-      const RowRange& qr = q_map[qi];
-      for (size_t ki = first_range_ending_after(kv_map, s.k_begin);
-           ki < kv_map.size() && kv_map[ki].begin < s.k_end; ++ki) {
-        const RowRange& kr = kv_map[ki];
-        const Slice piece = cut_slice(s, qr.begin, qr.end, kr.begin, kr.end);
-        if (piece.empty()) continue;
-        // q_buf = q + qs, k_buf = k + ks, so q_buf - k_buf = (q - k) + qs - ks
-        const int64_t qs = qr.offset - qr.begin, ks = kr.offset - kr.begin;
-        out.push_back(Slice{piece.q_begin + qs, piece.q_end + qs, piece.k_begin + ks, piece.k_end + ks,
-                            piece.diag_min + qs - ks, piece.diag_max + qs - ks});
-      }
-    }
-  }
-  return out;
-}
-
-template <class T>
-AttentionResult<T> attention_reference(const Row& row, const AttentionProblem<T>& p) {
-  const int64_t S = row.tokens();
-  const AttnShape sh{S, S, p.hq, p.hkv, p.d, p.dv};
-  sh.validate();
-  require(p.window >= 0, "attention: window must be >= 0 (0 = none), got ", p.window);
-  const T scale = p.scale == T(0) ? T(1) / std::sqrt(static_cast<T>(p.d)) : p.scale;
-  const auto n_o = static_cast<size_t>(S * p.hq * p.dv);
-  const auto n_lse = static_cast<size_t>(S * p.hq);
-
-  const std::vector<Slice> slices = row_slices(row, p.window);
-  AttentionResult<T> res;
-  std::vector<T> o_tok(n_o);
-  res.lse.resize(n_lse);
-  const auto q = dense_view(p.q, p.hq, p.d);
-  const auto k = dense_view(p.k, p.hkv, p.d);
-  const auto v = dense_view(p.v, p.hkv, p.dv);
-  const auto o_view = dense_view<const T>(o_tok.data(), p.hq, p.dv);
-  const auto lse_view = dense_view<const T>(res.lse.data(), p.hq, 1);
-  attention_forward(AttnForwardArgs<T>{sh, q, k, v, dense_view(o_tok.data(), p.hq, p.dv),
-                                       dense_view(res.lse.data(), p.hq, 1), scale},
-                    slices);
-  const SinkArgs<T> sink{S, p.hq, p.dv, p.sink, o_view, lse_view, {}};
-  if (p.sink) {
-    res.o.resize(n_o);
-    SinkArgs<T> fwd = sink;
-    fwd.y = dense_view(res.o.data(), p.hq, p.dv);
-    sink_forward(fwd);
-  } else {
-    res.o = o_tok;
-  }
-  if (!p.dout) return res;
-
-  res.dq.assign(static_cast<size_t>(S * p.hq * p.d), T(0));
-  res.dk.assign(static_cast<size_t>(S * p.hkv * p.d), T(0));
-  res.dv.assign(static_cast<size_t>(S * p.hkv * p.dv), T(0));
-  AttnBackwardArgs<T> bwd{sh, q, k, v, o_view, lse_view, dense_view(p.dout, p.hq, p.dv), {},
-                          dense_view(res.dq.data(), p.hq, p.d), dense_view(res.dk.data(), p.hkv, p.d),
-                          dense_view(res.dv.data(), p.hkv, p.dv), scale};
-  std::vector<T> do_tok, dlse;
-  if (p.sink) {
-    do_tok.resize(n_o);
-    dlse.resize(n_lse);
-    res.dsink.assign(static_cast<size_t>(p.hq), T(0));
-    sink_backward(SinkBackwardArgs<T>{sink, dense_view(p.dout, p.hq, p.dv), dense_view(do_tok.data(), p.hq, p.dv),
-                                      dense_view(dlse.data(), p.hq, 1), res.dsink.data()});
-    bwd.dout = dense_view<const T>(do_tok.data(), p.hq, p.dv);
-    bwd.dlse = dense_view<const T>(dlse.data(), p.hq, 1);
-  }
-  attention_backward(bwd, slices);
-  return res;
-}
-
 #define TREECP_INSTANTIATE(T)                                                                     \
   template void attention_forward<T>(const AttnForwardArgs<T>&, const std::vector<Slice>&);      \
   template void attention_backward<T>(const AttnBackwardArgs<T>&, const std::vector<Slice>&);    \
   template void merge_forward<T>(const MergeArgs<T>&);                                            \
   template void merge_backward<T>(const MergeBackwardArgs<T>&);                                   \
   template void sink_forward<T>(const SinkArgs<T>&);                                              \
-  template void sink_backward<T>(const SinkBackwardArgs<T>&);                                     \
-  template AttentionResult<T> attention_reference<T>(const Row&, const AttentionProblem<T>&);
+  template void sink_backward<T>(const SinkBackwardArgs<T>&);
 
 TREECP_INSTANTIATE(float)
 TREECP_INSTANTIATE(double)

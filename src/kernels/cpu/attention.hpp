@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Attention algebra on the CPU (ART §02–§04, §06; DESIGN.md "Algebra to keep exact"): slice attention
 // forward with LSE, the stable merge of partial (O, LSE) and its backward, the learned sink applied once
 // to the composed output, and the staged backward that uses the complete O and LSE. Templated over float
@@ -5,9 +8,10 @@
 //
 // Coordinates. Kernels take slices in BUFFER coordinates: a slice's q rows index the Q/O/LSE buffers,
 // its k rows index the K/V buffers, and its band (diag_min <= q - k < diag_max) is in those coordinates.
-// A single-process run passes the whole row as both buffers, so buffer rows are canonical token ids.
-// A stage (owned query rows against a buffer of fetched KV rows) is the same call with other buffers;
-// `to_buffer_slices` translates canonical-id slices into such a stage's buffer coordinates.
+// A single-process run passes the whole row as both buffers, so buffer rows are canonical token ids
+// (runtime/reference.hpp does that for a whole row). A stage (owned query rows against a buffer of
+// fetched KV rows) is the same call with other buffers; runtime/row_map.hpp's to_buffer() translates
+// canonical-id slices into such a stage's buffer coordinates.
 //
 // Layouts (elements; the last dimension is contiguous, the others may be strided):
 //   Q [q_rows, Hq, D]   K [kv_rows, Hkv, D]   V [kv_rows, Hkv, Dv]   O, dO [q_rows, Hq, Dv]
@@ -32,11 +36,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "tree/slice.hpp"
-
-namespace treecp {
-class Row;
-}
+#include "kernels/shapes.hpp"
+#include "kernels/slice.hpp"
 
 namespace treecp::cpu {
 
@@ -56,28 +57,18 @@ HeadView<P> dense_view(P* data, int heads, int dim) {
   return HeadView<P>{data, static_cast<int64_t>(heads) * dim, dim};
 }
 
-struct AttnShape {
-  int64_t q_rows = 0;   // rows of the Q, O, LSE buffers
-  int64_t kv_rows = 0;  // rows of the K, V buffers
-  int hq = 0, hkv = 0;  // query heads, KV heads (hq a multiple of hkv)
-  int d = 0, dv = 0;    // query/key head dim, value head dim
-
-  int group() const { return hq / hkv; }  // query heads per KV head
-  // Throws treecp::Error naming the field when a size is out of range.
-  void validate() const;
-};
-
 // Throws unless every slice lies inside [0, q_rows) x [0, kv_rows). Slices of one call must not
 // overlap (each visible pair at most once); that is the caller's contract and is not checked here.
-void validate_slices(const AttnShape& shape, const std::vector<Slice>& slices);
+void validate_slices(int64_t q_rows, int64_t kv_rows, const std::vector<Slice>& slices);
 
 template <class T>
 struct AttnForwardArgs {
-  AttnShape shape;
+  AttentionShape shape;  // heads, head dims, softmax scale (its window is already in the slices)
+  int64_t q_rows = 0;    // rows of the Q, O, LSE buffers
+  int64_t kv_rows = 0;   // rows of the K, V buffers
   HeadView<const T> q, k, v;
   HeadView<T> o;    // written for every q row: rows that no slice touches get O = 0
   HeadView<T> lse;  // written for every q row: LSE = -inf where no key is visible
-  T scale = 0;      // softmax scale, usually 1/sqrt(d)
 };
 
 // O and LSE of the query rows over the union of the slices' pairs (this stage's keys only).
@@ -86,7 +77,8 @@ void attention_forward(const AttnForwardArgs<T>& args, const std::vector<Slice>&
 
 template <class T>
 struct AttnBackwardArgs {
-  AttnShape shape;
+  AttentionShape shape;
+  int64_t q_rows = 0, kv_rows = 0;
   HeadView<const T> q, k, v;
   // The COMPLETE output and LSE of each query (over all its keys, every stage, before any sink):
   // probabilities are exp(s - lse), and D = dot(dO, O) - dLSE couples keys of all stages.
@@ -95,7 +87,6 @@ struct AttnBackwardArgs {
   HeadView<const T> dlse;  // dJ/dLSE (with a sink: from sink_backward); data == nullptr means zero
   // Accumulated (+=): contributions of several stages (and of several calls) add.
   HeadView<T> dq, dk, dv;
-  T scale = 0;
 };
 
 // dQ, dK, dV contributions of the slices' pairs, given the complete O and LSE.
@@ -157,49 +148,5 @@ struct SinkBackwardArgs {
 
 template <class T>
 void sink_backward(const SinkBackwardArgs<T>& args);
-
-// ---- stage form: canonical token ids -> buffer rows
-
-// Canonical ids [begin, end) stored at buffer rows [offset, offset + end - begin).
-struct RowRange {
-  int64_t begin = 0, end = 0;
-  int64_t offset = 0;
-};
-
-// The pairs of `slices` (canonical ids) whose query lies in q_map and whose key lies in kv_map, as
-// slices in buffer coordinates: q_buf = q - r.begin + r.offset for the range r holding q (same for k),
-// and the band shifts by the difference of the two shifts. Pairs outside the maps are dropped, so a
-// caller can pass all of a row's slices and get exactly the stage's share. Each map must be sorted by
-// begin, with disjoint ranges both in canonical ids and in buffer rows (checked).
-// Example (DESIGN.md's tree): a rank owning queries {4,5,6} that fetched keys {2,3} into a 2-row buffer
-// uses q_map {{4,7,0}} and kv_map {{2,4,0}}; row_slices' slice q[4,7) k[0,4) becomes q[0,3) k[0,2).
-std::vector<Slice> to_buffer_slices(const std::vector<Slice>& slices, const std::vector<RowRange>& q_map,
-                                    const std::vector<RowRange>& kv_map);
-
-// ---- whole-row convenience: the CLI and the oracle for the CP runtime
-
-template <class T>
-struct AttentionProblem {
-  int hq = 0, hkv = 0, d = 0, dv = 0;
-  int64_t window = 0;         // sliding window on logical positions, 0 = none
-  T scale = 0;                // 0 means 1/sqrt(d)
-  const T* q = nullptr;       // C order [S, hq, d], S = row.tokens()
-  const T* k = nullptr;       // [S, hkv, d]
-  const T* v = nullptr;       // [S, hkv, dv]
-  const T* sink = nullptr;    // [hq] or nullptr (no sink)
-  const T* dout = nullptr;    // [S, hq, dv] gradient of the final output, or nullptr (forward only)
-};
-
-template <class T>
-struct AttentionResult {
-  std::vector<T> o;      // [S, hq, dv] final output (sink applied)
-  std::vector<T> lse;    // [S, hq] over tokens only (before the sink)
-  std::vector<T> dq, dk, dv;  // with dout
-  std::vector<T> dsink;       // with dout and a sink: [hq]
-};
-
-// Whole-row forward (and backward with dout) in one process over row_slices(row, window).
-template <class T>
-AttentionResult<T> attention_reference(const Row& row, const AttentionProblem<T>& problem);
 
 }  // namespace treecp::cpu

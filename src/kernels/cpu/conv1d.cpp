@@ -26,8 +26,7 @@ T sigmoid(T z) {
 
 template <class T>
 void conv1d_check_params(const Conv1dParams<T>& p) {
-  require(p.channels >= 1, "conv1d: channels must be >= 1, got ", p.channels);
-  require(p.width >= 1 && p.width <= 64, "conv1d: width must be in [1, 64], got ", p.width);
+  p.shape.validate();
   require(p.rows >= p.out_rows && p.out_rows >= 0, "conv1d: rows (", p.rows, ") must be >= out_rows (", p.out_rows,
           ") >= 0");
   require(p.rows == 0 || (p.x && p.prev && p.weight), "conv1d: x, prev and weight must be given");
@@ -37,7 +36,7 @@ void conv1d_check_params(const Conv1dParams<T>& p) {
 
 template <class T>
 void conv1d_forward(const Conv1dParams<T>& p, T* y) {
-  const int C = p.channels, K = p.width;
+  const int C = p.shape.channels, K = p.shape.width;
   std::vector<int64_t> taps(static_cast<size_t>(K));
   for (int64_t t = 0; t < p.out_rows; ++t) {
     walk(p.prev, t, K, taps.data());
@@ -48,20 +47,20 @@ void conv1d_forward(const Conv1dParams<T>& p, T* y) {
       const T* xr = p.x + taps[i] * C;
       for (int c = 0; c < C; ++c) yt[c] += p.weight[c * K + (K - 1 - i)] * xr[c];
     }
-    if (p.silu)
+    if (p.shape.silu)
       for (int c = 0; c < C; ++c) yt[c] *= sigmoid(yt[c]);
   }
 }
 
 template <class T>
 void conv1d_backward(const Conv1dParams<T>& p, const T* dy, T* dx, T* dweight, T* dbias) {
-  const int C = p.channels, K = p.width;
+  const int C = p.shape.channels, K = p.shape.width;
   std::vector<int64_t> taps(static_cast<size_t>(K));
   std::vector<T> dz(static_cast<size_t>(C));
   for (int64_t t = 0; t < p.out_rows; ++t) {
     walk(p.prev, t, K, taps.data());
     const T* dyt = dy + t * C;
-    if (p.silu) {
+    if (p.shape.silu) {
       // Recompute z; d silu(z)/dz = s (1 + z (1 - s)).
       for (int c = 0; c < C; ++c) dz[c] = p.bias ? p.bias[c] : T(0);
       for (int i = 0; i < K && taps[i] >= 0; ++i)

@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Causal depthwise conv1d on the CPU over tokens linked by their logical predecessor, so that a packed
 // prefix tree (a child continues its parent's tail, not its storage neighbour) and halo rows received
 // from other ranks need no padding or copies:
@@ -6,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/shapes.hpp"
 
 namespace treecp {
 
@@ -17,9 +22,7 @@ struct Conv1dParams {
   const T* bias = nullptr;       // [channels] or null
   int64_t rows = 0;              // rows of x (outputs + halo)
   int64_t out_rows = 0;          // outputs are rows [0, out_rows)
-  int channels = 0;
-  int width = 4;
-  bool silu = false;
+  ConvShape shape;               // channels, width, SiLU
 };
 
 template <class T>

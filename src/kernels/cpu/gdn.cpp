@@ -14,24 +14,24 @@ template <class T>
 struct HeadView {
   const GdnParams<T>& p;
   int h;
-  const T* q(int64_t t) const { return p.q + (t * p.heads + h) * p.dk; }
-  const T* k(int64_t t) const { return p.k + (t * p.heads + h) * p.dk; }
-  const T* v(int64_t t) const { return p.v + (t * p.heads + h) * p.dv; }
-  T beta(int64_t t) const { return p.beta[t * p.heads + h]; }
+  const T* q(int64_t t) const { return p.q + (t * p.shape.heads + h) * p.shape.dk; }
+  const T* k(int64_t t) const { return p.k + (t * p.shape.heads + h) * p.shape.dk; }
+  const T* v(int64_t t) const { return p.v + (t * p.shape.heads + h) * p.shape.dv; }
+  T beta(int64_t t) const { return p.beta[t * p.shape.heads + h]; }
   // Log-decay of channel d at token t (the scalar gate broadcasts over channels).
   T g(int64_t t, int d) const {
-    return p.gate == GdnGate::Scalar ? p.g[t * p.heads + h] : p.g[(t * p.heads + h) * p.dk + d];
+    return p.shape.gate == GdnGate::Scalar ? p.g[t * p.shape.heads + h] : p.g[(t * p.shape.heads + h) * p.shape.dk + d];
   }
-  int64_t qk_at(int64_t t) const { return (t * p.heads + h) * p.dk; }
-  int64_t v_at(int64_t t) const { return (t * p.heads + h) * p.dv; }
+  int64_t qk_at(int64_t t) const { return (t * p.shape.heads + h) * p.shape.dk; }
+  int64_t v_at(int64_t t) const { return (t * p.shape.heads + h) * p.shape.dv; }
   int64_t g_at(int64_t t, int d) const {
-    return p.gate == GdnGate::Scalar ? t * p.heads + h : (t * p.heads + h) * p.dk + d;
+    return p.shape.gate == GdnGate::Scalar ? t * p.shape.heads + h : (t * p.shape.heads + h) * p.shape.dk + d;
   }
 };
 
 template <class T>
 void check_run(const GdnParams<T>& p, int h, int64_t t0, int64_t t1) {
-  require(h >= 0 && h < p.heads, "gdn: head ", h, " out of range [0, ", p.heads, ")");
+  require(h >= 0 && h < p.shape.heads, "gdn: head ", h, " out of range [0, ", p.shape.heads, ")");
   require(0 <= t0 && t0 <= t1 && t1 <= p.tokens, "gdn: run [", t0, ", ", t1, ") outside [0, ", p.tokens, ")");
 }
 
@@ -57,9 +57,9 @@ struct Chunk {
 
   void prepare(const HeadView<T>& hv, int64_t t, int len, bool with_q) {
     c = len;
-    dk = hv.p.dk;
-    dv = hv.p.dv;
-    scalar = hv.p.gate == GdnGate::Scalar;
+    dk = hv.p.shape.dk;
+    dv = hv.p.shape.dv;
+    scalar = hv.p.shape.gate == GdnGate::Scalar;
     const size_t cd = static_cast<size_t>(c) * dk;
     G.resize(cd);
     eg.resize(cd);
@@ -202,7 +202,7 @@ void chunk_output(const Chunk<T>& ch, const HeadView<T>& hv, int64_t t, const T*
       for (int e = 0; e < dv; ++e) row[e] += cij * D[j * dv + e];
     }
     T* yi = y + hv.v_at(t + i);
-    for (int e = 0; e < dv; ++e) yi[e] = hv.p.scale * row[e];
+    for (int e = 0; e < dv; ++e) yi[e] = hv.p.scale() * row[e];
   }
 }
 
@@ -210,10 +210,8 @@ void chunk_output(const Chunk<T>& ch, const HeadView<T>& hv, int64_t t, const T*
 
 template <class T>
 void gdn_check_params(const GdnParams<T>& p) {
+  p.shape.validate();
   require(p.tokens >= 0, "gdn: tokens must be >= 0, got ", p.tokens);
-  require(p.heads >= 1, "gdn: heads must be >= 1, got ", p.heads);
-  require(p.dk >= 1 && p.dv >= 1, "gdn: dk and dv must be >= 1, got ", p.dk, " and ", p.dv);
-  require(p.chunk >= 1 && p.chunk <= 4096, "gdn: chunk must be in [1, 4096], got ", p.chunk);
   require(p.tokens == 0 || (p.q && p.k && p.v && p.g && p.beta), "gdn: q, k, v, g and beta must be given");
 }
 
@@ -221,7 +219,7 @@ template <class T>
 void gdn_recurrent_forward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1, T* S, T* y) {
   check_run(p, h, t0, t1);
   const HeadView<T> hv{p, h};
-  const int dk = p.dk, dv = p.dv;
+  const int dk = p.shape.dk, dv = p.shape.dv;
   std::vector<T> pred(static_cast<size_t>(dv));
   for (int64_t t = t0; t < t1; ++t) {
     const T* k = hv.k(t);
@@ -243,7 +241,7 @@ void gdn_recurrent_forward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1,
       for (int e = 0; e < dv; ++e) {
         T acc = 0;
         for (int d = 0; d < dk; ++d) acc += S[d * dv + e] * q[d];
-        yt[e] = p.scale * acc;
+        yt[e] = p.scale() * acc;
       }
     }
   }
@@ -254,7 +252,7 @@ void gdn_recurrent_backward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1
                             T* dS, const GdnGrads<T>& gr) {
   check_run(p, h, t0, t1);
   const HeadView<T> hv{p, h};
-  const int dk = p.dk, dv = p.dv;
+  const int dk = p.shape.dk, dv = p.shape.dv;
   const size_t sz = static_cast<size_t>(dk) * dv;
   const int64_t n = t1 - t0;
   // states[i] = state before token t0 + i; states[n] = final.
@@ -286,11 +284,11 @@ void gdn_recurrent_backward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1
       for (int d = 0; d < dk; ++d) {
         T acc = 0;
         for (int e = 0; e < dv; ++e) acc += S1[d * dv + e] * dyt[e];
-        gr.dq[hv.qk_at(t) + d] += p.scale * acc;
+        gr.dq[hv.qk_at(t) + d] += p.scale() * acc;
       }
     }
     for (int d = 0; d < dk; ++d)
-      for (int e = 0; e < dv; ++e) dS[d * dv + e] += p.scale * q[d] * dyt[e];
+      for (int e = 0; e < dv; ++e) dS[d * dv + e] += p.scale() * q[d] * dyt[e];
     // S1 = Sp + k δᵀ
     std::fill(ddelta.begin(), ddelta.end(), T(0));
     for (int d = 0; d < dk; ++d)
@@ -304,7 +302,7 @@ void gdn_recurrent_backward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1
       if (gr.dk)
         for (int d = 0; d < dk; ++d) gr.dk[hv.qk_at(t) + d] += dS[d * dv + e] * delta;
     }
-    if (gr.dbeta) gr.dbeta[t * p.heads + h] += dbeta;
+    if (gr.dbeta) gr.dbeta[t * p.shape.heads + h] += dbeta;
     // δ = β (v - Spᵀ k): dSp += k dpredᵀ, dk += Sp dpred
     for (int d = 0; d < dk; ++d) {
       T acc = 0;
@@ -332,8 +330,8 @@ void gdn_chunked_forward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1, T
   const HeadView<T> hv{p, h};
   Chunk<T> ch;
   std::vector<T> D;
-  for (int64_t t = t0; t < t1; t += p.chunk) {
-    const int len = static_cast<int>(std::min<int64_t>(p.chunk, t1 - t));
+  for (int64_t t = t0; t < t1; t += p.shape.chunk) {
+    const int len = static_cast<int>(std::min<int64_t>(p.shape.chunk, t1 - t));
     ch.prepare(hv, t, len, y != nullptr);
     chunk_delta(ch, S, D);
     if (y) chunk_output(ch, hv, t, S, D, y);
@@ -345,15 +343,15 @@ template <class T>
 void gdn_chunked_summary(const GdnParams<T>& p, int h, int64_t t0, int64_t t1, T* M, T* E) {
   check_run(p, h, t0, t1);
   const HeadView<T> hv{p, h};
-  const int dk = p.dk, dv = p.dv;
+  const int dk = p.shape.dk, dv = p.shape.dv;
   std::fill(M, M + static_cast<size_t>(dk) * dk, T(0));
   for (int d = 0; d < dk; ++d) M[d * dk + d] = 1;
   std::fill(E, E + static_cast<size_t>(dk) * dv, T(0));
   Chunk<T> ch;
   std::vector<T> WM;
   std::vector<T> D;
-  for (int64_t t = t0; t < t1; t += p.chunk) {
-    const int len = static_cast<int>(std::min<int64_t>(p.chunk, t1 - t));
+  for (int64_t t = t0; t < t1; t += p.shape.chunk) {
+    const int len = static_cast<int>(std::min<int64_t>(p.shape.chunk, t1 - t));
     ch.prepare(hv, t, len, false);
     // The running map (M, E) is the state S = M S_in + E: advance both parts through the chunk,
     // the linear part with U = 0 (D_M = -W M) and the affine part as usual (D_E = U - W E).
@@ -385,25 +383,25 @@ void gdn_chunked_backward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1, 
                           T* dS, const GdnGrads<T>& gr) {
   check_run(p, h, t0, t1);
   const HeadView<T> hv{p, h};
-  const int dk = p.dk, dv = p.dv;
+  const int dk = p.shape.dk, dv = p.shape.dv;
   const size_t sz = static_cast<size_t>(dk) * dv;
-  const int64_t nchunks = (t1 - t0 + p.chunk - 1) / p.chunk;
+  const int64_t nchunks = (t1 - t0 + p.shape.chunk - 1) / p.shape.chunk;
   // Chunk-start states, recomputed (the forward keeps none).
   std::vector<T> starts(static_cast<size_t>(nchunks) * sz);
   {
     std::vector<T> S(state_in, state_in + sz);
     for (int64_t c = 0; c < nchunks; ++c) {
       std::copy(S.begin(), S.end(), starts.begin() + c * sz);
-      const int64_t t = t0 + c * p.chunk;
-      gdn_chunked_forward(p, h, t, std::min(t1, t + p.chunk), S.data(), static_cast<T*>(nullptr));
+      const int64_t t = t0 + c * p.shape.chunk;
+      gdn_chunked_forward(p, h, t, std::min(t1, t + p.shape.chunk), S.data(), static_cast<T*>(nullptr));
     }
   }
   const bool params = gr.any();
   Chunk<T> ch;
   std::vector<T> D, dD, dW, dX, dZ, dG, dSe(sz), dP, dC, tmp;
   for (int64_t c = nchunks - 1; c >= 0; --c) {
-    const int64_t t = t0 + c * p.chunk;
-    const int n = static_cast<int>(std::min<int64_t>(p.chunk, t1 - t));
+    const int64_t t = t0 + c * p.shape.chunk;
+    const int n = static_cast<int>(std::min<int64_t>(p.shape.chunk, t1 - t));
     const T* S0 = starts.data() + c * sz;
     ch.prepare(hv, t, n, true);
     chunk_delta(ch, S0, D);
@@ -413,7 +411,7 @@ void gdn_chunked_backward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1, 
     for (int j = 0; j < n; ++j) {
       T* row = dD.data() + j * dv;
       for (int i = j; i < n; ++i) {
-        const T cij = p.scale * ch.C[i * n + j];
+        const T cij = p.scale() * ch.C[i * n + j];
         const T* dyi = dy + hv.v_at(t + i);
         for (int e = 0; e < dv; ++e) row[e] += cij * dyi[e];
       }
@@ -428,7 +426,7 @@ void gdn_chunked_backward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1, 
     for (int i = 0; i < n; ++i) {
       const T* dyi = dy + hv.v_at(t + i);
       for (int d = 0; d < dk; ++d) {
-        const T qd = p.scale * ch.qst[i * dk + d];
+        const T qd = p.scale() * ch.qst[i * dk + d];
         const T wd = ch.W[i * dk + d];
         for (int e = 0; e < dv; ++e) dS[d * dv + e] += qd * dyi[e] - wd * dD[i * dv + e];
       }
@@ -449,7 +447,7 @@ void gdn_chunked_backward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1, 
           dq += S0[d * dv + e] * dyi[e];
           dr += dSe[d * dv + e] * D[i * dv + e];
         }
-        dq *= p.scale;
+        dq *= p.scale();
         const T eg = ch.eg[i * dk + d];
         if (gr.dq) gr.dq[hv.qk_at(t + i) + d] += eg * dq;
         dG[i * dk + d] += dq * eg * qi[d];
@@ -473,7 +471,7 @@ void gdn_chunked_backward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1, 
       for (int j = 0; j <= i; ++j) {
         T acc = 0;
         for (int e = 0; e < dv; ++e) acc += dyi[e] * D[j * dv + e];
-        dC[i * n + j] = p.scale * acc;
+        dC[i * n + j] = p.scale() * acc;
       }
     }
     // dU = dD, dW = -dD S0ᵀ; then Lᵀ dX = dU, Lᵀ dZ = dW by back substitution
@@ -522,7 +520,7 @@ void gdn_chunked_backward(const GdnParams<T>& p, int h, int64_t t0, int64_t t1, 
         if (gr.dk) gr.dk[hv.qk_at(t + i) + d] += eg * dkst;
         dG[i * dk + d] += dkst * eg * ki[d];
       }
-      if (gr.dbeta) gr.dbeta[(t + i) * p.heads + h] += dbeta[i];
+      if (gr.dbeta) gr.dbeta[(t + i) * p.shape.heads + h] += dbeta[i];
     }
     // P[i,j] and C[i,j] = Σ_d x_i[d] k_j[d] e^{G_i[d]-G_j[d]}
     for (int i = 0; i < n; ++i) {
@@ -599,6 +597,34 @@ void gdn_apply_transposed(int dk, int dv, const T* M, const T* a, const T* ds, T
     }
 }
 
+template <class T>
+void l2norm_forward(const T* x, int64_t groups, int dim, T* y) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const T* xi = x + g * dim;
+    T ss = 0;
+    for (int i = 0; i < dim; ++i) ss += xi[i] * xi[i];
+    const T inv = T(1) / std::sqrt(ss + static_cast<T>(kL2NormEps));
+    for (int i = 0; i < dim; ++i) y[g * dim + i] = xi[i] * inv;
+  }
+}
+
+template <class T>
+void l2norm_backward(const T* x, const T* dy, int64_t groups, int dim, T* dx) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const T* xi = x + g * dim;
+    const T* gi = dy + g * dim;
+    T ss = 0, xg = 0;
+    for (int i = 0; i < dim; ++i) {
+      ss += xi[i] * xi[i];
+      xg += xi[i] * gi[i];
+    }
+    const T inv = T(1) / std::sqrt(ss + static_cast<T>(kL2NormEps));
+    // y = x inv: dJ/dx = inv (dy - y (y·dy)) = inv dy - x inv³ (x·dy)
+    const T c = xg * inv * inv * inv;
+    for (int i = 0; i < dim; ++i) dx[g * dim + i] += inv * gi[i] - c * xi[i];
+  }
+}
+
 #define TREECP_GDN_INSTANTIATE(T)                                                                             \
   template void gdn_check_params<T>(const GdnParams<T>&);                                                   \
   template void gdn_recurrent_forward<T>(const GdnParams<T>&, int, int64_t, int64_t, T*, T*);               \
@@ -610,7 +636,9 @@ void gdn_apply_transposed(int dk, int dv, const T* M, const T* a, const T* ds, T
   template void gdn_chunked_summary<T>(const GdnParams<T>&, int, int64_t, int64_t, T*, T*);                 \
   template void gdn_compose<T>(int, int, const T*, const T*, const T*, const T*, T*, T*);                   \
   template void gdn_apply<T>(int, int, const T*, const T*, const T*, T*);                                   \
-  template void gdn_apply_transposed<T>(int, int, const T*, const T*, const T*, T*);
+  template void gdn_apply_transposed<T>(int, int, const T*, const T*, const T*, T*);                       \
+  template void l2norm_forward<T>(const T*, int64_t, int, T*);                                               \
+  template void l2norm_backward<T>(const T*, const T*, int64_t, int, T*);
 
 TREECP_GDN_INSTANTIATE(float)
 TREECP_GDN_INSTANTIATE(double)

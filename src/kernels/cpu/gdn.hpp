@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Gated DeltaNet (GDN) and Kimi Delta Attention (KDA) on the CPU: the token recurrence (the oracle),
 // its chunked UT/WY form (the kernel), shard summaries and their algebra. One head, one run of
 // consecutive tokens per call; the runtime loops over heads and runs.
@@ -15,12 +18,9 @@
 
 #include <cstdint>
 
-namespace treecp {
+#include "kernels/shapes.hpp"
 
-enum class GdnGate {
-  Scalar,      // GDN: g [S, H]
-  PerChannel,  // KDA: g [S, H, dk]
-};
+namespace treecp {
 
 // Token-major arrays of one rank's tokens: q[t][h][d] = q[(t * heads + h) * dk + d].
 template <class T>
@@ -31,12 +31,8 @@ struct GdnParams {
   const T* g = nullptr;     // [S, H] or [S, H, dk]: natural log of the decay
   const T* beta = nullptr;  // [S, H]
   int64_t tokens = 0;
-  int heads = 0;
-  int dk = 0;
-  int dv = 0;
-  GdnGate gate = GdnGate::Scalar;
-  T scale = 1;
-  int chunk = 64;  // tokens per chunk of the chunked form
+  GdnShape shape;  // heads, head dims, gate kind, output scale, chunk
+  T scale() const { return static_cast<T>(shape.scale); }
 };
 
 // Gradient arrays, same layouts as the inputs. Kernels ADD into them (a token's gradient is written
@@ -52,7 +48,7 @@ struct GdnGrads {
   bool any() const { return dq || dk || dv || dg || dbeta; }
 };
 
-// Checks sizes, gate kind and chunk; names the field at fault.
+// Checks the shape, the token count and the arrays; names the field at fault.
 template <class T>
 void gdn_check_params(const GdnParams<T>& p);
 
@@ -86,5 +82,16 @@ void gdn_apply(int dk, int dv, const T* M, const T* E, const T* s, T* out);
 // out = Mᵀ ds + a: the state gradient through a run (a = the run's own contribution).
 template <class T>
 void gdn_apply_transposed(int dk, int dv, const T* M, const T* a, const T* ds, T* out);
+
+// ---- the layer's q/k normalisation (GDN and KDA layers L2-normalise q and k per head, which keeps
+// the delta rule contractive: with |k| = 1 and beta in (0, 1) the state's update I - beta k kᵀ has
+// eigenvalues in [1 - beta, 1])
+// Every one of `groups` consecutive vectors of `dim` elements: y = x / sqrt(|x|² + kL2NormEps).
+inline constexpr double kL2NormEps = 1e-6;
+template <class T>
+void l2norm_forward(const T* x, int64_t groups, int dim, T* y);
+// Adds dJ/dx = (dy - y (y·dy)) / sqrt(|x|² + eps) for each vector.
+template <class T>
+void l2norm_backward(const T* x, const T* dy, int64_t groups, int dim, T* dx);
 
 }  // namespace treecp

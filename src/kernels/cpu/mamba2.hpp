@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Mamba-2 (the SSD layer's scan) on the CPU: the token recurrence (the oracle), its chunked
 // state-space-duality form (the kernel) and shard summaries. One head, one run of consecutive tokens
 // per call; the runtime loops over heads and runs.

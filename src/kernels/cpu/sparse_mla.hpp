@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Sparse multi-head latent attention with a learned indexer on the CPU (ART §07; DESIGN.md "Algebra to
 // keep exact"), float and double (double is the oracle). The CUDA backend will implement the same contracts.
 //

@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // The CPU kernels' shared inner pieces (kernels/cpu only, not a public header): 32-byte vector types,
 // the register-tiled GEMM, the vector exp, dot and axpy with fixed lane order, and the instruction-set
 // dispatch.

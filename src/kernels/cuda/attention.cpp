@@ -72,7 +72,10 @@ void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& pl
   const Mainloop mainloop = p.mainloop == Mainloop::kDefault ? kFwdMainloop : p.mainloop;
   require(mainloop == Mainloop::kMmaSync || mainloop == Mainloop::kWgmma || mainloop == Mainloop::kWgmmaWs, who,
           ": mainloop must be kDefault, kMmaSync, kWgmma or kWgmmaWs, got ", static_cast<int>(p.mainloop));
-  if (mainloop == Mainloop::kWgmmaWs) {
+  // Without keys every row gets O = 0 and LSE = -inf: the mma.sync kernel writes them from empty tile lists
+  // (a TMA tensor map cannot describe an empty K or V, so the warp-specialised kernel cannot run).
+  const bool no_keys = plan.kv_rows == 0;
+  if (mainloop == Mainloop::kWgmmaWs && !no_keys) {
     require(p.head_dim == 128 && kFwdBlockRows % plan.group == 0, who,
             ": kWgmmaWs needs head_dim 128 and a group dividing ", kFwdBlockRows, ", got head_dim ", p.head_dim,
             " group ", plan.group);
@@ -81,7 +84,12 @@ void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& pl
     return;
   }
   // kDefault: the warp-specialised kernel where it applies (measured fastest, docs/benchmarks-gpu.md)
-  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 && launch_fwd_ws(a, stream)) return;
+  if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 && !no_keys && launch_fwd_ws(a, stream)) return;
+  if (no_keys) {
+    if (p.head_dim == 64) detail::launch_fwd_d64(a, kFwdRowsPerWarp, stream);
+    else detail::launch_fwd_d128(a, kFwdRowsPerWarp, stream);
+    return;
+  }
   if (mainloop == Mainloop::kWgmma) {
     if (p.head_dim == 64) detail::launch_fwd_wgmma_d64(a, stream);
     else detail::launch_fwd_wgmma_d128(a, stream);

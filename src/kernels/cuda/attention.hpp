@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Slice attention on NVIDIA GPUs (sm_90a first): the CUDA side of the attention contract.
 //
 // Contract (mirrors kernels/cpu): slices are in BUFFER coordinates: q rows index the Q buffer, k rows
@@ -19,7 +22,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "tree/slice.hpp"
+#include "kernels/cuda/tiles.hpp"
+#include "kernels/slice.hpp"
 
 namespace treecp::cuda {
 
@@ -72,18 +76,6 @@ struct TileLists {
   // backward) sees no query of the tile. A hull: tiles inside it may still see none.
   std::vector<int32_t> upper_live;
 };
-
-// Tile sizes of the kernels, in packed rows (a packed row is one (token, q head of a GQA group)).
-inline constexpr int kFwdBlockRows = 128;  // 16 tokens x 8 q heads at GQA 32/4; O of 128 x 128 fits the
-                                           // registers of 4 warps x 32 rows or 8 warps x 16 rows
-inline constexpr int kFwdBlockKeys = 64;   // one K and one V tile of 64 x 128 bf16 each, two stages
-inline constexpr int kFwdRowsPerWarp = 32; // mma.sync main loop: half the shared-memory reads of 16
-inline constexpr int kBwdBlockRows = 64;   // 64 packed query rows per step of the key-major walk
-inline constexpr int kBwdBlockKeys = 128;  // 8 warps x 16 keys (dK, dV of 16 x D per warp in registers);
-                                           // 128 rather than 64 halves the dQ atomics per FLOP
-inline constexpr int kSegmentChunk = 16;        // tiles of one segment that run together in the segment order
-inline constexpr int kKeyTileMinFraction = 4;  // a key tile starts at a key boundary only a quarter tile or
-                                               // more past the previous start (tiny segments share a tile)
 
 // Everything the kernels need about one geometry (slices, q_rows, kv_rows, GQA group size).
 struct TilePlan {

@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // Device memory for the runtime: a caching pool (cudaMalloc only while the pool grows; a step that
 // repeats the previous step's sizes allocates nothing) and the row-move kernels the CP protocol needs
 // (pack rows into a send buffer, add returned rows into an accumulator, bf16 <-> fp32).

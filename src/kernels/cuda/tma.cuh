@@ -124,7 +124,11 @@ inline CUtensorMap tensor_map_3d(const char* who, CUtensorMapDataType type, int 
   const CUresult r = encode_tiled()(&m, type, 3, const_cast<void*>(ptr), dims, strides, box, elem,
                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  require(r == CUDA_SUCCESS, who, ": cuTensorMapEncodeTiled failed with ", static_cast<int>(r));
+  // The encoder's limits: a 16-byte aligned base, strides multiples of 16 bytes, every dimension >= 1.
+  require(r == CUDA_SUCCESS, who, ": cuTensorMapEncodeTiled failed with ", static_cast<int>(r), " on [", rows, " rows, ",
+          heads, " heads, 128] at ", ptr, " (", reinterpret_cast<uintptr_t>(ptr) % 16, " bytes past 16-byte alignment), strides ",
+          row_stride, " / ", head_stride, " elements of ", elem_bytes, " bytes, box ", box_cols, " x ", box_heads, " x ",
+          box_rows);
   return m;
 }
 inline CUtensorMap tensor_map_d128(const char* who, const void* ptr, int64_t rows, int64_t heads, int64_t row_stride,

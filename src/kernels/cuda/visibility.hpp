@@ -1,3 +1,6 @@
+// kernels/: the local math of every layer kind: its contracts (shapes.hpp, slice.hpp) and their CPU
+// (cpu/) and CUDA (cuda/) implementations. Knows no rows, plans or ranks.
+//
 // The visibility arithmetic of the attention kernels' tiles, in host and device code so that the host tests check it
 // against a per-element brute force (tests/cuda/test_attention_cuda.cpp) where no GPU runs.
 //

@@ -1,10 +1,10 @@
-#include "runtime/mamba2_plan.hpp"
+#include "plan/mamba2_plan.hpp"
 
 #include <algorithm>
 
 #include "core/error.hpp"
 #include "core/json.hpp"
-#include "runtime/row_map.hpp"
+#include "plan/ownership.hpp"
 
 namespace treecp {
 namespace {
@@ -36,15 +36,14 @@ void add_exchanges(const std::vector<Exchange>& xs, int element_bytes, const Gdn
       price.bytes += x.sent[r] * element_bytes;
       busiest = std::max({busiest, x.sent[r], x.recvd[r]});
     }
-    comm_ms +=
-        m.message_latency_us * 1e-3 + static_cast<double>(busiest * element_bytes) / m.link_bandwidth_bytes_per_s * 1e3;
+    comm_ms += m.link.latency_ms + static_cast<double>(busiest * element_bytes) / m.link.bandwidth_bytes_per_ms;
     ++price.rounds;
   }
 }
 
 // Moving the tokens from `from` to `to` and back (forward: inputs in, y out; backward: dy in,
 // gradients out). Nothing is exchanged when no token changes rank.
-void price_redistribution(const RankLayout& from, const RankLayout& to, const Mamba2Shape& s, const GdnCostModel& m,
+void price_redistribution(const Ownership& from, const Ownership& to, const Mamba2Shape& s, const GdnCostModel& m,
                           Mamba2Price& price, double& comm_ms) {
   const int n = static_cast<int>(from.size());
   std::vector<Exchange> xs(4, Exchange(n));
@@ -52,7 +51,7 @@ void price_redistribution(const RankLayout& from, const RankLayout& to, const Ma
   if (!tokens_move(from, to)) return;
   for (int i = 0; i < n; ++i)
     for (int j = 0; j < n; ++j) {
-      const int64_t t = tokens_in(intersect(from[static_cast<size_t>(i)], to[static_cast<size_t>(j)]));
+      const int64_t t = tokens_of(intersect(from[static_cast<size_t>(i)], to[static_cast<size_t>(j)]));
       xs[0].move(i, j, t * in);
       xs[1].move(j, i, t * out);
       xs[2].move(i, j, t * out);
@@ -83,27 +82,26 @@ double mamba2_chain_token_extra_madds(const Mamba2Shape& s) {
 
 AffinePlanCosts mamba2_plan_costs(const Mamba2Shape& s, const GdnCostModel& m) {
   AffinePlanCosts c;
-  c.local_ns_per_token = mamba2_token_madds(s) * s.heads * m.ns_per_madd;
-  c.chain_ns_per_token = (mamba2_token_madds(s) + mamba2_chain_token_extra_madds(s)) * s.heads * m.ns_per_madd;
+  c.local_ms_per_token = mamba2_token_madds(s) * s.heads / m.madds_per_ms;
+  c.chain_ms_per_token = (mamba2_token_madds(s) + mamba2_chain_token_extra_madds(s)) * s.heads / m.madds_per_ms;
   const double state = static_cast<double>(s.state_dim) * s.head_dim;
   c.state_elements = s.heads * state;
   c.summary_elements = s.heads * (1 + state);  // the decay a, then E
   c.compose_madds_per_element = 1;
-  c.element_bytes = s.element_bytes;
+  c.bytes_per_element = s.element_bytes;
   return c;
 }
 
 GdnCostModel mamba2_cost_defaults() {
   GdnCostModel m;
-  m.ns_per_madd = 0.067;
-  m.message_latency_us = 1.1;
-  m.link_bandwidth_bytes_per_s = 0.67e9;
-  m.step_overhead_us = 5.0;
+  m.madds_per_ms = 1e6 / 0.067;  // 0.067 ns per multiply-add
+  m.link = {0.0011, 6.7e5};
+  m.step_overhead_ms = 0.005;
   return m;
 }
 
 GdnCostModel load_mamba2_costs(const std::string& path) {
-  return GdnCostModel::from_json(json::parse(json::read_file(path)));
+  return load_gdn_costs(path);
 }
 
 const char* strategy_name(Mamba2Strategy s) { return s == Mamba2Strategy::Transpose ? "transpose" : "summary"; }
@@ -128,26 +126,7 @@ GroupRange mamba2_groups_of(const Mamba2Shape& s, int h0, int h1) {
   return {h0 / per, (h1 - 1) / per + 1};
 }
 
-RankLayout attention_ownership(const Plan& plan) {
-  RankLayout out;
-  for (const RankPlan& r : plan.ranks) out.push_back(r.owned);
-  return out;
-}
-
-RankLayout mamba2_chain_layout(const Row& row, const GdnPlan& chains) {
-  RankLayout out(static_cast<size_t>(chains.ranks));
-  for (int r = 0; r < chains.ranks; ++r) out[static_cast<size_t>(r)] = gdn_rank_ranges(row, chains, r);
-  return out;
-}
-
-bool tokens_move(const RankLayout& from, const RankLayout& to) {
-  for (size_t i = 0; i < from.size(); ++i)
-    for (size_t j = 0; j < to.size(); ++j)
-      if (i != j && !intersect(from[i], to[j]).empty()) return true;
-  return false;
-}
-
-GdnPlan mamba2_owner_aligned_plan(const Row& row, const RankLayout& tokens, const std::vector<uint8_t>& chained) {
+GdnPlan mamba2_owner_aligned_plan(const Row& row, const Ownership& tokens, const std::vector<uint8_t>& chained) {
   const int n = static_cast<int>(tokens.size());
   GdnPlan plan = make_gdn_plan(row, n, chained);
   std::vector<int32_t> owner_of(static_cast<size_t>(row.tokens()), 0);
@@ -177,7 +156,7 @@ GdnPlan mamba2_owner_aligned_plan(const Row& row, const RankLayout& tokens, cons
   return plan;
 }
 
-Mamba2Price price_mamba2_transpose(const Row& row, const RankLayout& tokens, const std::vector<int32_t>& cuts,
+Mamba2Price price_mamba2_transpose(const Row& row, const Ownership& tokens, const std::vector<int32_t>& cuts,
                                    const Mamba2Shape& s, const GdnCostModel& m) {
   const int n = static_cast<int>(tokens.size());
   require(static_cast<int>(cuts.size()) == n + 1 && cuts.front() == 0 && cuts.back() == s.heads,
@@ -189,27 +168,27 @@ Mamba2Price price_mamba2_transpose(const Row& row, const RankLayout& tokens, con
     const int h0 = cuts[static_cast<size_t>(j)], h1 = cuts[static_cast<size_t>(j) + 1];
     const int64_t in = s.input_elements(h0, h1), out = static_cast<int64_t>(h1 - h0) * s.head_dim;
     for (int i = 0; i < n; ++i) {
-      const int64_t t = tokens_in(tokens[static_cast<size_t>(i)]);
+      const int64_t t = tokens_of(tokens[static_cast<size_t>(i)]);
       xs[0].move(i, j, t * in);   // x, dt, B, C to the head owner
       xs[1].move(j, i, t * out);  // y home
       xs[2].move(i, j, t * out);  // dy to the head owner
       xs[3].move(j, i, t * in);   // dx, ddt, dB, dC home
     }
-    price.work_ms = std::max(price.work_ms, static_cast<double>(row.tokens()) * (h1 - h0) * mamba2_token_madds(s) *
-                                                m.ns_per_madd * 1e-6);
+    price.work_ms = std::max(price.work_ms, static_cast<double>(row.tokens()) * (h1 - h0) * mamba2_token_madds(s) /
+                                                m.madds_per_ms);
   }
   if (n > 1) add_exchanges(xs, s.element_bytes, m, price, comm_ms);
   price.steps = row.num_segments() ? row.max_depth() : 0;
-  price.ms = price.work_ms + comm_ms + price.steps * m.step_overhead_us * 1e-3;
+  price.ms = price.work_ms + comm_ms + price.steps * m.step_overhead_ms;
   return price;
 }
 
-Mamba2Price price_mamba2_summary(const Row& row, const RankLayout& tokens, GdnPlan& chains, const Mamba2Shape& s,
+Mamba2Price price_mamba2_summary(const Row& row, const Ownership& tokens, GdnPlan& chains, const Mamba2Shape& s,
                                  const GdnCostModel& m) {
   const AffinePlanCosts costs = mamba2_plan_costs(s, m);
   Mamba2Price price;
   double comm_ms = 0;
-  price_redistribution(tokens, mamba2_chain_layout(row, chains), s, m, price, comm_ms);
+  price_redistribution(tokens, gdn_ownership(row, chains), s, m, price, comm_ms);
   const double affine_ms = predict_affine_plan(row, chains, costs, m);
   price.bytes += affine_plan_bytes(row, chains, costs);
   for (double b : chains.predicted_rank_busy_ms) price.work_ms = std::max(price.work_ms, b);
@@ -221,14 +200,14 @@ Mamba2Price price_mamba2_summary(const Row& row, const RankLayout& tokens, GdnPl
   return price;
 }
 
-Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Shape& s, const GdnCostModel& m,
+Mamba2Plan plan_mamba2(const Row& row, const Ownership& tokens, const Mamba2Shape& s, const GdnCostModel& m,
                        std::optional<Mamba2Strategy> force) {
   require(s.heads >= 1 && s.groups >= 1 && s.heads % s.groups == 0, "mamba2 plan: heads (", s.heads,
           ") must be a positive multiple of groups (", s.groups, ")");
   require(s.head_dim >= 1 && s.state_dim >= 1 && s.chunk >= 1 && s.element_bytes >= 1,
           "mamba2 plan: head_dim, state_dim, chunk and element_bytes must be >= 1");
   require(!tokens.empty(), "mamba2 plan: the token layout needs at least one rank");
-  validate_layout(row, tokens);
+  validate_ownership(tokens, row.tokens());
   Mamba2Plan plan;
   plan.ranks = static_cast<int>(tokens.size());
   plan.tokens = tokens;
@@ -240,7 +219,7 @@ Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Sha
       [&](const GdnPlan& cand) {
         Mamba2Price p;
         double ms = 0;
-        price_redistribution(tokens, mamba2_chain_layout(row, cand), s, m, p, ms);
+        price_redistribution(tokens, gdn_ownership(row, cand), s, m, p, ms);
         return ms;
       },
       [&](const std::vector<uint8_t>& chained) {

@@ -1,6 +1,7 @@
-// The main of every MPI test executable: MPI initialised around the whole run, every rank runs every
-// test in the same order (so collectives stay in step), rank 0 prints the usual report, the other
-// ranks print only their failures, and every rank exits non-zero when any rank failed.
+// The main of every MPI test executable (tests/common): MPI initialised around the whole run, one test
+// seed for all ranks (rank 0's, broadcast, so that every rank draws the same inputs), every rank runs
+// every test in the same order (so collectives stay in step), rank 0 prints the usual report, the
+// other ranks print only their failures, and every rank exits non-zero when any rank failed.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <cstdio>
 
 #include "comm/mpi_communicator.hpp"
+#include "common/common.hpp"
 
 namespace treecp::testing {
 
@@ -33,6 +35,9 @@ int run_on_all_ranks(int argc, char** argv, Body body) {
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  unsigned long long seed = rank == 0 ? base_seed() : 0;
+  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  if (rank != 0) set_base_seed(seed, /*announce=*/false);
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

@@ -1,5 +1,9 @@
-// Where each segment of a packed row runs in a GDN/KDA layer under context parallelism, and what that
-// is predicted to cost. Pure data: no tensor values.
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
+// The GDN/KDA planner (beside the dense one, plan/planner.hpp): where each segment of a packed row
+// runs in a GDN/KDA layer under context parallelism, what that is predicted to cost, and the bounded
+// search over chained sets. Pure data: no tensor values.
 //
 // A segment is either LOCAL (all its tokens on one rank, its state passed on inside that rank) or
 // CHAINED (split over all ranks in rank order; ranks exchange shard summaries in a prefix scan).
@@ -12,35 +16,32 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/json.hpp"
-#include "plan/plan.hpp"
+#include "kernels/shapes.hpp"
+#include "plan/cost.hpp"
+#include "plan/ownership.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
 
-struct GdnShape {
-  int heads = 32;
-  int dk = 128;
-  int dv = 128;
-  int element_bytes = 4;  // float state and summaries
-  int chunk = 64;
-};
-
-// The one cost model of the GDN planner, simulator and benchmark report. Coefficients are
-// calibrated by bench_gdn on the machine that runs the layer; the defaults were measured by it on the
+// The one cost model of the GDN planner, simulator and benchmark report, in the dense model's units
+// (plan/cost.hpp: ms, bytes/ms). Coefficients are calibrated by bench_gdn on the machine that runs the
+// layer; the defaults (config/gdn_costs_cpu.json holds the same numbers) were measured by it on the
 // 2-core development container (CPU backend, float, OpenMPI over shared memory, 2 ranks).
 struct GdnCostModel {
-  double ns_per_madd = 0.58;                   // chunked work, forward + backward, per multiply-add
-  double message_latency_us = 1.1;             // one all-to-all round (scan round or state exchange)
-  double link_bandwidth_bytes_per_s = 0.67e9;  // per rank pair
-  double step_overhead_us = 5.0;               // per DAG step that has work (not measured separately)
-
-  static GdnCostModel defaults() { return {}; }
-  json::Value to_json() const;
-  static GdnCostModel from_json(const json::Value& v);
+  double madds_per_ms = 1724137.9310344828;  // chunked work, forward + backward, multiply-adds per ms (0.58 ns each)
+  Link link{0.0011, 6.7e5};             // one all-to-all round (scan round or state exchange), per rank pair
+  double step_overhead_ms = 0.005;      // per DAG step that has work (not measured separately)
+  int64_t state_bytes_per_element = 4;  // float states and summaries on the wire
 };
+
+// Reads a coefficient file; keys not present keep their defaults, unknown keys are refused.
+GdnCostModel gdn_costs_from_json(const json::Value& v);
+GdnCostModel load_gdn_costs(const std::string& path);
+json::Value to_json(const GdnCostModel& c);
 
 // Multiply-adds of the chunked forward per token and head.
 double gdn_forward_madds(const GdnShape& s);
@@ -72,8 +73,27 @@ struct GdnPlan {
   static GdnPlan from_json(const json::Value& v);
 };
 
+// The DAG steps of a plan as the runtime walks them: step 2p is local phase p, step 2p - 1 chain
+// phase p. Before a step, the final states its segments start from travel from their holders: a
+// transfer moves the final state of row.parent(seg) from `src` (its holder: the owner of a local
+// segment, the last rank for a chain) to `dst` (the rank that starts seg: its owner, or rank 0 of a
+// chain); the backward sends the gradient of that state the other way. A local child of a local
+// parent needs no transfer (same unit, same rank, same step).
+struct GdnTransfer {
+  int32_t seg;
+  int src, dst;
+};
+struct GdnSchedule {
+  int steps = 1;
+  std::vector<std::vector<GdnTransfer>> transfers;  // per step
+  std::vector<std::vector<int32_t>> segments;       // per step, in DFS order
+};
+GdnSchedule gdn_schedule(const Row& row, const GdnPlan& plan);
+
 // Physical ranges rank r holds, sorted and merged: its buffers lay them out in this order.
 std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int rank);
+// Every rank's gdn_rank_ranges.
+Ownership gdn_ownership(const Row& row, const GdnPlan& plan);
 
 // A plan with the given chained set: chained segments split evenly over the ranks, local units placed
 // longest first on the least loaded rank of their phase. Throws on size mismatch.
@@ -85,14 +105,14 @@ std::vector<int32_t> gdn_local_units(const Row& row, const std::vector<uint8_t>&
 void validate_gdn_plan(const Row& row, const GdnPlan& plan);
 
 // What pricing a plan of an affine-state recurrence (runtime/affine_cp.hpp) needs: GDN/KDA's come
-// from gdn_plan_costs, Mamba-2's from runtime/mamba2_plan.hpp.
+// from gdn_plan_costs, Mamba-2's from plan/mamba2_plan.hpp.
 struct AffinePlanCosts {
-  double local_ns_per_token = 0;      // a token of a local segment, forward + backward, all heads
-  double chain_ns_per_token = 0;      // a token of a chained shard: plus its summary and state-only backward
-  double state_elements = 0;          // one segment's final state, all heads
-  double summary_elements = 0;        // one chain's summary (M, E), all heads
+  double local_ms_per_token = 0;         // a token of a local segment, forward + backward, all heads
+  double chain_ms_per_token = 0;         // a token of a chained shard: plus its summary and state-only backward
+  double state_elements = 0;             // one segment's final state, all heads
+  double summary_elements = 0;           // one chain's summary (M, E), all heads
   double compose_madds_per_element = 0;  // composing two summaries, per summary element (the state's rows)
-  int element_bytes = 4;
+  int64_t bytes_per_element = 4;         // states and summaries on the wire
 };
 AffinePlanCosts gdn_plan_costs(const GdnShape& shape, const GdnCostModel& model);
 
@@ -117,6 +137,6 @@ using GdnPlanVariants = std::function<std::vector<GdnPlan>(const std::vector<uin
 GdnPlan search_affine_plan(const Row& row, int ranks, const AffinePlanCosts& costs, const GdnCostModel& model,
                            const std::function<double(const GdnPlan&)>& extra_ms = nullptr,
                            const GdnPlanVariants& variants = nullptr);
-GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model = GdnCostModel::defaults());
+GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model = GdnCostModel{});
 
 }  // namespace treecp

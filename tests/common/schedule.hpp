@@ -1,5 +1,5 @@
-// The small two-rank schedule worked by hand in test_plan.cpp (Costs.SimulatorFollowsTheScheduleModel)
-// and test_timeline.cpp: no overheads, 1 pair/ms forward and 0.5 backward, 1 B/ms links, 2 B per token.
+// tests/common: the small two-rank schedule worked by hand in test_plan.cpp
+// (Costs.SimulatorFollowsTheScheduleModel) and test_timeline.cpp: no overheads, 1 pair/ms forward and 0.5 backward, 1 B/ms links, 2 B per token.
 // Rank 0: local 3 pairs, wave 0 1 pair after a 4 ms fetch, wave 1 2 pairs after a 2 ms fetch; rank 1 idle.
 #pragma once
 
@@ -11,6 +11,7 @@ namespace treecp::testing {
 
 struct ScheduleCase {
   CostModel costs;
+  AttentionShape shape;
   std::vector<RankLoad> loads;
   std::vector<WaveTraffic> waves;
 };
@@ -28,7 +29,8 @@ inline ScheduleCase hand_worked_schedule() {
   c.local_backward_pairs_per_ms = c.remote_backward_pairs_per_ms = 0.5;
   c.intra_node = {0.0, 1.0};
   c.rank_bandwidth_bytes_per_ms = 1e9;
-  c.shape = AttentionShape{1, 1, 1, 1, 1, 1};  // 2 bytes per token both ways
+  c.kv_bytes_per_element = c.dkv_bytes_per_element = 1;
+  s.shape = AttentionShape{1, 1, 1, 1};  // 2 bytes per token both ways
   s.loads.resize(2);
   s.loads[0].local = {3, 0, 0};
   s.loads[0].waves = {{1, 0, 1}, {2, 0, 1}};

@@ -1,4 +1,5 @@
-// Helpers for tests that run the `treecp` executable (TREECP_CLI_PATH) as a separate process.
+// The part of tests/common for tests that run the `treecp` executable (TREECP_CLI_PATH) as a separate
+// process: a temporary directory, file helpers, and one way to run the command and read what it printed.
 #pragma once
 
 #include <cstdlib>

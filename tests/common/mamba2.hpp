@@ -1,6 +1,7 @@
-// Shared by the Mamba-2 tests (single process and MPI): random layer inputs, the one-process tree
-// reference built on the token recurrence in double, the flattened per-trajectory run, and the
-// tolerance rule. Random trees and row slicing come from test_gdn_util.hpp.
+// The Mamba-2 tests' own part of tests/common (single process and MPI): random layer inputs, the
+// one-process tree reference built on the token recurrence in double, the flattened per-trajectory
+// run, and the tolerance rule. Seeds, random trees and errors come from common/common.hpp, row
+// slicing from runtime/row_map.hpp (rows_of).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,7 +11,8 @@
 #include <vector>
 
 #include "kernels/cpu/mamba2.hpp"
-#include "test_gdn_util.hpp"
+#include "common/common.hpp"
+#include "runtime/row_map.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::testing {
@@ -25,10 +27,11 @@ struct Mamba2Data {
   int heads_per_group() const { return H / G; }
 };
 
-inline Mamba2Data random_mamba2_data(int64_t S, int H, int P, int G, int N, bool with_d, uint64_t seed) {
+// `salt` salts the run's seed (common/common.hpp: TREECP_TEST_SEED=N replays a run).
+inline Mamba2Data random_mamba2_data(int64_t S, int H, int P, int G, int N, bool with_d, uint64_t salt) {
   Mamba2Data d;
   d.S = S; d.H = H; d.P = P; d.G = G; d.N = N; d.with_d = with_d;
-  std::mt19937_64 rng(seed);
+  Rng rng = test_rng(salt);
   std::normal_distribution<double> n01(0.0, 1.0);
   std::uniform_real_distribution<double> u01(0.0, 1.0);
   auto normal = [&](std::vector<double>& v, size_t n, double sd) {
@@ -65,11 +68,11 @@ struct Mamba2Buffers {
 template <class T>
 Mamba2Buffers<T> mamba2_buffers(const Mamba2Data& d, const std::vector<TokenRange>& ranges) {
   Mamba2Buffers<T> b;
-  b.x = gather_rows<T>(d.x, d.H * d.P, ranges);
-  b.dt = gather_rows<T>(d.dt, d.H, ranges);
-  b.B = gather_rows<T>(d.B, d.G * d.N, ranges);
-  b.C = gather_rows<T>(d.C, d.G * d.N, ranges);
-  b.dy = gather_rows<T>(d.dy, d.H * d.P, ranges);
+  b.x = rows_of<T>(d.x, d.H * d.P, ranges);
+  b.dt = rows_of<T>(d.dt, d.H, ranges);
+  b.B = rows_of<T>(d.B, d.G * d.N, ranges);
+  b.C = rows_of<T>(d.C, d.G * d.N, ranges);
+  b.dy = rows_of<T>(d.dy, d.H * d.P, ranges);
   b.A.assign(d.A.begin(), d.A.end());
   b.D.assign(d.D.begin(), d.D.end());
   for (const TokenRange& r : ranges) b.tokens += r.size();
@@ -181,11 +184,7 @@ void expect_finite_differences(const Mamba2Data& base, std::vector<double> Mamba
   }
 }
 
-inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+inline double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) { return max_error(a, b); }
 
 template <class T>
 std::vector<double> widen(const std::vector<T>& x) {

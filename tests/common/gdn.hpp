@@ -1,35 +1,22 @@
-// Shared by the GDN/KDA and conv1d tests (single process and MPI): random trees, random inputs, the
-// one-process tree reference built on the token recurrence, and slicing a row into a rank's buffers.
+// The GDN/KDA and conv1d tests' own part of tests/common (single process and MPI): random inputs
+// shaped like a real layer, the one-process tree references (the token recurrence; conv1d by explicit
+// root-to-token paths), a rank's buffers cut from whole-row arrays, and a run of GDN CP over them.
 #pragma once
 
 #include <cmath>
-#include <functional>
 #include <random>
 #include <vector>
 
+#include "common/common.hpp"
+#include "comm/communicator.hpp"
 #include "kernels/cpu/gdn.hpp"
-#include "plan/plan.hpp"
+#include "plan/gdn_plan.hpp"
+#include "runtime/cpu_backend.hpp"
+#include "runtime/gdn_cp.hpp"
+#include "runtime/row_map.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::testing {
-
-// A random row in DFS preorder: roots with up to `fanout` children per node down to `max_depth`.
-inline Row random_tree(uint64_t seed, int max_segments, int64_t min_len, int64_t max_len, int max_depth,
-                       int fanout = 3) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int64_t> len(min_len, max_len);
-  std::uniform_int_distribution<int> kids(0, fanout);
-  std::vector<Segment> segs;
-  std::function<void(int32_t, int)> add = [&](int32_t parent, int depth) {
-    const int32_t me = static_cast<int32_t>(segs.size());
-    segs.push_back({parent, len(rng)});
-    if (depth >= max_depth) return;
-    const int k = kids(rng);
-    for (int i = 0; i < k && static_cast<int>(segs.size()) < max_segments; ++i) add(me, depth + 1);
-  };
-  while (static_cast<int>(segs.size()) < max_segments) add(-1, 1);
-  return Row(std::move(segs));
-}
 
 // GDN/KDA inputs for a whole row (double), shaped like a real layer.
 struct GdnData {
@@ -38,12 +25,12 @@ struct GdnData {
   GdnGate gate = GdnGate::Scalar;
   std::vector<double> q, k, v, g, beta, dy;
   int64_t g_width() const { return gate == GdnGate::Scalar ? 1 : dk; }
+  GdnShape shape(double scale, int chunk = 64) const { return {H, dk, dv, gate, scale, chunk}; }
 };
 
-inline GdnData random_gdn_data(int64_t S, int H, int dk, int dv, GdnGate gate, uint64_t seed) {
+inline GdnData random_gdn_data(int64_t S, int H, int dk, int dv, GdnGate gate, Rng& rng) {
   GdnData d;
   d.S = S; d.H = H; d.dk = dk; d.dv = dv; d.gate = gate;
-  std::mt19937_64 rng(seed);
   std::normal_distribution<double> n01(0.0, 1.0);
   std::uniform_real_distribution<double> u01(0.0, 1.0);
   auto unit_rows = [&](std::vector<double>& x, int w) {
@@ -68,49 +55,40 @@ inline GdnData random_gdn_data(int64_t S, int H, int dk, int dv, GdnGate gate, u
   return d;
 }
 
-// Rows [ranges] of a [S, width] array, concatenated (a rank's buffer).
-template <class T>
-std::vector<T> gather_rows(const std::vector<double>& full, int64_t width, const std::vector<TokenRange>& ranges) {
-  std::vector<T> out;
-  for (const TokenRange& r : ranges)
-    out.insert(out.end(), full.begin() + r.begin * width, full.begin() + r.end * width);
-  return out;
-}
-
-// Largest |a - b| between a rank's buffer and the same rows of a full array.
-template <class T>
-double max_rows_diff(const std::vector<T>& local, const std::vector<double>& full, int64_t width,
-                     const std::vector<TokenRange>& ranges) {
-  double m = 0;
-  int64_t at = 0;
-  for (const TokenRange& r : ranges)
-    for (int64_t i = r.begin * width; i < r.end * width; ++i, ++at)
-      m = std::max(m, std::abs(static_cast<double>(local[at]) - full[i]));
-  return m;
-}
-
-inline double max_abs(const std::vector<double>& x) {
-  double m = 0;
-  for (double e : x) m = std::max(m, std::abs(e));
-  return m;
-}
-
+// A rank's share of the inputs (also the CPU backend's buffers: std::vector<T>).
 template <class T>
 struct GdnBuffers {
   std::vector<T> q, k, v, g, beta, dy;
-  GdnParams<T> params(const GdnData& d, int64_t tokens, int chunk, T scale) const {
+  GdnParams<T> params(const GdnShape& shape, int64_t tokens) const {
     GdnParams<T> p;
     p.q = q.data(); p.k = k.data(); p.v = v.data(); p.g = g.data(); p.beta = beta.data();
-    p.tokens = tokens; p.heads = d.H; p.dk = d.dk; p.dv = d.dv; p.gate = d.gate; p.scale = scale; p.chunk = chunk;
+    p.tokens = tokens; p.shape = shape;
     return p;
   }
 };
 
 template <class T>
 GdnBuffers<T> gdn_buffers(const GdnData& d, const std::vector<TokenRange>& ranges) {
-  return {gather_rows<T>(d.q, d.H * d.dk, ranges), gather_rows<T>(d.k, d.H * d.dk, ranges),
-          gather_rows<T>(d.v, d.H * d.dv, ranges), gather_rows<T>(d.g, d.H * d.g_width(), ranges),
-          gather_rows<T>(d.beta, d.H, ranges), gather_rows<T>(d.dy, d.H * d.dv, ranges)};
+  return {rows_of<T>(d.q, d.H * d.dk, ranges), rows_of<T>(d.k, d.H * d.dk, ranges),
+          rows_of<T>(d.v, d.H * d.dv, ranges), rows_of<T>(d.g, d.H * d.g_width(), ranges),
+          rows_of<T>(d.beta, d.H, ranges), rows_of<T>(d.dy, d.H * d.dv, ranges)};
+}
+
+// GDN CP (runtime/gdn_cp.hpp) on the CPU backend over this rank's buffers, forward and backward.
+template <class T>
+struct GdnRun {
+  std::vector<T> y, dq, dk, dv, dg, dbeta;
+};
+template <class T>
+GdnRun<T> run_gdn_cp(Communicator& comm, const Row& row, const GdnPlan& plan, const GdnShape& shape,
+                     const GdnBuffers<T>& in) {
+  CpuBackend<T> be;
+  GdnCP<CpuBackend<T>> cp(plan, row, shape, comm, be);
+  GdnRun<T> r{std::vector<T>(in.v.size()), std::vector<T>(in.q.size()), std::vector<T>(in.k.size()),
+              std::vector<T>(in.v.size()), std::vector<T>(in.g.size()), std::vector<T>(in.beta.size())};
+  cp.forward(in.q, in.k, in.v, in.g, in.beta, r.y);
+  cp.backward(in.dy, r.dq, r.dk, r.dv, r.dg, r.dbeta);
+  return r;
 }
 
 struct GdnReference {
@@ -122,7 +100,7 @@ struct GdnReference {
 inline GdnReference gdn_tree_reference(const Row& row, const GdnData& d, double scale, bool backward = true) {
   GdnParams<double> p;
   p.q = d.q.data(); p.k = d.k.data(); p.v = d.v.data(); p.g = d.g.data(); p.beta = d.beta.data();
-  p.tokens = d.S; p.heads = d.H; p.dk = d.dk; p.dv = d.dv; p.gate = d.gate; p.scale = scale;
+  p.tokens = d.S; p.shape = d.shape(scale);
   const int64_t ssz = static_cast<int64_t>(d.dk) * d.dv, state = d.H * ssz;
   const int32_t n = row.num_segments();
   std::vector<std::vector<double>> s_in(static_cast<size_t>(n)), s_out(static_cast<size_t>(n));

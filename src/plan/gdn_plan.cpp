@@ -1,4 +1,4 @@
-#include "runtime/gdn_plan.hpp"
+#include "plan/gdn_plan.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -22,26 +22,36 @@ std::vector<int32_t> compute_phases(const Row& row, const std::vector<uint8_t>& 
 
 }  // namespace
 
-json::Value GdnCostModel::to_json() const {
-  json::Value v = json::Value::object();
-  v.set("ns_per_madd", ns_per_madd);
-  v.set("message_latency_us", message_latency_us);
-  v.set("link_bandwidth_bytes_per_s", link_bandwidth_bytes_per_s);
-  v.set("step_overhead_us", step_overhead_us);
-  return v;
+GdnCostModel gdn_costs_from_json(const json::Value& v) {
+  GdnCostModel c;
+  for (const auto& [key, val] : v.as_object("gdn costs")) {
+    if (key == "madds_per_ms") {
+      c.madds_per_ms = val.as_double("gdn costs.madds_per_ms");
+      require(c.madds_per_ms > 0, "gdn costs.madds_per_ms must be > 0, got ", c.madds_per_ms);
+    } else if (key == "link") {
+      c.link = link_from_json(val, "gdn costs.link");
+    } else if (key == "step_overhead_ms") {
+      c.step_overhead_ms = val.as_double("gdn costs.step_overhead_ms");
+      require(c.step_overhead_ms >= 0, "gdn costs.step_overhead_ms must be >= 0, got ", c.step_overhead_ms);
+    } else if (key == "state_bytes_per_element") {
+      c.state_bytes_per_element = val.as_int("gdn costs.state_bytes_per_element");
+      require(c.state_bytes_per_element > 0, "gdn costs.state_bytes_per_element must be > 0");
+    } else if (key != "note" && key != "source") {
+      fail("gdn costs: unknown key '", key, "'");
+    }
+  }
+  return c;
 }
 
-GdnCostModel GdnCostModel::from_json(const json::Value& v) {
-  GdnCostModel m;
-  m.ns_per_madd = v.at("ns_per_madd", "gdn cost model").as_double("ns_per_madd");
-  m.message_latency_us = v.at("message_latency_us", "gdn cost model").as_double("message_latency_us");
-  m.link_bandwidth_bytes_per_s =
-      v.at("link_bandwidth_bytes_per_s", "gdn cost model").as_double("link_bandwidth_bytes_per_s");
-  m.step_overhead_us = v.at("step_overhead_us", "gdn cost model").as_double("step_overhead_us");
-  require(m.ns_per_madd > 0 && m.link_bandwidth_bytes_per_s > 0 && m.message_latency_us >= 0 &&
-              m.step_overhead_us >= 0,
-          "gdn cost model: coefficients must be positive (latency and overhead may be 0)");
-  return m;
+GdnCostModel load_gdn_costs(const std::string& path) { return gdn_costs_from_json(json::parse(json::read_file(path))); }
+
+json::Value to_json(const GdnCostModel& c) {
+  json::Value v = json::Value::object();
+  v.set("madds_per_ms", c.madds_per_ms);
+  v.set("link", to_json(c.link));
+  v.set("step_overhead_ms", c.step_overhead_ms);
+  v.set("state_bytes_per_element", c.state_bytes_per_element);
+  return v;
 }
 
 // Per chunk of c tokens and one head, forward: cumulative gates and scaled keys ~3 c dk; P and C
@@ -81,6 +91,28 @@ std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int
     if (!out.empty() && out.back().end == r.begin) out.back().end = r.end;
     else out.push_back(r);
   }
+  return out;
+}
+
+GdnSchedule gdn_schedule(const Row& row, const GdnPlan& plan) {
+  GdnSchedule sc;
+  sc.steps = 2 * plan.num_phases - 1;
+  sc.transfers.resize(static_cast<size_t>(sc.steps));
+  sc.segments.resize(static_cast<size_t>(sc.steps));
+  for (int32_t s = 0; s < row.num_segments(); ++s) {
+    const int st = plan.step_of(s);
+    sc.segments[static_cast<size_t>(st)].push_back(s);
+    const int32_t p = row.parent(s);
+    if (p >= 0 && (plan.chained[s] || plan.chained[p])) {
+      sc.transfers[static_cast<size_t>(st)].push_back({s, plan.holder(p), plan.starter(s)});
+    }
+  }
+  return sc;
+}
+
+Ownership gdn_ownership(const Row& row, const GdnPlan& plan) {
+  Ownership out(static_cast<size_t>(plan.ranks));
+  for (int r = 0; r < plan.ranks; ++r) out[static_cast<size_t>(r)] = gdn_rank_ranges(row, plan, r);
   return out;
 }
 
@@ -221,19 +253,19 @@ void validate_gdn_plan(const Row& row, const GdnPlan& plan) {
 
 AffinePlanCosts gdn_plan_costs(const GdnShape& s, const GdnCostModel& m) {
   AffinePlanCosts c;
-  c.local_ns_per_token = gdn_token_madds(s) * s.heads * m.ns_per_madd;
-  c.chain_ns_per_token = (gdn_token_madds(s) + gdn_chain_token_extra_madds(s)) * s.heads * m.ns_per_madd;
+  c.local_ms_per_token = gdn_token_madds(s) * s.heads / m.madds_per_ms;
+  c.chain_ms_per_token = (gdn_token_madds(s) + gdn_chain_token_extra_madds(s)) * s.heads / m.madds_per_ms;
   c.state_elements = static_cast<double>(s.heads) * s.dk * s.dv;
   c.summary_elements = static_cast<double>(s.heads) * s.dk * (s.dk + s.dv);
   c.compose_madds_per_element = s.dk;
-  c.element_bytes = s.element_bytes;
+  c.bytes_per_element = m.state_bytes_per_element;
   return c;
 }
 
 double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts& c, const GdnCostModel& m) {
   const int N = plan.ranks;
   const int32_t n = row.num_segments();
-  const double state_bytes = c.state_elements * c.element_bytes;
+  const double state_bytes = c.state_elements * static_cast<double>(c.bytes_per_element);
   const int rounds = affine_scan_rounds(N);
   const int steps = 2 * plan.num_phases - 1;  // local 0, chain 1, local 1, ...
   std::vector<std::vector<double>> busy(static_cast<size_t>(steps), std::vector<double>(static_cast<size_t>(N), 0.0));
@@ -247,9 +279,9 @@ double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts&
     if (plan.chained[s]) {
       ++chains_in_step[static_cast<size_t>(step)];
       for (int r = 0; r < N; ++r)
-        b[r] += static_cast<double>(plan.cuts[s][r + 1] - plan.cuts[s][r]) * c.chain_ns_per_token * 1e-6;
+        b[r] += static_cast<double>(plan.cuts[s][r + 1] - plan.cuts[s][r]) * c.chain_ms_per_token;
     } else {
-      b[plan.owner[s]] += static_cast<double>(row.length(s)) * c.local_ns_per_token * 1e-6;
+      b[plan.owner[s]] += static_cast<double>(row.length(s)) * c.local_ms_per_token;
     }
     const int32_t p = row.parent(s);
     if (p < 0) continue;
@@ -258,6 +290,8 @@ double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts&
     sent[static_cast<size_t>(step)][src] += 2 * state_bytes;
     recvd[static_cast<size_t>(step)][dst] += 2 * state_bytes;
   }
+  // One message of `bytes` over the link (plan/cost.hpp's transfer term: latency + bytes / bandwidth).
+  auto message_ms = [&](double bytes) { return m.link.latency_ms + bytes / m.link.bandwidth_bytes_per_ms; };
   double total = 0;
   plan.predicted_rank_busy_ms.assign(static_cast<size_t>(N), 0.0);
   for (int st = 0; st < steps; ++st) {
@@ -269,16 +303,17 @@ double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts&
       plan.predicted_rank_busy_ms[r] += busy[st][r];
       any = any || busy[st][r] > 0;
     }
-    double comm = traffic > 0 ? 2 * m.message_latency_us * 1e-3 + traffic / m.link_bandwidth_bytes_per_s * 1e3 : 0;
+    // The state exchange: forward states and backward gradients, one round each.
+    double comm = traffic > 0 ? m.link.latency_ms + message_ms(traffic) : 0;
     const int chains = chains_in_step[st];
     if (chains > 0 && rounds > 0) {
       // Forward prefix scan and backward suffix scan: each round moves every chain's summary and
       // composes it once.
-      const double bytes = chains * c.summary_elements * c.element_bytes;
-      const double compose_ms = chains * c.summary_elements * c.compose_madds_per_element * m.ns_per_madd * 1e-6;
-      comm += 2 * rounds * (m.message_latency_us * 1e-3 + bytes / m.link_bandwidth_bytes_per_s * 1e3 + compose_ms);
+      const double bytes = chains * c.summary_elements * static_cast<double>(c.bytes_per_element);
+      const double compose_ms = chains * c.summary_elements * c.compose_madds_per_element / m.madds_per_ms;
+      comm += 2 * rounds * (message_ms(bytes) + compose_ms);
     }
-    if (any) total += work + comm + m.step_overhead_us * 1e-3;
+    if (any) total += work + comm + m.step_overhead_ms;
   }
   plan.predicted_ms = total;
   return total;
@@ -296,8 +331,8 @@ int affine_scan_rounds(int ranks) {
 
 int64_t affine_plan_bytes(const Row& row, const GdnPlan& plan, const AffinePlanCosts& c) {
   const int N = plan.ranks;
-  const int64_t state = static_cast<int64_t>(c.state_elements) * c.element_bytes;
-  const int64_t summary = static_cast<int64_t>(c.summary_elements) * c.element_bytes;
+  const int64_t state = static_cast<int64_t>(c.state_elements) * c.bytes_per_element;
+  const int64_t summary = static_cast<int64_t>(c.summary_elements) * c.bytes_per_element;
   int64_t bytes = 0;
   std::vector<int64_t> chains_in_step(static_cast<size_t>(2 * plan.num_phases - 1), 0);
   for (int32_t s = 0; s < row.num_segments(); ++s) {

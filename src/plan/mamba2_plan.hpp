@@ -1,6 +1,10 @@
-// How a Mamba-2 layer runs under context parallelism, and what each way is predicted to cost. Pure
-// data: no tensor values. (It sits beside the GDN planner, whose chain plans and pricing it reuses;
-// both belong in plan/ once the GDN planner moves there.)
+// plan/: pure data between the row and the runtime: ownership, the dense, GDN/KDA, Mamba-2 and sparse MLA
+// planners, their cost models, and the Plans they produce (no tensor values).
+//
+// How a Mamba-2 layer runs under context parallelism, and what each way is predicted to cost, beside the
+// GDN planner (plan/gdn_plan.hpp), whose chain plans, cost model and pricing it reuses. The token owners
+// come as an Ownership (plan/ownership.hpp; a dense plan's is plan_ownership(plan)); the summary
+// strategy's layout is gdn_ownership(row, chains).
 //
 // The layer's inputs and outputs live with the TOKEN OWNERS (`tokens`: the dense attention plan's
 // ownership in a hybrid model). Two strategies:
@@ -22,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/conv_cp.hpp"
-#include "runtime/gdn_plan.hpp"
+#include "plan/gdn_plan.hpp"
+#include "plan/ownership.hpp"
 #include "tree/row.hpp"
 
 namespace treecp {
@@ -80,7 +84,7 @@ struct Mamba2Price {
 struct Mamba2Plan {
   Mamba2Strategy strategy = Mamba2Strategy::Transpose;
   int ranks = 1;
-  RankLayout tokens;               // token owners' ranges (inputs and outputs)
+  Ownership tokens;               // token owners' ranges (inputs and outputs)
   std::vector<int32_t> head_cuts;  // transpose: ranks + 1 cut points over the heads
   GdnPlan chains;                  // summary: the chain plan its tokens run under
   Mamba2Price transpose_price, summary_price;
@@ -91,29 +95,19 @@ struct Mamba2Plan {
 // Prices both strategies for `tokens` (validated against the row) and picks the cheaper, unless
 // `force` names one. The summary's chain plan is searched (search_affine_plan) with the cost of
 // moving the tokens into its layout added.
-Mamba2Plan plan_mamba2(const Row& row, const RankLayout& tokens, const Mamba2Shape& shape, const GdnCostModel& model,
+Mamba2Plan plan_mamba2(const Row& row, const Ownership& tokens, const Mamba2Shape& shape, const GdnCostModel& model,
                        std::optional<Mamba2Strategy> force = std::nullopt);
 
 // The chain plan for `chained` whose pieces follow the token owners where they can: each local unit
 // on the rank that owns most of its tokens, a chained segment cut where its owners change when they
 // ascend along it (otherwise evenly). It moves fewer tokens than make_gdn_plan's, which balances the
 // ranks instead; plan_mamba2's search prices both.
-GdnPlan mamba2_owner_aligned_plan(const Row& row, const RankLayout& tokens, const std::vector<uint8_t>& chained);
+GdnPlan mamba2_owner_aligned_plan(const Row& row, const Ownership& tokens, const std::vector<uint8_t>& chained);
 
 // The two prices on their own (plan_mamba2 uses them; benchmarks print them).
-Mamba2Price price_mamba2_transpose(const Row& row, const RankLayout& tokens, const std::vector<int32_t>& head_cuts,
+Mamba2Price price_mamba2_transpose(const Row& row, const Ownership& tokens, const std::vector<int32_t>& head_cuts,
                                    const Mamba2Shape& shape, const GdnCostModel& model);
-Mamba2Price price_mamba2_summary(const Row& row, const RankLayout& tokens, GdnPlan& chains, const Mamba2Shape& shape,
+Mamba2Price price_mamba2_summary(const Row& row, const Ownership& tokens, GdnPlan& chains, const Mamba2Shape& shape,
                                  const GdnCostModel& model);
-
-// The token owners of a dense attention plan (Plan::ranks[r].owned), the layout a hybrid model's
-// Mamba-2 layers receive their inputs in.
-RankLayout attention_ownership(const Plan& plan);
-
-// Token ranges per rank of the summary strategy's chain plan (its buffers' order).
-RankLayout mamba2_chain_layout(const Row& row, const GdnPlan& chains);
-// True when some token is held by different ranks in the two layouts (then the summary strategy
-// moves its tokens; otherwise both lay every rank's tokens out in the same order).
-bool tokens_move(const RankLayout& from, const RankLayout& to);
 
 }  // namespace treecp

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The peer for treecp's GDN/KDA CUDA kernels: flash-linear-attention's chunk kernels, timed on this GPU.
+
+Prints one markdown table: chunk GDN and chunk KDA at T tokens, H heads, Dk = Dv = D, bf16 inputs, one
+sequence; forward and forward+backward milliseconds (CUDA events, median of --reps after --warmup calls),
+or the error FLA raises (its backward refuses some GPU/Triton pairs). Needs torch, triton and fla-core
+(on the GPU machine: pip install --no-deps --target DIR fla_core-*.whl einops-*.whl, then PYTHONPATH=DIR).
+"""
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+
+def timed(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def inputs(T, H, D, per_channel, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev, bf = "cuda", torch.bfloat16
+    q = F.normalize(torch.randn(1, T, H, D, device=dev, generator=g), dim=-1).to(bf)
+    k = F.normalize(torch.randn(1, T, H, D, device=dev, generator=g), dim=-1).to(bf)
+    v = torch.randn(1, T, H, D, device=dev, generator=g).to(bf)
+    gshape = (1, T, H, D) if per_channel else (1, T, H)
+    # log decays in about [-0.7, -0.01]: the regime of trained GDN/KDA layers
+    gate = F.logsigmoid(torch.randn(gshape, device=dev, generator=g) + 3.0).float()
+    beta = torch.rand(1, T, H, device=dev, generator=g).to(bf)
+    return q, k, v, gate, beta
+
+
+def measure(name, op, T, H, D, per_channel, warmup, reps):
+    q, k, v, gate, beta = inputs(T, H, D, per_channel, 0)
+    row = {"kernel": name}
+    try:
+        with torch.no_grad():
+            row["fwd"] = timed(lambda: op(q, k, v, gate, beta), warmup, reps)
+    except Exception as e:  # noqa: BLE001 - the peer's refusal is the figure
+        row["fwd"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, gate, beta)]
+    do = torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        o = op(*leaves)
+        o = o[0] if isinstance(o, tuple) else o
+        o.backward(do)
+
+    try:
+        row["fwdbwd"] = timed(step, warmup, reps)
+    except Exception as e:  # noqa: BLE001
+        row["fwdbwd"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=40960)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    a = ap.parse_args()
+    import fla
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda
+
+    T, H, D = a.tokens, a.heads, a.d
+    print(f"# FLA {getattr(fla, '__version__', '?')}, torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    print(f"# T {T}, H {H}, Dk = Dv = {D}, bf16, one sequence; median of {a.reps} after {a.warmup} warm-up calls\n")
+    rows = [
+        measure("fla chunk_gated_delta_rule (GDN)", lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b),
+                T, H, D, False, a.warmup, a.reps),
+        measure("fla chunk_kda (KDA)", lambda q, k, v, g, b: chunk_kda(q, k, v, g, b), T, H, D, True, a.warmup, a.reps),
+    ]
+    print("| kernel | forward ms | forward+backward ms |")
+    print("|---|---|---|")
+    for r in rows:
+        f = r["fwd"] if isinstance(r["fwd"], str) else f"{r['fwd']:.3f}"
+        fb = r["fwdbwd"] if isinstance(r["fwdbwd"], str) else f"{r['fwdbwd']:.3f}"
+        print(f"| {r['kernel']} | {f} | {fb} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,949 @@
+// Internal: the GDN/KDA chunk kernels' bodies and the host code that schedules them, written once for two
+// executors: gdn.cu (nvcc: each body becomes a __global__ kernel) and tests/test_gdn_cuda_emulated.cpp (the host
+// compiler: each block's threads are std::threads and block_sync() a std::barrier), so the CPU suite runs the very
+// code the GPU runs. Bodies use only block-wide barriers, shared and global memory (no warp intrinsics), and take
+// (block, thread, threads) as arguments. Math of kernels/cpu/gdn.hpp; the plan is in docs/kernels.md.
+//
+// Per (chunk, head) of c <= 64 tokens, G_i = Σ_{t<=i} g_t (per key channel; the scalar gate broadcasts):
+//   prep:   Qst = e^G ⊙ Q, Kst = e^G ⊙ K, R = e^{G_last - G} ⊙ K, P (j < i) and C (j <= i) pair matrices,
+//           U, W from (I + diag(β) P) [U | W] = diag(β) [V | Kst] by forward substitution, egl = e^{G_last}
+//   scan:   per (run, head, 32 or 16 state columns), chunks in order: D = U - W S; Y = scale (Qst S + C D);
+//           S <- diag(egl) S + Rᵀ D
+//   bwd scan: chunks in reverse: dD = scale Cᵀ dY + R dS; dS <- diag(egl) dS + scale Qstᵀ dY - Wᵀ dD
+//   grads:  per (chunk, head), from the chunk-start state S0 and dS at the chunk end: kernels/cpu's chunk backward
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/error.hpp"
+#include "kernels/cuda/gdn_types.hpp"
+
+#if defined(__CUDACC__)
+#include "kernels/cuda/attention.hpp"  // check_cuda
+#define TREECP_GDN_FN __device__ inline
+#define TREECP_GDN_HD __host__ __device__ inline
+namespace treecp::cuda::detail {
+TREECP_GDN_FN void block_sync() { __syncthreads(); }
+}  // namespace treecp::cuda::detail
+#else
+#include <barrier>
+#define TREECP_GDN_FN inline
+#define TREECP_GDN_HD inline
+namespace treecp::cuda::detail {
+// The emulator sets each thread's barrier before it runs a block.
+inline thread_local std::barrier<>* emulated_block_barrier = nullptr;
+inline void block_sync() { emulated_block_barrier->arrive_and_wait(); }
+}  // namespace treecp::cuda::detail
+#endif
+
+namespace treecp::cuda::detail {
+TREECP_GDN_HD float bits_to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+TREECP_GDN_HD uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+}  // namespace treecp::cuda::detail
+
+namespace treecp::cuda::detail {
+
+constexpr int kGdnChunk = 64;        // tokens per chunk (rows of the chunk-local matrices)
+constexpr int kGdnTile = 32;         // default state columns per block of the scans (GdnCudaParams::scan_columns)
+constexpr int kGdnThreads = 256;     // threads per block of every GDN kernel
+constexpr int kGdnMaxDim = 256;      // dk, dv at most (the scans' shared state tile: (dk + 64) x 32 fp32)
+
+TREECP_GDN_HD float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+// Round to nearest even; NaN stays NaN.
+TREECP_GDN_HD uint16_t float_to_bf16(float f) {
+  uint32_t u = float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+struct GdnChunkDesc {
+  int64_t t;    // first token
+  int32_t len;  // tokens, 1..64
+  int32_t run;
+};
+struct GdnRunDesc {
+  int32_t chunk_begin, chunk_count, in_slot, out_slot;
+};
+
+// Offsets (floats) of the chunk-local arrays in one (chunk, head) block of the workspace. Rows of 64 tokens;
+// a chunk of c < 64 tokens uses the first c rows (and the first c columns of the 64 x 64 ones).
+struct GdnBlock {
+  int64_t G = 0, Qst = 0, Kst = 0, R = 0, W = 0;  // [64][dk]
+  int64_t U = 0;                                  // [64][dv]
+  int64_t P = 0, C = 0;                           // [64][64]: P[i][j] (j < i), C[i][j] (j <= i)
+  int64_t egl = 0;                                // [dk]
+  // backward only
+  int64_t S0 = 0, dSe = 0;       // [dk][dv]: the state at the chunk start, dL/dS at the chunk end
+  int64_t D = 0, dD = 0, dX = 0;  // [64][dv]
+  int64_t dZ = 0, dGm = 0, rr = 0;  // [64][dk]
+  int64_t dL = 0, dC = 0;        // [64][64]
+  int64_t size = 0;
+
+  static GdnBlock make(int dk, int dv, bool backward) {
+    GdnBlock b;
+    int64_t at = 0;
+    auto take = [&](int64_t n) {
+      const int64_t o = at;
+      at += (n + 63) / 64 * 64;  // 256-byte aligned arrays
+      return o;
+    };
+    const int64_t c = kGdnChunk;
+    b.G = take(c * dk); b.Qst = take(c * dk); b.Kst = take(c * dk); b.R = take(c * dk); b.W = take(c * dk);
+    b.U = take(c * dv);
+    b.P = take(c * c); b.C = take(c * c);
+    b.egl = take(dk);
+    if (backward) {
+      b.S0 = take(int64_t{dk} * dv); b.dSe = take(int64_t{dk} * dv);
+      b.D = take(c * dv); b.dD = take(c * dv); b.dX = take(c * dv);
+      b.dZ = take(c * dk); b.dGm = take(c * dk); b.rr = take(c * dk);
+      b.dL = take(c * c); b.dC = take(c * c);
+    }
+    b.size = at;
+    return b;
+  }
+};
+
+// Inputs as every kernel reads them.
+struct GdnInputs {
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  const uint16_t* g;
+  const uint16_t* beta;
+  int32_t heads, dk, dv;
+  bool scalar_gate;
+  TREECP_GDN_FN float qk(const uint16_t* x, int64_t t, int h, int d) const {
+    return bf16_to_float(x[(t * heads + h) * dk + d]);
+  }
+  TREECP_GDN_FN float vv(int64_t t, int h, int e) const { return bf16_to_float(v[(t * heads + h) * dv + e]); }
+  TREECP_GDN_FN float gate(int64_t t, int h, int d) const {
+    return bf16_to_float(scalar_gate ? g[t * heads + h] : g[(t * heads + h) * dk + d]);
+  }
+  TREECP_GDN_FN float b(int64_t t, int h) const { return bf16_to_float(beta[t * heads + h]); }
+};
+
+// y / dy: bf16 or fp32 [S, H, dv].
+TREECP_GDN_FN float load_out(const void* p, bool f32, int64_t at) {
+  return f32 ? static_cast<const float*>(p)[at] : bf16_to_float(static_cast<const uint16_t*>(p)[at]);
+}
+TREECP_GDN_FN void store_out(void* p, bool f32, int64_t at, float x) {
+  if (f32)
+    static_cast<float*>(p)[at] = x;
+  else
+    static_cast<uint16_t*>(p)[at] = float_to_bf16(x);
+}
+
+// ---- prep: one block per (chunk, head). Shared memory: beta [64], the scalar gate's cumulative sums [64], the
+// chunk's keys [64][dk + 1] and, for per-channel gates, G [64][dk + 1] (rows padded by one float, so that the
+// threads of a warp, which read different rows at one channel, hit different banks).
+struct GdnPrepArgs {
+  GdnInputs in;
+  const GdnChunkDesc* chunks;
+  float* cache;
+  GdnBlock blk;
+};
+struct GdnPrepKernel {
+  using Args = GdnPrepArgs;
+  static constexpr const char* kName = "gdn prep";
+  static size_t smem_bytes(const Args& a) {
+    const size_t rows = static_cast<size_t>(kGdnChunk) * (a.in.dk + 1);
+    return (2 * kGdnChunk + rows * (a.in.scalar_gate ? 1 : 2)) * sizeof(float);
+  }
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
+    const bool scalar = a.in.scalar_gate;
+    const int64_t chunk = block / H;
+    const int h = static_cast<int>(block % H);
+    const GdnChunkDesc cd = a.chunks[chunk];
+    const int64_t t = cd.t;
+    const int n = cd.len;
+    float* c = a.cache + (chunk * H + h) * a.blk.size;
+    float* G = c + a.blk.G;
+    float* Qst = c + a.blk.Qst;
+    float* Kst = c + a.blk.Kst;
+    float* R = c + a.blk.R;
+    float* W = c + a.blk.W;
+    float* U = c + a.blk.U;
+    float* P = c + a.blk.P;
+    float* C = c + a.blk.C;
+    float* egl = c + a.blk.egl;
+    const int ld = dk + 1;                // row stride of the staged rows
+    float* bs = smem;                     // [64]
+    float* gr = smem + kGdnChunk;         // [64], scalar gate
+    float* ks = smem + 2 * kGdnChunk;     // [64][ld]
+    float* Gs = ks + kGdnChunk * ld;      // [64][ld], per-channel gates
+    // Per key channel: the cumulative log-decay and the decayed rows.
+    for (int d = tid; d < dk; d += nthr) {
+      float acc = 0.f;
+      for (int i = 0; i < n; ++i) {
+        acc += a.in.gate(t + i, h, d);
+        G[i * dk + d] = acc;
+        if (!scalar)
+          Gs[i * ld + d] = acc;
+        else if (d == 0)
+          gr[i] = acc;  // every channel holds the same sums
+      }
+      const float gl = acc;
+      egl[d] = expf(gl);
+      for (int i = 0; i < n; ++i) {
+        const float gi = G[i * dk + d];
+        const float eg = expf(gi), er = expf(gl - gi);
+        const float ki = a.in.qk(a.in.k, t + i, h, d);
+        ks[i * ld + d] = ki;
+        Qst[i * dk + d] = eg * a.in.qk(a.in.q, t + i, h, d);
+        Kst[i * dk + d] = eg * ki;
+        R[i * dk + d] = er * ki;
+      }
+    }
+    for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
+    block_sync();
+    // P[i][j] = Σ_d k_i k_j e^{G_i - G_j} (j < i), C[i][j] = Σ_d q_i k_j e^{G_i - G_j} (j <= i); 0 elsewhere.
+    // A scalar gate's decay is one factor per pair.
+    for (int idx = tid; idx < n * n; idx += nthr) {
+      const int i = idx / n, j = idx % n;
+      float pk = 0.f, pq = 0.f;
+      if (j <= i) {
+        const float* ki = ks + i * ld;
+        const float* kj = ks + j * ld;
+        if (scalar) {
+          for (int d = 0; d < dk; ++d) {
+            pk += ki[d] * kj[d];
+            pq += a.in.qk(a.in.q, t + i, h, d) * kj[d];
+          }
+          const float ex = expf(gr[i] - gr[j]);
+          pk *= ex;
+          pq *= ex;
+        } else {
+          const float* gi = Gs + i * ld;
+          const float* gj = Gs + j * ld;
+          for (int d = 0; d < dk; ++d) {
+            const float x = kj[d] * expf(gi[d] - gj[d]);
+            pk += ki[d] * x;
+            pq += a.in.qk(a.in.q, t + i, h, d) * x;
+          }
+        }
+      }
+      if (j == i) pk = 0.f;
+      P[i * kGdnChunk + j] = pk;
+      C[i * kGdnChunk + j] = pq;
+    }
+    block_sync();
+    // Forward substitution, one column of [U | W] per thread: row i = β_i (x_i - Σ_{j<i} P[i][j] row j).
+    for (int col = tid; col < dv + dk; col += nthr) {
+      const bool is_u = col < dv;
+      float* out = is_u ? U + col : W + (col - dv);
+      const int stride = is_u ? dv : dk;
+      for (int i = 0; i < n; ++i) {
+        float x = is_u ? a.in.vv(t + i, h, col) : Kst[i * dk + (col - dv)];
+        for (int j = 0; j < i; ++j) x -= P[i * kGdnChunk + j] * out[j * stride];
+        out[i * stride] = bs[i] * x;
+      }
+    }
+  }
+};
+
+// Copies rows [0, n) of a [64][cols] chunk matrix into shared memory with row stride cols + 1: the threads of a
+// warp read one column of several rows, which then fall in different banks.
+TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int tid, int nthr) {
+  for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * (cols + 1) + idx % cols] = src[idx];
+}
+
+// ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S [dk][tile],
+// D [64][tile], one chunk matrix [64][dk + 1] at a time (W, then Qst, then R) and C [64][65].
+// The state has `width` columns: dv for the state (and E), dk for the linear part M of a summary (use_u false:
+// D = -W S, the state's recurrence with V = 0).
+struct GdnScanArgs {
+  const GdnRunDesc* runs;
+  const GdnChunkDesc* chunks;
+  float* cache;
+  GdnBlock blk;
+  int32_t heads, dk, dv, width;
+  int32_t tile;  // state columns per block
+  bool use_u;
+  bool identity_init;     // S_in = I (dk x dk) instead of state_in
+  const float* state_in;  // [slot][H][dk][width], by in_slot; null or -1 = zero
+  float* state_out;       // by out_slot; null = not written
+  bool save;              // backward: the chunk-start states and D into the cache
+  void* y;                // null = not written
+  bool y_f32;
+  float scale;
+};
+struct GdnScanKernel {
+  using Args = GdnScanArgs;
+  static constexpr const char* kName = "gdn scan";
+  static int64_t tiles(int width, int tile) { return (width + tile - 1) / tile; }
+  static size_t smem_bytes(const Args& a) {
+    return (static_cast<size_t>(a.dk + kGdnChunk) * a.tile + static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
+            kGdnChunk * (kGdnChunk + 1)) *
+           sizeof(float);
+  }
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int tc = a.tile;  // state columns of this block
+    const int H = a.heads, dk = a.dk, dv = a.dv, w = a.width;
+    const int ld = dk + 1, lc = kGdnChunk + 1;  // staged row strides
+    const int64_t nt = (w + tc - 1) / tc;
+    const int64_t r = block / (H * nt);
+    const int h = static_cast<int>((block / nt) % H);
+    const int e0 = static_cast<int>(block % nt) * tc;
+    const int tw = w - e0 < tc ? w - e0 : tc;
+    const GdnRunDesc rd = a.runs[r];
+    float* S = smem;                   // [dk][tc]
+    float* Ds = S + dk * tc;           // [64][tc]
+    float* Ms = Ds + kGdnChunk * tc;   // [64][ld]: W, Qst or R
+    float* Cs = Ms + kGdnChunk * ld;   // [64][lc]
+    // S[d][e] = S_in[d][e0 + e]
+    const float* sin = (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * dk * w : nullptr;
+    for (int idx = tid; idx < dk * tc; idx += nthr) {
+      const int d = idx / tc, e = idx % tc;
+      float s = 0.f;
+      if (e < tw) {
+        if (a.identity_init)
+          s = d == e0 + e ? 1.f : 0.f;
+        else if (sin)
+          s = sin[d * w + e0 + e];
+      }
+      S[idx] = s;
+    }
+    for (int ci = 0; ci < rd.chunk_count; ++ci) {
+      const int64_t chunk = rd.chunk_begin + ci;
+      const GdnChunkDesc cd = a.chunks[chunk];
+      const int n = cd.len;
+      float* c = a.cache + (chunk * H + h) * a.blk.size;
+      const float* U = c + a.blk.U;
+      stage_rows(Ms, c + a.blk.W, n, dk, tid, nthr);
+      block_sync();  // W staged; S complete (the initial fill or the last chunk's update)
+      if (a.save)
+        for (int idx = tid; idx < dk * tc; idx += nthr) {
+          const int d = idx / tc, e = idx % tc;
+          if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[idx];
+        }
+      // D = U - W S
+      for (int idx = tid; idx < n * tc; idx += nthr) {
+        const int i = idx / tc, e = idx % tc;
+        if (e >= tw) continue;
+        float acc = a.use_u ? U[i * dv + e0 + e] : 0.f;
+        for (int d = 0; d < dk; ++d) acc -= Ms[i * ld + d] * S[d * tc + e];
+        Ds[idx] = acc;
+        if (a.save) c[a.blk.D + i * dv + e0 + e] = acc;
+      }
+      block_sync();  // D complete, W read
+      if (a.y) {
+        // Y = scale ((e^G ⊙ Q) S + C D)
+        stage_rows(Ms, c + a.blk.Qst, n, dk, tid, nthr);
+        stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
+        block_sync();
+        for (int idx = tid; idx < n * tc; idx += nthr) {
+          const int i = idx / tc, e = idx % tc;
+          if (e >= tw) continue;
+          float acc = 0.f;
+          for (int d = 0; d < dk; ++d) acc += Ms[i * ld + d] * S[d * tc + e];
+          for (int j = 0; j <= i; ++j) acc += Cs[i * lc + j] * Ds[j * tc + e];
+          store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
+                    a.scale * acc);
+        }
+        block_sync();  // Qst read
+      }
+      // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
+      stage_rows(Ms, c + a.blk.R, n, dk, tid, nthr);
+      block_sync();
+      const float* egl = c + a.blk.egl;
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
+        if (e >= tw) continue;
+        float s = S[idx] * egl[d];
+        for (int j = 0; j < n; ++j) s += Ms[j * ld + d] * Ds[j * tc + e];
+        S[idx] = s;
+      }
+      block_sync();  // R read, S updated, before the next chunk stages over Ms
+    }
+    block_sync();
+    if (a.state_out && rd.out_slot >= 0) {
+      float* so = a.state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * dk * w;
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
+        if (e < tw) so[d * w + e0 + e] = S[idx];
+      }
+    }
+  }
+};
+
+// ---- backward scan: one block per (run, head, `tile` columns of dS); chunks in reverse. Shared: dS [dk][tile],
+// dD and dY [64][tile], two chunk matrices [64][dk + 1] (R, then Qst and W) and C [64][65]. Stores dS at each
+// chunk's end and dD into the cache for the gradient kernel.
+struct GdnBwdScanArgs {
+  const GdnRunDesc* runs;
+  const GdnChunkDesc* chunks;
+  float* cache;
+  GdnBlock blk;
+  int32_t heads, dk, dv;
+  int32_t tile;  // columns of dS per block
+  const void* dy;
+  bool dy_f32;
+  float scale;
+  const float* d_state_out;  // by out_slot
+  float* d_state_in;         // by in_slot
+};
+struct GdnBwdScanKernel {
+  using Args = GdnBwdScanArgs;
+  static constexpr const char* kName = "gdn backward scan";
+  static size_t smem_bytes(const Args& a) {
+    return (static_cast<size_t>(a.dk + 2 * kGdnChunk) * a.tile + 2 * static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
+            kGdnChunk * (kGdnChunk + 1)) *
+           sizeof(float);
+  }
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int tc = a.tile;  // state columns of this block
+    const int H = a.heads, dk = a.dk, dv = a.dv;
+    const int ld = dk + 1, lc = kGdnChunk + 1;  // staged row strides
+    const int64_t nt = (dv + tc - 1) / tc;
+    const int64_t r = block / (H * nt);
+    const int h = static_cast<int>((block / nt) % H);
+    const int e0 = static_cast<int>(block % nt) * tc;
+    const int tw = dv - e0 < tc ? dv - e0 : tc;
+    const GdnRunDesc rd = a.runs[r];
+    float* dS = smem;                   // [dk][tc]
+    float* dDs = dS + dk * tc;          // [64][tc]
+    float* dYs = dDs + kGdnChunk * tc;  // [64][tc]
+    float* M1 = dYs + kGdnChunk * tc;   // [64][ld]: R, then Qst
+    float* M2 = M1 + kGdnChunk * ld;    // [64][ld]: W
+    float* Cs = M2 + kGdnChunk * ld;    // [64][lc]
+    const int64_t ssz = static_cast<int64_t>(dk) * dv;
+    const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
+    for (int idx = tid; idx < dk * tc; idx += nthr) {
+      const int d = idx / tc, e = idx % tc;
+      dS[idx] = (dso && e < tw) ? dso[d * dv + e0 + e] : 0.f;
+    }
+    for (int ci = rd.chunk_count - 1; ci >= 0; --ci) {
+      const int64_t chunk = rd.chunk_begin + ci;
+      const GdnChunkDesc cd = a.chunks[chunk];
+      const int n = cd.len;
+      float* c = a.cache + (chunk * H + h) * a.blk.size;
+      // dY[i][e] = dy[t + i][h][e0 + e]
+      const int64_t dy0 = (cd.t * H + h) * static_cast<int64_t>(dv) + e0;
+      const int64_t dy_row = static_cast<int64_t>(H) * dv;
+      for (int idx = tid; idx < n * tc; idx += nthr) {
+        const int i = idx / tc, e = idx % tc;
+        dYs[idx] = e < tw ? load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e) : 0.f;
+      }
+      stage_rows(M1, c + a.blk.R, n, dk, tid, nthr);
+      stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
+      block_sync();  // dY, R and C staged; dS complete
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
+        if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[idx];
+      }
+      // dD = scale Cᵀ dY + R dS
+      for (int idx = tid; idx < n * tc; idx += nthr) {
+        const int i = idx / tc, e = idx % tc;
+        if (e >= tw) continue;
+        float acc = 0.f;
+        for (int m = i; m < n; ++m) acc += Cs[m * lc + i] * dYs[m * tc + e];
+        acc *= a.scale;
+        for (int d = 0; d < dk; ++d) acc += M1[i * ld + d] * dS[d * tc + e];
+        dDs[idx] = acc;
+        c[a.blk.dD + i * dv + e0 + e] = acc;
+      }
+      block_sync();  // dD complete, R read
+      stage_rows(M1, c + a.blk.Qst, n, dk, tid, nthr);
+      stage_rows(M2, c + a.blk.W, n, dk, tid, nthr);
+      block_sync();
+      // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
+      const float* egl = c + a.blk.egl;
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
+        if (e >= tw) continue;
+        float qy = 0.f, wd = 0.f;
+        for (int i = 0; i < n; ++i) {
+          qy += M1[i * ld + d] * dYs[i * tc + e];
+          wd += M2[i * ld + d] * dDs[i * tc + e];
+        }
+        dS[idx] = egl[d] * dS[idx] + a.scale * qy - wd;
+      }
+      block_sync();  // Qst, W, dY read; dS updated, before the next chunk stages
+    }
+    block_sync();
+    if (a.d_state_in && rd.in_slot >= 0) {
+      float* dsi = a.d_state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * ssz;
+      for (int idx = tid; idx < dk * tc; idx += nthr) {
+        const int d = idx / tc, e = idx % tc;
+        if (e < tw) dsi[d * dv + e0 + e] = dS[idx];
+      }
+    }
+  }
+};
+
+// ---- gradients: one block per (chunk, head), all of dk and dv, from S0, dSe, D and dD in the cache.
+// Each token's gradients are one block's (runs do not overlap): plain adds, no atomics. Shared: beta [64] and, for
+// the scalar gate, its pair decays [64][64].
+struct GdnGradArgs {
+  GdnInputs in;
+  const GdnChunkDesc* chunks;
+  float* cache;
+  GdnBlock blk;
+  const void* dy;
+  bool dy_f32;
+  float scale;
+  float* dq;
+  float* dk;
+  float* dv;
+  float* dg;
+  float* dbeta;
+};
+struct GdnGradKernel {
+  using Args = GdnGradArgs;
+  static constexpr const char* kName = "gdn gradients";
+  static size_t smem_bytes(const Args& a) {
+    return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0)) * sizeof(float);
+  }
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
+    const int64_t chunk = block / H;
+    const int h = static_cast<int>(block % H);
+    const GdnChunkDesc cd = a.chunks[chunk];
+    const int64_t t = cd.t;
+    const int n = cd.len;
+    float* c = a.cache + (chunk * H + h) * a.blk.size;
+    const float* G = c + a.blk.G;
+    const float* Qst = c + a.blk.Qst;
+    const float* Kst = c + a.blk.Kst;
+    const float* R = c + a.blk.R;
+    const float* W = c + a.blk.W;
+    const float* U = c + a.blk.U;
+    const float* P = c + a.blk.P;
+    const float* egl = c + a.blk.egl;
+    const float* S0 = c + a.blk.S0;
+    const float* dSe = c + a.blk.dSe;
+    const float* D = c + a.blk.D;
+    const float* dD = c + a.blk.dD;
+    float* dX = c + a.blk.dX;
+    float* dZ = c + a.blk.dZ;
+    float* dGm = c + a.blk.dGm;
+    float* rr = c + a.blk.rr;
+    float* dL = c + a.blk.dL;
+    float* dC = c + a.blk.dC;
+    float* bs = smem;               // [64]
+    float* Ex = smem + kGdnChunk;   // scalar gate: [64][64], e^{G_i - G_j} (j <= i)
+    const bool scalar = a.in.scalar_gate;
+    const int64_t dy0 = (t * H + h) * static_cast<int64_t>(dv);
+    const int64_t dy_row = static_cast<int64_t>(H) * dv;
+    auto dy = [&](int i, int e) { return load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e); };
+    for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
+    if (scalar)
+      for (int idx = tid; idx < n * n; idx += nthr) {
+        const int i = idx / n, j = idx % n;
+        Ex[i * kGdnChunk + j] = j <= i ? expf(G[i * dk] - G[j * dk]) : 0.f;
+      }
+    // dC[i][j] = scale dY_i · D_j (j <= i); dW = -dD S0ᵀ (into dZ); dX = dD
+    for (int idx = tid; idx < n * n; idx += nthr) {
+      const int i = idx / n, j = idx % n;
+      float acc = 0.f;
+      if (j <= i)
+        for (int e = 0; e < dv; ++e) acc += dy(i, e) * D[j * dv + e];
+      dC[i * kGdnChunk + j] = a.scale * acc;
+    }
+    for (int idx = tid; idx < n * dk; idx += nthr) {
+      const int i = idx / dk, d = idx % dk;
+      float acc = 0.f;
+      for (int e = 0; e < dv; ++e) acc += dD[i * dv + e] * S0[d * dv + e];
+      dZ[i * dk + d] = -acc;
+    }
+    for (int idx = tid; idx < n * dv; idx += nthr) dX[idx] = dD[idx];
+    block_sync();
+    // Lᵀ [dX | dZ] = [dU | dW] by back substitution, one column per thread (Lᵀ[j][i] = β_i P[i][j], i > j).
+    for (int col = tid; col < dv + dk; col += nthr) {
+      const bool is_x = col < dv;
+      float* x = is_x ? dX + col : dZ + (col - dv);
+      const int stride = is_x ? dv : dk;
+      for (int j = n - 1; j >= 0; --j) {
+        float s = x[j * stride];
+        for (int i = j + 1; i < n; ++i) s -= bs[i] * P[i * kGdnChunk + j] * x[i * stride];
+        x[j * stride] = s;
+      }
+    }
+    block_sync();
+    // dL[i][j] = -(dX_i · U_j + dZ_i · W_j), j < i (the gradient of L = I + diag(β) P below the diagonal)
+    for (int idx = tid; idx < n * n; idx += nthr) {
+      const int i = idx / n, j = idx % n;
+      float acc = 0.f;
+      if (j < i) {
+        for (int e = 0; e < dv; ++e) acc += dX[i * dv + e] * U[j * dv + e];
+        for (int d = 0; d < dk; ++d) acc += dZ[i * dk + d] * W[j * dk + d];
+      }
+      dL[i * kGdnChunk + j] = -acc;
+    }
+    block_sync();
+    // beta and v: X = diag(β) V, Z = diag(β) Kst, L = I + diag(β) P
+    for (int i = tid; i < n; i += nthr) {
+      float db = 0.f;
+      for (int j = 0; j < i; ++j) db += dL[i * kGdnChunk + j] * P[i * kGdnChunk + j];
+      for (int e = 0; e < dv; ++e) db += dX[i * dv + e] * a.in.vv(t + i, h, e);
+      for (int d = 0; d < dk; ++d) db += dZ[i * dk + d] * Kst[i * dk + d];
+      if (a.dbeta) a.dbeta[(t + i) * H + h] += db;
+    }
+    if (a.dv)
+      for (int idx = tid; idx < n * dv; idx += nthr) {
+        const int i = idx / dv, e = idx % dv;
+        a.dv[((t + i) * H + h) * dv + e] += bs[i] * dX[idx];
+      }
+    // q, k and the cumulative gate, one (token, channel) per thread.
+    for (int idx = tid; idx < n * dk; idx += nthr) {
+      const int i = idx / dk, d = idx % dk;
+      float dqv = 0.f, dr = 0.f;
+      for (int e = 0; e < dv; ++e) {
+        dqv += S0[d * dv + e] * dy(i, e);
+        dr += dSe[d * dv + e] * D[i * dv + e];
+      }
+      dqv *= a.scale;
+      const float gi = G[i * dk + d], gl = G[(n - 1) * dk + d];
+      const float eg = expf(gi), er = expf(gl - gi);
+      const float dkst = bs[i] * dZ[i * dk + d];
+      const float qi = a.in.qk(a.in.q, t + i, h, d), ki = a.in.qk(a.in.k, t + i, h, d);
+      float dq = eg * dqv;
+      float dkk = er * dr + eg * dkst;
+      float dG = dqv * Qst[i * dk + d] - dr * R[i * dk + d] + dkst * Kst[i * dk + d];
+      // as the later token of a pair (i, j), j <= i
+      for (int j = 0; j <= i; ++j) {
+        const float ex = scalar ? Ex[i * kGdnChunk + j] : expf(gi - G[j * dk + d]);
+        const float kj = a.in.qk(a.in.k, t + j, h, d) * ex;
+        const float dp = j < i ? bs[i] * dL[i * kGdnChunk + j] : 0.f;
+        const float dc = dC[i * kGdnChunk + j];
+        dq += dc * kj;
+        dkk += dp * kj;
+        dG += (dp * ki + dc * qi) * kj;
+      }
+      // as the earlier token of a pair (m, i), m >= i
+      for (int m = i; m < n; ++m) {
+        const float ex = scalar ? Ex[m * kGdnChunk + i] : expf(G[m * dk + d] - gi);
+        const float dp = m > i ? bs[m] * dL[m * kGdnChunk + i] : 0.f;
+        const float dc = dC[m * kGdnChunk + i];
+        const float x = (dp * a.in.qk(a.in.k, t + m, h, d) + dc * a.in.qk(a.in.q, t + m, h, d)) * ex;
+        dkk += x;
+        dG -= x * ki;
+      }
+      if (a.dq) a.dq[((t + i) * H + h) * dk + d] += dq;
+      if (a.dk) a.dk[((t + i) * H + h) * dk + d] += dkk;
+      dGm[i * dk + d] = dG;
+      rr[i * dk + d] = dr * R[i * dk + d];
+    }
+    block_sync();
+    // G_i = Σ_{s<=i} g_s: dg_s = Σ_{i>=s} dG_i, the last row also taking R's and the start state's decay.
+    for (int d = tid; d < dk; d += nthr) {
+      float extra = 0.f, ss = 0.f;
+      for (int i = 0; i < n; ++i) extra += rr[i * dk + d];
+      for (int e = 0; e < dv; ++e) ss += dSe[d * dv + e] * S0[d * dv + e];
+      extra += egl[d] * ss;
+      float acc = extra;
+      for (int i = n - 1; i >= 0; --i) {
+        acc += dGm[i * dk + d];
+        if (a.in.scalar_gate)
+          dGm[i * dk + d] = acc;
+        else if (a.dg)
+          a.dg[((t + i) * H + h) * dk + d] += acc;
+      }
+    }
+    block_sync();
+    if (a.in.scalar_gate && a.dg)  // a scalar gate sums its channels
+      for (int i = tid; i < n; i += nthr) {
+        float s = 0.f;
+        for (int d = 0; d < dk; ++d) s += dGm[i * dk + d];
+        a.dg[(t + i) * H + h] += s;
+      }
+  }
+};
+
+// ---- out[b] = op(A[b]) B[b] + add[b]: one block per (item b, output row i); the block copies row i of op(A) to
+// shared memory before writing row i of out, so out may alias A (not transposed) and add, never B.
+struct GdnRowMatArgs {
+  int64_t count;
+  int32_t rows, inner, cols;  // op(A) rows x inner, B inner x cols
+  const float* A;             // [count][rows][inner], or [count][inner][rows] transposed
+  bool trans_a;
+  const float* B;    // [count][inner][cols]
+  const float* add;  // [count][rows][cols] or null
+  float* out;        // [count][rows][cols]
+};
+struct GdnRowMatKernel {
+  using Args = GdnRowMatArgs;
+  static constexpr const char* kName = "gdn summary algebra";
+  static size_t smem_bytes(const Args& a) { return static_cast<size_t>(a.inner) * sizeof(float); }
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int64_t item = block / a.rows;
+    const int i = static_cast<int>(block % a.rows);
+    const float* A = a.A + item * a.rows * a.inner;
+    const float* B = a.B + item * a.inner * a.cols;
+    const int64_t o = item * a.rows * a.cols + static_cast<int64_t>(i) * a.cols;
+    for (int l = tid; l < a.inner; l += nthr) smem[l] = a.trans_a ? A[l * a.rows + i] : A[i * a.inner + l];
+    block_sync();
+    for (int j = tid; j < a.cols; j += nthr) {
+      float acc = a.add ? a.add[o + j] : 0.f;
+      for (int l = 0; l < a.inner; ++l) acc += smem[l] * B[l * a.cols + j];
+      a.out[o + j] = acc;
+    }
+  }
+};
+
+#if defined(__CUDACC__)
+// ---- the device executor: each body as one __global__ kernel, launched on one stream
+template <class K>
+__global__ void __launch_bounds__(kGdnThreads) gdn_kernel(const typename K::Args a) {
+  extern __shared__ float gdn_smem[];
+  K::run(a, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), gdn_smem);
+}
+
+struct GdnDeviceExec {
+  cudaStream_t stream;
+  template <class K>
+  void launch(int64_t blocks, const typename K::Args& a) {
+    require(blocks > 0 && blocks <= 0x7fffffff, K::kName, ": ", blocks, " blocks do not fit one grid");
+    const size_t smem = K::smem_bytes(a);
+    if (smem > 48 * 1024)  // above the default limit a kernel must opt in (up to 227 KiB on sm_90)
+      check_cuda(cudaFuncSetAttribute(gdn_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                 K::kName);
+    gdn_kernel<K><<<static_cast<unsigned>(blocks), kGdnThreads, smem, stream>>>(a);
+    check_cuda(cudaGetLastError(), K::kName);
+  }
+  // From pageable host memory: the call returns once the bytes are staged, so `src` may go right after.
+  void upload(void* dst, const void* src, size_t bytes) {
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), "gdn (cuda): descriptor upload");
+  }
+};
+#endif
+
+// ---- host side: checks, the chunk schedule, the workspace layout and the launch sequences (executor X:
+// X::launch<Kernel>(blocks, args) and X::upload(dst, src, bytes), both in stream order).
+
+// `pointers`: also that the inputs are given (a workspace size needs only the shapes).
+inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, bool pointers = true) {
+  require(p.heads >= 1, "gdn (cuda): heads must be >= 1, got ", p.heads);
+  require(p.dk >= 1 && p.dk <= kGdnMaxDim, "gdn (cuda): dk must be in [1, ", kGdnMaxDim, "], got ", p.dk);
+  require(p.dv >= 1 && p.dv <= kGdnMaxDim, "gdn (cuda): dv must be in [1, ", kGdnMaxDim, "], got ", p.dv);
+  require(p.tokens >= 0, "gdn (cuda): tokens must be >= 0, got ", p.tokens);
+  require(p.gate == GdnGate::Scalar || p.gate == GdnGate::PerChannel, "gdn (cuda): unknown gate kind");
+  require(p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32,
+          "gdn (cuda): scan_columns must be 0 (default), 16 or 32, got ", p.scan_columns);
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const GdnCudaRun& run = runs[r];
+    require(0 <= run.t0 && run.t0 <= run.t1 && run.t1 <= p.tokens, "gdn (cuda): run ", r, " [", run.t0, ", ", run.t1,
+            ") outside [0, ", p.tokens, ")");
+    require(run.in_slot >= -1 && run.out_slot >= -1, "gdn (cuda): run ", r, ": slots must be >= -1");
+    require(!pointers || run.in_slot < 0 || p.state_in, "gdn (cuda): run ", r, " has in_slot ", run.in_slot,
+            " but state_in is null");
+    if (run.t1 > run.t0) spans.emplace_back(run.t0, run.t1);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    require(spans[i].first >= spans[i - 1].second, "gdn (cuda): runs [", spans[i - 1].first, ", ", spans[i - 1].second,
+            ") and [", spans[i].first, ", ", spans[i].second, ") overlap");
+  require(!pointers || spans.empty() || (p.q && p.k && p.v && p.g && p.beta),
+          "gdn (cuda): q, k, v, g and beta must be given");
+}
+
+struct GdnSchedule {
+  std::vector<GdnChunkDesc> chunks;
+  std::vector<GdnRunDesc> runs;
+  GdnBlock blk;
+  size_t chunks_at = 0, runs_at = 0, cache_at = 0, bytes = 0;  // workspace offsets
+
+  GdnSchedule(const GdnCudaParams& p, const std::vector<GdnCudaRun>& in, bool backward) {
+    for (size_t r = 0; r < in.size(); ++r) {
+      GdnRunDesc d{static_cast<int32_t>(chunks.size()), 0, in[r].in_slot, in[r].out_slot};
+      for (int64_t t = in[r].t0; t < in[r].t1; t += kGdnChunk) {
+        chunks.push_back({t, static_cast<int32_t>(std::min<int64_t>(kGdnChunk, in[r].t1 - t)), static_cast<int32_t>(r)});
+        ++d.chunk_count;
+      }
+      runs.push_back(d);
+    }
+    blk = GdnBlock::make(p.dk, p.dv, backward);
+    auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+    runs_at = align(chunks.size() * sizeof(GdnChunkDesc));
+    cache_at = runs_at + align(runs.size() * sizeof(GdnRunDesc));
+    bytes = cache_at + chunks.size() * static_cast<size_t>(p.heads) * static_cast<size_t>(blk.size) * sizeof(float);
+  }
+  const GdnChunkDesc* dev_chunks(const GdnCudaParams& p) const {
+    return reinterpret_cast<const GdnChunkDesc*>(static_cast<const char*>(p.workspace) + chunks_at);
+  }
+  const GdnRunDesc* dev_runs(const GdnCudaParams& p) const {
+    return reinterpret_cast<const GdnRunDesc*>(static_cast<const char*>(p.workspace) + runs_at);
+  }
+  float* cache(const GdnCudaParams& p) const {
+    return reinterpret_cast<float*>(static_cast<char*>(p.workspace) + cache_at);
+  }
+  // Checks the workspace and copies the descriptors into it.
+  template <class X>
+  void upload(X& x, const GdnCudaParams& p) const {
+    require(p.workspace != nullptr || bytes == 0, "gdn (cuda): workspace is null (needs ", bytes, " bytes)");
+    require(p.workspace_bytes >= bytes, "gdn (cuda): workspace of ", p.workspace_bytes, " bytes, needs ", bytes);
+    require(reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0, "gdn (cuda): workspace must be 256-byte aligned");
+    if (!chunks.empty()) x.upload(static_cast<char*>(p.workspace) + chunks_at, chunks.data(), chunks.size() * sizeof(GdnChunkDesc));
+    if (!runs.empty()) x.upload(static_cast<char*>(p.workspace) + runs_at, runs.data(), runs.size() * sizeof(GdnRunDesc));
+  }
+};
+
+inline GdnInputs gdn_inputs(const GdnCudaParams& p) {
+  return {static_cast<const uint16_t*>(p.q), static_cast<const uint16_t*>(p.k), static_cast<const uint16_t*>(p.v),
+          static_cast<const uint16_t*>(p.g), static_cast<const uint16_t*>(p.beta), p.heads, p.dk, p.dv,
+          p.gate == GdnGate::Scalar};
+}
+
+template <class X>
+void gdn_prep_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
+  if (s.chunks.empty()) return;
+  x.template launch<GdnPrepKernel>(static_cast<int64_t>(s.chunks.size()) * p.heads,
+                                   GdnPrepArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk});
+}
+
+inline int gdn_scan_tile(const GdnCudaParams& p) { return p.scan_columns > 0 ? p.scan_columns : kGdnTile; }
+
+inline GdnScanArgs gdn_scan_args(const GdnCudaParams& p, const GdnSchedule& s, int width) {
+  GdnScanArgs a{};
+  a.runs = s.dev_runs(p);
+  a.chunks = s.dev_chunks(p);
+  a.cache = s.cache(p);
+  a.blk = s.blk;
+  a.heads = p.heads;
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.width = width;
+  a.tile = gdn_scan_tile(p);
+  a.use_u = true;
+  a.scale = p.scale;
+  a.y_f32 = p.y_f32;
+  return a;
+}
+
+template <class X>
+void gdn_scan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnScanArgs& a) {
+  if (s.runs.empty()) return;
+  x.template launch<GdnScanKernel>(static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(a.width, a.tile), a);
+}
+
+// Slots a call writes must be distinct across runs (each is one block's plain store).
+inline void gdn_check_distinct_slots(const std::vector<GdnCudaRun>& runs, bool in, const char* what) {
+  std::vector<int32_t> slots;
+  for (const GdnCudaRun& r : runs)
+    if ((in ? r.in_slot : r.out_slot) >= 0) slots.push_back(in ? r.in_slot : r.out_slot);
+  std::sort(slots.begin(), slots.end());
+  for (size_t i = 1; i < slots.size(); ++i)
+    require(slots[i] != slots[i - 1], "gdn (cuda): two runs write ", what, " slot ", slots[i]);
+}
+
+template <class X>
+void gdn_forward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs) {
+  gdn_check(p, runs);
+  for (size_t r = 0; r < runs.size(); ++r)
+    require(runs[r].out_slot < 0 || p.state_out, "gdn (cuda): run ", r, " has out_slot ", runs[r].out_slot,
+            " but state_out is null");
+  gdn_check_distinct_slots(runs, false, "state_out");
+  const GdnSchedule s(p, runs, false);
+  s.upload(x, p);
+  gdn_prep_on(x, p, s);
+  GdnScanArgs a = gdn_scan_args(p, s, p.dv);
+  a.state_in = p.state_in;
+  a.state_out = p.state_out;
+  a.y = p.y;
+  gdn_scan_on(x, p, s, a);
+}
+
+template <class X>
+void gdn_summary_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, float* M, float* E) {
+  gdn_check(p, runs);
+  require(M && E, "gdn (cuda) summary: M and E must be given");
+  gdn_check_distinct_slots(runs, false, "summary");
+  const GdnSchedule s(p, runs, false);
+  s.upload(x, p);
+  gdn_prep_on(x, p, s);
+  // M: the state recurrence without V from S_in = I; E: with V from S_in = 0.
+  GdnScanArgs a = gdn_scan_args(p, s, p.dk);
+  a.use_u = false;
+  a.identity_init = true;
+  a.state_out = M;
+  gdn_scan_on(x, p, s, a);
+  GdnScanArgs b = gdn_scan_args(p, s, p.dv);
+  b.state_out = E;
+  gdn_scan_on(x, p, s, b);
+}
+
+template <class X>
+void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, const GdnCudaGrads& g) {
+  gdn_check(p, runs);
+  bool any_tokens = false;
+  for (const GdnCudaRun& r : runs) any_tokens = any_tokens || r.t1 > r.t0;
+  require(!any_tokens || g.dy, "gdn (cuda) backward: dy must be given");
+  if (g.d_state_in) gdn_check_distinct_slots(runs, true, "d_state_in");
+  const GdnSchedule s(p, runs, true);
+  s.upload(x, p);
+  gdn_prep_on(x, p, s);
+  GdnScanArgs a = gdn_scan_args(p, s, p.dv);  // the chunk-start states and D, no output
+  a.state_in = p.state_in;
+  a.save = true;
+  gdn_scan_on(x, p, s, a);
+  if (!s.runs.empty())
+    x.template launch<GdnBwdScanKernel>(
+        static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(p.dv, gdn_scan_tile(p)),
+        GdnBwdScanArgs{s.dev_runs(p), s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, gdn_scan_tile(p), g.dy,
+                       p.y_f32, p.scale,
+                       g.d_state_out, g.d_state_in});
+  if (g.any() && !s.chunks.empty())
+    x.template launch<GdnGradKernel>(static_cast<int64_t>(s.chunks.size()) * p.heads,
+                                     GdnGradArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk, g.dy, p.y_f32,
+                                                 p.scale, g.dq, g.dk, g.dv, g.dg, g.dbeta});
+}
+
+inline void gdn_check_algebra(int64_t count, int dk, int dv) {
+  require(count >= 0, "gdn (cuda) summary algebra: count must be >= 0, got ", count);
+  require(dk >= 1 && dk <= kGdnMaxDim && dv >= 1 && dv <= kGdnMaxDim, "gdn (cuda) summary algebra: dk and dv must be in [1, ",
+          kGdnMaxDim, "], got ", dk, " and ", dv);
+}
+
+template <class X>
+void gdn_rowmat_on(X& x, const GdnRowMatArgs& a) {
+  require(a.A && a.B && a.out, "gdn (cuda) summary algebra: null input or output");
+  if (a.count > 0) x.template launch<GdnRowMatKernel>(a.count * a.rows, a);
+}
+
+template <class X>
+void gdn_compose_on(X& x, int64_t count, int dk, int dv, const float* MB, const float* EB, const float* MA,
+                    const float* EA, float* M, float* E) {
+  gdn_check_algebra(count, dk, dv);
+  require(EB, "gdn (cuda) compose: EB is null");
+  // E first: M may alias MB, which E still reads.
+  gdn_rowmat_on(x, GdnRowMatArgs{count, dk, dk, dv, MB, false, EA, EB, E});
+  gdn_rowmat_on(x, GdnRowMatArgs{count, dk, dk, dk, MB, false, MA, nullptr, M});
+}
+
+template <class X>
+void gdn_apply_on(X& x, int64_t count, int dk, int dv, const float* M, const float* E, const float* s, float* out) {
+  gdn_check_algebra(count, dk, dv);
+  gdn_rowmat_on(x, GdnRowMatArgs{count, dk, dk, dv, M, false, s, E, out});
+}
+
+template <class X>
+void gdn_apply_transposed_on(X& x, int64_t count, int dk, int dv, const float* M, const float* a, const float* ds,
+                             float* out) {
+  gdn_check_algebra(count, dk, dv);
+  gdn_rowmat_on(x, GdnRowMatArgs{count, dk, dk, dv, M, true, ds, a, out});
+}
+
+}  // namespace treecp::cuda::detail

@@ -1,0 +1,62 @@
+// Gated DeltaNet / KDA on NVIDIA GPUs: the argument blocks (plain structs, no CUDA header, so the host-side
+// emulation of the kernels in tests/test_gdn_cuda_emulated.cpp sees the same types). The calls: gdn.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/gdn.hpp"  // GdnGate
+
+namespace treecp::cuda {
+
+// One run of consecutive tokens [t0, t1) of every head, as kernels/cpu's gdn_* calls take one, with its
+// initial state (slot `in_slot` of GdnCudaParams::state_in, -1 = zero) and where its final state goes
+// (slot `out_slot` of state_out, -1 = not written). Runs of one call must not overlap.
+struct GdnCudaRun {
+  int64_t t0 = 0, t1 = 0;
+  int32_t in_slot = -1;
+  int32_t out_slot = -1;
+};
+
+// Token-major arrays of one rank's tokens, the layouts of GdnParams (q[t][h][d] = q[(t * heads + h) * dk + d]):
+//   q, k [S, H, dk]; v [S, H, dv]; g [S, H] (GDN) or [S, H, dk] (KDA), the natural log of the decay; beta [S, H]
+// all bf16 (bit patterns); states fp32 [slots, H, dk, dv]; y [S, H, dv] bf16 or fp32 (y_f32). Tokens outside
+// every run are neither read nor written.
+struct GdnCudaParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* g = nullptr;
+  const void* beta = nullptr;
+  int64_t tokens = 0;
+  int32_t heads = 0, dk = 0, dv = 0;
+  GdnGate gate = GdnGate::Scalar;
+  float scale = 1.f;
+  void* y = nullptr;  // forward: written where not null
+  bool y_f32 = false;  // y (and the backward's dy) in fp32 rather than bf16
+  const float* state_in = nullptr;  // read by runs with in_slot >= 0
+  float* state_out = nullptr;       // forward: written for runs with out_slot >= 0
+  // State columns per block of the scans: 0 = the default (32), 16 or 32 (kept selectable so the benchmark measures
+  // both: 16 doubles the blocks of a long run, 32 halves the re-reads of each chunk's matrices).
+  int32_t scan_columns = 0;
+  // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
+  // backward the chunk-start states and their gradients).
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// The backward's extra arrays. Gradients are fp32 in the layouts of their inputs and ADDED into (as
+// kernels/cpu's GdnGrads); a null one is not computed.
+struct GdnCudaGrads {
+  const void* dy = nullptr;            // [S, H, dv], bf16 or fp32 as GdnCudaParams::y_f32
+  const float* d_state_out = nullptr;  // dL/d(final state) by out_slot; null or out_slot -1 = zero
+  float* d_state_in = nullptr;         // dL/d(initial state), written by in_slot (runs with in_slot >= 0)
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  float* dg = nullptr;
+  float* dbeta = nullptr;
+  bool any() const { return dq || dk || dv || dg || dbeta; }
+};
+
+}  // namespace treecp::cuda

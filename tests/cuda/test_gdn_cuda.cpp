@@ -1,0 +1,164 @@
+// The CUDA GDN/KDA kernels on the GPU: the checks of tests/common/gdn_cuda.hpp (the same ones the CPU suite runs
+// on the host emulation of these kernels) against the double token recurrence, on larger cases: several runs of
+// ragged lengths with and without initial states, both gates, dk = dv = 64 and 128, a long run of many chunks.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include "common/gdn_cuda.hpp"
+#include "kernels/cuda/attention.hpp"  // check_cuda
+#include "kernels/cuda/gdn.hpp"
+
+namespace treecp::cuda {
+namespace {
+
+using namespace gdn_test;
+
+bool gpu_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Device memory for the checks; every call is followed by a synchronisation and a check of its errors.
+struct GpuDev {
+  std::vector<void*> blocks;
+  GpuDev() = default;
+  GpuDev(const GpuDev&) = delete;
+  GpuDev& operator=(const GpuDev&) = delete;
+  ~GpuDev() {
+    for (void* p : blocks) cudaFree(p);
+  }
+  void* raw(size_t bytes) {
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, std::max<size_t>(bytes, 256)), "test cudaMalloc");
+    blocks.push_back(p);
+    return p;
+  }
+  template <class T>
+  T* put(const std::vector<T>& host) {
+    T* p = static_cast<T*>(raw(host.size() * sizeof(T)));
+    check_cuda(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), "test upload");
+    return p;
+  }
+  template <class T>
+  std::vector<T> get(const T* p, size_t n) {
+    std::vector<T> host(n);
+    check_cuda(cudaMemcpy(host.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "test download");
+    return host;
+  }
+  void* workspace(size_t bytes) {
+    void* p = raw(bytes);
+    check_cuda(cudaMemset(p, 0xff, std::max<size_t>(bytes, 256)), "test memset");
+    return p;
+  }
+  static void done(const char* what) {
+    check_cuda(cudaGetLastError(), what);
+    check_cuda(cudaDeviceSynchronize(), what);
+  }
+  size_t workspace_bytes(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, bool backward) {
+    return gdn_workspace_bytes(p, runs, backward);
+  }
+  void forward(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs) {
+    gdn_forward(p, runs);
+    done("gdn_forward");
+  }
+  void summary(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, float* M, float* E) {
+    gdn_summary(p, runs, M, E);
+    done("gdn_summary");
+  }
+  void backward(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, const GdnCudaGrads& g) {
+    gdn_backward(p, runs, g);
+    done("gdn_backward");
+  }
+  void compose(int64_t n, int dk, int dv, const float* MB, const float* EB, const float* MA, const float* EA, float* M,
+               float* E) {
+    gdn_compose(n, dk, dv, MB, EB, MA, EA, M, E);
+    done("gdn_compose");
+  }
+  void apply(int64_t n, int dk, int dv, const float* M, const float* E, const float* s, float* out) {
+    gdn_apply(n, dk, dv, M, E, s, out);
+    done("gdn_apply");
+  }
+  void apply_transposed(int64_t n, int dk, int dv, const float* M, const float* a, const float* ds, float* out) {
+    gdn_apply_transposed(n, dk, dv, M, a, ds, out);
+    done("gdn_apply_transposed");
+  }
+};
+
+class GdnCuda : public ::testing::TestWithParam<Shape> {
+ protected:
+  void SetUp() override {
+    if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  }
+  // ~900 tokens in six runs (1, 37, 64, 524, 0 and 280 tokens) over 4 heads.
+  Case ragged(uint64_t seed) const {
+    const Shape s = GetParam();
+    return Case(ragged_tokens(4), 4, s.dk, s.dv, s.gate, ragged_runs(4), 4, seed);
+  }
+  // One run of 4,000 tokens (63 chunks, the last of 32) from an initial state, 2 heads.
+  Case long_run(uint64_t seed) const {
+    const Shape s = GetParam();
+    return Case(4000, 2, s.dk, s.dv, s.gate, {{0, 4000, 0, 0}}, 1, seed);
+  }
+};
+
+TEST_P(GdnCuda, ForwardMatchesTheRecurrence) {
+  GpuDev dev;
+  const Case c = ragged(101);
+  check_forward(dev, c, /*y_f32=*/false);
+  check_forward(dev, c, /*y_f32=*/true);
+}
+
+TEST_P(GdnCuda, BackwardMatchesTheRecurrence) {
+  GpuDev dev;
+  const Case c = ragged(102);
+  check_backward(dev, c, /*dy_f32=*/false);
+  check_backward(dev, c, /*dy_f32=*/true);
+}
+
+TEST_P(GdnCuda, LongRunForwardAndBackward) {
+  GpuDev dev;
+  const Case c = long_run(103);
+  check_forward(dev, c, /*y_f32=*/false);
+  check_backward(dev, c, /*dy_f32=*/false);
+}
+
+TEST_P(GdnCuda, SixteenScanColumns) {
+  GpuDev dev;
+  Case c = ragged(105);
+  c.scan_columns = 16;
+  check_forward(dev, c, /*y_f32=*/false);
+  check_backward(dev, c, /*dy_f32=*/false);
+  check_summary(dev, c);
+}
+
+TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {
+  GpuDev dev;
+  check_summary(dev, ragged(104));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GdnCuda,
+                         all_shapes(), shape_name);
+
+TEST(GdnCudaAlgebra, ComposeIsAssociativeAndAppliesMatchTheCpu) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  GpuDev dev;
+  check_algebra(dev, 64, 64, 8, 201);
+  check_algebra(dev, 128, 128, 8, 202);
+}
+
+TEST(GdnCudaChecks, BadArgumentsThrowBeforeAnyLaunch) {
+  // Host-side checks only: runs without a GPU too.
+  GdnCudaParams p;
+  p.tokens = 10;
+  p.heads = 2;
+  p.dk = p.dv = 64;
+  EXPECT_THROW(gdn_workspace_bytes(p, {{0, 11}}, false), Error);
+  EXPECT_THROW(gdn_workspace_bytes(p, {{0, 6}, {5, 9}}, false), Error);
+  EXPECT_THROW(gdn_forward(p, {{0, 5}}), Error);  // no inputs
+  p.dk = 0;
+  EXPECT_THROW(gdn_workspace_bytes(p, {{0, 5}}, true), Error);
+}
+
+}  // namespace
+}  // namespace treecp::cuda
