@@ -14,6 +14,9 @@
 
 #include "runtime/cuda_backend.hpp"
 #endif
+#if TREECP_HAVE_NCCL
+#include "comm/nccl_communicator.hpp"
+#endif
 
 namespace treecp::py {
 namespace {
@@ -64,6 +67,7 @@ struct KeyCore::CudaRunners {
   int device = -1;
   std::unique_ptr<CudaBackend> backend;
   std::map<AttentionCall, std::unique_ptr<DenseAttentionCP<CudaBackend>>> cp;
+  NcclCommunicator* nccl = nullptr;  // set by use_nccl; then the runners above communicate over it
 };
 #else
 struct KeyCore::CudaRunners {};
@@ -147,14 +151,32 @@ uintptr_t KeyCore::cuda_stream(int device) {
   return reinterpret_cast<uintptr_t>(cuda_->backend->stream());
 }
 
-void KeyCore::cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
-                                     uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
+// The CUDA runner of one shape, over the key's NCCL communicator when it has one (bound to this key's
+// stream for the call: keys of one group share the communicator, each has its own backend and stream).
+auto& KeyCore::cuda_runner(const AttentionCall& c, int device) {
   cuda_stream(device);
   cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+  Communicator* comm = comm_.get();
+#if TREECP_HAVE_NCCL
+  if (cuda_->nccl) {
+    require(cuda_->nccl->device() == device, "key: its NCCL communicator is on device ", cuda_->nccl->device(),
+            ", the tensors on ", device);
+    cuda_->nccl->set_compute_stream(cuda_->backend->stream());
+    comm = cuda_->nccl;
+  }
+#endif
+  require(comm->size() == 1 || comm != comm_.get(), "attention: CUDA tensors under CP (a group of ", comm->size(),
+          ") need the key's NCCL communicator (KeyCore.use_nccl); the group's own communicator moves host memory");
   auto& slot = cuda_->cp[c];
   if (!slot)
-    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_shape(c, plan_.window), *comm_, *cuda_->backend,
-                                                           DenseAttentionOptions{BackwardKv::Refetch});
+    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_shape(c, plan_.window), *comm,
+                                                           *cuda_->backend, DenseAttentionOptions{BackwardKv::Refetch});
+  return *slot;
+}
+
+void KeyCore::cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+                                     uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
+  auto& runner = cuda_runner(c, device);
   const int64_t n = owned_tokens_;
   using E = cuda::bf16_t;
   const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
@@ -162,18 +184,13 @@ void KeyCore::cuda_attention_forward(const AttentionCall& c, int device, uintptr
   const auto sb = device_view<float>(sink, c.hq);
   auto yb = device_view<E>(y, n * c.hq * c.dv), ob = device_view<E>(o_presink, n * c.hq * c.dv);
   auto lb = device_view<float>(lse, n * c.hq);
-  slot->forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb, sink ? &ob : nullptr);
+  runner.forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb, sink ? &ob : nullptr);
 }
 
 void KeyCore::cuda_attention_backward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
                                       uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq,
                                       uintptr_t dk, uintptr_t dv, uintptr_t dsink) {
-  cuda_stream(device);
-  cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
-  auto& slot = cuda_->cp[c];
-  if (!slot)
-    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_shape(c, plan_.window), *comm_, *cuda_->backend,
-                                                           DenseAttentionOptions{BackwardKv::Refetch});
+  auto& runner = cuda_runner(c, device);
   const int64_t n = owned_tokens_;
   using E = cuda::bf16_t;
   const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
@@ -182,9 +199,30 @@ void KeyCore::cuda_attention_backward(const AttentionCall& c, int device, uintpt
   const auto sb = device_view<float>(sink, c.hq), lb = device_view<float>(lse, n * c.hq);
   auto dqb = device_view<float>(dq, n * c.hq * c.d), dkb = device_view<float>(dk, n * c.hkv * c.d),
        dvb = device_view<float>(dv, n * c.hkv * c.dv), dsb = device_view<float>(dsink, c.hq);
-  slot->backward(qb, kb, vb, sink ? &sb : nullptr, obuf, lb, dyb, dqb, dkb, dvb, sink ? &dsb : nullptr);
+  runner.backward(qb, kb, vb, sink ? &sb : nullptr, obuf, lb, dyb, dqb, dkb, dvb, sink ? &dsb : nullptr);
+}
+#endif
+
+#if TREECP_HAVE_CUDA && TREECP_HAVE_NCCL
+bool KeyCore::has_nccl() { return true; }
+
+void KeyCore::use_nccl(NcclCommunicator& comm) {
+  if (!cuda_) cuda_ = std::make_unique<CudaRunners>();
+  if (cuda_->nccl == &comm) return;
+  require(cuda_->nccl == nullptr && cuda_->cp.empty(),
+          "key: its CUDA runtimes already communicate over another communicator (use_nccl once, before CUDA calls)");
+  require(comm.size() == plan_.cp && comm.rank() == rank(), "key: the NCCL communicator is rank ", comm.rank(), " of ",
+          comm.size(), ", the key's plan rank ", rank(), " of ", plan_.cp);
+  require(cuda_->device < 0 || cuda_->device == comm.device(), "key: its CUDA state is on device ", cuda_->device,
+          ", the NCCL communicator on ", comm.device());
+  cuda_->nccl = &comm;
 }
 #else
+bool KeyCore::has_nccl() { return false; }
+void KeyCore::use_nccl(NcclCommunicator&) { fail("key: this build of treecp has no NCCL (CUDA CP needs it)"); }
+#endif
+
+#if !TREECP_HAVE_CUDA
 bool KeyCore::has_cuda() { return false; }
 uintptr_t KeyCore::cuda_stream(int) { fail("key: this build of treecp has no CUDA backend"); }
 void KeyCore::cuda_attention_forward(const AttentionCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,

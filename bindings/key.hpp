@@ -16,6 +16,10 @@
 #include "plan/ownership.hpp"
 #include "tree/row.hpp"
 
+namespace treecp {
+class NcclCommunicator;  // comm/nccl_communicator.hpp, in builds with NCCL
+}
+
 namespace treecp::py {
 
 // Shapes of one attention call: q [n, hq, d], k [n, hkv, d], v [n, hkv, dv] over this rank's owned tokens.
@@ -74,6 +78,11 @@ class KeyCore {
   // (cuda_stream(), which the caller orders against its own with events). Pointers are device addresses.
   // Available when has_cuda() (the extension was built with the CUDA backend).
   static bool has_cuda();
+  // Whether use_nccl() is available (the extension was built with NCCL).
+  static bool has_nccl();
+  // CUDA calls communicate over `comm` (rank and size those of the key's plan) from now on: required under
+  // CP, optional at one rank. Set once, before the first CUDA call; the caller keeps `comm` alive.
+  void use_nccl(NcclCommunicator& comm);
   uintptr_t cuda_stream(int device);
   void cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
                               uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink);
@@ -95,6 +104,8 @@ class KeyCore {
   template <class T>
   auto& attention_runner(const AttentionCall& c);
   const GdnPlan& gdn_plan(const GdnCall& c, int element_bytes);
+  // CUDA builds: the CUDA runner of one call's shape, over the communicator the key's CUDA calls use.
+  auto& cuda_runner(const AttentionCall& c, int device);
 
   Row row_;
   Plan plan_;

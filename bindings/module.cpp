@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,14 @@
 #include "plan/planner.hpp"
 #include "py_communicator.hpp"
 #include "tree/row.hpp"
+#if TREECP_HAVE_CUDA && TREECP_HAVE_NCCL
+#include "comm/nccl_communicator.hpp"
+#endif
+
+// pyproject.toml's floor, enforced where any build meets it (`pip install --no-build-isolation` builds with
+// whatever nanobind is installed): nanobind 1.x built an extension whose CPU ops crashed on Python 3.12 (see
+// NoGil below) and that refused arrays with no rows.
+static_assert(NB_VERSION_MAJOR >= 2, "treecp's extension needs nanobind >= 2.0: python3 -m pip install -U nanobind");
 
 namespace nb = nanobind;
 using namespace treecp;
@@ -29,6 +38,32 @@ template <class T>
 using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
 template <class T>
 using Out = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
+
+// The core reads and writes each array through a raw pointer, assuming the shape below (tokens first, C
+// order): an array of another shape is a ValueError naming it, never an access past its end. The Python
+// layer checks the same by name first; this guards the boundary itself (direct calls, any DLPack producer).
+template <class A>
+void require_shape(const char* op, const char* name, const A& a, std::initializer_list<int64_t> want) {
+  bool same = a.ndim() == want.size();
+  for (size_t i = 0; same && i < want.size(); ++i) same = static_cast<int64_t>(a.shape(i)) == want.begin()[i];
+  if (same) return;
+  std::string got, expected;
+  for (size_t i = 0; i < a.ndim(); ++i) got += (i ? ", " : "") + std::to_string(a.shape(i));
+  for (size_t i = 0; i < want.size(); ++i) expected += (i ? ", " : "") + std::to_string(want.begin()[i]);
+  fail(op, ": ", name, " has shape [", got, "], expected [", expected, "]");
+}
+template <class A>
+void require_shape(const char* op, const char* name, const std::optional<A>& a, std::initializer_list<int64_t> want) {
+  if (a) require_shape(op, name, *a, want);
+}
+// Outputs that exist exactly when an optional input does (the sink and the output before it, a bias and its
+// gradient): one without the other would leave the core writing through a null pointer.
+template <class A, class B>
+void require_paired(const char* op, const char* name, const std::optional<A>& a, const char* other,
+                    const std::optional<B>& b) {
+  require(a.has_value() == b.has_value(), op, ": ", name, a ? " is given without " : " is None but ", other,
+          a ? "" : " is given");
+}
 
 template <class T>
 const T* ptr_or_null(const std::optional<In<T>>& a) {
@@ -88,8 +123,47 @@ int64_t fingerprint(const Row& row, const Plan& plan) {
 }
 
 // The compute calls run without the GIL, so that other Python threads (data loaders, torch's) go on; the
-// Python communicator takes it back for each collective.
+// Python communicator takes it back for each collective. Calls taking raw pointers release it for the whole
+// call (Compute); calls taking arrays release it inside their body (NoGil, declared after the checks), so
+// that the by-value nb::ndarray parameters, which own references to Python objects, are released with the
+// GIL held (nanobind < 1.9 dropped them without taking it, which crashed on Python 3.12; later versions take
+// it there themselves, this does not rely on that).
 using Compute = nb::call_guard<nb::gil_scoped_release>;
+using NoGil = nb::gil_scoped_release;
+
+// Each op family's inputs, checked alike by its forward and its backward (n: this rank's tokens).
+template <class T>
+void require_attention_inputs(const char* op, int64_t n, int hq, int hkv, int d, int dv, const In<T>& q,
+                              const In<T>& k, const In<T>& v, const std::optional<In<T>>& sink) {
+  require_shape(op, "q", q, {n, hq, d});
+  require_shape(op, "k", k, {n, hkv, d});
+  require_shape(op, "v", v, {n, hkv, dv});
+  require_shape(op, "sink", sink, {hq});
+}
+// GDN's gate is [n, heads] (one decay per head) or, per channel (KDA), [n, heads, dk]; its gradient alike.
+template <class A>
+void require_gate(const char* op, const char* name, const A& g, int64_t n, int heads, int dk, bool per_channel) {
+  if (per_channel)
+    require_shape(op, name, g, {n, heads, dk});
+  else
+    require_shape(op, name, g, {n, heads});
+}
+template <class T>
+void require_gdn_inputs(const char* op, int64_t n, int heads, int dk, int dv, bool per_channel, const In<T>& q,
+                        const In<T>& k, const In<T>& v, const In<T>& g, const In<T>& beta) {
+  require_shape(op, "q", q, {n, heads, dk});
+  require_shape(op, "k", k, {n, heads, dk});
+  require_shape(op, "v", v, {n, heads, dv});
+  require_gate(op, "g", g, n, heads, dk, per_channel);
+  require_shape(op, "beta", beta, {n, heads});
+}
+template <class T>
+void require_conv_inputs(const char* op, int64_t n, int channels, int width, const In<T>& x, const In<T>& weight,
+                         const std::optional<In<T>>& bias) {
+  require_shape(op, "x", x, {n, channels});
+  require_shape(op, "weight", weight, {channels, width});
+  require_shape(op, "bias", bias, {channels});
+}
 
 template <class T>
 void bind_ops(nb::class_<py::KeyCore>& cls) {
@@ -97,51 +171,100 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
       "attention_forward",
       [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
          std::optional<In<T>> sink, Out<T> y, Out<T> lse, std::optional<Out<T>> o_presink) {
+        const char* op = "attention_forward";
+        const int64_t n = key.owned_tokens();
+        require_attention_inputs<T>(op, n, hq, hkv, d, dv, q, k, v, sink);
+        require_shape(op, "y", y, {n, hq, dv});
+        require_shape(op, "lse", lse, {n, hq});
+        require_paired(op, "sink", sink, "o_presink", o_presink);
+        require_shape(op, "o_presink", o_presink, {n, hq, dv});
+        NoGil released;
         key.attention_forward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), y.data(),
                                  lse.data(), ptr_or_null(o_presink));
       },
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
-      nb::arg("v"), nb::arg("sink").none(), nb::arg("y"), nb::arg("lse"), nb::arg("o_presink").none(), Compute());
+      nb::arg("v"), nb::arg("sink").none(), nb::arg("y"), nb::arg("lse"), nb::arg("o_presink").none());
   cls.def(
       "attention_backward",
       [](py::KeyCore& key, int hq, int hkv, int d, int dv, double scale, In<T> q, In<T> k, In<T> v,
          std::optional<In<T>> sink, In<T> o, In<T> lse, In<T> dy, Out<T> dq, Out<T> dk, Out<T> dv_,
          std::optional<Out<T>> dsink) {
+        const char* op = "attention_backward";
+        const int64_t n = key.owned_tokens();
+        require_attention_inputs<T>(op, n, hq, hkv, d, dv, q, k, v, sink);
+        require_shape(op, "o", o, {n, hq, dv});
+        require_shape(op, "lse", lse, {n, hq});
+        require_shape(op, "dy", dy, {n, hq, dv});
+        require_shape(op, "dq", dq, {n, hq, d});
+        require_shape(op, "dk", dk, {n, hkv, d});
+        require_shape(op, "dv_", dv_, {n, hkv, dv});
+        require_shape(op, "dsink", dsink, {hq});
+        NoGil released;
         key.attention_backward<T>({hq, hkv, d, dv, scale}, q.data(), k.data(), v.data(), ptr_or_null(sink), o.data(),
                                   lse.data(), dy.data(), dq.data(), dk.data(), dv_.data(), ptr_or_null(dsink));
       },
       nb::arg("hq"), nb::arg("hkv"), nb::arg("d"), nb::arg("dv"), nb::arg("scale"), nb::arg("q"), nb::arg("k"),
       nb::arg("v"), nb::arg("sink").none(), nb::arg("o"), nb::arg("lse"), nb::arg("dy"), nb::arg("dq"), nb::arg("dk"),
-      nb::arg("dv_"), nb::arg("dsink").none(), Compute());
+      nb::arg("dv_"), nb::arg("dsink").none());
   cls.def(
       "gdn_forward",
       [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
          In<T> v, In<T> g, In<T> beta, Out<T> y) {
+        const char* op = "gdn_forward";
+        const int64_t n = key.owned_tokens();
+        require_gdn_inputs<T>(op, n, heads, dk, dv, per_channel, q, k, v, g, beta);
+        require_shape(op, "y", y, {n, heads, dv});
+        NoGil released;
         key.gdn_forward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
                            beta.data(), y.data());
-      },
-      Compute());
-  cls.def("gdn_backward", [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk,
-                             In<T> q, In<T> k, In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_,
-                             Out<T> dv_, Out<T> dg, Out<T> dbeta) {
-    key.gdn_backward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(), beta.data(),
-                        dy.data(), dq.data(), dk_.data(), dv_.data(), dg.data(), dbeta.data());
-  }, Compute());
+      });
+  cls.def(
+      "gdn_backward",
+      [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
+         In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_, Out<T> dv_, Out<T> dg, Out<T> dbeta) {
+        const char* op = "gdn_backward";
+        const int64_t n = key.owned_tokens();
+        require_gdn_inputs<T>(op, n, heads, dk, dv, per_channel, q, k, v, g, beta);
+        require_shape(op, "dy", dy, {n, heads, dv});
+        require_shape(op, "dq", dq, {n, heads, dk});
+        require_shape(op, "dk_", dk_, {n, heads, dk});
+        require_shape(op, "dv_", dv_, {n, heads, dv});
+        require_gate(op, "dg", dg, n, heads, dk, per_channel);
+        require_shape(op, "dbeta", dbeta, {n, heads});
+        NoGil released;
+        key.gdn_backward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
+                            beta.data(), dy.data(), dq.data(), dk_.data(), dv_.data(), dg.data(), dbeta.data());
+      });
   cls.def(
       "conv_forward",
       [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
-         Out<T> y) { key.conv_forward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), y.data()); },
+         Out<T> y) {
+        const char* op = "conv_forward";
+        const int64_t n = key.owned_tokens();
+        require_conv_inputs<T>(op, n, channels, width, x, weight, bias);
+        require_shape(op, "y", y, {n, channels});
+        NoGil released;
+        key.conv_forward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), y.data());
+      },
       nb::arg("channels"), nb::arg("width"), nb::arg("silu"), nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-      nb::arg("y"), Compute());
+      nb::arg("y"));
   cls.def(
       "conv_backward",
       [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
          In<T> dy, Out<T> dx, Out<T> dweight, std::optional<Out<T>> dbias) {
+        const char* op = "conv_backward";
+        const int64_t n = key.owned_tokens();
+        require_conv_inputs<T>(op, n, channels, width, x, weight, bias);
+        require_shape(op, "dy", dy, {n, channels});
+        require_shape(op, "dx", dx, {n, channels});
+        require_shape(op, "dweight", dweight, {channels, width});
+        require_shape(op, "dbias", dbias, {channels});
+        NoGil released;
         key.conv_backward<T>(channels, width, silu, x.data(), weight.data(), ptr_or_null(bias), dy.data(), dx.data(),
                              dweight.data(), ptr_or_null(dbias));
       },
       nb::arg("channels"), nb::arg("width"), nb::arg("silu"), nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-      nb::arg("dy"), nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias").none(), Compute());
+      nb::arg("dy"), nb::arg("dx"), nb::arg("dweight"), nb::arg("dbias").none());
 }
 
 }  // namespace
@@ -152,6 +275,8 @@ NB_MODULE(_core, m) {
   nb::set_leak_warnings(false);
   // Whether the extension was built with the CUDA backend (nvcc found at build time).
   m.attr("has_cuda_backend") = py::KeyCore::has_cuda();
+  // Whether CUDA tensors can run under CP: the NCCL communicator the package makes from a torch group.
+  m.attr("has_nccl") = py::KeyCore::has_nccl();
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -240,6 +365,28 @@ NB_MODULE(_core, m) {
       .def_prop_ro("rank", &Communicator::rank)
       .def_prop_ro("size", &Communicator::size);
 
+#if TREECP_HAVE_CUDA && TREECP_HAVE_NCCL
+  // Bootstrap over a torch group (treecp.torch._comm): rank 0 makes the id, the group broadcasts it, every
+  // rank joins; joining waits for the others, so it runs without the GIL.
+  m.def("nccl_unique_id", [] {
+    const NcclUniqueId id = make_nccl_unique_id();
+    return nb::bytes(id.bytes.data(), id.bytes.size());
+  });
+  nb::class_<NcclCommunicator, Communicator>(m, "NcclCommunicator")
+      .def(
+          "__init__",
+          [](NcclCommunicator* self, nb::bytes id, int rank, int size, int device) {
+            NcclUniqueId uid;
+            require(id.size() == uid.bytes.size(), "NCCL communicator: the unique id has ", id.size(),
+                    " bytes, expected ", uid.bytes.size());
+            std::memcpy(uid.bytes.data(), id.c_str(), uid.bytes.size());
+            nb::gil_scoped_release released;
+            new (self) NcclCommunicator(uid, rank, size, device);
+          },
+          nb::arg("unique_id"), nb::arg("rank"), nb::arg("size"), nb::arg("device"))
+      .def_prop_ro("device", &NcclCommunicator::device);
+#endif
+
   auto key = nb::class_<py::KeyCore>(m, "KeyCore");
   key.def("__init__",
           [](py::KeyCore* self, const Row& row, const Plan& plan, int rank, int size, nb::object comm) {
@@ -259,6 +406,10 @@ NB_MODULE(_core, m) {
         return out;
       });
   key.def("cuda_stream", &py::KeyCore::cuda_stream, Compute());
+#if TREECP_HAVE_CUDA && TREECP_HAVE_NCCL
+  // The key keeps the communicator alive (the package also caches it per group and device).
+  key.def("use_nccl", &py::KeyCore::use_nccl, nb::arg("comm"), nb::keep_alive<1, 2>());
+#endif
   key.def(
       "cuda_attention_forward",
       [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, uintptr_t q, uintptr_t kk,

@@ -114,3 +114,45 @@ def test_plan_refuses_bad_arguments():
     with pytest.raises(TypeError, match="row: expected a treecp.Row"):
         tt.plan([4, 3, 2])
     assert tt.plan(ROW, costs="cpu").plan.cp == 1
+
+
+def _arrays(*shapes):
+    return [torch.zeros(s, dtype=torch.float64) for s in shapes]
+
+
+# The extension's own boundary (what torch.ops.treecp.* and any caller past the Python checks reach): every
+# array is checked against the shape the core reads and writes through its pointer, so a wrong one is a
+# ValueError naming it; before, the core read or wrote past the array's end (a crash or silent corruption).
+@pytest.mark.parametrize("bad,needle", [
+    ({"q": (8, 4, 8)}, r"attention_forward: q has shape \[8, 4, 8\], expected \[9, 4, 8\]"),
+    ({"k": (9, 2, 4)}, r"attention_forward: k has shape \[9, 2, 4\], expected \[9, 2, 8\]"),
+    ({"v": (9, 2, 6, 1)}, r"attention_forward: v has shape \[9, 2, 6, 1\], expected \[9, 2, 6\]"),
+    ({"y": (9, 4, 5)}, r"attention_forward: y has shape \[9, 4, 5\], expected \[9, 4, 6\]"),
+    ({"lse": (9,)}, r"attention_forward: lse has shape \[9\], expected \[9, 4\]"),
+    ({"sink": (3,)}, r"attention_forward: sink has shape \[3\], expected \[4\]"),
+    ({"o_presink": None}, "attention_forward: sink is given without o_presink"),
+    ({"sink": None}, "attention_forward: sink is None but o_presink is given"),
+])
+def test_the_extension_refuses_arrays_of_another_shape(key, bad, needle):
+    shapes = {"q": (9, 4, 8), "k": (9, 2, 8), "v": (9, 2, 6), "sink": (4,), "y": (9, 4, 6), "lse": (9, 4),
+              "o_presink": (9, 4, 6)}
+    shapes.update(bad)
+    args = {name: None if s is None else _arrays(s)[0] for name, s in shapes.items()}
+    with pytest.raises(ValueError, match=needle):
+        key._core.attention_forward(4, 2, 8, 6, 0.5, args["q"], args["k"], args["v"], args["sink"], args["y"],
+                                    args["lse"], args["o_presink"])
+
+
+def test_the_extension_refuses_gradient_and_conv_arrays_of_another_shape(key):
+    q, k, v, o, lse, dy, dq, dk, dv = _arrays((9, 4, 8), (9, 2, 8), (9, 2, 6), (9, 4, 6), (9, 4), (9, 4, 6),
+                                              (9, 4, 8), (9, 2, 8), (9, 2, 5))
+    with pytest.raises(ValueError, match=r"attention_backward: dv_ has shape \[9, 2, 5\], expected \[9, 2, 6\]"):
+        key._core.attention_backward(4, 2, 8, 6, 0.5, q, k, v, None, o, lse, dy, dq, dk, dv, None)
+    g, beta, y = _arrays((9, 2, 3), (9, 2), (9, 2, 6))
+    with pytest.raises(ValueError, match=r"gdn_forward: g has shape \[9, 2, 3\], expected \[9, 2, 8\]"):
+        key._core.gdn_forward(2, 8, 6, True, 0.5, 64, *_arrays((9, 2, 8), (9, 2, 8), (9, 2, 6)), g, beta, y)
+    x, w, bias, out = _arrays((9, 6), (6, 4), (6,), (9, 6))
+    with pytest.raises(ValueError, match=r"conv_forward: weight has shape \[6, 4\], expected \[6, 5\]"):
+        key._core.conv_forward(6, 5, False, x, w, bias, out)
+    with pytest.raises(ValueError, match=r"conv_backward: dx has shape \[8, 6\], expected \[9, 6\]"):
+        key._core.conv_backward(6, 4, False, x, w, None, out, out[:8], w.clone(), None)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .. import Row, _core, layout_names
-from ._comm import GroupCommunicator
+from ._comm import GroupCommunicator, collective_device
 
 # Keys by id: the custom ops take the key as an int, so that torch.compile sees only tensors and constants.
 _KEYS: "weakref.WeakValueDictionary[int, Key]" = weakref.WeakValueDictionary()
@@ -58,6 +58,10 @@ class Key:
             cp, rank = 1, 0
         self.row = row
         self.group = group if cp > 1 else None
+        # CUDA calls communicate over NCCL made from the group (any size, one rank included); set on first use.
+        self.nccl_group = group
+        self.nccl = None
+        self.cuda_device: Optional[torch.device] = None
         self.window = window
         self.layout = layout
         self.cp, self.rank = cp, rank
@@ -86,16 +90,18 @@ class Key:
         Layers with different windows then share one token layout: dispatch once, run them all. Every
         rank of the group calls it.
         """
-        return Key(self.row, self.group, window, self.layout, self.costs_file or None, _ownership=self.plan)
+        return Key(self.row, self.nccl_group, window, self.layout, self.costs_file or None, _ownership=self.plan)
 
     # ---- agreement: bad input on one rank is refused on every rank before any data moves
 
     def _check_same_on_every_rank(self):
         if self.cp == 1:
             return
-        mine = torch.tensor([self._core.fingerprint], dtype=torch.int64)
-        every = torch.empty(self.cp, dtype=torch.int64)
+        at = collective_device(self.group)
+        mine = torch.tensor([self._core.fingerprint], dtype=torch.int64, device=at)
+        every = torch.empty(self.cp, dtype=torch.int64, device=at)
         dist.all_gather_into_tensor(every, mine, group=self.group)
+        every = every.cpu()
         if not bool((every == every[0]).all()):
             differ = [r for r in range(self.cp) if int(every[r]) != int(every[0])]
             raise ValueError(
@@ -108,8 +114,11 @@ class Key:
             if problem:
                 raise ValueError(problem)
             return
-        flags = torch.empty(self.cp, dtype=torch.int64)
-        dist.all_gather_into_tensor(flags, torch.tensor([1 if problem else 0], dtype=torch.int64), group=self.group)
+        at = collective_device(self.group)
+        flags = torch.empty(self.cp, dtype=torch.int64, device=at)
+        dist.all_gather_into_tensor(flags, torch.tensor([1 if problem else 0], dtype=torch.int64, device=at),
+                                    group=self.group)
+        flags = flags.cpu()
         if not bool(flags.any()):
             return
         if problem:

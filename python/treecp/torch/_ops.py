@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import _core
+from ._comm import nccl_communicator
 from ._key import Key, default_scale, key_of
 
 _CPU_DTYPES = (torch.float32, torch.float64)
@@ -91,6 +92,16 @@ def _verdict(key: Key, op: str, problem: Optional[str]):
         key.agree(op, problem)
 
 
+def _detached(*xs):
+    """The tensors as the extension takes them (DLPack, nb::ndarray): detached, None passed through.
+
+    torch's ``__dlpack__`` refuses tensors that require grad (autograd's saved inputs and dy inside a backward
+    op, nn.Parameters); nanobind >= 3 then falls back to torch's legacy exporter, older nanobind raises
+    TypeError, so every tensor crosses detached, forward and backward alike.
+    """
+    return tuple(None if x is None else x.detach() for x in xs)
+
+
 def _refuse(problem: Optional[str]):
     # The ops' own implementations check again, locally, for direct calls of torch.ops.treecp.*.
     if problem:
@@ -128,9 +139,11 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
     if q.device.type == "cuda":
         if v.shape[2] != d or d not in (64, 128):
             return f"{op}: on CUDA the head dims must be 64 or 128 with v's equal to q's, got q {d} and v {v.shape[2]}"
-        if key.cp > 1:
-            return (f"{op}: CUDA tensors under CP (a group of {key.cp}) need the NCCL communicator made from the "
-                    "group, which the package does not wire yet; CP runs on CPU tensors over gloo")
+        if key.nccl_group is not None and not _core.has_nccl:
+            return (f"{op}: CUDA tensors with a group need NCCL, and this build of treecp has none (it was built "
+                    "without nccl.h); CP runs on CPU tensors over gloo")
+        if key.cuda_device is not None and q.device != key.cuda_device:
+            return f"{op}: q is on {q.device} but this key's CUDA state is on {key.cuda_device} (one key per device)"
     if not _positive_number(scale):
         return f"{op}: softmax_scale must be a positive finite number, got {scale}"
     return None
@@ -147,9 +160,8 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], key_i
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     lse = q.new_empty(q.shape[0], q.shape[1])
     o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
-    key._core.attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.detach(), k.detach(),
-                                v.detach(), None if sink is None else sink.detach(), y, lse,
-                                o_presink if sink is not None else None)
+    key._core.attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, *_detached(q, k, v, sink), y,
+                                lse, o_presink if sink is not None else None)
     return y, lse, o_presink
 
 
@@ -181,7 +193,17 @@ class _KeyStream:
         return False
 
 
+def _cuda_state(key, device):
+    """Binds the key to its CUDA device and, with a group, to the group's NCCL communicator (made on first use)."""
+    if key.cuda_device is None:
+        key.cuda_device = device
+    if key.nccl_group is not None and key.nccl is None:
+        key.nccl = nccl_communicator(key.nccl_group, device)
+        key._core.use_nccl(key.nccl)
+
+
 def _cuda_attention_forward(key, q, k, v, sink, scale):
+    _cuda_state(key, q.device)
     y = torch.empty_like(q)
     lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
     o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
@@ -197,6 +219,7 @@ def _cuda_attention_forward(key, q, k, v, sink, scale):
 
 
 def _cuda_attention_backward(key, q, k, v, sink, o, lse, dy, scale):
+    _cuda_state(key, q.device)
     dq, dk, dv = (torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (q, k, v))
     dsink = torch.zeros(q.shape[1] if sink is not None else 0, dtype=torch.float32, device=q.device)
     sink32 = sink.float().contiguous() if sink is not None else None
@@ -218,8 +241,9 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tenso
         return _cuda_attention_backward(key, q, k, v, sink, o, lse, dy.contiguous(), scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsink = q.new_zeros(q.shape[1] if sink is not None else 0)
-    key._core.attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q, k, v, sink, o, lse,
-                                 dy.contiguous(), dq, dk, dv, dsink if sink is not None else None)
+    key._core.attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale,
+                                 *_detached(q, k, v, sink, o, lse, dy.contiguous()), dq, dk, dv,
+                                 dsink if sink is not None else None)
     return dq, dk, dv, dsink
 
 
@@ -301,8 +325,8 @@ def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: in
     key = key_of(key_id)
     _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk))
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
-    key._core.gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q.detach(), k.detach(),
-                          v.detach(), g.detach(), beta.detach(), y)
+    key._core.gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
+                          *_detached(q, k, v, g, beta), y)
     return y
 
 
@@ -316,8 +340,8 @@ def _gdn_backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, d
                      chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     key = key_of(key_id)
     grads = [torch.empty_like(x) for x in (q, k, v, g, beta)]
-    key._core.gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q, k, v, g, beta,
-                           dy.contiguous(), *grads)
+    key._core.gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
+                           *_detached(q, k, v, g, beta, dy.contiguous()), *grads)
     return tuple(grads)
 
 
@@ -388,8 +412,7 @@ def _conv_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], key_id: int, sil
     key = key_of(key_id)
     _refuse(_conv_problem(key, x, weight, bias))
     y = torch.empty_like(x)
-    key._core.conv_forward(x.shape[1], weight.shape[1], silu, x.detach(), weight.detach(),
-                           None if bias is None else bias.detach(), y)
+    key._core.conv_forward(x.shape[1], weight.shape[1], silu, *_detached(x, weight, bias), y)
     return y
 
 
@@ -404,7 +427,7 @@ def _conv_backward_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], dy: Ten
     key = key_of(key_id)
     dx, dw = torch.empty_like(x), torch.empty_like(weight)
     db = x.new_zeros(x.shape[1] if bias is not None else 0)
-    key._core.conv_backward(x.shape[1], weight.shape[1], silu, x, weight, bias, dy.contiguous(), dx, dw,
+    key._core.conv_backward(x.shape[1], weight.shape[1], silu, *_detached(x, weight, bias, dy.contiguous()), dx, dw,
                             db if bias is not None else None)
     return dx, dw, db
 
