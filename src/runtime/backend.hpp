@@ -98,10 +98,6 @@
 
 namespace treecp {
 
-// The attention layer's shape is kernels/shapes.hpp's AttentionShape; this name is kept for code
-// written against it before the shapes became one type.
-using AttentionDims [[deprecated("use AttentionShape (kernels/shapes.hpp)")]] = AttentionShape;
-
 // Sparse MLA with a learned indexer (absorbed MLA, one shared latent KV head): indexer heads hi of di,
 // attention heads h over kv rows of dqk (latent then rope), the value being the first dv columns.
 struct SparseMlaDims {

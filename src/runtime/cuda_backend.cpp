@@ -17,7 +17,7 @@ void check_dims(const AttentionShape& d, const char* who) {
 
 // What the forward and backward parameter blocks share: Q, K, V and the layouts of Q, K, V, O (and dO) and LSE.
 template <class P>
-void set_common(P& p, const AttentionDims& dims, const DeviceBuffer<cuda::bf16_t>& q, const KvView<cuda::bf16_t>& kv) {
+void set_common(P& p, const AttentionShape& dims, const DeviceBuffer<cuda::bf16_t>& q, const KvView<cuda::bf16_t>& kv) {
   p.q = q.data();
   p.k = kv.k;
   p.v = kv.v;
