@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .. import Row, _core, layout_names
+from ._checks import _check_tensor
 from ._comm import GroupCommunicator, collective_device
 
 # Keys by id: the custom ops take the key as an int, so that torch.compile sees only tensors and constants.
@@ -146,8 +147,6 @@ class Key:
 
         Backward: the gradient lands in this rank's rows, zero elsewhere (this rank's contribution).
         """
-        from ._ops import _check_tensor
-
         problem = _check_tensor("dispatch", "x", x, leading=self.tokens, what="tokens of the row")
         if self.cp == 1 or torch.compiler.is_compiling():
             if problem:
@@ -161,8 +160,6 @@ class Key:
 
         Backward: the exact adjoint, the gradient summed over the ranks of the group, this rank's rows.
         """
-        from ._ops import _check_tensor
-
         problem = _check_tensor("undispatch", "x", x, leading=self.local_tokens, what="tokens this rank owns")
         if self.cp == 1:
             if problem:

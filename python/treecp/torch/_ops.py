@@ -17,19 +17,11 @@ import torch
 from torch import Tensor
 
 from .. import _core
+from ._checks import _check_tensor
 from ._comm import nccl_communicator
 from ._key import Key, default_scale, key_of
 
 _CPU_DTYPES = (torch.float32, torch.float64)
-
-
-def _check_tensor(op: str, name: str, x, leading: Optional[int] = None, what: str = "") -> Optional[str]:
-    """The checks every tensor argument gets; returns a message naming the argument, or None."""
-    if not isinstance(x, Tensor):
-        return f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}"
-    if leading is not None and (x.dim() == 0 or x.shape[0] != leading):
-        return f"{op}: {name} has shape {tuple(x.shape)}; its first dimension must be {leading} ({what})"
-    return None
 
 
 def _positive_number(x) -> bool:
