@@ -2,30 +2,19 @@
 """The peer for treecp's GDN/KDA CUDA kernels: flash-linear-attention's chunk kernels, timed on this GPU.
 
 Prints one markdown table: chunk GDN and chunk KDA at T tokens, H heads, Dk = Dv = D, bf16 inputs, one
-sequence; forward and forward+backward milliseconds (CUDA events, median of --reps after --warmup calls),
+sequence; forward and forward+backward milliseconds (CUDA events, median of --reps after three warm-up calls and --sustain seconds),
 or the error FLA raises (its backward refuses some GPU/Triton pairs). Needs torch, triton and fla-core
 (on the GPU machine: pip install --no-deps --target DIR fla_core-*.whl einops-*.whl, then PYTHONPATH=DIR).
 """
 import argparse
-import statistics
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
-
-def timed(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_flex import median_ms  # noqa: E402 - the one CUDA-event timer of the Python benchmarks
 
 
 def inputs(T, H, D, per_channel, seed):
@@ -41,12 +30,12 @@ def inputs(T, H, D, per_channel, seed):
     return q, k, v, gate, beta
 
 
-def measure(name, op, T, H, D, per_channel, warmup, reps):
+def measure(name, op, T, H, D, per_channel, reps, sustain_s):
     q, k, v, gate, beta = inputs(T, H, D, per_channel, 0)
     row = {"kernel": name}
     try:
         with torch.no_grad():
-            row["fwd"] = timed(lambda: op(q, k, v, gate, beta), warmup, reps)
+            row["fwd"] = median_ms(lambda: op(q, k, v, gate, beta), reps, sustain_s)
     except Exception as e:  # noqa: BLE001 - the peer's refusal is the figure
         row["fwd"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, gate, beta)]
@@ -58,7 +47,7 @@ def measure(name, op, T, H, D, per_channel, warmup, reps):
         o.backward(do)
 
     try:
-        row["fwdbwd"] = timed(step, warmup, reps)
+        row["fwdbwd"] = median_ms(step, reps, sustain_s)
     except Exception as e:  # noqa: BLE001
         row["fwdbwd"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
     return row
@@ -69,7 +58,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=40960)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--warmup", type=int, default=3)
+    # 0: three warm-up calls only (run 118); 0.5 times at sustained clocks like bench_flex.py
+    ap.add_argument("--sustain", type=float, default=0.0, help="seconds of back-to-back calls before timing")
     ap.add_argument("--reps", type=int, default=10)
     a = ap.parse_args()
     import fla
@@ -78,11 +68,11 @@ def main():
 
     T, H, D = a.tokens, a.heads, a.d
     print(f"# FLA {getattr(fla, '__version__', '?')}, torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    print(f"# T {T}, H {H}, Dk = Dv = {D}, bf16, one sequence; median of {a.reps} after {a.warmup} warm-up calls\n")
+    print(f"# T {T}, H {H}, Dk = Dv = {D}, bf16, one sequence; median of {a.reps} after 3 warm-up calls and {a.sustain} s of sustained calls\n")
     rows = [
         measure("fla chunk_gated_delta_rule (GDN)", lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b),
-                T, H, D, False, a.warmup, a.reps),
-        measure("fla chunk_kda (KDA)", lambda q, k, v, g, b: chunk_kda(q, k, v, g, b), T, H, D, True, a.warmup, a.reps),
+                T, H, D, False, a.reps, a.sustain),
+        measure("fla chunk_kda (KDA)", lambda q, k, v, g, b: chunk_kda(q, k, v, g, b), T, H, D, True, a.reps, a.sustain),
     ]
     print("| kernel | forward ms | forward+backward ms |")
     print("|---|---|---|")
