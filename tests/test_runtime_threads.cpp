@@ -53,6 +53,28 @@ std::vector<double> values(uint64_t seed, int64_t n) {
   return out;
 }
 
+// Random inputs of a whole row (seeds seed .. seed + 4: q, k, v, dy, the sink) for an attention shape.
+struct RowInputs {
+  std::vector<double> q, k, v, dy, sink;
+};
+RowInputs row_inputs(uint64_t seed, int64_t tokens, const AttentionShape& s) {
+  return {values(seed, tokens * s.q_width()), values(seed + 1, tokens * s.k_width()),
+          values(seed + 2, tokens * s.v_width()), values(seed + 3, tokens * s.o_width()), values(seed + 4, s.hq)};
+}
+
+// One rank's forward+backward arrays: its owned rows of the inputs, and the outputs and gradients the
+// runtime fills for its `rows` owned rows.
+struct RankArrays {
+  std::vector<float> q, k, v, dy, sink, y, lse, dq, dk, dv, dsink;
+};
+RankArrays rank_arrays(const RowInputs& in, const AttentionShape& s, const std::vector<TokenRange>& owned, int64_t rows) {
+  auto zeros = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.f); };
+  return {rows_of<float>(in.q, s.q_width(), owned), rows_of<float>(in.k, s.k_width(), owned),
+          rows_of<float>(in.v, s.v_width(), owned), rows_of<float>(in.dy, s.o_width(), owned),
+          std::vector<float>(in.sink.begin(), in.sink.end()), zeros(rows * s.o_width()), zeros(rows * s.hq),
+          zeros(rows * s.q_width()), zeros(rows * s.k_width()), zeros(rows * s.v_width()), zeros(s.hq)};
+}
+
 // max |got - ref| / max |ref| over the rows `ranges` selects (got holds them in order); -inf matches -inf.
 double rel_error(const std::vector<double>& got, const std::vector<double>& ref_full,
                  const std::vector<TokenRange>& ranges, int64_t width) {
@@ -227,40 +249,33 @@ TEST(ThreadRanks, PeakMemoryEqualsThePrediction) {
         const int hq = 4, hkv = 2, d = 8, dv = 6;
         const AttentionShape shape{hq, hkv, d, dv};
         const Plan plan = make_plan(row, ranks, shape, CostModel{}, opt);
-        const auto q = values(seed, S * hq * d), k = values(seed + 1, S * hkv * d), v = values(seed + 2, S * hkv * dv),
-                   dy = values(seed + 3, S * hq * dv), sk = values(seed + 4, hq);
+        const RowInputs in = row_inputs(seed, S, shape);
         on_threads(ranks, ThreadCommOptions{}, [&](int r, Communicator& comm) {
           CpuBackend<float> be;
           DenseAttentionOptions o;
           o.backward_kv = refetch ? BackwardKv::Refetch : BackwardKv::Keep;
           DenseAttentionCP<CpuBackend<float>> cp(plan, row, shape, comm, be, o);
-          const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
-          const auto qo = rows_of<float>(q, hq * d, owned), ko = rows_of<float>(k, hkv * d, owned),
-                     vo = rows_of<float>(v, hkv * dv, owned), dyo = rows_of<float>(dy, hq * dv, owned);
-          const std::vector<float> sinkf(sk.begin(), sk.end());
           const int64_t rows = cp.owned_rows();
-          std::vector<float> y(static_cast<size_t>(rows * hq * dv)), lse(static_cast<size_t>(rows * hq)),
-              dq(static_cast<size_t>(rows * hq * d)), dkk(static_cast<size_t>(rows * hkv * d)),
-              dvv(static_cast<size_t>(rows * hkv * dv)), dsink(static_cast<size_t>(hq), 0.f);
+          RankArrays a = rank_arrays(in, shape, plan.ranks[static_cast<size_t>(r)].owned, rows);
           const int64_t before = be.live_bytes();
           be.reset_peak();
-          cp.forward(qo, ko, vo, sink ? &sinkf : nullptr, y, lse);
+          cp.forward(a.q, a.k, a.v, sink ? &a.sink : nullptr, a.y, a.lse);
           const int64_t fwd_peak = be.peak_bytes() - before, kept = be.live_bytes() - before;
           be.reset_peak();
-          cp.backward(dyo, dq, dkk, dvv, sink ? &dsink : nullptr);
+          cp.backward(a.dy, a.dq, a.dk, a.dv, sink ? &a.dsink : nullptr);
           const int64_t bwd_peak = be.peak_bytes() - before;
 
-          RuntimeMemoryInput in;
-          in.owned_rows = rows;
+          RuntimeMemoryInput mem;
+          mem.owned_rows = rows;
           for (const WaveSchedule& w : cp.schedule().waves) {
-            in.fetched_rows.push_back(w.fetched.rows());
-            in.sent_rows.push_back(w.send_total);
+            mem.fetched_rows.push_back(w.fetched.rows());
+            mem.sent_rows.push_back(w.send_total);
           }
-          in.hq = hq, in.hkv = hkv, in.d = d, in.dv = dv;
-          in.sink = sink;
-          in.refetch = refetch;
-          in.act_bytes = in.stat_bytes = in.grad_bytes = 4;
-          const RuntimeMemory m = attention_runtime_memory(in);
+          mem.hq = hq, mem.hkv = hkv, mem.d = d, mem.dv = dv;
+          mem.sink = sink;
+          mem.refetch = refetch;
+          mem.act_bytes = mem.stat_bytes = mem.grad_bytes = 4;
+          const RuntimeMemory m = attention_runtime_memory(mem);
           const std::string what = "ranks " + std::to_string(ranks) + " rank " + std::to_string(r) +
                                    (refetch ? " refetch" : " keep") + (sink ? " sink" : "");
           EXPECT_EQ(fwd_peak, m.forward_peak_bytes) << what;
@@ -307,23 +322,15 @@ TEST(ThreadRanks, PlannerMemoryBoundIsTheRuntimePeak) {
       ASSERT_EQ(plan.refetch_backward, std::string(mode) == "refetch");
       const int64_t bound = report.layouts[1].peak_memory_bytes;  // zigzag, the largest rank's
       std::vector<int64_t> peaks(static_cast<size_t>(ranks));
-      const auto q = values(seed, S * hq * d), k = values(seed + 1, S * hkv * d), v = values(seed + 2, S * hkv * dv),
-                 dy = values(seed + 3, S * hq * dv), sk = values(seed + 4, hq);
+      const RowInputs in = row_inputs(seed, S, shape);
       on_threads(ranks, ThreadCommOptions{}, [&](int r, Communicator& comm) {
         CpuBackend<float> be;
         DenseAttentionCP<CpuBackend<float>> cp(plan, row, shape, comm, be);
-        const auto& owned = plan.ranks[static_cast<size_t>(r)].owned;
-        const auto qo = rows_of<float>(q, hq * d, owned), ko = rows_of<float>(k, hkv * d, owned),
-                   vo = rows_of<float>(v, hkv * dv, owned), dyo = rows_of<float>(dy, hq * dv, owned);
-        const std::vector<float> sinkf(sk.begin(), sk.end());
-        const int64_t rows = cp.owned_rows();
-        std::vector<float> y(static_cast<size_t>(rows * hq * dv)), lse(static_cast<size_t>(rows * hq)),
-            dq(static_cast<size_t>(rows * hq * d)), dkk(static_cast<size_t>(rows * hkv * d)),
-            dvv(static_cast<size_t>(rows * hkv * dv)), dsink(static_cast<size_t>(hq), 0.f);
+        RankArrays a = rank_arrays(in, shape, plan.ranks[static_cast<size_t>(r)].owned, cp.owned_rows());
         const int64_t before = be.live_bytes();
         be.reset_peak();
-        cp.forward(qo, ko, vo, &sinkf, y, lse);  // with a sink: the planner bounds that case
-        cp.backward(dyo, dq, dkk, dvv, &dsink);
+        cp.forward(a.q, a.k, a.v, &a.sink, a.y, a.lse);  // with a sink: the planner bounds that case
+        cp.backward(a.dy, a.dq, a.dk, a.dv, &a.dsink);
         peaks[static_cast<size_t>(r)] = be.peak_bytes() - before;
       });
       EXPECT_EQ(*std::max_element(peaks.begin(), peaks.end()), bound) << mode << " ranks " << ranks;
