@@ -331,11 +331,7 @@ NB_MODULE(_core, m) {
            })
       .def("to_json", [](const Plan& p) { return json::dump(plan_to_json(p)); });
 
-  m.def("layout_names", [] {
-    std::vector<std::string> out;
-    for (Layout l : kLayouts) out.emplace_back(layout_name(l));
-    return out;
-  });
+  m.def("layout_names", [] { return layout_names(); });
   m.def(
       "make_plan",
       [](const Row& row, int cp, const std::string& layout, int64_t window, const std::string& costs_path) {

@@ -94,15 +94,6 @@ std::string config_file(const std::string& name) {
   return std::string(env != nullptr && *env != '\0' ? env : TREECP_CONFIG_DIR) + "/" + name;
 }
 
-const std::vector<std::string>& layout_choices() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> out;
-    for (Layout l : kLayouts) out.emplace_back(layout_name(l));
-    return out;
-  }();
-  return names;
-}
-
-Layout layout_option(const Args& args) { return parse_layout(args.get_choice("--layout", "searched", layout_choices())); }
+Layout layout_option(const Args& args) { return parse_layout(args.get_choice("--layout", "searched", layout_names())); }
 
 }  // namespace treecp::cli

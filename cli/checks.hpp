@@ -37,9 +37,7 @@ double plan_memory_estimate_bytes(const Row& row, int64_t window, int64_t chunk_
 // source tree, as on a lent GPU machine), else under the source tree's config/ this binary was built from.
 std::string config_file(const std::string& name);
 
-// The names --layout accepts: the planner's layouts (plan/plan.hpp's kLayouts), in that order.
-const std::vector<std::string>& layout_choices();
-// --layout (default "searched"), required to be one of layout_choices().
+// --layout (default "searched"), required to be one of plan/plan.hpp's layout_names().
 Layout layout_option(const Args& args);
 
 // Multi-rank options: --ranks N (alias --cp) and --timeout SECONDS (the communicator's deadline).

@@ -26,7 +26,7 @@ void print_help() {
                 static_cast<long long>(p.base_tokens_per_rank));
   }
   std::cout << "\nlayouts (--layout L):";
-  for (const std::string& l : treecp::cli::layout_choices()) std::cout << " " << l;
+  for (const std::string& l : treecp::layout_names()) std::cout << " " << l;
   std::printf(
       "\n\n--ranks N (also spelled --cp N): the ranks a command runs on (started under mpirun unless it runs under\n"
       "  mpirun already) or plans for. --timeout S: the longest a rank waits for the others in one call (default\n"

@@ -22,6 +22,15 @@ const char* layout_name(Layout layout) {
   return "?";
 }
 
+const std::vector<std::string>& layout_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (Layout l : kLayouts) out.emplace_back(layout_name(l));
+    return out;
+  }();
+  return names;
+}
+
 Layout parse_layout(std::string_view name) {
   for (Layout l : kLayouts) {
     if (name == layout_name(l)) return l;

@@ -32,6 +32,8 @@ inline constexpr Layout kLayouts[] = {Layout::Contiguous, Layout::Zigzag, Layout
                                       Layout::Searched};
 // "contiguous", "zigzag", "perdoc", "family", "searched", "ring".
 const char* layout_name(Layout layout);
+// The names of kLayouts, in that order: what a --layout option or the Python package accepts.
+const std::vector<std::string>& layout_names();
 // The layout of a name (any of the six: a plan file may hold a baseline's); throws treecp::Error naming
 // the known ones.
 Layout parse_layout(std::string_view name);
