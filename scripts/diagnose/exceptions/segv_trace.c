@@ -7,7 +7,7 @@ static void on_signal(int sig) {
   void* frames[64];
   int n = backtrace(frames, 64);
   const char msg[] = "segv_trace: native backtrace\n";
-  write(2, msg, sizeof msg - 1);
+  if (write(2, msg, sizeof msg - 1) < 0) return;
   backtrace_symbols_fd(frames, n, 2);
   signal(sig, SIG_DFL);
   raise(sig);
