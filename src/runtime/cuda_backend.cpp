@@ -340,19 +340,13 @@ void CudaBackend::affine_state(const AffineShape& sh, const Grad& maps, int64_t 
 
 cuda::GdnCudaParams CudaBackend::gdn_params(const GdnShape& sh, const GdnInputs<Act>& in) const {
   sh.validate();
-  require(in.q && in.k && in.v && in.g && in.beta, "gdn: q, k, v, g and beta must be given");
   cuda::GdnCudaParams p;
-  p.tokens = in.beta->size() / sh.heads;
-  auto take = [&](const Act* b, int64_t width, const char* name) {
-    require(b->size() == p.tokens * width, "gdn: ", name, " holds ", b->size(), " elements, expected ", p.tokens,
-            " tokens x ", width);
-    return b->data();
-  };
-  p.beta = take(in.beta, sh.heads, "beta");
-  p.q = take(in.q, sh.qk_width(), "q");
-  p.k = take(in.k, sh.qk_width(), "k");
-  p.v = take(in.v, sh.v_width(), "v");
-  p.g = take(in.g, sh.g_width(), "g");
+  p.tokens = gdn_input_tokens(sh, in, [](const Act& b) { return b.size(); });
+  p.beta = in.beta->data();
+  p.q = in.q->data();
+  p.k = in.k->data();
+  p.v = in.v->data();
+  p.g = in.g->data();
   p.heads = sh.heads;
   p.dk = sh.dk;
   p.dv = sh.dv;

@@ -79,6 +79,14 @@ class HostStagedReduce final : public Communicator {
   Communicator& inner_;
 };
 
+// The GPU's error against the double oracle within 8 x the same CP run's on CpuBackend<float> (`same`), + 1e-6,
+// + `extra` (a bf16 rounding for bf16 outputs).
+void expect(const char* name, const std::vector<double>& got, const std::vector<double>& same,
+            const std::vector<double>& oracle, double extra) {
+  const double e32 = rel_err(same, oracle);
+  expect_within(name, rel_err(got, oracle), e32, kErrFactor * e32 + kAtol + extra);
+}
+
 // ---- GDN / KDA
 
 // The whole row's inputs rounded to bf16: the bits the GPU reads, and GdnData holding the same values (what every
@@ -197,11 +205,6 @@ TEST(GdnCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
     std::printf("  %s\n", what.c_str());
     const testing::GdnReference ref = testing::gdn_tree_reference(row, in.d, shape.scale);
     const GdnResult f32 = run_gdn_cpu_float(row, plan, shape, in.d), gpu = run_gdn_cuda(row, plan, shape, in);
-    auto expect = [&](const char* name, const std::vector<double>& got, const std::vector<double>& same,
-                      const std::vector<double>& oracle, double extra) {
-      const double e32 = rel_err(same, oracle);
-      expect_within(name, rel_err(got, oracle), e32, kErrFactor * e32 + kAtol + extra);
-    };
     expect("y (bf16)", gpu.y, f32.y, ref.y, kBf16Rounding);
     expect("dq", gpu.dq, f32.dq, ref.dq, 0);
     expect("dk", gpu.dk, f32.dk, ref.dk, 0);
@@ -330,11 +333,6 @@ TEST(ConvCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
         row, in.x.val, in.w.val, c.bias ? in.b.val : std::vector<double>{}, c.channels, c.width, c.silu, dyd);
     const ConvResult f32 = run_conv_cpu_float(row, layout, shape, in, c.bias),
                      gpu = run_conv_cuda(row, layout, shape, in, c.bias);
-    auto expect = [&](const char* name, const std::vector<double>& got, const std::vector<double>& same,
-                      const std::vector<double>& oracle, double extra) {
-      const double e32 = rel_err(same, oracle);
-      expect_within(name, rel_err(got, oracle), e32, kErrFactor * e32 + kAtol + extra);
-    };
     expect("conv y (bf16)", gpu.y, f32.y, ref.y, kBf16Rounding);
     expect("conv dx", gpu.dx, f32.dx, ref.dx, 0);
     expect("conv dweight", gpu.dw, f32.dw, ref.dw, 0);
@@ -356,7 +354,7 @@ TEST(GdnCudaCP, SteadyStateAllocatesNothing) {
   auto comm = make_self_communicator();
   CudaBackend be;
   GdnCP<CudaBackend> cp(plan, row, shape, *comm, be);
-  const ConvShape cs{shape.qk_width(), 4, true};
+  const ConvShape cs{static_cast<int>(shape.qk_width()), 4, true};
   ConvCP<CudaBackend> conv(contiguous_ownership(S, 1), row, cs, *comm, be);
   auto up = [&](const std::vector<uint16_t>& host) {
     CudaBackend::Act b = be.alloc_act(static_cast<int64_t>(host.size()));
