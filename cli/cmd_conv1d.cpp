@@ -11,6 +11,7 @@
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
+#include "gpu.hpp"
 #include "launcher.hpp"
 #include "output_dir.hpp"
 #include "runtime/conv_cp.hpp"
@@ -30,6 +31,7 @@ struct ConvInputs {
   bool has_bias = false, has_dout = false;
   int64_t S = 0;
   int C = 0, K = 0;
+  bool gpu = false;  // --device cuda
 };
 
 // Every file the command may write; those a run does not write are removed from --out at commit.
@@ -37,7 +39,7 @@ const std::vector<std::string> kOutputs = {"y.npy", "dx.npy", "dweight.npy", "db
 
 void declare_options(Args& args) {
   declare_rank_options(args);
-  args.value("--tree").value("--x").value("--weight").value("--bias").value("--dout").value("--out").flag("--silu");
+  args.value("--tree").value("--x").value("--weight").value("--bias").value("--dout").value("--out").value("--device").flag("--silu");
 }
 
 // Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
@@ -45,6 +47,8 @@ void declare_options(Args& args) {
 ConvInputs prepare(const Args& args) {
   ConvInputs in;
   in.ranks = rank_options(args, 1);
+  in.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
+  if (in.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
   in.out_dir = args.get("--out");
   in.silu = args.get_flag("--silu");
   in.row = load_row(args.get("--tree"));
@@ -126,7 +130,30 @@ int run_typed(Communicator& comm, const ConvInputs& in, OutputDir* out) {
   return 0;
 }
 
+// The GPU path: the same ownership, the same outputs, written as float32.
+int run_gpu(Communicator& comm, const ConvInputs& in, OutputDir* out) {
+  const int N = comm.size();
+  const Ownership layout = contiguous_ownership(in.S, N);
+  const ConvArrays arrays{&in.x.data, &in.weight.data, in.has_bias ? &in.bias.data : nullptr,
+                          in.has_dout ? &in.dout.data : nullptr};
+  const GpuLayerResult r = conv1d_on_gpus(comm, in.row, ConvShape{in.C, in.K, in.silu}, layout, arrays,
+                                          in.ranks.timeout_s);
+  if (comm.rank() != 0) return 0;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> files = {
+      {"y.npy", in.x.shape}, {"dx.npy", in.x.shape}, {"dweight.npy", in.weight.shape}, {"dbias.npy", in.bias.shape}};
+  for (size_t i = 0; i < r.outputs.size(); ++i)
+    out->write(files[i].first, npy_bytes(files[i].second, r.outputs[i].data(), DType::F32));
+  out->commit();
+  std::printf("conv1d bf16 on %s: %s, %s, %s, width %d%s; forward %.3f ms", count_of(N, "GPU").c_str(),
+              count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(),
+              count_of(in.C, "channel").c_str(), in.K, in.silu ? ", SiLU" : "", r.forward_ms);
+  if (in.has_dout) std::printf(", backward %.3f ms", r.backward_ms);
+  std::printf("\n");
+  return 0;
+}
+
 int execute(Communicator& comm, const ConvInputs& in, OutputDir* out) {
+  if (in.gpu) return run_gpu(comm, in, out);
   return in.x.dtype == DType::F64 ? run_typed<double>(comm, in, out) : run_typed<float>(comm, in, out);
 }
 
@@ -136,9 +163,9 @@ int conv1d_main(const std::vector<std::string>& argv) {
 
 const Register kConv1d("conv1d",
                        "--tree T.json --x X.npy --weight W.npy [--bias B.npy] [--silu] [--dout DO.npy] [--ranks N] "
-                       "[--timeout S] --out DIR",
+                       "[--timeout S] [--device cpu|cuda] --out DIR",
                        "causal depthwise conv1d over the tree (x [S,C], weight [C,K]); writes y.npy (and dx, dweight, "
-                       "dbias with --dout)",
+                       "dbias with --dout); --device cuda: bf16 on one GPU per rank",
                        conv1d_main);
 
 }  // namespace

@@ -1,6 +1,7 @@
 // treecp gdn: Gated DeltaNet / KDA forward (and backward with --dout) over a packed tree, on one
 // process or on N ranks (--ranks N re-launches under mpirun). Every rank reads the inputs, plans the
-// same way, runs its part; rank 0 gathers and writes the outputs.
+// same way, runs its part; rank 0 gathers and writes the outputs. --device cuda runs each rank's part on
+// its GPU (gpu.hpp: bf16 inputs, fp32 states and gradients; outputs written as float32).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/npy.hpp"
+#include "gpu.hpp"
 #include "launcher.hpp"
 #include "output_dir.hpp"
 #include "runtime/conv_cp.hpp"
@@ -37,6 +39,7 @@ struct GdnInputs {
   int H = 0, dk = 0, dv = 0;
   GdnGate gate = GdnGate::Scalar;
   bool f64 = false;
+  bool gpu = false;  // --device cuda
 };
 
 // Every file the command may write; those a run does not write are removed from --out at commit.
@@ -45,7 +48,7 @@ const std::vector<std::string> kOutputs = {"o.npy", "dq.npy", "dk.npy", "dv.npy"
 void declare_options(Args& args) {
   declare_rank_options(args);
   args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
-      .value("--dout").value("--out").value("--chunk");
+      .value("--dout").value("--out").value("--chunk").value("--device");
 }
 
 // Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
@@ -53,6 +56,8 @@ void declare_options(Args& args) {
 GdnInputs prepare(const Args& args) {
   GdnInputs in;
   in.ranks = rank_options(args, 1);
+  in.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
+  if (in.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
   in.chunk = static_cast<int>(args.get_int_in("--chunk", 64, 1, 4096));
   in.scale = args.get_double_or("--scale", 1.0);
   require(std::isfinite(in.scale) && in.scale > 0, "option --scale must be a finite number > 0, got ", in.scale);
@@ -167,7 +172,35 @@ int run_typed(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   return 0;
 }
 
+// The GPU path: the same plan (fp32 states on the wire), the same outputs, written as float32.
+int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
+  const int N = comm.size();
+  const GdnShape shape{in.H, in.dk, in.dv, in.gate, in.scale, in.chunk};
+  GdnCostModel costs;
+  costs.state_bytes_per_element = 4;
+  const GdnPlan plan = plan_gdn(in.row, N, shape, costs);
+  const GdnArrays arrays{&in.q.data, &in.k.data, &in.v.data, &in.g.data, &in.beta.data,
+                         in.has_dout ? &in.dout.data : nullptr};
+  const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s);
+  if (comm.rank() != 0) return 0;
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> files = {
+      {"o.npy", {in.S, in.H, in.dv}}, {"dq.npy", in.q.shape}, {"dk.npy", in.k.shape},
+      {"dv.npy", in.v.shape},          {"dg.npy", in.g.shape}, {"dbeta.npy", in.beta.shape}};
+  for (size_t i = 0; i < r.outputs.size(); ++i)
+    out->write(files[i].first, npy_bytes(files[i].second, r.outputs[i].data(), DType::F32));
+  out->commit();
+  std::printf("gdn %s bf16 on %s: %s, %s, H %d, dk %d, dv %d, %s, %s, forward %.3f ms",
+              in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", count_of(N, "GPU").c_str(),
+              count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(), in.H, in.dk, in.dv,
+              count_of(plan.chained_segments(), "chained segment").c_str(),
+              count_of(2 * plan.num_phases - 1, "DAG step").c_str(), r.forward_ms);
+  if (in.has_dout) std::printf(", backward %.3f ms", r.backward_ms);
+  std::printf("\n");
+  return 0;
+}
+
 int execute(Communicator& comm, const GdnInputs& in, OutputDir* out) {
+  if (in.gpu) return run_gpu(comm, in, out);
   return in.f64 ? run_typed<double>(comm, in, out) : run_typed<float>(comm, in, out);
 }
 
@@ -177,9 +210,9 @@ int gdn_main(const std::vector<std::string>& argv) {
 
 const Register kGdn("gdn",
                     "--tree T.json --q Q.npy --k K.npy --v V.npy --g G.npy --beta B.npy [--scale X] [--dout DO.npy] "
-                    "[--ranks N] [--timeout S] [--chunk C] --out DIR",
+                    "[--ranks N] [--timeout S] [--chunk C] [--device cpu|cuda] --out DIR",
                     "GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy (and dq, dk, dv, dg, dbeta with "
-                    "--dout)",
+                    "--dout); --device cuda: bf16 on one GPU per rank",
                     gdn_main);
 
 }  // namespace

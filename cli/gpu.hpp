@@ -1,22 +1,34 @@
-// The GPU side of the CLI: `treecp run --device cuda` and `treecp bench cp` (one process per GPU, NCCL between
-// them, MPI only to start them and to gather host results). Built into every treecp; without CUDA and NCCL
+// The GPU side of the CLI: `treecp run --device cuda`, `treecp gdn --device cuda`, `treecp conv1d --device cuda`
+// and `treecp bench cp` (one process per GPU, NCCL between them, MPI only to start them and to gather host
+// results). Built into every treecp; without CUDA and NCCL
 // the entry points refuse with one line.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "kernels/shapes.hpp"
 #include "plan/cost.hpp"
+#include "plan/gdn_plan.hpp"
+#include "plan/ownership.hpp"
 #include "plan/planner.hpp"
 #include "tree/row.hpp"
+
+namespace treecp {
+class NcclCommunicator;
+}
 
 namespace treecp::cli {
 
 // Whether this treecp can run on GPUs (CUDA kernels and NCCL compiled in).
 bool gpu_support();
+
+// With CUDA and NCCL: the NCCL communicator of this process's GPU over `world` (one rank: device 0; several:
+// from MPI, one device per local rank); a clear error without a device or without MPI for several ranks.
+std::unique_ptr<NcclCommunicator> gpu_communicator(Communicator& world, double timeout_s);
 
 struct GpuRunConfig {
   AttentionShape shape{32, 4, 128, 128};  // the layer (window included): planned, run and checked at it
@@ -33,5 +45,25 @@ struct GpuRunConfig {
 // One rank's part of `treecp run --device cuda` (every rank calls it; `world` spans the processes).
 int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, const PlanOptions& options,
                 const GpuRunConfig& cfg);
+
+// The layers of `treecp gdn` / `treecp conv1d` on GPU ranks: every rank passes the whole row's arrays (host
+// values, rounded to bf16 on upload; dout null: forward only), runs its part of the plan (or ownership) through
+// the CUDA backend over NCCL, and rank 0 gets the outputs of the whole row in packed order (fp32 values): gdn
+// {y, dq, dk, dv, dg, dbeta}, conv1d {y, dx, dweight, dbias}; forward and backward wall times in ms (each ends
+// with a device synchronisation and a barrier of the ranks).
+struct GpuLayerResult {
+  std::vector<std::vector<double>> outputs;  // rank 0 only
+  double forward_ms = 0, backward_ms = 0;
+};
+struct GdnArrays {
+  const std::vector<double>*q, *k, *v, *g, *beta, *dout;
+};
+GpuLayerResult gdn_on_gpus(Communicator& world, const Row& row, const GdnShape& shape, const GdnPlan& plan,
+                           const GdnArrays& in, double timeout_s);
+struct ConvArrays {
+  const std::vector<double>*x, *weight, *bias, *dout;  // bias, dout may be null
+};
+GpuLayerResult conv1d_on_gpus(Communicator& world, const Row& row, const ConvShape& shape, const Ownership& layout,
+                              const ConvArrays& in, double timeout_s);
 
 }  // namespace treecp::cli

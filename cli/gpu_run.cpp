@@ -45,8 +45,6 @@ int run_on_gpus(Communicator&, const Row&, const CostModel&, const PlanOptions&,
 
 bool gpu_support() { return true; }
 
-namespace {
-
 std::unique_ptr<NcclCommunicator> gpu_communicator(Communicator& world, double timeout_s) {
   NcclOptions opt;
   opt.timeout_s = timeout_s;
@@ -65,6 +63,8 @@ std::unique_ptr<NcclCommunicator> gpu_communicator(Communicator& world, double t
   fail("--device cuda with several ranks needs MPI to start them");
 #endif
 }
+
+namespace {
 
 // Norm-wise relative error, NaN as infinity, equal values (-inf LSE) skipped.
 double rel_error(const std::vector<double>& a, const std::vector<double>& b) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine for the GDN / KDA chunk kernels: build (unless BIN_DIR holds prebuilt binaries), the
-# GPU tests of the kernels, compute-sanitizer (memcheck, racecheck, initcheck) on small cases, and the benchmark
+# GPU tests of the kernels and of GDN/KDA and conv1d CP through the CUDA backend (1-4 ranks as threads on one GPU),
+# compute-sanitizer (memcheck, racecheck, initcheck) on small cases, and the benchmark
 # bench_gdn_cuda (T = 40,960, H = 32, dk = dv = 128, GDN and KDA). Logs go to $OUT_DIR (default out/gpu_gdn).
 #   BIN_DIR=DIR        treecp_cuda_tests and bench_gdn_cuda built elsewhere (e.g. carried, built for sm_90a)
 #   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   trim the call
@@ -26,15 +27,15 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$out/gpu.txt"
 
 if [ -z "${SKIP_TESTS:-}" ]; then
-  step "GPU tests of the GDN / KDA kernels (errors beside the float CPU reference's and the tolerance)"
-  "$tests" --gtest_filter='*GdnCuda*' 2>&1 | tee "$out/gdn_tests.log" \
+  step "GPU tests of the GDN / KDA kernels and of GDN/KDA and conv1d CP on the CUDA backend (errors beside the float CPU reference's and the tolerance)"
+  "$tests" --gtest_filter='*GdnCuda*:ConvCudaCP.*' 2>&1 | tee "$out/gdn_tests.log" \
     | grep -E "^\[ *(OK|FAILED|PASSED|SKIPPED) |Failure|Expected|error|Which is|tolerance" || true
   grep -q "\[  PASSED  \]" "$out/gdn_tests.log" && ! grep -q "\[  FAILED  \]" "$out/gdn_tests.log" || status=1
 fi
 
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
   step "compute-sanitizer (memcheck, racecheck, initcheck) on the 64-dim ragged cases and the algebra"
-  filter='Shapes/GdnCuda.ForwardMatchesTheRecurrence/kda_dk64_dv64:Shapes/GdnCuda.BackwardMatchesTheRecurrence/gdn_dk64_dv64:Shapes/GdnCuda.SummaryAppliedEqualsTheForward/kda_dk48_dv80:GdnCudaAlgebra.*'
+  filter='Shapes/GdnCuda.ForwardMatchesTheRecurrence/kda_dk64_dv64:Shapes/GdnCuda.BackwardMatchesTheRecurrence/gdn_dk64_dv64:Shapes/GdnCuda.SummaryAppliedEqualsTheForward/kda_dk48_dv80:GdnCudaAlgebra.*:GdnCudaCP.SteadyStateAllocatesNothing'
   for tool in memcheck racecheck initcheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$tests" --gtest_filter="$filter" >"$out/sanitizer_$tool.log" 2>&1
     rc=$?

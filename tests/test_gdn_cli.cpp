@@ -133,6 +133,38 @@ TEST_F(GdnCli, ShapeErrorsAreRefusedAndNothingIsWritten) {
   EXPECT_FALSE(fs::exists(p("x")));
 }
 
+// --device: cpu or cuda; cuda runs (a CUDA build on a GPU machine) or is refused in one line naming why, and
+// either way a refusal writes nothing.
+TEST_F(GdnCli, DeviceIsCheckedAndARefusalWritesNothing) {
+  const int64_t S = row.tokens();
+  testing::Rng rng = testing::test_rng(8);
+  const testing::GdnData d = testing::random_gdn_data(S, 1, 4, 4, GdnGate::Scalar, rng);
+  save(dir / "q.npy", {S, 1, 4}, d.q);
+  save(dir / "k.npy", {S, 1, 4}, d.k);
+  save(dir / "v.npy", {S, 1, 4}, d.v);
+  save(dir / "g.npy", {S, 1}, d.g);
+  save(dir / "b.npy", {S, 1}, d.beta);
+  save(dir / "x.npy", {S, 4}, d.v);
+  save(dir / "w.npy", {4, 3}, std::vector<double>(12, 0.25));
+  const std::string gdn = "gdn --tree " + p("t.json") + " --q " + p("q.npy") + " --k " + p("k.npy") + " --v " +
+                          p("v.npy") + " --g " + p("g.npy") + " --beta " + p("b.npy");
+  const std::string conv = "conv1d --tree " + p("t.json") + " --x " + p("x.npy") + " --weight " + p("w.npy");
+  for (const std::string& base : {gdn, conv}) {
+    Cli c = run_cli(base + " --device tpu --out " + p("dev"));
+    EXPECT_NE(c.rc, 0);
+    EXPECT_NE(c.output.find("--device"), std::string::npos) << c.output;
+    EXPECT_FALSE(fs::exists(p("dev")));
+    c = run_cli(base + " --device cuda --out " + p("dev"));
+    if (c.rc == 0) {
+      EXPECT_TRUE(fs::exists(p("dev"))) << c.output;
+      fs::remove_all(p("dev"));
+    } else {
+      EXPECT_NE(c.output.find("--device cuda"), std::string::npos) << c.output;
+      EXPECT_FALSE(fs::exists(p("dev")));
+    }
+  }
+}
+
 TEST_F(GdnCli, Conv1dMatchesTheReference) {
   const int64_t S = row.tokens();
   const int C = 3, K = 4;

@@ -2,6 +2,8 @@
 // std::threads, __syncthreads a std::barrier, shared memory a buffer filled with NaN before each block and the
 // workspace all NaN before each call, so a missing barrier, a read of something never written or an indexing
 // slip shows as a wrong or NaN result. The same checks run on the GPU in tests/cuda/test_gdn_cuda.cpp.
+// The layer's small kernels (src/kernels/cuda/layer_ops_device.cuh: the summary algebra on interleaved maps, the
+// L2 normalisation, the short convolution) run here too, against kernels/cpu and the CPU backend in double.
 #include <gtest/gtest.h>
 
 #include <barrier>
@@ -11,6 +13,11 @@
 #include <thread>
 
 #include "common/gdn_cuda.hpp"
+#include "kernels/cpu/conv1d.hpp"
+#include "kernels/cuda/layer_ops_device.cuh"
+#include "plan/ownership.hpp"
+#include "runtime/conv_cp.hpp"
+#include "runtime/cpu_backend.hpp"
 
 namespace treecp::cuda {
 namespace {
@@ -176,6 +183,228 @@ TEST(GdnCudaEmulatedChecks, BadArgumentsAreNamed) {
   p.dk = 64;
   p.scan_columns = 8;
   EXPECT_NE(message({{0, 5}}).find("scan_columns"), std::string::npos);
+}
+
+// ---- the layer's small kernels
+
+// A bf16 array for the kernels and its values; fp32 arrays are plain floats whose values the references take.
+std::vector<float> floats(const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); }
+std::vector<double> doubles(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+template <class T, class In>
+std::vector<T> as(const std::vector<In>& x) {
+  return std::vector<T>(x.begin(), x.end());
+}
+// got - base, for gradients added into a random base.
+std::vector<double> added(const std::vector<float>& got, const std::vector<float>& base) {
+  std::vector<double> out(got.size());
+  for (size_t i = 0; i < got.size(); ++i) out[i] = static_cast<double>(got[i]) - base[i];
+  return out;
+}
+void expect_close(const char* what, const std::vector<double>& got, const std::vector<double>& ref64,
+                  const std::vector<double>& ref32, double extra = 0.0) {
+  const double e32 = rel_err(ref32, ref64);
+  expect_within(what, rel_err(got, ref64), e32, kErrFactor * e32 + kAtol + extra);
+}
+
+// Every affine op on interleaved maps against CpuBackend<double> (and <float> for the tolerance), on fp32 values;
+// the pure moves (identity, transpose, state, seed without a state) exactly.
+TEST(GdnCudaEmulatedAffine, OpsMatchTheCpuBackend) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(41);
+  EmulatedExec x;
+  for (const AffineShape sh : {AffineShape{3, 12, 20}, AffineShape{2, 33, 7}}) {
+    const int64_t items = 2, item = sh.map_elements(), state = sh.state_elements();
+    const double msd = 1.0 / std::sqrt(sh.rows);
+    auto rand_maps = [&](int64_t n) {
+      std::vector<double> m = testing::randn(static_cast<size_t>(n * item), rng);
+      for (int64_t b = 0; b < n * sh.heads; ++b)
+        for (int64_t i = 0; i < int64_t{sh.rows} * sh.rows; ++i) m[b * sh.map_block() + i] *= msd;
+      return as<double>(floats(m));
+    };
+    const std::vector<double> later = rand_maps(items), earlier = rand_maps(items);
+    const std::vector<double> s = as<double>(floats(testing::randn(static_cast<size_t>(state), rng)));
+    const std::vector<double> g = as<double>(floats(testing::randn(static_cast<size_t>(state), rng)));
+    std::vector<float> scratch(static_cast<size_t>(detail::affine_workspace_floats(sh, items)));
+    auto poison = [&] { std::fill(scratch.begin(), scratch.end(), std::numeric_limits<float>::quiet_NaN()); };
+    CpuBackend<double> c64;
+    CpuBackend<float> c32;
+    // compose
+    {
+      std::vector<double> r64 = later;
+      c64.affine_compose(sh, items, r64, earlier);
+      std::vector<float> r32 = floats(later);
+      c32.affine_compose(sh, items, r32, floats(earlier));
+      std::vector<float> dev = floats(later);
+      const std::vector<float> e = floats(earlier);
+      poison();
+      detail::affine_compose_on(x, sh, items, dev.data(), e.data(), scratch.data());
+      expect_close("affine compose", doubles(dev), r64, doubles(r32));
+    }
+    // seed, with and without a state (item 1 of two; item 0 untouched)
+    for (const bool with_state : {true, false}) {
+      std::vector<double> r64 = later;
+      c64.affine_seed(sh, r64, 1, with_state ? &s : nullptr);
+      std::vector<float> r32 = floats(later);
+      const std::vector<float> s32 = floats(s);
+      c32.affine_seed(sh, r32, 1, with_state ? &s32 : nullptr);
+      std::vector<float> dev = floats(later);
+      poison();
+      detail::affine_seed_on(x, sh, dev.data() + item, with_state ? s32.data() : nullptr, scratch.data());
+      if (with_state)
+        expect_close("affine seed", doubles(dev), r64, doubles(r32));
+      else
+        EXPECT_EQ(doubles(dev), r64) << "affine seed without a state";
+    }
+    // adjoint, with and without g
+    for (const bool with_g : {true, false}) {
+      const std::vector<double> map(later.begin(), later.begin() + item);
+      std::vector<double> r64 = earlier;
+      c64.affine_adjoint(sh, map, s, with_g ? &g : nullptr, r64, 1);
+      std::vector<float> r32 = floats(earlier);
+      const std::vector<float> m32 = floats(map), s32 = floats(s), g32 = floats(g);
+      c32.affine_adjoint(sh, m32, s32, with_g ? &g32 : nullptr, r32, 1);
+      std::vector<float> dev = floats(earlier);
+      poison();
+      detail::affine_adjoint_on(x, sh, m32.data(), s32.data(), with_g ? g32.data() : nullptr, dev.data() + item,
+                                scratch.data());
+      if (with_g)
+        expect_close("affine adjoint", doubles(dev), r64, doubles(r32));
+      else
+        EXPECT_EQ(doubles(dev), r64) << "affine adjoint without g (a transpose and a copy)";
+    }
+    // identity and state, exact
+    {
+      std::vector<double> r64 = later;
+      c64.affine_identity(sh, r64, 1);
+      std::vector<float> dev = floats(later);
+      detail::affine_identity_on(x, sh, dev.data() + item);
+      EXPECT_EQ(doubles(dev), r64) << "affine identity";
+      std::vector<double> st(static_cast<size_t>(state), 0.0);
+      c64.affine_state(sh, later, 1, st);
+      std::vector<float> sd(static_cast<size_t>(state), std::numeric_limits<float>::quiet_NaN());
+      const std::vector<float> l32 = floats(later);
+      detail::affine_state_on(x, sh, l32.data() + item, sd.data());
+      EXPECT_EQ(doubles(sd), st) << "affine state";
+    }
+    // interleave: gdn_summary's contiguous (M, E) into a map
+    {
+      const int64_t rr = int64_t{sh.rows} * sh.rows, rc = int64_t{sh.rows} * sh.cols;
+      std::vector<float> M(static_cast<size_t>(sh.heads * rr)), E(static_cast<size_t>(sh.heads * rc));
+      std::vector<double> want(static_cast<size_t>(item));
+      for (int h = 0; h < sh.heads; ++h) {
+        for (int64_t i = 0; i < rr; ++i) want[h * sh.map_block() + i] = M[h * rr + i] = static_cast<float>(rng() % 1000);
+        for (int64_t i = 0; i < rc; ++i) want[h * sh.map_block() + rr + i] = E[h * rc + i] = static_cast<float>(rng() % 1000);
+      }
+      std::vector<float> map(static_cast<size_t>(item), std::numeric_limits<float>::quiet_NaN());
+      detail::affine_interleave_on(x, sh, M.data(), E.data(), map.data());
+      EXPECT_EQ(doubles(map), want) << "affine interleave";
+    }
+  }
+}
+
+// l2norm forward and backward against kernels/cpu in double on the bf16 inputs; partial tiles (70 vectors of 64 in
+// tiles of 32; 45 of 200 in tiles of 20); the backward adds into a random base.
+TEST(GdnCudaEmulatedL2Norm, MatchesTheCpu) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(42);
+  EmulatedExec x;
+  for (const auto& [groups, dim] : {std::pair<int64_t, int>{70, 64}, std::pair<int64_t, int>{45, 200}}) {
+    const size_t n = static_cast<size_t>(groups * dim);
+    const Bf16Array xb(testing::randn(n, rng));
+    const std::vector<float> dy = floats(testing::randn(n, rng));
+    const std::vector<float> base = floats(testing::randn(n, rng, 1e-2));
+    std::vector<double> y64(n), dx64(n, 0.0);
+    std::vector<float> y32(n), dx32(n, 0.f);
+    l2norm_forward(xb.val.data(), groups, dim, y64.data());
+    l2norm_forward(floats(xb.val).data(), groups, dim, y32.data());
+    l2norm_backward(xb.val.data(), doubles(dy).data(), groups, dim, dx64.data());
+    l2norm_backward(floats(xb.val).data(), dy.data(), groups, dim, dx32.data());
+    std::vector<uint16_t> y(n, 0x7fc0);
+    std::vector<float> dx = base;
+    detail::l2norm_on(x, detail::l2norm_args(xb.bits.data(), nullptr, y.data(), nullptr, groups, dim));
+    detail::l2norm_on(x, detail::l2norm_args(xb.bits.data(), dy.data(), nullptr, dx.data(), groups, dim));
+    std::vector<double> yd(n);
+    for (size_t i = 0; i < n; ++i) yd[i] = detail::bf16_to_float(y[i]);
+    expect_close("l2norm y (bf16)", yd, y64, doubles(y32), kBf16Rounding);
+    expect_close("l2norm dx", added(dx, base), dx64, doubles(dx32));
+  }
+}
+
+// The short convolution on a rank's rows of a 2-rank split of a random tree (halo rows, children continuing their
+// parent's tail), widths 4 and 3, with and without SiLU and bias, 300 channels (a partial channel tile) and more
+// than one tile of rows: against kernels/cpu in double on the bf16 inputs.
+TEST(GdnCudaEmulatedConv, MatchesTheCpuWithHalos) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(43);
+  EmulatedExec x;
+  const Row row = testing::random_tree(rng, {.segments = 9, .max_len = 40});
+  const Ownership layout = contiguous_ownership(row.tokens(), 2);
+  for (const auto& [width, silu, bias] : {std::tuple{4, true, true}, std::tuple{3, false, false}}) {
+    const int C = 300;
+    const ConvHalo halo = make_conv_halo(row, layout, 1, width);
+    const int64_t rows = static_cast<int64_t>(halo.prev.size()), out = halo.owned_rows;
+    ASSERT_GT(rows, out) << "the case must have halo rows";
+    const Bf16Array xb(testing::randn(static_cast<size_t>(rows * C), rng));
+    const Bf16Array wb(testing::randn(static_cast<size_t>(C * width), rng, 0.5));
+    const Bf16Array bb(testing::randn(static_cast<size_t>(C), rng));
+    const std::vector<float> dy = floats(testing::randn(static_cast<size_t>(out * C), rng));
+    auto run_cpu = [&](auto zero) {
+      using T = decltype(zero);
+      const std::vector<T> xv = as<T>(xb.val), wv = as<T>(wb.val), bv = as<T>(bb.val), dyv(dy.begin(), dy.end());
+      Conv1dParams<T> p;
+      p.x = xv.data(); p.prev = halo.prev.data(); p.weight = wv.data(); p.bias = bias ? bv.data() : nullptr;
+      p.rows = rows; p.out_rows = out; p.shape = ConvShape{C, width, silu};
+      std::vector<T> y(static_cast<size_t>(out * C)), dx(static_cast<size_t>(rows * C), T(0)), dw(wv.size(), T(0)),
+          db(static_cast<size_t>(C), T(0));
+      conv1d_forward(p, y.data());
+      conv1d_backward(p, dyv.data(), dx.data(), dw.data(), db.data());
+      auto d = [](const std::vector<T>& v) { return std::vector<double>(v.begin(), v.end()); };
+      return std::vector<std::vector<double>>{d(y), d(dx), d(dw), d(db)};
+    };
+    const auto r64 = run_cpu(0.0), r32 = run_cpu(0.f);
+    Conv1dDeviceParams p;
+    p.x = xb.bits.data(); p.prev = halo.prev.data(); p.weight = wb.bits.data(); p.bias = bias ? bb.bits.data() : nullptr;
+    p.out_rows = out; p.shape = ConvShape{C, width, silu};
+    std::vector<uint16_t> y(static_cast<size_t>(out * C), 0x7fc0);
+    detail::conv1d_on(x, detail::conv_args(p, y.data(), nullptr, nullptr, nullptr, nullptr));
+    const std::vector<float> bx = floats(testing::randn(static_cast<size_t>(rows * C), rng, 1e-2)),
+                             bw = floats(testing::randn(static_cast<size_t>(C * width), rng, 1e-2)),
+                             bbias = floats(testing::randn(static_cast<size_t>(C), rng, 1e-2));
+    std::vector<float> dx = bx, dw = bw, db = bbias;
+    detail::conv1d_on(x, detail::conv_args(p, nullptr, dy.data(), dx.data(), dw.data(), bias ? db.data() : nullptr));
+    std::vector<double> yd(y.size());
+    for (size_t i = 0; i < y.size(); ++i) yd[i] = detail::bf16_to_float(y[i]);
+    expect_close("conv1d y (bf16)", yd, r64[0], r32[0], kBf16Rounding);
+    expect_close("conv1d dx (halo rows too)", added(dx, bx), r64[1], r32[1]);
+    expect_close("conv1d dweight", added(dw, bw), r64[2], r32[2]);
+    if (bias) expect_close("conv1d dbias", added(db, bbias), r64[3], r32[3]);
+    else EXPECT_EQ(db, bbias) << "no bias: dbias untouched";
+  }
+}
+
+TEST(GdnCudaEmulatedConv, BadArgumentsAreNamed) {
+  EmulatedExec x;
+  Conv1dDeviceParams p;
+  p.out_rows = 3;
+  p.shape = ConvShape{4, 65, false};
+  std::vector<uint16_t> y(12);
+  auto message = [&] {
+    try {
+      detail::conv1d_on(x, detail::conv_args(p, y.data(), nullptr, nullptr, nullptr, nullptr));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message().find("width"), std::string::npos);
+  p.shape.width = 4;
+  EXPECT_NE(message().find("x, prev and weight"), std::string::npos);
+  try {
+    detail::l2norm_on(x, detail::l2norm_args(nullptr, nullptr, nullptr, nullptr, 4, 0));
+    ADD_FAILURE() << "dim 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dim"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -24,28 +24,12 @@
 #include "tree/row.hpp"
 
 #include "common/common.hpp"
+#include "common/threads.hpp"
 
 namespace treecp {
 namespace {
 
-// Runs body(rank, comm) on `ranks` threads; rethrows the first failure.
-void on_threads(int ranks, const ThreadCommOptions& opt, const std::function<void(int, Communicator&)>& body) {
-  auto comms = make_thread_communicators(ranks, opt);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r, *comms[static_cast<size_t>(r)]);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
+using testing::on_threads;
 
 std::vector<double> values(uint64_t seed, int64_t n) {
   std::vector<double> out(static_cast<size_t>(n));

@@ -127,8 +127,8 @@ class AffineCP {
     const int me = comm_.rank(), N = comm_.size();
     const int32_t nseg = row_.num_segments();
     const int64_t item = shape_.map_elements();
-    state_in_.assign(static_cast<size_t>(nseg), Grad());
-    chain_map_.assign(static_cast<size_t>(nseg), Grad());
+    state_in_.resize(static_cast<size_t>(nseg));  // empty after forget(); resize, as a GPU's buffers do not copy
+    chain_map_.resize(static_cast<size_t>(nseg));
     std::vector<Grad> final_state(static_cast<size_t>(nseg)), parent_in(static_cast<size_t>(nseg));
 
     for (int st = 0; st < sched_.steps; ++st) {

@@ -92,8 +92,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
+#include "core/error.hpp"
 #include "kernels/shapes.hpp"
 
 namespace treecp {
@@ -121,6 +123,21 @@ template <class Buffer>
 struct GdnGradients {  // a null member is not computed; all null: the state gradient only
   Buffer *dq = nullptr, *dk = nullptr, *dv = nullptr, *dg = nullptr, *dbeta = nullptr;
 };
+
+// The tokens a rank's GDN inputs hold (beta's rows), after checking that every array holds that many rows of
+// its width; size_of(buffer) counts a buffer's elements. Shared by the backends' GDN operations.
+template <class Buffer, class SizeOf>
+int64_t gdn_input_tokens(const GdnShape& sh, const GdnInputs<Buffer>& in, SizeOf size_of) {
+  require(in.q && in.k && in.v && in.g && in.beta, "gdn: q, k, v, g and beta must be given");
+  const int64_t tokens = sh.heads > 0 ? static_cast<int64_t>(size_of(*in.beta)) / sh.heads : 0;
+  const std::pair<const Buffer*, int64_t> arrays[] = {{in.beta, sh.heads}, {in.q, sh.qk_width()}, {in.k, sh.qk_width()},
+                                                      {in.v, sh.v_width()}, {in.g, sh.g_width()}};
+  const char* names[] = {"beta", "q", "k", "v", "g"};
+  for (size_t i = 0; i < 5; ++i)
+    require(static_cast<int64_t>(size_of(*arrays[i].first)) == tokens * arrays[i].second, "gdn: ", names[i], " holds ",
+            size_of(*arrays[i].first), " elements, expected ", tokens, " tokens x ", arrays[i].second);
+  return tokens;
+}
 
 // K and V rows of one stage: element (r, h, i) of K at k + r * k_row_stride + h * d + i (V likewise, dv).
 // A received wave holds K and V side by side in one buffer (one exchange per wave and direction), so its

@@ -428,20 +428,14 @@ class CpuBackend {
  private:
   // The kernel's view of a rank's GDN inputs; every array must hold the same number of tokens.
   static GdnParams<T> gdn_params(const GdnShape& sh, const GdnInputs<Buffer>& in) {
-    require(in.q && in.k && in.v && in.g && in.beta, "gdn: q, k, v, g and beta must be given");
     GdnParams<T> p;
     p.shape = sh;
-    p.tokens = static_cast<int64_t>(in.beta->size()) / sh.heads;
-    auto take = [&](const Buffer* b, int64_t width, const char* name) {
-      require(static_cast<int64_t>(b->size()) == p.tokens * width, "gdn: ", name, " holds ", b->size(),
-              " elements, expected ", p.tokens, " tokens x ", width);
-      return b->data();
-    };
-    p.beta = take(in.beta, sh.heads, "beta");
-    p.q = take(in.q, sh.qk_width(), "q");
-    p.k = take(in.k, sh.qk_width(), "k");
-    p.v = take(in.v, sh.v_width(), "v");
-    p.g = take(in.g, sh.g_width(), "g");
+    p.tokens = gdn_input_tokens(sh, in, [](const Buffer& b) { return b.size(); });
+    p.beta = in.beta->data();
+    p.q = in.q->data();
+    p.k = in.k->data();
+    p.v = in.v->data();
+    p.g = in.g->data();
     gdn_check_params(p);
     return p;
   }

@@ -3,10 +3,17 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "kernels/cpu/conv1d.hpp"
 
 namespace treecp {
 
 namespace {
+
+// Rows [row, row + rows) of a buffer `width` elements wide (CpuBackend's check, on the device buffers' sizes).
+void check_rows(int64_t size, int64_t row, int64_t rows, int64_t width, const char* what) {
+  require(row >= 0 && rows >= 0 && (rows == 0 || (row + rows) * width <= size), what, ": rows [", row, ", ",
+          row + rows, ") of width ", width, " outside a buffer of ", size, " elements");
+}
 
 void check_dims(const AttentionShape& d, const char* who) {
   require(d.d == d.dv && (d.d == 64 || d.d == 128), who, ": the CUDA kernels take head dims 64 or 128 with Dv = D, got D ",
@@ -152,18 +159,22 @@ CudaBackend::CopyList CudaBackend::upload(const std::vector<RowCopy>& copies) {
   })};
 }
 
-void CudaBackend::copy_rows(const Act& src, const std::vector<RowCopy>& copies, int64_t width, Act& dst) {
+template <class T>
+void CudaBackend::copy_rows(const DeviceBuffer<T>& src, const std::vector<RowCopy>& copies, int64_t width,
+                            DeviceBuffer<T>& dst) {
   for (const RowCopy& c : copies) {
     require(c.rows >= 0 && (c.src_row + c.rows) * width <= src.size() && (c.dst_row + c.rows) * width <= dst.size(),
             "CudaBackend::copy_rows: rows outside the buffers");
     if (c.rows == 0) continue;
-    cuda::check_cuda(cudaMemcpyAsync(const_cast<cuda::bf16_t*>(dst.data()) + c.dst_row * width,
-                                     src.data() + c.src_row * width,
-                                     static_cast<size_t>(c.rows * width) * sizeof(cuda::bf16_t),
-                                     cudaMemcpyDeviceToDevice, stream_),
+    cuda::check_cuda(cudaMemcpyAsync(dst.data() + c.dst_row * width, src.data() + c.src_row * width,
+                                     static_cast<size_t>(c.rows * width) * sizeof(T), cudaMemcpyDeviceToDevice, stream_),
                      "CudaBackend::copy_rows");
   }
 }
+template void CudaBackend::copy_rows(const DeviceBuffer<cuda::bf16_t>&, const std::vector<RowCopy>&, int64_t,
+                                     DeviceBuffer<cuda::bf16_t>&);
+template void CudaBackend::copy_rows(const DeviceBuffer<float>&, const std::vector<RowCopy>&, int64_t,
+                                     DeviceBuffer<float>&);
 
 void CudaBackend::pack_rows(const Act& src, int64_t src_width, const CopyList& copies, Act& dst, int64_t dst_width,
                             int64_t dst_col) {
@@ -284,6 +295,190 @@ void CudaBackend::attention_backward(const AttentionShape& dims, const Geometry&
   p.dk_row_stride = dkv.dk_row_stride;
   p.dk_head_stride = dims.d;
   cuda::attention_backward(p, *g, stream_);
+}
+
+// ---- affine-state recurrences
+
+void CudaBackend::affine_identity(const AffineShape& sh, Grad& maps, int64_t item) {
+  check_rows(maps.size(), item, 1, sh.map_elements(), "affine identity maps");
+  cuda::affine_identity(sh, maps.data() + item * sh.map_elements(), stream_);
+}
+
+void CudaBackend::affine_compose(const AffineShape& sh, int64_t items, Grad& later, const Grad& earlier) {
+  check_rows(later.size(), 0, items, sh.map_elements(), "affine compose later");
+  check_rows(earlier.size(), 0, items, sh.map_elements(), "affine compose earlier");
+  Grad ws = alloc_grad(cuda::affine_workspace_floats(sh, items));
+  cuda::affine_compose(sh, items, later.data(), earlier.data(), ws.data(), stream_);
+}
+
+void CudaBackend::affine_seed(const AffineShape& sh, Grad& maps, int64_t item, const Grad* state) {
+  check_rows(maps.size(), item, 1, sh.map_elements(), "affine seed maps");
+  if (state) check_rows(state->size(), 0, 1, sh.state_elements(), "affine seed state");
+  Grad ws = alloc_grad(cuda::affine_workspace_floats(sh, 1));
+  cuda::affine_seed(sh, maps.data() + item * sh.map_elements(), state ? state->data() : nullptr, ws.data(), stream_);
+}
+
+void CudaBackend::affine_adjoint(const AffineShape& sh, const Grad& map, const Grad& a, const Grad* g, Grad& maps,
+                                 int64_t item) {
+  check_rows(map.size(), 0, 1, sh.map_elements(), "affine adjoint map");
+  check_rows(a.size(), 0, 1, sh.state_elements(), "affine adjoint a");
+  check_rows(maps.size(), item, 1, sh.map_elements(), "affine adjoint maps");
+  if (g) check_rows(g->size(), 0, 1, sh.state_elements(), "affine adjoint g");
+  Grad ws = alloc_grad(cuda::affine_workspace_floats(sh, 1));
+  cuda::affine_adjoint(sh, map.data(), a.data(), g ? g->data() : nullptr, maps.data() + item * sh.map_elements(),
+                       ws.data(), stream_);
+}
+
+void CudaBackend::affine_state(const AffineShape& sh, const Grad& maps, int64_t item, Grad& state) {
+  check_rows(maps.size(), item, 1, sh.map_elements(), "affine state maps");
+  check_rows(state.size(), 0, 1, sh.state_elements(), "affine state");
+  cuda::affine_state(sh, maps.data() + item * sh.map_elements(), state.data(), stream_);
+}
+
+// ---- GDN / KDA: one run of rows [row, row + rows) per call, its state in slot 0 (read and written in place:
+// each scan block reads its tile of the state before its chunks and writes the same tile after them)
+
+cuda::GdnCudaParams CudaBackend::gdn_params(const GdnShape& sh, const GdnInputs<Act>& in) const {
+  sh.validate();
+  cuda::GdnCudaParams p;
+  p.tokens = gdn_input_tokens(sh, in, [](const Act& b) { return b.size(); });
+  p.beta = in.beta->data();
+  p.q = in.q->data();
+  p.k = in.k->data();
+  p.v = in.v->data();
+  p.g = in.g->data();
+  p.heads = sh.heads;
+  p.dk = sh.dk;
+  p.dv = sh.dv;
+  p.gate = sh.gate;
+  p.scale = static_cast<float>(sh.scale);
+  return p;
+}
+
+void CudaBackend::gdn_forward(const GdnShape& sh, const GdnInputs<Act>& in, int64_t row, int64_t rows, Grad& state,
+                              Act& y) {
+  cuda::GdnCudaParams p = gdn_params(sh, in);
+  check_rows(state.size(), 0, 1, sh.affine().state_elements(), "gdn state");
+  check_rows(y.size(), row, rows, sh.v_width(), "gdn y");
+  const std::vector<cuda::GdnCudaRun> runs = {{row, row + rows, 0, 0}};
+  p.y = y.data();
+  p.state_in = state.data();
+  p.state_out = state.data();
+  p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, false);
+  Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
+  p.workspace = ws.data();
+  cuda::gdn_forward(p, runs, stream_);
+}
+
+void CudaBackend::gdn_backward(const GdnShape& sh, const GdnInputs<Act>& in, int64_t row, int64_t rows,
+                               const Grad& state_in, const Act& dy, Grad& dstate, const GdnGradients<Grad>& grads) {
+  cuda::GdnCudaParams p = gdn_params(sh, in);
+  const int64_t state = sh.affine().state_elements();
+  check_rows(state_in.size(), 0, 1, state, "gdn state_in");
+  check_rows(dstate.size(), 0, 1, state, "gdn dstate");
+  check_rows(dy.size(), row, rows, sh.v_width(), "gdn dy");
+  auto ptr = [&](Grad* b, int64_t width, const char* what) -> float* {
+    if (!b) return nullptr;
+    check_rows(b->size(), row, rows, width, what);
+    return b->data();
+  };
+  cuda::GdnCudaGrads g;
+  g.dq = ptr(grads.dq, sh.qk_width(), "gdn dq");
+  g.dk = ptr(grads.dk, sh.qk_width(), "gdn dk");
+  g.dv = ptr(grads.dv, sh.v_width(), "gdn dv");
+  g.dg = ptr(grads.dg, sh.g_width(), "gdn dg");
+  g.dbeta = ptr(grads.dbeta, sh.heads, "gdn dbeta");
+  g.dy = dy.data();
+  g.d_state_out = dstate.data();  // read by each backward-scan block before it writes the same tile of d_state_in
+  g.d_state_in = dstate.data();
+  const std::vector<cuda::GdnCudaRun> runs = {{row, row + rows, 0, 0}};
+  p.state_in = state_in.data();
+  p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, true);
+  Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
+  p.workspace = ws.data();
+  cuda::gdn_backward(p, runs, g, stream_);
+}
+
+void CudaBackend::gdn_summary(const GdnShape& sh, const GdnInputs<Act>& in, int64_t row, int64_t rows, Grad& maps,
+                              int64_t item) {
+  cuda::GdnCudaParams p = gdn_params(sh, in);
+  const AffineShape af = sh.affine();
+  check_rows(maps.size(), item, 1, af.map_elements(), "gdn maps");
+  const std::vector<cuda::GdnCudaRun> runs = {{row, row + rows, -1, 0}};
+  p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, false);
+  Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
+  p.workspace = ws.data();
+  Grad me = alloc_grad(af.map_elements());  // M [H][dk][dk] then E [H][dk][dv], contiguous
+  float* M = me.data();
+  float* E = M + int64_t{af.heads} * af.rows * af.rows;
+  cuda::gdn_summary(p, runs, M, E, stream_);
+  cuda::affine_interleave(af, M, E, maps.data() + item * af.map_elements(), stream_);
+}
+
+void CudaBackend::l2norm_forward(const Act& x, int64_t groups, int dim, Act& y) {
+  check_rows(x.size(), 0, groups, dim, "l2norm x");
+  check_rows(y.size(), 0, groups, dim, "l2norm y");
+  cuda::l2norm_forward(x.data(), groups, dim, y.data(), stream_);
+}
+
+void CudaBackend::l2norm_backward(const Act& x, const Grad& dy, int64_t groups, int dim, Grad& dx) {
+  check_rows(x.size(), 0, groups, dim, "l2norm x");
+  check_rows(dy.size(), 0, groups, dim, "l2norm dy");
+  check_rows(dx.size(), 0, groups, dim, "l2norm dx");
+  cuda::l2norm_backward(x.data(), dy.data(), groups, dim, dx.data(), stream_);
+}
+
+// ---- short convolution
+
+cuda::Conv1dDeviceParams CudaBackend::conv_params(const ConvShape& sh, const Act& x, const std::vector<int64_t>& prev,
+                                                  int64_t out_rows, const Act& weight, const Act* bias,
+                                                  DeviceBuffer<int64_t>& prev_dev) {
+  const int64_t rows = static_cast<int64_t>(prev.size());
+  check_rows(x.size(), 0, rows, sh.channels, "conv1d x");
+  check_rows(weight.size(), 0, 1, int64_t{sh.channels} * sh.width, "conv1d weight");
+  if (bias) check_rows(bias->size(), 0, 1, sh.channels, "conv1d bias");
+  // kernels/cpu's checks (shape, rows, prev's range) on the host; its x and weight are only tested for null here.
+  Conv1dParams<float> host;
+  host.shape = sh;
+  host.rows = rows;
+  host.out_rows = out_rows;
+  host.x = reinterpret_cast<const float*>(x.data());
+  host.weight = reinterpret_cast<const float*>(weight.data());
+  host.prev = prev.data();
+  conv1d_check_params(host);
+  prev_dev = DeviceBuffer<int64_t>(pool_.get(), rows);
+  if (rows > 0)
+    cuda::check_cuda(cudaMemcpyAsync(prev_dev.data(), prev.data(), static_cast<size_t>(rows) * sizeof(int64_t),
+                                     cudaMemcpyHostToDevice, stream_),
+                     "conv1d: prev upload");
+  cuda::Conv1dDeviceParams p;
+  p.x = x.data();
+  p.prev = prev_dev.data();
+  p.weight = weight.data();
+  p.bias = bias ? bias->data() : nullptr;
+  p.out_rows = out_rows;
+  p.shape = sh;
+  return p;
+}
+
+void CudaBackend::conv1d_forward(const ConvShape& sh, const Act& x, const std::vector<int64_t>& prev, int64_t out_rows,
+                                 const Act& weight, const Act* bias, Act& y) {
+  DeviceBuffer<int64_t> prev_dev;
+  const cuda::Conv1dDeviceParams p = conv_params(sh, x, prev, out_rows, weight, bias, prev_dev);
+  check_rows(y.size(), 0, out_rows, sh.channels, "conv1d y");
+  cuda::conv1d_forward(p, y.data(), stream_);
+}
+
+void CudaBackend::conv1d_backward(const ConvShape& sh, const Act& x, const std::vector<int64_t>& prev,
+                                  int64_t out_rows, const Act& weight, const Act* bias, const Grad& dy, Grad& dx,
+                                  Grad& dweight, Grad* dbias) {
+  DeviceBuffer<int64_t> prev_dev;
+  const cuda::Conv1dDeviceParams p = conv_params(sh, x, prev, out_rows, weight, bias, prev_dev);
+  check_rows(dy.size(), 0, out_rows, sh.channels, "conv1d dy");
+  check_rows(dx.size(), 0, static_cast<int64_t>(prev.size()), sh.channels, "conv1d dx");
+  check_rows(dweight.size(), 0, 1, int64_t{sh.channels} * sh.width, "conv1d dweight");
+  if (dbias) check_rows(dbias->size(), 0, 1, sh.channels, "conv1d dbias");
+  cuda::conv1d_backward(p, dy.data(), dx.data(), dweight.data(), dbias ? dbias->data() : nullptr, stream_);
 }
 
 CudaBackend::Mark CudaBackend::make_mark() {

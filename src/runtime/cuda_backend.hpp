@@ -7,8 +7,12 @@
 // device tile plan built once per plan (host lists on any thread, then one copy) and reused by every layer
 // of that geometry; the row lists of a wave's pack and dK/dV add are uploaded once per plan too.
 //
-// Compiled only with CUDA (TREECP_HAVE_CUDA); the kernels need sm_90a for their fast paths and head dims 64
-// or 128 with Dv = D.
+// The affine-state ops (GDN/KDA CP, runtime/affine_cp.hpp), GDN/KDA itself, the q/k L2 normalisation and the
+// short convolution run on kernels/cuda's gdn.hpp and layer_ops.hpp: bf16 inputs, fp32 states, maps and
+// gradients, scratch from the pool, one run of the chunk kernels per call.
+//
+// Compiled only with CUDA (TREECP_HAVE_CUDA); the attention kernels need sm_90a for their fast paths and head
+// dims 64 or 128 with Dv = D.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +24,8 @@
 
 #include "comm/communicator.hpp"
 #include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/gdn.hpp"
+#include "kernels/cuda/layer_ops.hpp"
 #include "kernels/cuda/memory.hpp"
 #include "runtime/backend.hpp"
 
@@ -117,6 +123,8 @@ class CudaBackend {
   T* data(DeviceBuffer<T>& b) const { return b.data(); }
   template <class T>
   const T* data(const DeviceBuffer<T>& b) const { return b.data(); }
+  template <class T>
+  int64_t size(const DeviceBuffer<T>& b) const { return b.size(); }
   void zero(Grad& b);
   // Host <-> device (tests, the CLI): synchronous copies of the whole buffer.
   template <class T>
@@ -131,7 +139,8 @@ class CudaBackend {
   CopyList upload(const std::vector<RowCopy>& copies);
 
   // ---- row moves
-  void copy_rows(const Act& src, const std::vector<RowCopy>& copies, int64_t width, Act& dst);
+  template <class T>  // Act and Grad
+  void copy_rows(const DeviceBuffer<T>& src, const std::vector<RowCopy>& copies, int64_t width, DeviceBuffer<T>& dst);
   void pack_rows(const Act& src, int64_t src_width, const CopyList& copies, Act& dst, int64_t dst_width,
                  int64_t dst_col);
   void add_rows(const Grad& src, int64_t src_width, int64_t src_col, int64_t cols, const CopyList& copies, Grad& dst);
@@ -149,6 +158,27 @@ class CudaBackend {
                           const Act& o, const Stat& lse, const Act& d_o, const Stat& dsum, Grad& dq,
                           const DkvView<GradElem>& dkv);
 
+  // ---- affine-state recurrences: the summary algebra on fp32 maps (runtime/backend.hpp)
+  void affine_identity(const AffineShape& sh, Grad& maps, int64_t item);
+  void affine_compose(const AffineShape& sh, int64_t items, Grad& later, const Grad& earlier);
+  void affine_seed(const AffineShape& sh, Grad& maps, int64_t item, const Grad* state);
+  void affine_adjoint(const AffineShape& sh, const Grad& map, const Grad& a, const Grad* g, Grad& maps, int64_t item);
+  void affine_state(const AffineShape& sh, const Grad& maps, int64_t item, Grad& state);
+
+  // ---- GDN / KDA (every head of buffer rows [row, row + rows))
+  void gdn_forward(const GdnShape& sh, const GdnInputs<Act>& in, int64_t row, int64_t rows, Grad& state, Act& y);
+  void gdn_backward(const GdnShape& sh, const GdnInputs<Act>& in, int64_t row, int64_t rows, const Grad& state_in,
+                    const Act& dy, Grad& dstate, const GdnGradients<Grad>& grads);
+  void gdn_summary(const GdnShape& sh, const GdnInputs<Act>& in, int64_t row, int64_t rows, Grad& maps, int64_t item);
+  void l2norm_forward(const Act& x, int64_t groups, int dim, Act& y);
+  void l2norm_backward(const Act& x, const Grad& dy, int64_t groups, int dim, Grad& dx);
+
+  // ---- short convolution (prev: host rows, uploaded per call)
+  void conv1d_forward(const ConvShape& sh, const Act& x, const std::vector<int64_t>& prev, int64_t out_rows,
+                      const Act& weight, const Act* bias, Act& y);
+  void conv1d_backward(const ConvShape& sh, const Act& x, const std::vector<int64_t>& prev, int64_t out_rows,
+                       const Act& weight, const Act* bias, const Grad& dy, Grad& dx, Grad& dweight, Grad* dbias);
+
   // ---- timing: CUDA events on the compute stream
   Mark make_mark();
   void record(Mark& m);
@@ -161,6 +191,14 @@ class CudaBackend {
   void* fwd_workspace_ = nullptr;  // the persistent forward's counter and hand-off words
   size_t fwd_workspace_bytes_ = 0;
   std::vector<cudaEvent_t> events_;
+  // The chunk kernels' view of a rank's GDN inputs (every array holding the same tokens); no workspace yet.
+  cuda::GdnCudaParams gdn_params(const GdnShape& sh, const GdnInputs<Act>& in) const;
+  // Checks the arrays and prev on the host and uploads prev into prev_dev.
+  cuda::Conv1dDeviceParams conv_params(const ConvShape& sh, const Act& x, const std::vector<int64_t>& prev,
+                                       int64_t out_rows, const Act& weight, const Act* bias,
+                                       DeviceBuffer<int64_t>& prev_dev);
+  // Scratch from the pool, given back when the handle goes (stream order makes that safe at once).
+  Grad workspace(int64_t bytes) { return alloc_grad((bytes + 3) / 4); }
   // Device tile plans whose geometry was dropped, reused by the next upload (their allocation with them):
   // a new row per step then costs copies, no cudaMalloc. Shared with the geometries' deleters.
   std::shared_ptr<std::vector<std::unique_ptr<cuda::DeviceTilePlan>>> spare_plans_;

@@ -10,8 +10,10 @@
 #include <random>
 #include <vector>
 
+#include "comm/thread_communicator.hpp"
 #include "common/common.hpp"
 #include "kernels/cuda/attention.hpp"
+#include "plan/ownership.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::cuda::test {
@@ -67,6 +69,29 @@ inline Tensor random_tensor(size_t n, std::mt19937_64& rng, double stddev = 1.0)
     t.val[i] = from_bf16(t.bits[i]);
   }
   return t;
+}
+
+// The rows of a full-row result that `ranges` select, scattered back from a rank's buffer into `full`.
+template <class T>
+void put_rows(std::vector<double>& full, const std::vector<T>& mine, int64_t width, const std::vector<TokenRange>& ranges,
+              double (*conv)(T)) {
+  int64_t at = 0;
+  for (const TokenRange& r : ranges)
+    for (int64_t t = r.begin; t < r.end; ++t, ++at)
+      for (int64_t i = 0; i < width; ++i) full[static_cast<size_t>(t * width + i)] = conv(mine[static_cast<size_t>(at * width + i)]);
+}
+
+// Ranks as threads sharing device 0: exchanges land late and out of order, each part a device copy made after
+// the device has finished the sender's packing.
+inline ThreadCommOptions device_thread_comm(uint64_t seed) {
+  ThreadCommOptions copt;
+  copt.late = true;
+  copt.seed = seed;
+  copt.copy = [](void* dst, const void* src, size_t bytes) {
+    check_cuda(cudaDeviceSynchronize(), "test copy: wait");
+    check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "test copy");
+  };
+  return copt;
 }
 
 // A random tree (common/common.hpp) with single-token segments common; lengths in [1, max_len].

@@ -58,15 +58,7 @@ std::vector<T> take_rows(const std::vector<T>& full, int64_t width, const std::v
   return rows_of<T>(full, width, ranges);
 }
 
-// The rows of a full-row result that `ranges` select, scattered back from a rank's buffer into `full`.
-template <class T>
-void put_rows(std::vector<double>& full, const std::vector<T>& mine, int64_t width, const std::vector<TokenRange>& ranges,
-              double (*conv)(T)) {
-  int64_t at = 0;
-  for (const TokenRange& r : ranges)
-    for (int64_t t = r.begin; t < r.end; ++t, ++at)
-      for (int64_t i = 0; i < width; ++i) full[static_cast<size_t>(t * width + i)] = conv(mine[static_cast<size_t>(at * width + i)]);
-}
+using cuda::test::put_rows;
 double bf(uint16_t x) { return cuda::test::from_bf16(x); }
 double fl(float x) { return x; }
 
@@ -100,14 +92,7 @@ Result run_cp(const Case& c, const Row& row, const Inputs& in) {
   r.dk.assign(static_cast<size_t>(S * kw), 0.0);
   r.dv.assign(r.dk.size(), 0.0);
   r.dsink.assign(static_cast<size_t>(c.hq), 0.0);
-  ThreadCommOptions copt;
-  copt.late = true;
-  copt.seed = static_cast<uint64_t>(S);
-  copt.copy = [](void* dst, const void* src, size_t bytes) {
-    cuda::check_cuda(cudaDeviceSynchronize(), "test copy: wait");
-    cuda::check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "test copy");
-  };
-  auto comms = make_thread_communicators(c.ranks, copt);
+  auto comms = make_thread_communicators(c.ranks, cuda::test::device_thread_comm(static_cast<uint64_t>(S)));
   std::mutex lock;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(c.ranks));
   std::vector<std::thread> threads;
