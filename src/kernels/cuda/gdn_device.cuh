@@ -26,6 +26,7 @@
 #include "kernels/cuda/attention.hpp"  // check_cuda
 #define TREECP_GDN_FN __device__ inline
 #define TREECP_GDN_HD __host__ __device__ inline
+#define TREECP_GDN_UNROLL _Pragma("unroll")
 namespace treecp::cuda::detail {
 TREECP_GDN_FN void block_sync() { __syncthreads(); }
 }  // namespace treecp::cuda::detail
@@ -33,6 +34,7 @@ TREECP_GDN_FN void block_sync() { __syncthreads(); }
 #include <barrier>
 #define TREECP_GDN_FN inline
 #define TREECP_GDN_HD inline
+#define TREECP_GDN_UNROLL
 namespace treecp::cuda::detail {
 // The emulator sets each thread's barrier before it runs a block.
 inline thread_local std::barrier<>* emulated_block_barrier = nullptr;
@@ -92,12 +94,14 @@ struct GdnBlock {
   int64_t G = 0, Qst = 0, Kst = 0, R = 0, W = 0;  // [64][dk]
   int64_t U = 0;                                  // [64][dv]
   int64_t P = 0, C = 0;                           // [64][64]: P[i][j] (j < i), C[i][j] (j <= i)
+  int64_t Ti = 0;                                 // [64][64]: L⁻¹, L = I + diag(β) P (unit lower triangular)
   int64_t egl = 0;                                // [dk]
   // backward only
   int64_t S0 = 0, dSe = 0;       // [dk][dv]: the state at the chunk start, dL/dS at the chunk end
   int64_t D = 0, dD = 0, dX = 0;  // [64][dv]
   int64_t dZ = 0, dGm = 0, rr = 0;  // [64][dk]
   int64_t dL = 0, dC = 0;        // [64][64]
+  int64_t pq = 0, pk = 0, pt = 0;  // [64][dk]: the scalar gate's pair sums (gdn gradients)
   int64_t size = 0;
 
   static GdnBlock make(int dk, int dv, bool backward) {
@@ -111,18 +115,121 @@ struct GdnBlock {
     const int64_t c = kGdnChunk;
     b.G = take(c * dk); b.Qst = take(c * dk); b.Kst = take(c * dk); b.R = take(c * dk); b.W = take(c * dk);
     b.U = take(c * dv);
-    b.P = take(c * c); b.C = take(c * c);
+    b.P = take(c * c); b.C = take(c * c); b.Ti = take(c * c);
     b.egl = take(dk);
     if (backward) {
       b.S0 = take(int64_t{dk} * dv); b.dSe = take(int64_t{dk} * dv);
       b.D = take(c * dv); b.dD = take(c * dv); b.dX = take(c * dv);
       b.dZ = take(c * dk); b.dGm = take(c * dk); b.rr = take(c * dk);
       b.dL = take(c * c); b.dC = take(c * c);
+      b.pq = take(c * dk); b.pk = take(c * dk); b.pt = take(c * dk);
     }
     b.size = at;
     return b;
   }
 };
+
+// ---- block products: out(i, j) = Σ_l A(i, l) B(l, j), register-blocked. Each thread owns a TM x TN tile of the
+// output, its rows ti + r * mt and columns tj + c * nt (strided, so that the lanes of a warp read consecutive
+// columns of a B panel and one row, or rows in distinct banks, of an A panel); the operands come through shared
+// memory in panels of kGdnPanel inner indices, each staged once per round of nthr tiles (one round at the GPU's
+// 256 threads for the shapes the kernels use). Every thread of the block must call it (it holds barriers).
+
+constexpr int kGdnPanel = 32;  // inner indices per staged panel
+
+// A read-only view of a matrix in global (or shared) memory: element (i, j) at p[i * rs + j * cs], bf16 or fp32.
+struct GdnView {
+  const void* p;
+  int64_t rs, cs;
+  bool bf16 = false;
+  TREECP_GDN_FN float at(int i, int j) const {
+    const int64_t o = i * rs + j * cs;
+    return bf16 ? bf16_to_float(static_cast<const uint16_t*>(p)[o]) : static_cast<const float*>(p)[o];
+  }
+  // The transposed matrix.
+  TREECP_GDN_FN GdnView t() const { return {p, cs, rs, bf16}; }
+};
+TREECP_GDN_HD GdnView gdn_view(const float* p, int64_t rs, int64_t cs = 1) { return {p, rs, cs, false}; }
+
+// Floats of shared memory gdn_block_product needs for outputs of at most `rows` x `cols`.
+TREECP_GDN_HD int64_t gdn_product_smem(int rows, int cols) {
+  return static_cast<int64_t>(rows) * (kGdnPanel + 1) + static_cast<int64_t>(kGdnPanel) * (cols | 1);
+}
+
+// Copies the panel [0, rows) x [l0, l0 + kGdnPanel) of A (zeros past `inner`) to dst [rows][kGdnPanel + 1] when
+// `a`, else the panel [l0, l0 + kGdnPanel) x [0, cols) of B to dst [kGdnPanel][cols | 1]; the index along which
+// the source is contiguous varies fastest across threads.
+TREECP_GDN_FN void gdn_stage_panel(float* dst, const GdnView& v, bool a, int extent, int l0, int inner, int tid,
+                                   int nthr) {
+  const int ld = a ? kGdnPanel + 1 : (extent | 1);
+  const bool inner_fast = a ? v.cs == 1 : v.rs == 1;
+  const int total = extent * kGdnPanel;
+  for (int idx = tid; idx < total; idx += nthr) {
+    const int x = inner_fast ? idx / kGdnPanel : idx % extent;  // the row of A or the column of B
+    const int l = inner_fast ? idx % kGdnPanel : idx / extent;
+    const bool in = l0 + l < inner;
+    const float val = in ? (a ? v.at(x, l0 + l) : v.at(l0 + l, x)) : 0.f;
+    if (a)
+      dst[x * ld + l] = val;
+    else
+      dst[l * ld + x] = val;
+  }
+}
+
+template <int TM, int TN, class F>
+TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem,
+                                     int tid, int nthr, F&& out) {
+  const int mt = (rows + TM - 1) / TM, nt = (cols + TN - 1) / TN;
+  const int tiles = mt * nt;
+  float* As = smem;                             // [rows][kGdnPanel + 1]
+  float* Bs = smem + rows * (kGdnPanel + 1);    // [kGdnPanel][cols | 1]
+  const int lb = cols | 1;
+  for (int base = 0; base < tiles; base += nthr) {
+    const int tile = base + tid;
+    const bool mine = tile < tiles;
+    const int ti = mine ? tile / nt : 0, tj = mine ? tile % nt : 0;
+    // Rows and columns past the output are clamped onto its last ones: read, never written.
+    int ao[TM], bo[TN];
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r) ao[r] = (ti + r * mt < rows ? ti + r * mt : rows - 1) * (kGdnPanel + 1);
+    TREECP_GDN_UNROLL
+    for (int c = 0; c < TN; ++c) bo[c] = tj + c * nt < cols ? tj + c * nt : cols - 1;
+    float acc[TM][TN];
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r)
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) acc[r][c] = 0.f;
+    for (int l0 = 0; l0 < inner; l0 += kGdnPanel) {
+      block_sync();  // the previous panel (or the caller's writes of the operands) done
+      gdn_stage_panel(As, A, true, rows, l0, inner, tid, nthr);
+      gdn_stage_panel(Bs, B, false, cols, l0, inner, tid, nthr);
+      block_sync();
+      if (mine) {
+        const int ln = inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel;
+        for (int l = 0; l < ln; ++l) {
+          float a[TM], b[TN];
+          TREECP_GDN_UNROLL
+          for (int r = 0; r < TM; ++r) a[r] = As[ao[r] + l];
+          TREECP_GDN_UNROLL
+          for (int c = 0; c < TN; ++c) b[c] = Bs[l * lb + bo[c]];
+          TREECP_GDN_UNROLL
+          for (int r = 0; r < TM; ++r)
+            TREECP_GDN_UNROLL
+            for (int c = 0; c < TN; ++c) acc[r][c] += a[r] * b[c];
+        }
+      }
+    }
+    if (mine)
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r)
+        TREECP_GDN_UNROLL
+        for (int c = 0; c < TN; ++c) {
+          const int i = ti + r * mt, j = tj + c * nt;
+          if (i < rows && j < cols) out(i, j, acc[r][c]);
+        }
+  }
+  block_sync();  // outputs written before anyone reads them or restages over the panels
+}
 
 // Inputs as every kernel reads them.
 struct GdnInputs {
@@ -141,6 +248,10 @@ struct GdnInputs {
     return bf16_to_float(scalar_gate ? g[t * heads + h] : g[(t * heads + h) * dk + d]);
   }
   TREECP_GDN_FN float b(int64_t t, int h) const { return bf16_to_float(beta[t * heads + h]); }
+  // Rows t, t + 1, ... of head h of q or k (dk columns) or of v (dv columns) as a matrix view.
+  TREECP_GDN_FN GdnView rows(const uint16_t* x, int64_t t, int h, int width) const {
+    return {x + (t * heads + h) * width, static_cast<int64_t>(heads) * width, 1, true};
+  }
 };
 
 // y / dy: bf16 or fp32 [S, H, dv].
@@ -154,9 +265,10 @@ TREECP_GDN_FN void store_out(void* p, bool f32, int64_t at, float x) {
     static_cast<uint16_t*>(p)[at] = float_to_bf16(x);
 }
 
-// ---- prep: one block per (chunk, head). Shared memory: beta [64], the scalar gate's cumulative sums [64], the
-// chunk's keys [64][dk + 1] and, for per-channel gates, G [64][dk + 1] (rows padded by one float, so that the
-// threads of a warp, which read different rows at one channel, hit different banks).
+// ---- prep: one block per (chunk, head). Shared memory: beta [64], the scalar gate's cumulative sums [64], for
+// per-channel gates the chunk's keys and G [64][dk + 1] (rows padded by one float, so that the threads of a warp,
+// which read different rows at one channel, hit different banks), P and L⁻¹ diag(β) [64][65], and the block
+// products' panels.
 struct GdnPrepArgs {
   GdnInputs in;
   const GdnChunkDesc* chunks;
@@ -167,8 +279,10 @@ struct GdnPrepKernel {
   using Args = GdnPrepArgs;
   static constexpr const char* kName = "gdn prep";
   static size_t smem_bytes(const Args& a) {
-    const size_t rows = static_cast<size_t>(kGdnChunk) * (a.in.dk + 1);
-    return (2 * kGdnChunk + rows * (a.in.scalar_gate ? 1 : 2)) * sizeof(float);
+    const size_t rows = a.in.scalar_gate ? 0 : static_cast<size_t>(kGdnChunk) * (a.in.dk + 1) * 2;
+    const int widest = std::max(std::max(a.in.dk, a.in.dv), kGdnChunk);
+    return (2 * kGdnChunk + rows + 2 * kGdnChunk * (kGdnChunk + 1) + gdn_product_smem(kGdnChunk, widest)) *
+           sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
@@ -183,16 +297,18 @@ struct GdnPrepKernel {
     float* Qst = c + a.blk.Qst;
     float* Kst = c + a.blk.Kst;
     float* R = c + a.blk.R;
-    float* W = c + a.blk.W;
-    float* U = c + a.blk.U;
     float* P = c + a.blk.P;
     float* C = c + a.blk.C;
+    float* Ti = c + a.blk.Ti;
     float* egl = c + a.blk.egl;
-    const int ld = dk + 1;                // row stride of the staged rows
-    float* bs = smem;                     // [64]
-    float* gr = smem + kGdnChunk;         // [64], scalar gate
-    float* ks = smem + 2 * kGdnChunk;     // [64][ld]
-    float* Gs = ks + kGdnChunk * ld;      // [64][ld], per-channel gates
+    const int ld = dk + 1, lc = kGdnChunk + 1;  // row strides of the staged rows
+    float* bs = smem;                           // [64]
+    float* gr = smem + kGdnChunk;               // [64], scalar gate
+    float* ks = smem + 2 * kGdnChunk;           // [64][ld], per-channel gates
+    float* Gs = ks + (scalar ? 0 : kGdnChunk * ld);
+    float* Ps = Gs + (scalar ? 0 : kGdnChunk * ld);  // [64][lc]
+    float* Tb = Ps + kGdnChunk * lc;                 // [64][lc]: L⁻¹ diag(β)
+    float* panels = Tb + kGdnChunk * lc;
     // Per key channel: the cumulative log-decay and the decayed rows.
     for (int d = tid; d < dk; d += nthr) {
       float acc = 0.f;
@@ -210,31 +326,34 @@ struct GdnPrepKernel {
         const float gi = G[i * dk + d];
         const float eg = expf(gi), er = expf(gl - gi);
         const float ki = a.in.qk(a.in.k, t + i, h, d);
-        ks[i * ld + d] = ki;
+        if (!scalar) ks[i * ld + d] = ki;
         Qst[i * dk + d] = eg * a.in.qk(a.in.q, t + i, h, d);
         Kst[i * dk + d] = eg * ki;
         R[i * dk + d] = er * ki;
       }
     }
     for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
-    block_sync();
     // P[i][j] = Σ_d k_i k_j e^{G_i - G_j} (j < i), C[i][j] = Σ_d q_i k_j e^{G_i - G_j} (j <= i); 0 elsewhere.
-    // A scalar gate's decay is one factor per pair.
-    for (int idx = tid; idx < n * n; idx += nthr) {
-      const int i = idx / n, j = idx % n;
-      float pk = 0.f, pq = 0.f;
-      if (j <= i) {
-        const float* ki = ks + i * ld;
-        const float* kj = ks + j * ld;
-        if (scalar) {
-          for (int d = 0; d < dk; ++d) {
-            pk += ki[d] * kj[d];
-            pq += a.in.qk(a.in.q, t + i, h, d) * kj[d];
-          }
-          const float ex = expf(gr[i] - gr[j]);
-          pk *= ex;
-          pq *= ex;
-        } else {
+    // A scalar gate's decay is one factor per pair: P and C are the products K Kᵀ and Q Kᵀ, scaled.
+    if (scalar) {
+      const GdnView kr = a.in.rows(a.in.k, t, h, dk);
+      gdn_block_product<4, 4>(n, n, dk, kr, kr.t(), panels, tid, nthr, [&](int i, int j, float acc) {
+        const float p = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
+        P[i * kGdnChunk + j] = p;
+        Ps[i * lc + j] = p;
+      });
+      gdn_block_product<4, 4>(n, n, dk, a.in.rows(a.in.q, t, h, dk), kr.t(), panels, tid, nthr,
+                              [&](int i, int j, float acc) {
+                                C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
+                              });
+    } else {
+      block_sync();
+      for (int idx = tid; idx < n * n; idx += nthr) {
+        const int i = idx / n, j = idx % n;
+        float pk = 0.f, pq = 0.f;
+        if (j <= i) {
+          const float* ki = ks + i * ld;
+          const float* kj = ks + j * ld;
           const float* gi = Gs + i * ld;
           const float* gj = Gs + j * ld;
           for (int d = 0; d < dk; ++d) {
@@ -243,23 +362,35 @@ struct GdnPrepKernel {
             pq += a.in.qk(a.in.q, t + i, h, d) * x;
           }
         }
+        if (j == i) pk = 0.f;
+        P[i * kGdnChunk + j] = pk;
+        Ps[i * lc + j] = pk;
+        C[i * kGdnChunk + j] = pq;
       }
-      if (j == i) pk = 0.f;
-      P[i * kGdnChunk + j] = pk;
-      C[i * kGdnChunk + j] = pq;
+      block_sync();
+    }
+    // L⁻¹ by forward substitution on the identity, one column per thread: row i = e_i - β_i Σ_{j<i} P[i][j] row j
+    // (rows above the column are zero). The chunk's solve is then two products, U = L⁻¹ diag(β) V and
+    // W = L⁻¹ diag(β) Kst.
+    for (int col = tid; col < n; col += nthr) {
+      for (int i = 0; i < col; ++i) Tb[i * lc + col] = 0.f;
+      for (int i = col; i < n; ++i) {
+        float x = i == col ? 1.f : 0.f;
+        for (int j = col; j < i; ++j) x -= bs[i] * Ps[i * lc + j] * Tb[j * lc + col];
+        Tb[i * lc + col] = x;
+      }
     }
     block_sync();
-    // Forward substitution, one column of [U | W] per thread: row i = β_i (x_i - Σ_{j<i} P[i][j] row j).
-    for (int col = tid; col < dv + dk; col += nthr) {
-      const bool is_u = col < dv;
-      float* out = is_u ? U + col : W + (col - dv);
-      const int stride = is_u ? dv : dk;
-      for (int i = 0; i < n; ++i) {
-        float x = is_u ? a.in.vv(t + i, h, col) : Kst[i * dk + (col - dv)];
-        for (int j = 0; j < i; ++j) x -= P[i * kGdnChunk + j] * out[j * stride];
-        out[i * stride] = bs[i] * x;
-      }
+    for (int idx = tid; idx < n * n; idx += nthr) {
+      const int i = idx / n, j = idx % n;
+      Ti[i * kGdnChunk + j] = Tb[i * lc + j];
+      Tb[i * lc + j] *= bs[j];
     }
+    const GdnView tb = gdn_view(Tb, lc);
+    gdn_block_product<4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr,
+                            [&](int i, int e, float acc) { c[a.blk.U + i * dv + e] = acc; });
+    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(Kst, dk), panels, tid, nthr,
+                            [&](int i, int d, float acc) { c[a.blk.W + i * dk + d] = acc; });
   }
 };
 
@@ -493,9 +624,9 @@ struct GdnBwdScanKernel {
   }
 };
 
-// ---- gradients: one block per (chunk, head), all of dk and dv, from S0, dSe, D and dD in the cache.
-// Each token's gradients are one block's (runs do not overlap): plain adds, no atomics. Shared: beta [64] and, for
-// the scalar gate, its pair decays [64][64].
+// ---- gradients: one block per (chunk, head), all of dk and dv, from S0, dSe, D and dD in the cache. The chunk
+// products are block products; each token's gradients are one block's (runs do not overlap): plain adds, no
+// atomics. Shared: beta [64], for the scalar gate its pair decays [64][64], and the products' panels.
 struct GdnGradArgs {
   GdnInputs in;
   const GdnChunkDesc* chunks;
@@ -514,7 +645,9 @@ struct GdnGradKernel {
   using Args = GdnGradArgs;
   static constexpr const char* kName = "gdn gradients";
   static size_t smem_bytes(const Args& a) {
-    return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0)) * sizeof(float);
+    const int widest = std::max(std::max(a.in.dk, a.in.dv), kGdnChunk);
+    return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0) + gdn_product_smem(kGdnChunk, widest)) *
+           sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
@@ -523,6 +656,7 @@ struct GdnGradKernel {
     const GdnChunkDesc cd = a.chunks[chunk];
     const int64_t t = cd.t;
     const int n = cd.len;
+    constexpr int l64 = kGdnChunk;
     float* c = a.cache + (chunk * H + h) * a.blk.size;
     const float* G = c + a.blk.G;
     const float* Qst = c + a.blk.Qst;
@@ -531,11 +665,12 @@ struct GdnGradKernel {
     const float* W = c + a.blk.W;
     const float* U = c + a.blk.U;
     const float* P = c + a.blk.P;
-    const float* egl = c + a.blk.egl;
+    const float* Ti = c + a.blk.Ti;
     const float* S0 = c + a.blk.S0;
     const float* dSe = c + a.blk.dSe;
     const float* D = c + a.blk.D;
     const float* dD = c + a.blk.dD;
+    const float* egl = c + a.blk.egl;
     float* dX = c + a.blk.dX;
     float* dZ = c + a.blk.dZ;
     float* dGm = c + a.blk.dGm;
@@ -545,54 +680,36 @@ struct GdnGradKernel {
     float* bs = smem;               // [64]
     float* Ex = smem + kGdnChunk;   // scalar gate: [64][64], e^{G_i - G_j} (j <= i)
     const bool scalar = a.in.scalar_gate;
+    float* panels = Ex + (scalar ? kGdnChunk * kGdnChunk : 0);
     const int64_t dy0 = (t * H + h) * static_cast<int64_t>(dv);
     const int64_t dy_row = static_cast<int64_t>(H) * dv;
-    auto dy = [&](int i, int e) { return load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e); };
+    const GdnView dyv = a.dy_f32 ? GdnView{static_cast<const float*>(a.dy) + dy0, dy_row, 1, false}
+                                 : GdnView{static_cast<const uint16_t*>(a.dy) + dy0, dy_row, 1, true};
     for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
     if (scalar)
       for (int idx = tid; idx < n * n; idx += nthr) {
         const int i = idx / n, j = idx % n;
         Ex[i * kGdnChunk + j] = j <= i ? expf(G[i * dk] - G[j * dk]) : 0.f;
       }
-    // dC[i][j] = scale dY_i · D_j (j <= i); dW = -dD S0ᵀ (into dZ); dX = dD
-    for (int idx = tid; idx < n * n; idx += nthr) {
-      const int i = idx / n, j = idx % n;
-      float acc = 0.f;
-      if (j <= i)
-        for (int e = 0; e < dv; ++e) acc += dy(i, e) * D[j * dv + e];
-      dC[i * kGdnChunk + j] = a.scale * acc;
-    }
-    for (int idx = tid; idx < n * dk; idx += nthr) {
-      const int i = idx / dk, d = idx % dk;
-      float acc = 0.f;
-      for (int e = 0; e < dv; ++e) acc += dD[i * dv + e] * S0[d * dv + e];
-      dZ[i * dk + d] = -acc;
-    }
-    for (int idx = tid; idx < n * dv; idx += nthr) dX[idx] = dD[idx];
-    block_sync();
-    // Lᵀ [dX | dZ] = [dU | dW] by back substitution, one column per thread (Lᵀ[j][i] = β_i P[i][j], i > j).
-    for (int col = tid; col < dv + dk; col += nthr) {
-      const bool is_x = col < dv;
-      float* x = is_x ? dX + col : dZ + (col - dv);
-      const int stride = is_x ? dv : dk;
-      for (int j = n - 1; j >= 0; --j) {
-        float s = x[j * stride];
-        for (int i = j + 1; i < n; ++i) s -= bs[i] * P[i * kGdnChunk + j] * x[i * stride];
-        x[j * stride] = s;
-      }
-    }
-    block_sync();
+    // dC = scale dY Dᵀ (j <= i); dW = -dD S0ᵀ (into rr)
+    gdn_block_product<4, 4>(n, n, dv, dyv, gdn_view(D, dv).t(), panels, tid, nthr, [&](int i, int j, float acc) {
+      dC[i * l64 + j] = j <= i ? a.scale * acc : 0.f;
+    });
+    gdn_block_product<4, 8>(n, dk, dv, gdn_view(dD, dv), gdn_view(S0, dv).t(), panels, tid, nthr,
+                            [&](int i, int d, float acc) { rr[i * dk + d] = -acc; });
+    // Lᵀ [dX | dZ] = [dU | dW]: [dX | dZ] = L⁻ᵀ [dD | dW]
+    const GdnView lit = gdn_view(Ti, l64).t();
+    gdn_block_product<4, 8>(n, dv, n, lit, gdn_view(dD, dv), panels, tid, nthr,
+                            [&](int i, int e, float acc) { dX[i * dv + e] = acc; });
+    gdn_block_product<4, 8>(n, dk, n, lit, gdn_view(rr, dk), panels, tid, nthr,
+                            [&](int i, int d, float acc) { dZ[i * dk + d] = acc; });
     // dL[i][j] = -(dX_i · U_j + dZ_i · W_j), j < i (the gradient of L = I + diag(β) P below the diagonal)
-    for (int idx = tid; idx < n * n; idx += nthr) {
-      const int i = idx / n, j = idx % n;
-      float acc = 0.f;
-      if (j < i) {
-        for (int e = 0; e < dv; ++e) acc += dX[i * dv + e] * U[j * dv + e];
-        for (int d = 0; d < dk; ++d) acc += dZ[i * dk + d] * W[j * dk + d];
-      }
-      dL[i * kGdnChunk + j] = -acc;
-    }
-    block_sync();
+    gdn_block_product<4, 4>(n, n, dv, gdn_view(dX, dv), gdn_view(U, dv).t(), panels, tid, nthr,
+                            [&](int i, int j, float acc) { dL[i * l64 + j] = j < i ? -acc : 0.f; });
+    gdn_block_product<4, 4>(n, n, dk, gdn_view(dZ, dk), gdn_view(W, dk).t(), panels, tid, nthr,
+                            [&](int i, int j, float acc) {
+                              if (j < i) dL[i * l64 + j] -= acc;
+                            });
     // beta and v: X = diag(β) V, Z = diag(β) Kst, L = I + diag(β) P
     for (int i = tid; i < n; i += nthr) {
       float db = 0.f;
@@ -606,45 +723,66 @@ struct GdnGradKernel {
         const int i = idx / dv, e = idx % dv;
         a.dv[((t + i) * H + h) * dv + e] += bs[i] * dX[idx];
       }
-    // q, k and the cumulative gate, one (token, channel) per thread.
-    for (int idx = tid; idx < n * dk; idx += nthr) {
-      const int i = idx / dk, d = idx % dk;
-      float dqv = 0.f, dr = 0.f;
-      for (int e = 0; e < dv; ++e) {
-        dqv += S0[d * dv + e] * dy(i, e);
-        dr += dSe[d * dv + e] * D[i * dv + e];
-      }
-      dqv *= a.scale;
+    // scale dY S0ᵀ (into dGm) and D dSeᵀ (into rr): q's and R's gradients through the state terms
+    gdn_block_product<4, 8>(n, dk, dv, dyv, gdn_view(S0, dv).t(), panels, tid, nthr,
+                            [&](int i, int d, float acc) { dGm[i * dk + d] = a.scale * acc; });
+    gdn_block_product<4, 8>(n, dk, dv, gdn_view(D, dv), gdn_view(dSe, dv).t(), panels, tid, nthr,
+                            [&](int i, int d, float acc) { rr[i * dk + d] = acc; });
+    // q, k and the cumulative gate of (token i, channel d): the state terms, then the pairs (i, j), j <= i, with i
+    // the later token (dq, dk and dG through k_j e^{G_i - G_j}) and the pairs (m, i), m >= i, with i the earlier.
+    // dqv = dGm, dr = rr on entry; dG and dr R on return.
+    auto finish = [&](int i, int d, float x1, float x2, float y) {
+      const float dqv = dGm[i * dk + d], dr = rr[i * dk + d];
       const float gi = G[i * dk + d], gl = G[(n - 1) * dk + d];
       const float eg = expf(gi), er = expf(gl - gi);
       const float dkst = bs[i] * dZ[i * dk + d];
       const float qi = a.in.qk(a.in.q, t + i, h, d), ki = a.in.qk(a.in.k, t + i, h, d);
-      float dq = eg * dqv;
-      float dkk = er * dr + eg * dkst;
-      float dG = dqv * Qst[i * dk + d] - dr * R[i * dk + d] + dkst * Kst[i * dk + d];
-      // as the later token of a pair (i, j), j <= i
-      for (int j = 0; j <= i; ++j) {
-        const float ex = scalar ? Ex[i * kGdnChunk + j] : expf(gi - G[j * dk + d]);
-        const float kj = a.in.qk(a.in.k, t + j, h, d) * ex;
-        const float dp = j < i ? bs[i] * dL[i * kGdnChunk + j] : 0.f;
-        const float dc = dC[i * kGdnChunk + j];
-        dq += dc * kj;
-        dkk += dp * kj;
-        dG += (dp * ki + dc * qi) * kj;
-      }
-      // as the earlier token of a pair (m, i), m >= i
-      for (int m = i; m < n; ++m) {
-        const float ex = scalar ? Ex[m * kGdnChunk + i] : expf(G[m * dk + d] - gi);
-        const float dp = m > i ? bs[m] * dL[m * kGdnChunk + i] : 0.f;
-        const float dc = dC[m * kGdnChunk + i];
-        const float x = (dp * a.in.qk(a.in.k, t + m, h, d) + dc * a.in.qk(a.in.q, t + m, h, d)) * ex;
-        dkk += x;
-        dG -= x * ki;
-      }
+      const float dq = eg * dqv + x1;
+      const float dkk = er * dr + eg * dkst + x2 + y;
+      const float dG = dqv * Qst[i * dk + d] - dr * R[i * dk + d] + dkst * Kst[i * dk + d] + ki * x2 + qi * x1 - y * ki;
       if (a.dq) a.dq[((t + i) * H + h) * dk + d] += dq;
       if (a.dk) a.dk[((t + i) * H + h) * dk + d] += dkk;
       dGm[i * dk + d] = dG;
       rr[i * dk + d] = dr * R[i * dk + d];
+    };
+    if (scalar) {
+      // The pair decay is one factor: with A1 = dC ⊙ Ex and A2 = diag(β) dL ⊙ Ex (j < i), the pair sums are
+      // x1 = A1 K, x2 = A2 K and y = A1ᵀ Q + A2ᵀ K.
+      for (int idx = tid; idx < n * n; idx += nthr) {
+        const int i = idx / n, j = idx % n;
+        const float ex = Ex[i * kGdnChunk + j];
+        dC[i * l64 + j] *= ex;
+        dL[i * l64 + j] = j < i ? bs[i] * dL[i * l64 + j] * ex : 0.f;
+      }
+      const GdnView kr = a.in.rows(a.in.k, t, h, dk), qr = a.in.rows(a.in.q, t, h, dk);
+      const GdnView a1 = gdn_view(dC, l64), a2 = gdn_view(dL, l64);
+      float* pq = c + a.blk.pq;
+      float* pk = c + a.blk.pk;
+      float* pt = c + a.blk.pt;
+      gdn_block_product<4, 8>(n, dk, n, a1, kr, panels, tid, nthr, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
+      gdn_block_product<4, 8>(n, dk, n, a2, kr, panels, tid, nthr, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
+      gdn_block_product<4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
+      gdn_block_product<4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr, [&](int i, int d, float acc) {
+        finish(i, d, pq[i * dk + d], pk[i * dk + d], acc + pt[i * dk + d]);
+      });
+    } else {
+      // Per-channel decays: each (token, channel) gathers its pairs, e^{G_i - G_j} per pair.
+      for (int idx = tid; idx < n * dk; idx += nthr) {
+        const int i = idx / dk, d = idx % dk;
+        const float gi = G[i * dk + d];
+        float x1 = 0.f, x2 = 0.f, y = 0.f;
+        for (int j = 0; j <= i; ++j) {
+          const float kj = a.in.qk(a.in.k, t + j, h, d) * expf(gi - G[j * dk + d]);
+          x1 += dC[i * l64 + j] * kj;
+          if (j < i) x2 += bs[i] * dL[i * l64 + j] * kj;
+        }
+        for (int m = i; m < n; ++m) {
+          const float ex = expf(G[m * dk + d] - gi);
+          const float dp = m > i ? bs[m] * dL[m * l64 + i] : 0.f;
+          y += (dp * a.in.qk(a.in.k, t + m, h, d) + dC[m * l64 + i] * a.in.qk(a.in.q, t + m, h, d)) * ex;
+        }
+        finish(i, d, x1, x2, y);
+      }
     }
     block_sync();
     // G_i = Σ_{s<=i} g_s: dg_s = Σ_{i>=s} dG_i, the last row also taking R's and the start state's decay.
