@@ -176,59 +176,85 @@ TREECP_GDN_FN void gdn_stage_panel(float* dst, const GdnView& v, bool a, int ext
   }
 }
 
-template <int TM, int TN, class F>
-TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem,
-                                     int tid, int nthr, F&& out) {
-  const int mt = (rows + TM - 1) / TM, nt = (cols + TN - 1) / TN;
-  const int tiles = mt * nt;
-  float* As = smem;                             // [rows][kGdnPanel + 1]
-  float* Bs = smem + rows * (kGdnPanel + 1);    // [kGdnPanel][cols | 1]
-  const int lb = cols | 1;
-  for (int base = 0; base < tiles; base += nthr) {
-    const int tile = base + tid;
-    const bool mine = tile < tiles;
-    const int ti = mine ? tile / nt : 0, tj = mine ? tile % nt : 0;
-    // Rows and columns past the output are clamped onto its last ones: read, never written.
-    int ao[TM], bo[TN];
+// The register tile of one thread: rows ti + r * mt, columns tj + c * nt of a rows x cols output, indices past it
+// clamped onto its last row / column (read, never written).
+template <int TM, int TN>
+struct GdnRegTile {
+  int ti, tj, mt, nt, rows, cols;
+  int ri[TM], cj[TN];
+  float acc[TM][TN];
+  TREECP_GDN_FN GdnRegTile(int tile, int rows_, int cols_) : rows(rows_), cols(cols_) {
+    mt = (rows + TM - 1) / TM;
+    nt = (cols + TN - 1) / TN;
+    ti = tile / nt;
+    tj = tile % nt;
     TREECP_GDN_UNROLL
-    for (int r = 0; r < TM; ++r) ao[r] = (ti + r * mt < rows ? ti + r * mt : rows - 1) * (kGdnPanel + 1);
+    for (int r = 0; r < TM; ++r) ri[r] = ti + r * mt < rows ? ti + r * mt : rows - 1;
     TREECP_GDN_UNROLL
-    for (int c = 0; c < TN; ++c) bo[c] = tj + c * nt < cols ? tj + c * nt : cols - 1;
-    float acc[TM][TN];
+    for (int c = 0; c < TN; ++c) cj[c] = tj + c * nt < cols ? tj + c * nt : cols - 1;
     TREECP_GDN_UNROLL
     for (int r = 0; r < TM; ++r)
       TREECP_GDN_UNROLL
       for (int c = 0; c < TN; ++c) acc[r][c] = 0.f;
+  }
+  // acc += A B over inner indices [0, len): A(i, l) = A[i * ars + l * acs], B(l, j) = B[l * brs + j * bcs].
+  TREECP_GDN_FN void mma(const float* A, int ars, int acs, const float* B, int brs, int bcs, int len) {
+    for (int l = 0; l < len; ++l) {
+      float a[TM], b[TN];
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r) a[r] = A[ri[r] * ars + l * acs];
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) b[c] = B[l * brs + cj[c] * bcs];
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r)
+        TREECP_GDN_UNROLL
+        for (int c = 0; c < TN; ++c) acc[r][c] += a[r] * b[c];
+    }
+  }
+  template <class F>
+  TREECP_GDN_FN void store(F&& out) const {
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r)
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) {
+        const int i = ti + r * mt, j = tj + c * nt;
+        if (i < rows && j < cols) out(i, j, acc[r][c]);
+      }
+  }
+};
+
+template <int TM, int TN, class F>
+TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem,
+                                     int tid, int nthr, F&& out) {
+  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
+  float* As = smem;                             // [rows][kGdnPanel + 1]
+  float* Bs = smem + rows * (kGdnPanel + 1);    // [kGdnPanel][cols | 1]
+  for (int base = 0; base < tiles; base += nthr) {
+    const bool mine = base + tid < tiles;
+    GdnRegTile<TM, TN> rt(mine ? base + tid : 0, rows, cols);
     for (int l0 = 0; l0 < inner; l0 += kGdnPanel) {
       block_sync();  // the previous panel (or the caller's writes of the operands) done
       gdn_stage_panel(As, A, true, rows, l0, inner, tid, nthr);
       gdn_stage_panel(Bs, B, false, cols, l0, inner, tid, nthr);
       block_sync();
-      if (mine) {
-        const int ln = inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel;
-        for (int l = 0; l < ln; ++l) {
-          float a[TM], b[TN];
-          TREECP_GDN_UNROLL
-          for (int r = 0; r < TM; ++r) a[r] = As[ao[r] + l];
-          TREECP_GDN_UNROLL
-          for (int c = 0; c < TN; ++c) b[c] = Bs[l * lb + bo[c]];
-          TREECP_GDN_UNROLL
-          for (int r = 0; r < TM; ++r)
-            TREECP_GDN_UNROLL
-            for (int c = 0; c < TN; ++c) acc[r][c] += a[r] * b[c];
-        }
-      }
+      if (mine) rt.mma(As, kGdnPanel + 1, 1, Bs, cols | 1, 1, inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel);
     }
-    if (mine)
-      TREECP_GDN_UNROLL
-      for (int r = 0; r < TM; ++r)
-        TREECP_GDN_UNROLL
-        for (int c = 0; c < TN; ++c) {
-          const int i = ti + r * mt, j = tj + c * nt;
-          if (i < rows && j < cols) out(i, j, acc[r][c]);
-        }
+    if (mine) rt.store(out);
   }
   block_sync();  // outputs written before anyone reads them or restages over the panels
+}
+
+// The same product with both operands already in shared memory (A(i, l) = A[i * ars + l * acs], B(l, j) =
+// B[l * brs + j * bcs]), no barrier: the caller orders the operands' writes and the outputs' reads.
+template <int TM, int TN, class F>
+TREECP_GDN_FN void gdn_smem_product(int rows, int cols, int inner, const float* A, int ars, int acs, const float* B,
+                                    int brs, int bcs, int tid, int nthr, F&& out) {
+  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
+  for (int tile = tid; tile < tiles; tile += nthr) {
+    GdnRegTile<TM, TN> rt(tile, rows, cols);
+    rt.mma(A, ars, acs, B, brs, bcs, inner);
+    rt.store(out);
+  }
 }
 
 // Inputs as every kernel reads them.
@@ -425,7 +451,7 @@ struct GdnScanKernel {
   static constexpr const char* kName = "gdn scan";
   static int64_t tiles(int width, int tile) { return (width + tile - 1) / tile; }
   static size_t smem_bytes(const Args& a) {
-    return (static_cast<size_t>(a.dk + kGdnChunk) * a.tile + static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
+    return (static_cast<size_t>(a.dk + 2 * kGdnChunk) * a.tile + static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
             kGdnChunk * (kGdnChunk + 1)) *
            sizeof(float);
   }
@@ -443,6 +469,7 @@ struct GdnScanKernel {
     float* Ds = S + dk * tc;           // [64][tc]
     float* Ms = Ds + kGdnChunk * tc;   // [64][ld]: W, Qst or R
     float* Cs = Ms + kGdnChunk * ld;   // [64][lc]
+    float* Ys = Cs + kGdnChunk * lc;   // [64][tc]: Qst S
     // S[d][e] = S_in[d][e0 + e]
     const float* sin = (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * dk * w : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
@@ -470,42 +497,34 @@ struct GdnScanKernel {
           if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[idx];
         }
       // D = U - W S
-      for (int idx = tid; idx < n * tc; idx += nthr) {
-        const int i = idx / tc, e = idx % tc;
-        if (e >= tw) continue;
-        float acc = a.use_u ? U[i * dv + e0 + e] : 0.f;
-        for (int d = 0; d < dk; ++d) acc -= Ms[i * ld + d] * S[d * tc + e];
-        Ds[idx] = acc;
-        if (a.save) c[a.blk.D + i * dv + e0 + e] = acc;
-      }
+      gdn_smem_product<4, 2>(n, tw, dk, Ms, ld, 1, S, tc, 1, tid, nthr, [&](int i, int e, float acc) {
+        const float x = (a.use_u ? U[i * dv + e0 + e] : 0.f) - acc;
+        Ds[i * tc + e] = x;
+        if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
+      });
       block_sync();  // D complete, W read
       if (a.y) {
         // Y = scale ((e^G ⊙ Q) S + C D)
         stage_rows(Ms, c + a.blk.Qst, n, dk, tid, nthr);
         stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
         block_sync();
-        for (int idx = tid; idx < n * tc; idx += nthr) {
-          const int i = idx / tc, e = idx % tc;
-          if (e >= tw) continue;
-          float acc = 0.f;
-          for (int d = 0; d < dk; ++d) acc += Ms[i * ld + d] * S[d * tc + e];
-          for (int j = 0; j <= i; ++j) acc += Cs[i * lc + j] * Ds[j * tc + e];
+        // C is zero above the diagonal within the chunk, so the product over all n of its columns is Σ_{j<=i}.
+        gdn_smem_product<4, 2>(n, tw, dk, Ms, ld, 1, S, tc, 1, tid, nthr,
+                               [&](int i, int e, float acc) { Ys[i * tc + e] = acc; });
+        block_sync();
+        gdn_smem_product<4, 2>(n, tw, n, Cs, lc, 1, Ds, tc, 1, tid, nthr, [&](int i, int e, float acc) {
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
-                    a.scale * acc);
-        }
+                    a.scale * (Ys[i * tc + e] + acc));
+        });
         block_sync();  // Qst read
       }
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
       stage_rows(Ms, c + a.blk.R, n, dk, tid, nthr);
       block_sync();
       const float* egl = c + a.blk.egl;
-      for (int idx = tid; idx < dk * tc; idx += nthr) {
-        const int d = idx / tc, e = idx % tc;
-        if (e >= tw) continue;
-        float s = S[idx] * egl[d];
-        for (int j = 0; j < n; ++j) s += Ms[j * ld + d] * Ds[j * tc + e];
-        S[idx] = s;
-      }
+      gdn_smem_product<4, 4>(dk, tw, n, Ms, 1, ld, Ds, tc, 1, tid, nthr, [&](int d, int e, float acc) {
+        S[d * tc + e] = S[d * tc + e] * egl[d] + acc;
+      });
       block_sync();  // R read, S updated, before the next chunk stages over Ms
     }
     block_sync();
@@ -584,33 +603,27 @@ struct GdnBwdScanKernel {
         const int d = idx / tc, e = idx % tc;
         if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[idx];
       }
-      // dD = scale Cᵀ dY + R dS
-      for (int idx = tid; idx < n * tc; idx += nthr) {
-        const int i = idx / tc, e = idx % tc;
-        if (e >= tw) continue;
-        float acc = 0.f;
-        for (int m = i; m < n; ++m) acc += Cs[m * lc + i] * dYs[m * tc + e];
-        acc *= a.scale;
-        for (int d = 0; d < dk; ++d) acc += M1[i * ld + d] * dS[d * tc + e];
-        dDs[idx] = acc;
-        c[a.blk.dD + i * dv + e0 + e] = acc;
-      }
+      // dD = scale Cᵀ dY + R dS (Cᵀ is zero below the diagonal: the sum over all n rows of C is Σ_{m>=i})
+      gdn_smem_product<4, 2>(n, tw, n, Cs, 1, lc, dYs, tc, 1, tid, nthr,
+                             [&](int i, int e, float acc) { dDs[i * tc + e] = a.scale * acc; });
+      block_sync();
+      gdn_smem_product<4, 2>(n, tw, dk, M1, ld, 1, dS, tc, 1, tid, nthr, [&](int i, int e, float acc) {
+        const float x = dDs[i * tc + e] + acc;
+        dDs[i * tc + e] = x;
+        c[a.blk.dD + i * dv + e0 + e] = x;
+      });
       block_sync();  // dD complete, R read
       stage_rows(M1, c + a.blk.Qst, n, dk, tid, nthr);
       stage_rows(M2, c + a.blk.W, n, dk, tid, nthr);
       block_sync();
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
       const float* egl = c + a.blk.egl;
-      for (int idx = tid; idx < dk * tc; idx += nthr) {
-        const int d = idx / tc, e = idx % tc;
-        if (e >= tw) continue;
-        float qy = 0.f, wd = 0.f;
-        for (int i = 0; i < n; ++i) {
-          qy += M1[i * ld + d] * dYs[i * tc + e];
-          wd += M2[i * ld + d] * dDs[i * tc + e];
-        }
-        dS[idx] = egl[d] * dS[idx] + a.scale * qy - wd;
-      }
+      gdn_smem_product<4, 4>(dk, tw, n, M1, 1, ld, dYs, tc, 1, tid, nthr, [&](int d, int e, float acc) {
+        dS[d * tc + e] = egl[d] * dS[d * tc + e] + a.scale * acc;
+      });
+      block_sync();
+      gdn_smem_product<4, 4>(dk, tw, n, M2, 1, ld, dDs, tc, 1, tid, nthr,
+                             [&](int d, int e, float acc) { dS[d * tc + e] -= acc; });
       block_sync();  // Qst, W, dY read; dS updated, before the next chunk stages
     }
     block_sync();
