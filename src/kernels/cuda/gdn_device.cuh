@@ -197,12 +197,12 @@ struct GdnRegTile {
       TREECP_GDN_UNROLL
       for (int c = 0; c < TN; ++c) acc[r][c] = 0.f;
   }
-  // acc += A B over inner indices [0, len): A(i, l) = A[i * ars + l * acs], B(l, j) = B[l * brs + j * bcs].
-  TREECP_GDN_FN void mma(const float* A, int ars, int acs, const float* B, int brs, int bcs, int len) {
+  // acc += s A B over inner indices [0, len): A(i, l) = A[i * ars + l * acs], B(l, j) = B[l * brs + j * bcs].
+  TREECP_GDN_FN void mma(const float* A, int ars, int acs, const float* B, int brs, int bcs, int len, float s = 1.f) {
     for (int l = 0; l < len; ++l) {
       float a[TM], b[TN];
       TREECP_GDN_UNROLL
-      for (int r = 0; r < TM; ++r) a[r] = A[ri[r] * ars + l * acs];
+      for (int r = 0; r < TM; ++r) a[r] = s * A[ri[r] * ars + l * acs];
       TREECP_GDN_UNROLL
       for (int c = 0; c < TN; ++c) b[c] = B[l * brs + cj[c] * bcs];
       TREECP_GDN_UNROLL
@@ -237,23 +237,49 @@ TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnVie
       gdn_stage_panel(As, A, true, rows, l0, inner, tid, nthr);
       gdn_stage_panel(Bs, B, false, cols, l0, inner, tid, nthr);
       block_sync();
-      if (mine) rt.mma(As, kGdnPanel + 1, 1, Bs, cols | 1, 1, inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel);
+      if (mine) rt.mma(As, kGdnPanel + 1, 1, Bs, cols | 1, 1, inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel, 1.f);
     }
     if (mine) rt.store(out);
   }
   block_sync();  // outputs written before anyone reads them or restages over the panels
 }
 
-// The same product with both operands already in shared memory (A(i, l) = A[i * ars + l * acs], B(l, j) =
-// B[l * brs + j * bcs]), no barrier: the caller orders the operands' writes and the outputs' reads.
-template <int TM, int TN, class F>
-TREECP_GDN_FN void gdn_smem_product(int rows, int cols, int inner, const float* A, int ars, int acs, const float* B,
-                                    int brs, int bcs, int tid, int nthr, F&& out) {
+// One term s A B of a sum of products over operands already in shared memory: A(i, l) = A[i * ars + l * acs],
+// B(l, j) = B[l * brs + j * bcs], l < len.
+struct GdnTerm {
+  const float* A;
+  int ars, acs;
+  const float* B;
+  int brs, bcs;
+  int len;
+  float s;
+};
+// out(i, j, Σ_terms s A B) for the rows x cols output, register-blocked as gdn_block_product, no barrier: the
+// caller orders the operands' writes and the outputs' reads.
+template <int TM, int TN, int NT, class F>
+TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
   const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
   for (int tile = tid; tile < tiles; tile += nthr) {
     GdnRegTile<TM, TN> rt(tile, rows, cols);
-    rt.mma(A, ars, acs, B, brs, bcs, inner);
+    for (int k = 0; k < NT; ++k) rt.mma(terms[k].A, terms[k].ars, terms[k].acs, terms[k].B, terms[k].brs, terms[k].bcs,
+                                        terms[k].len, terms[k].s);
     rt.store(out);
+  }
+}
+
+// The scans' products: rows (64 tokens, or dk state rows) x tc state columns, tiles sized for about one per thread
+// at the GPU's 256 threads (4 x 4 for dk x 32, 4 x 2 for 64 x 32; half at 16 columns).
+template <int NT, class F>
+TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
+  if (tc > 16) {
+    if (rows > kGdnChunk)
+      gdn_smem_product<4, 4>(rows, cols, terms, tid, nthr, out);
+    else
+      gdn_smem_product<4, 2>(rows, cols, terms, tid, nthr, out);
+  } else if (rows > kGdnChunk) {
+    gdn_smem_product<4, 2>(rows, cols, terms, tid, nthr, out);
+  } else {
+    gdn_smem_product<2, 2>(rows, cols, terms, tid, nthr, out);
   }
 }
 
@@ -427,7 +453,7 @@ TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int
 }
 
 // ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S [dk][tile],
-// D [64][tile], one chunk matrix [64][dk + 1] at a time (W, then Qst, then R) and C [64][65].
+// D [64][tile], two chunk matrices [64][dk + 1] (W and Qst, then R over W) and C [64][65]; four barriers a chunk.
 // The state has `width` columns: dv for the state (and E), dk for the linear part M of a summary (use_u false:
 // D = -W S, the state's recurrence with V = 0).
 struct GdnScanArgs {
@@ -451,7 +477,7 @@ struct GdnScanKernel {
   static constexpr const char* kName = "gdn scan";
   static int64_t tiles(int width, int tile) { return (width + tile - 1) / tile; }
   static size_t smem_bytes(const Args& a) {
-    return (static_cast<size_t>(a.dk + 2 * kGdnChunk) * a.tile + static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
+    return (static_cast<size_t>(a.dk + kGdnChunk) * a.tile + 2 * static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
             kGdnChunk * (kGdnChunk + 1)) *
            sizeof(float);
   }
@@ -467,9 +493,9 @@ struct GdnScanKernel {
     const GdnRunDesc rd = a.runs[r];
     float* S = smem;                   // [dk][tc]
     float* Ds = S + dk * tc;           // [64][tc]
-    float* Ms = Ds + kGdnChunk * tc;   // [64][ld]: W, Qst or R
-    float* Cs = Ms + kGdnChunk * ld;   // [64][lc]
-    float* Ys = Cs + kGdnChunk * lc;   // [64][tc]: Qst S
+    float* M1 = Ds + kGdnChunk * tc;   // [64][ld]: W, then R
+    float* M2 = M1 + kGdnChunk * ld;   // [64][ld]: Qst
+    float* Cs = M2 + kGdnChunk * ld;   // [64][lc]
     // S[d][e] = S_in[d][e0 + e]
     const float* sin = (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * dk * w : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
@@ -489,43 +515,42 @@ struct GdnScanKernel {
       const int n = cd.len;
       float* c = a.cache + (chunk * H + h) * a.blk.size;
       const float* U = c + a.blk.U;
-      stage_rows(Ms, c + a.blk.W, n, dk, tid, nthr);
-      block_sync();  // W staged; S complete (the initial fill or the last chunk's update)
+      stage_rows(M1, c + a.blk.W, n, dk, tid, nthr);
+      if (a.y) {
+        stage_rows(M2, c + a.blk.Qst, n, dk, tid, nthr);
+        stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
+      }
+      block_sync();  // W, Qst, C staged; S complete (the initial fill or the last chunk's update)
       if (a.save)
         for (int idx = tid; idx < dk * tc; idx += nthr) {
           const int d = idx / tc, e = idx % tc;
           if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[idx];
         }
       // D = U - W S
-      gdn_smem_product<4, 2>(n, tw, dk, Ms, ld, 1, S, tc, 1, tid, nthr, [&](int i, int e, float acc) {
+      const GdnTerm ws[1] = {{M1, ld, 1, S, tc, 1, dk, 1.f}};
+      gdn_scan_product(n, tw, tc, ws, tid, nthr, [&](int i, int e, float acc) {
         const float x = (a.use_u ? U[i * dv + e0 + e] : 0.f) - acc;
         Ds[i * tc + e] = x;
         if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
       });
       block_sync();  // D complete, W read
+      stage_rows(M1, c + a.blk.R, n, dk, tid, nthr);
       if (a.y) {
-        // Y = scale ((e^G ⊙ Q) S + C D)
-        stage_rows(Ms, c + a.blk.Qst, n, dk, tid, nthr);
-        stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
-        block_sync();
-        // C is zero above the diagonal within the chunk, so the product over all n of its columns is Σ_{j<=i}.
-        gdn_smem_product<4, 2>(n, tw, dk, Ms, ld, 1, S, tc, 1, tid, nthr,
-                               [&](int i, int e, float acc) { Ys[i * tc + e] = acc; });
-        block_sync();
-        gdn_smem_product<4, 2>(n, tw, n, Cs, lc, 1, Ds, tc, 1, tid, nthr, [&](int i, int e, float acc) {
+        // Y = scale ((e^G ⊙ Q) S + C D); C is zero above the diagonal within the chunk, so its n columns sum j <= i.
+        const GdnTerm qc[2] = {{M2, ld, 1, S, tc, 1, dk, 1.f}, {Cs, lc, 1, Ds, tc, 1, n, 1.f}};
+        gdn_scan_product(n, tw, tc, qc, tid, nthr, [&](int i, int e, float acc) {
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
-                    a.scale * (Ys[i * tc + e] + acc));
+                    a.scale * acc);
         });
-        block_sync();  // Qst read
       }
+      block_sync();  // R staged; S, Qst and C read
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
-      stage_rows(Ms, c + a.blk.R, n, dk, tid, nthr);
-      block_sync();
       const float* egl = c + a.blk.egl;
-      gdn_smem_product<4, 4>(dk, tw, n, Ms, 1, ld, Ds, tc, 1, tid, nthr, [&](int d, int e, float acc) {
+      const GdnTerm upd[1] = {{M1, 1, ld, Ds, tc, 1, n, 1.f}};
+      gdn_scan_product(dk, tw, tc, upd, tid, nthr, [&](int d, int e, float acc) {
         S[d * tc + e] = S[d * tc + e] * egl[d] + acc;
       });
-      block_sync();  // R read, S updated, before the next chunk stages over Ms
+      block_sync();  // R read, S updated, before the next chunk stages over M1, M2 and C
     }
     block_sync();
     if (a.state_out && rd.out_slot >= 0) {
@@ -539,8 +564,8 @@ struct GdnScanKernel {
 };
 
 // ---- backward scan: one block per (run, head, `tile` columns of dS); chunks in reverse. Shared: dS [dk][tile],
-// dD and dY [64][tile], two chunk matrices [64][dk + 1] (R, then Qst and W) and C [64][65]. Stores dS at each
-// chunk's end and dD into the cache for the gradient kernel.
+// dD and dY [64][tile], two chunk matrices [64][dk + 1] (R and Qst, then W over R) and C [64][65]; four barriers a
+// chunk. Stores dS at each chunk's end and dD into the cache for the gradient kernel.
 struct GdnBwdScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -575,8 +600,8 @@ struct GdnBwdScanKernel {
     float* dS = smem;                   // [dk][tc]
     float* dDs = dS + dk * tc;          // [64][tc]
     float* dYs = dDs + kGdnChunk * tc;  // [64][tc]
-    float* M1 = dYs + kGdnChunk * tc;   // [64][ld]: R, then Qst
-    float* M2 = M1 + kGdnChunk * ld;    // [64][ld]: W
+    float* M1 = dYs + kGdnChunk * tc;   // [64][ld]: R, then W
+    float* M2 = M1 + kGdnChunk * ld;    // [64][ld]: Qst
     float* Cs = M2 + kGdnChunk * ld;    // [64][lc]
     const int64_t ssz = static_cast<int64_t>(dk) * dv;
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
@@ -597,33 +622,28 @@ struct GdnBwdScanKernel {
         dYs[idx] = e < tw ? load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e) : 0.f;
       }
       stage_rows(M1, c + a.blk.R, n, dk, tid, nthr);
+      stage_rows(M2, c + a.blk.Qst, n, dk, tid, nthr);
       stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
-      block_sync();  // dY, R and C staged; dS complete
+      block_sync();  // dY, R, Qst and C staged; dS complete
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
         if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[idx];
       }
       // dD = scale Cᵀ dY + R dS (Cᵀ is zero below the diagonal: the sum over all n rows of C is Σ_{m>=i})
-      gdn_smem_product<4, 2>(n, tw, n, Cs, 1, lc, dYs, tc, 1, tid, nthr,
-                             [&](int i, int e, float acc) { dDs[i * tc + e] = a.scale * acc; });
-      block_sync();
-      gdn_smem_product<4, 2>(n, tw, dk, M1, ld, 1, dS, tc, 1, tid, nthr, [&](int i, int e, float acc) {
-        const float x = dDs[i * tc + e] + acc;
-        dDs[i * tc + e] = x;
-        c[a.blk.dD + i * dv + e0 + e] = x;
+      const GdnTerm cr[2] = {{Cs, 1, lc, dYs, tc, 1, n, a.scale}, {M1, ld, 1, dS, tc, 1, dk, 1.f}};
+      gdn_scan_product(n, tw, tc, cr, tid, nthr, [&](int i, int e, float acc) {
+        dDs[i * tc + e] = acc;
+        c[a.blk.dD + i * dv + e0 + e] = acc;
       });
       block_sync();  // dD complete, R read
-      stage_rows(M1, c + a.blk.Qst, n, dk, tid, nthr);
-      stage_rows(M2, c + a.blk.W, n, dk, tid, nthr);
+      stage_rows(M1, c + a.blk.W, n, dk, tid, nthr);
       block_sync();
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
       const float* egl = c + a.blk.egl;
-      gdn_smem_product<4, 4>(dk, tw, n, M1, 1, ld, dYs, tc, 1, tid, nthr, [&](int d, int e, float acc) {
-        dS[d * tc + e] = egl[d] * dS[d * tc + e] + a.scale * acc;
+      const GdnTerm qw[2] = {{M2, 1, ld, dYs, tc, 1, n, a.scale}, {M1, 1, ld, dDs, tc, 1, n, -1.f}};
+      gdn_scan_product(dk, tw, tc, qw, tid, nthr, [&](int d, int e, float acc) {
+        dS[d * tc + e] = egl[d] * dS[d * tc + e] + acc;
       });
-      block_sync();
-      gdn_smem_product<4, 4>(dk, tw, n, M2, 1, ld, dDs, tc, 1, tid, nthr,
-                             [&](int d, int e, float acc) { dS[d * tc + e] -= acc; });
       block_sync();  // Qst, W, dY read; dS updated, before the next chunk stages
     }
     block_sync();
