@@ -267,11 +267,108 @@ TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[N
   }
 }
 
-// The scans' products: rows (64 tokens, or dk state rows) x tc state columns, tiles sized for about one per thread
-// at the GPU's 256 threads (4 x 4 for dk x 32, 4 x 2 for 64 x 32; half at 16 columns).
+// ---- tensor cores: the scans' products as mma.sync m16n8k8 with tf32 operands, each operand split in two
+// (x = hi + lo, hi = tf32(x), lo = tf32(x - hi)) and three products accumulated (lo·hi, hi·lo, hi·hi: "3xTF32"),
+// which leaves an error of about 2^-21 of each product, the size of fp32 rounding over the inner sums, so the
+// fp32 tolerances of the tests hold. Fragments of the PTX ISA's m16n8k8 .tf32 layout, g = lane / 4, q = lane % 4:
+//   A (16 x 8): a0 (g, q), a1 (g + 8, q), a2 (g, q + 4), a3 (g + 8, q + 4);  B (8 x 8): b0 (q, g), b1 (q + 4, g)
+//   C (16 x 8): c0 (g, 2q), c1 (g, 2q + 1), c2 (g + 8, 2q), c3 (g + 8, 2q + 1)
+// The host path computes each lane's four C elements from the operands directly with the same split, so the CPU
+// suite checks the tiling, the bounds, the output positions and the arithmetic; the operand fragments' positions
+// (the loads feeding the instruction) only the GPU tests check.
+
+// Round to tf32 (10-bit significand) to nearest, ties away from zero (cvt.rna.tf32.f32).
+TREECP_GDN_HD float gdn_tf32(float x) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r & 0xffffe000u);
+#else
+  uint32_t u = float_to_bits(x);
+  if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u;  // finite: half an ulp of tf32 on the magnitude
+  return bits_to_float(u & 0xffffe000u);
+#endif
+}
+
+// c += the term's A[r0 .. r0 + 16)[k0 .. k0 + 8) B[k0 .. k0 + 8)[c0 .. c0 + 8) (zeros past rows, cols, len).
+TREECP_GDN_FN void gdn_mma_tf32x3(float (&c)[4], const GdnTerm& m, int r0, int c0, int k0, int rows, int cols,
+                                  int lane) {
+  const int g = lane >> 2, q = lane & 3;
+  auto A = [&](int i, int k) { return i < rows && k < m.len ? m.s * m.A[i * m.ars + k * m.acs] : 0.f; };
+  auto B = [&](int k, int j) { return k < m.len && j < cols ? m.B[k * m.brs + j * m.bcs] : 0.f; };
+#if defined(__CUDA_ARCH__)
+  const float a[4] = {A(r0 + g, k0 + q), A(r0 + g + 8, k0 + q), A(r0 + g, k0 + q + 4), A(r0 + g + 8, k0 + q + 4)};
+  const float b[2] = {B(k0 + q, c0 + g), B(k0 + q + 4, c0 + g)};
+  uint32_t ah[4], al[4], bh[2], bl[2];
+  TREECP_GDN_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const float hi = gdn_tf32(a[i]);
+    ah[i] = __float_as_uint(hi);
+    al[i] = __float_as_uint(gdn_tf32(a[i] - hi));
+  }
+  TREECP_GDN_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const float hi = gdn_tf32(b[i]);
+    bh[i] = __float_as_uint(hi);
+    bl[i] = __float_as_uint(gdn_tf32(b[i] - hi));
+  }
+  auto mma = [&](const uint32_t (&x)[4], const uint32_t (&y)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "r"(y[0]), "r"(y[1]));
+  };
+  mma(al, bh);
+  mma(ah, bl);
+  mma(ah, bh);
+#else
+  for (int e = 0; e < 4; ++e) {
+    const int i = r0 + g + (e >> 1) * 8, j = c0 + 2 * q + (e & 1);
+    float lh = 0.f, hl = 0.f, hh = 0.f;
+    for (int k = k0; k < k0 + 8; ++k) {
+      const float x = A(i, k), y = B(k, j);
+      const float xh = gdn_tf32(x), yh = gdn_tf32(y);
+      const float xl = gdn_tf32(x - xh), yl = gdn_tf32(y - yh);
+      lh += xl * yh;
+      hl += xh * yl;
+      hh += xh * yh;
+    }
+    c[e] += lh;
+    c[e] += hl;
+    c[e] += hh;
+  }
+#endif
+}
+
+// out(i, j, Σ_terms s A B) for a rows x cols output in 16 x 8 tiles, one warp a tile at a time (whole warps only:
+// threads past the last full warp idle); no barrier.
 template <int NT, class F>
-TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
-  if (tc > 16) {
+TREECP_GDN_FN void gdn_warp_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
+  const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
+  const int mt = (rows + 15) / 16, nt = (cols + 7) / 8;
+  const int g = lane >> 2, q = lane & 3;
+  for (int tile = warp; warp < warps && tile < mt * nt; tile += warps) {
+    const int r0 = (tile / nt) * 16, c0 = (tile % nt) * 8;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k = 0; k < NT; ++k)
+      for (int k0 = 0; k0 < terms[k].len; k0 += 8) gdn_mma_tf32x3(c, terms[k], r0, c0, k0, rows, cols, lane);
+    for (int e = 0; e < 4; ++e) {
+      const int i = r0 + g + (e >> 1) * 8, j = c0 + 2 * q + (e & 1);
+      if (i < rows && j < cols) out(i, j, c[e]);
+    }
+  }
+}
+
+// The scans' products: rows (64 tokens, or dk state rows) x tc state columns, tiles sized for about one per thread
+// at the GPU's 256 threads (4 x 4 for dk x 32, 4 x 2 for 64 x 32; half at 16 columns); on tensor cores with
+// `tensor`.
+template <int NT, class F>
+TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, bool tensor, const GdnTerm (&terms)[NT], int tid,
+                                    int nthr, F&& out) {
+  if (tensor) {
+    gdn_warp_product(rows, cols, terms, tid, nthr, out);
+  } else if (tc > 16) {
     if (rows > kGdnChunk)
       gdn_smem_product<4, 4>(rows, cols, terms, tid, nthr, out);
     else
@@ -446,16 +543,22 @@ struct GdnPrepKernel {
   }
 };
 
-// Copies rows [0, n) of a [64][cols] chunk matrix into shared memory with row stride cols + 1: the threads of a
-// warp read one column of several rows, which then fall in different banks.
-TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int tid, int nthr) {
-  for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * (cols + 1) + idx % cols] = src[idx];
+// Copies rows [0, n) of a [64][cols] chunk matrix into shared memory with row stride ld.
+TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int ld, int tid, int nthr) {
+  for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * ld + idx % cols] = src[idx];
 }
 
-// ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S [dk][tile],
-// D [64][tile], two chunk matrices [64][dk + 1] (W and Qst, then R over W) and C [64][65]; four barriers a chunk.
-// The state has `width` columns: dv for the state (and E), dk for the linear part M of a summary (use_u false:
-// D = -W S, the state's recurrence with V = 0).
+// Row strides of the scans' staged matrices, chosen for the tensor-core fragments' bank pattern (lanes 4g + q read
+// row g, column q of A, or row q, column g of B and of a transposed A): a matrix read as A has a stride of 4 mod 32
+// (bank 4g + q), one read transposed or as B a stride of 8 mod 32 (bank 8q + g). The register-blocked path reads
+// one or two rows of A a warp and consecutive columns of B, which any stride serves.
+TREECP_GDN_HD int gdn_ld_rows(int cols) { return (cols + 31) / 32 * 32 + 4; }
+TREECP_GDN_HD int gdn_ld_cols(int cols) { return (cols + 31) / 32 * 32 + 8; }
+
+// ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S [dk][tile + 8],
+// D [64][tile + 8], two chunk matrices [64][~dk + 8] (W and Qst, then R over W) and C [64][68]; four barriers a
+// chunk. The state has `width` columns: dv for the state (and E), dk for the linear part M of a summary (use_u
+// false: D = -W S, the state's recurrence with V = 0).
 struct GdnScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -471,31 +574,34 @@ struct GdnScanArgs {
   void* y;                // null = not written
   bool y_f32;
   float scale;
+  bool tensor;  // the products on tensor cores (GdnCudaParams::tensor_cores)
 };
 struct GdnScanKernel {
   using Args = GdnScanArgs;
   static constexpr const char* kName = "gdn scan";
   static int64_t tiles(int width, int tile) { return (width + tile - 1) / tile; }
   static size_t smem_bytes(const Args& a) {
-    return (static_cast<size_t>(a.dk + kGdnChunk) * a.tile + 2 * static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
-            kGdnChunk * (kGdnChunk + 1)) *
+    return (static_cast<size_t>(a.dk + kGdnChunk) * (a.tile + 8) + 2 * static_cast<size_t>(kGdnChunk) * gdn_ld_cols(a.dk) +
+            kGdnChunk * gdn_ld_rows(kGdnChunk)) *
            sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int tc = a.tile;  // state columns of this block
     const int H = a.heads, dk = a.dk, dv = a.dv, w = a.width;
-    const int ld = dk + 1, lc = kGdnChunk + 1;  // staged row strides
+    const int ls = tc + 8;                                   // row stride of S and D
+    const int ldr = gdn_ld_rows(dk), ldt = gdn_ld_cols(dk);  // W, Qst read as A; R transposed
+    const int lc = gdn_ld_rows(kGdnChunk);                   // C read as A
     const int64_t nt = (w + tc - 1) / tc;
     const int64_t r = block / (H * nt);
     const int h = static_cast<int>((block / nt) % H);
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = w - e0 < tc ? w - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* S = smem;                   // [dk][tc]
-    float* Ds = S + dk * tc;           // [64][tc]
-    float* M1 = Ds + kGdnChunk * tc;   // [64][ld]: W, then R
-    float* M2 = M1 + kGdnChunk * ld;   // [64][ld]: Qst
-    float* Cs = M2 + kGdnChunk * ld;   // [64][lc]
+    float* S = smem;                   // [dk][ls]
+    float* Ds = S + dk * ls;           // [64][ls]
+    float* M1 = Ds + kGdnChunk * ls;   // [64][ldr]: W, then R [64][ldt]
+    float* M2 = M1 + kGdnChunk * ldt;  // [64][ldr]: Qst
+    float* Cs = M2 + kGdnChunk * ldt;  // [64][lc]
     // S[d][e] = S_in[d][e0 + e]
     const float* sin = (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * dk * w : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
@@ -507,7 +613,7 @@ struct GdnScanKernel {
         else if (sin)
           s = sin[d * w + e0 + e];
       }
-      S[idx] = s;
+      S[d * ls + e] = s;
     }
     for (int ci = 0; ci < rd.chunk_count; ++ci) {
       const int64_t chunk = rd.chunk_begin + ci;
@@ -515,30 +621,30 @@ struct GdnScanKernel {
       const int n = cd.len;
       float* c = a.cache + (chunk * H + h) * a.blk.size;
       const float* U = c + a.blk.U;
-      stage_rows(M1, c + a.blk.W, n, dk, tid, nthr);
+      stage_rows(M1, c + a.blk.W, n, dk, ldr, tid, nthr);
       if (a.y) {
-        stage_rows(M2, c + a.blk.Qst, n, dk, tid, nthr);
-        stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
+        stage_rows(M2, c + a.blk.Qst, n, dk, ldr, tid, nthr);
+        stage_rows(Cs, c + a.blk.C, n, kGdnChunk, lc, tid, nthr);
       }
       block_sync();  // W, Qst, C staged; S complete (the initial fill or the last chunk's update)
       if (a.save)
         for (int idx = tid; idx < dk * tc; idx += nthr) {
           const int d = idx / tc, e = idx % tc;
-          if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[idx];
+          if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[d * ls + e];
         }
       // D = U - W S
-      const GdnTerm ws[1] = {{M1, ld, 1, S, tc, 1, dk, 1.f}};
-      gdn_scan_product(n, tw, tc, ws, tid, nthr, [&](int i, int e, float acc) {
+      const GdnTerm ws[1] = {{M1, ldr, 1, S, ls, 1, dk, 1.f}};
+      gdn_scan_product(n, tw, tc, a.tensor, ws, tid, nthr, [&](int i, int e, float acc) {
         const float x = (a.use_u ? U[i * dv + e0 + e] : 0.f) - acc;
-        Ds[i * tc + e] = x;
+        Ds[i * ls + e] = x;
         if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
       });
       block_sync();  // D complete, W read
-      stage_rows(M1, c + a.blk.R, n, dk, tid, nthr);
+      stage_rows(M1, c + a.blk.R, n, dk, ldt, tid, nthr);
       if (a.y) {
         // Y = scale ((e^G ⊙ Q) S + C D); C is zero above the diagonal within the chunk, so its n columns sum j <= i.
-        const GdnTerm qc[2] = {{M2, ld, 1, S, tc, 1, dk, 1.f}, {Cs, lc, 1, Ds, tc, 1, n, 1.f}};
-        gdn_scan_product(n, tw, tc, qc, tid, nthr, [&](int i, int e, float acc) {
+        const GdnTerm qc[2] = {{M2, ldr, 1, S, ls, 1, dk, 1.f}, {Cs, lc, 1, Ds, ls, 1, n, 1.f}};
+        gdn_scan_product(n, tw, tc, a.tensor, qc, tid, nthr, [&](int i, int e, float acc) {
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
                     a.scale * acc);
         });
@@ -546,9 +652,9 @@ struct GdnScanKernel {
       block_sync();  // R staged; S, Qst and C read
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
       const float* egl = c + a.blk.egl;
-      const GdnTerm upd[1] = {{M1, 1, ld, Ds, tc, 1, n, 1.f}};
-      gdn_scan_product(dk, tw, tc, upd, tid, nthr, [&](int d, int e, float acc) {
-        S[d * tc + e] = S[d * tc + e] * egl[d] + acc;
+      const GdnTerm upd[1] = {{M1, 1, ldt, Ds, ls, 1, n, 1.f}};
+      gdn_scan_product(dk, tw, tc, a.tensor, upd, tid, nthr, [&](int d, int e, float acc) {
+        S[d * ls + e] = S[d * ls + e] * egl[d] + acc;
       });
       block_sync();  // R read, S updated, before the next chunk stages over M1, M2 and C
     }
@@ -557,15 +663,15 @@ struct GdnScanKernel {
       float* so = a.state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * dk * w;
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
-        if (e < tw) so[d * w + e0 + e] = S[idx];
+        if (e < tw) so[d * w + e0 + e] = S[d * ls + e];
       }
     }
   }
 };
 
-// ---- backward scan: one block per (run, head, `tile` columns of dS); chunks in reverse. Shared: dS [dk][tile],
-// dD and dY [64][tile], two chunk matrices [64][dk + 1] (R and Qst, then W over R) and C [64][65]; four barriers a
-// chunk. Stores dS at each chunk's end and dD into the cache for the gradient kernel.
+// ---- backward scan: one block per (run, head, `tile` columns of dS); chunks in reverse. Shared: dS [dk][tile + 8],
+// dD and dY [64][tile + 8], two chunk matrices [64][~dk + 8] (R and Qst, then W over R) and C [64][72]; four
+// barriers a chunk. Stores dS at each chunk's end and dD into the cache for the gradient kernel.
 struct GdnBwdScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -578,36 +684,39 @@ struct GdnBwdScanArgs {
   float scale;
   const float* d_state_out;  // by out_slot
   float* d_state_in;         // by in_slot
+  bool tensor;               // the products on tensor cores
 };
 struct GdnBwdScanKernel {
   using Args = GdnBwdScanArgs;
   static constexpr const char* kName = "gdn backward scan";
   static size_t smem_bytes(const Args& a) {
-    return (static_cast<size_t>(a.dk + 2 * kGdnChunk) * a.tile + 2 * static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
-            kGdnChunk * (kGdnChunk + 1)) *
+    return (static_cast<size_t>(a.dk + 2 * kGdnChunk) * (a.tile + 8) + 2 * static_cast<size_t>(kGdnChunk) * gdn_ld_cols(a.dk) +
+            kGdnChunk * gdn_ld_cols(kGdnChunk)) *
            sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int tc = a.tile;  // state columns of this block
     const int H = a.heads, dk = a.dk, dv = a.dv;
-    const int ld = dk + 1, lc = kGdnChunk + 1;  // staged row strides
+    const int ls = tc + 8;                                   // row stride of dS, dD and dY
+    const int ldr = gdn_ld_rows(dk), ldt = gdn_ld_cols(dk);  // R read as A; Qst, W transposed
+    const int lc = gdn_ld_cols(kGdnChunk);                   // C transposed
     const int64_t nt = (dv + tc - 1) / tc;
     const int64_t r = block / (H * nt);
     const int h = static_cast<int>((block / nt) % H);
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = dv - e0 < tc ? dv - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* dS = smem;                   // [dk][tc]
-    float* dDs = dS + dk * tc;          // [64][tc]
-    float* dYs = dDs + kGdnChunk * tc;  // [64][tc]
-    float* M1 = dYs + kGdnChunk * tc;   // [64][ld]: R, then W
-    float* M2 = M1 + kGdnChunk * ld;    // [64][ld]: Qst
-    float* Cs = M2 + kGdnChunk * ld;    // [64][lc]
+    float* dS = smem;                   // [dk][ls]
+    float* dDs = dS + dk * ls;          // [64][ls]
+    float* dYs = dDs + kGdnChunk * ls;  // [64][ls]
+    float* M1 = dYs + kGdnChunk * ls;   // [64][ldr]: R, then W [64][ldt]
+    float* M2 = M1 + kGdnChunk * ldt;   // [64][ldt]: Qst
+    float* Cs = M2 + kGdnChunk * ldt;   // [64][lc]
     const int64_t ssz = static_cast<int64_t>(dk) * dv;
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
       const int d = idx / tc, e = idx % tc;
-      dS[idx] = (dso && e < tw) ? dso[d * dv + e0 + e] : 0.f;
+      dS[d * ls + e] = (dso && e < tw) ? dso[d * dv + e0 + e] : 0.f;
     }
     for (int ci = rd.chunk_count - 1; ci >= 0; --ci) {
       const int64_t chunk = rd.chunk_begin + ci;
@@ -619,30 +728,30 @@ struct GdnBwdScanKernel {
       const int64_t dy_row = static_cast<int64_t>(H) * dv;
       for (int idx = tid; idx < n * tc; idx += nthr) {
         const int i = idx / tc, e = idx % tc;
-        dYs[idx] = e < tw ? load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e) : 0.f;
+        dYs[i * ls + e] = e < tw ? load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e) : 0.f;
       }
-      stage_rows(M1, c + a.blk.R, n, dk, tid, nthr);
-      stage_rows(M2, c + a.blk.Qst, n, dk, tid, nthr);
-      stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
+      stage_rows(M1, c + a.blk.R, n, dk, ldr, tid, nthr);
+      stage_rows(M2, c + a.blk.Qst, n, dk, ldt, tid, nthr);
+      stage_rows(Cs, c + a.blk.C, n, kGdnChunk, lc, tid, nthr);
       block_sync();  // dY, R, Qst and C staged; dS complete
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
-        if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[idx];
+        if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[d * ls + e];
       }
       // dD = scale Cᵀ dY + R dS (Cᵀ is zero below the diagonal: the sum over all n rows of C is Σ_{m>=i})
-      const GdnTerm cr[2] = {{Cs, 1, lc, dYs, tc, 1, n, a.scale}, {M1, ld, 1, dS, tc, 1, dk, 1.f}};
-      gdn_scan_product(n, tw, tc, cr, tid, nthr, [&](int i, int e, float acc) {
-        dDs[i * tc + e] = acc;
+      const GdnTerm cr[2] = {{Cs, 1, lc, dYs, ls, 1, n, a.scale}, {M1, ldr, 1, dS, ls, 1, dk, 1.f}};
+      gdn_scan_product(n, tw, tc, a.tensor, cr, tid, nthr, [&](int i, int e, float acc) {
+        dDs[i * ls + e] = acc;
         c[a.blk.dD + i * dv + e0 + e] = acc;
       });
       block_sync();  // dD complete, R read
-      stage_rows(M1, c + a.blk.W, n, dk, tid, nthr);
+      stage_rows(M1, c + a.blk.W, n, dk, ldt, tid, nthr);
       block_sync();
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
       const float* egl = c + a.blk.egl;
-      const GdnTerm qw[2] = {{M2, 1, ld, dYs, tc, 1, n, a.scale}, {M1, 1, ld, dDs, tc, 1, n, -1.f}};
-      gdn_scan_product(dk, tw, tc, qw, tid, nthr, [&](int d, int e, float acc) {
-        dS[d * tc + e] = egl[d] * dS[d * tc + e] + acc;
+      const GdnTerm qw[2] = {{M2, 1, ldt, dYs, ls, 1, n, a.scale}, {M1, 1, ldt, dDs, ls, 1, n, -1.f}};
+      gdn_scan_product(dk, tw, tc, a.tensor, qw, tid, nthr, [&](int d, int e, float acc) {
+        dS[d * ls + e] = egl[d] * dS[d * ls + e] + acc;
       });
       block_sync();  // Qst, W, dY read; dS updated, before the next chunk stages
     }
@@ -651,7 +760,7 @@ struct GdnBwdScanKernel {
       float* dsi = a.d_state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * ssz;
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
-        if (e < tw) dsi[d * dv + e0 + e] = dS[idx];
+        if (e < tw) dsi[d * dv + e0 + e] = dS[d * ls + e];
       }
     }
   }
@@ -1001,6 +1110,7 @@ inline GdnScanArgs gdn_scan_args(const GdnCudaParams& p, const GdnSchedule& s, i
   a.use_u = true;
   a.scale = p.scale;
   a.y_f32 = p.y_f32;
+  a.tensor = p.tensor_cores;
   return a;
 }
 
@@ -1075,7 +1185,7 @@ void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>
         static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(p.dv, gdn_scan_tile(p)),
         GdnBwdScanArgs{s.dev_runs(p), s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, gdn_scan_tile(p), g.dy,
                        p.y_f32, p.scale,
-                       g.d_state_out, g.d_state_in});
+                       g.d_state_out, g.d_state_in, p.tensor_cores});
   if (g.any() && !s.chunks.empty())
     x.template launch<GdnGradKernel>(static_cast<int64_t>(s.chunks.size()) * p.heads,
                                      GdnGradArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk, g.dy, p.y_f32,
