@@ -147,8 +147,9 @@ TEST(GdnCudaEmulatedLaunch, SixteenScanColumns) {
   check_summary(dev, c);
 }
 
-// The scans on tensor cores (3xTF32 fragments, the host path of gdn_mma_tf32x3) under the same fp32 tolerances: 32
-// columns at 64 / 64, and 16 columns with partial 16 x 8 tiles (dv 72, the summary's dk 40, chunks of 37 and 6 rows).
+// Every chunk product on tensor cores (3xTF32 fragments, the host path of gdn_mma_tf32x3: scans, prep, gradients)
+// under the same fp32 tolerances: 32 columns at 64 / 64, and 16 columns with partial 16 x 8 tiles (dv 72, the
+// summary's dk 40, chunks of 37 and 6 rows).
 TEST(GdnCudaEmulatedLaunch, TensorCoreScans) {
   EmulatedDev dev;
   Case a(ragged_tokens(1), 1, 64, 64, GdnGate::Scalar, ragged_runs(1), 4, 33);

@@ -132,8 +132,9 @@ TEST_P(GdnCuda, SixteenScanColumns) {
   check_summary(dev, c);
 }
 
-// The scans on tensor cores (GdnCudaParams::tensor_cores: 3xTF32 mma.sync) under the same fp32 tolerances, at 32
-// and 16 columns, ragged runs and a long run: the GPU is where the operand fragments' positions are checked.
+// The chunk products on tensor cores (GdnCudaParams::tensor_cores: 3xTF32 mma.sync in prep, the scans and the
+// gradients) under the same fp32 tolerances, at 32 and 16 columns, ragged runs and a long run: the GPU is where the
+// operand fragments' positions are checked.
 TEST_P(GdnCuda, TensorCoreScans) {
   GpuDev dev;
   Case c = ragged(106);

@@ -1,12 +1,13 @@
 // Internal: the GDN/KDA chunk kernels' bodies and the host code that schedules them, written once for two
 // executors: gdn.cu (nvcc: each body becomes a __global__ kernel) and tests/test_gdn_cuda_emulated.cpp (the host
 // compiler: each block's threads are std::threads and block_sync() a std::barrier), so the CPU suite runs the very
-// code the GPU runs. Bodies use only block-wide barriers, shared and global memory (no warp intrinsics), and take
-// (block, thread, threads) as arguments. Math of kernels/cpu/gdn.hpp; the plan is in docs/kernels.md.
+// code the GPU runs. Bodies use only block-wide barriers, shared and global memory and, on the tensor-core path, the
+// warp's mma.sync behind gdn_mma_tf32x3 (whose host path computes each lane's results itself); they take (block,
+// thread, threads) as arguments. Math of kernels/cpu/gdn.hpp; the plan is in docs/kernels.md.
 //
 // Per (chunk, head) of c <= 64 tokens, G_i = Σ_{t<=i} g_t (per key channel; the scalar gate broadcasts):
 //   prep:   Qst = e^G ⊙ Q, Kst = e^G ⊙ K, R = e^{G_last - G} ⊙ K, P (j < i) and C (j <= i) pair matrices,
-//           U, W from (I + diag(β) P) [U | W] = diag(β) [V | Kst] by forward substitution, egl = e^{G_last}
+//           L⁻¹ (L = I + diag(β) P) by forward substitution, U = L⁻¹ diag(β) V, W = L⁻¹ diag(β) Kst, egl = e^{G_last}
 //   scan:   per (run, head, 32 or 16 state columns), chunks in order: D = U - W S; Y = scale (Qst S + C D);
 //           S <- diag(egl) S + Rᵀ D
 //   bwd scan: chunks in reverse: dD = scale Cᵀ dY + R dS; dS <- diag(egl) dS + scale Qstᵀ dY - Wᵀ dD
@@ -151,17 +152,22 @@ struct GdnView {
 };
 TREECP_GDN_HD GdnView gdn_view(const float* p, int64_t rs, int64_t cs = 1) { return {p, rs, cs, false}; }
 
-// Floats of shared memory gdn_block_product needs for outputs of at most `rows` x `cols`.
+// Row strides of the staged panels: A [rows][kGdnPanel + 1] and B [kGdnPanel][cols | 1] (odd: a warp's lanes,
+// reading one column of several rows, or writing one, hit distinct banks); for tensor cores A [rows][kGdnPanel + 4]
+// and B [kGdnPanel][32k + 8] (the fragments' lanes 4g + q read bank 4g + q of A and 8q + g of B).
+TREECP_GDN_HD int gdn_panel_lda(bool tensor) { return tensor ? kGdnPanel + 4 : kGdnPanel + 1; }
+TREECP_GDN_HD int gdn_panel_ldb(int cols, bool tensor) { return tensor ? (cols + 31) / 32 * 32 + 8 : (cols | 1); }
+
+// Floats of shared memory gdn_block_product needs for outputs of at most `rows` x `cols` (either path).
 TREECP_GDN_HD int64_t gdn_product_smem(int rows, int cols) {
-  return static_cast<int64_t>(rows) * (kGdnPanel + 1) + static_cast<int64_t>(kGdnPanel) * (cols | 1);
+  return static_cast<int64_t>(rows) * gdn_panel_lda(true) + static_cast<int64_t>(kGdnPanel) * gdn_panel_ldb(cols, true);
 }
 
-// Copies the panel [0, rows) x [l0, l0 + kGdnPanel) of A (zeros past `inner`) to dst [rows][kGdnPanel + 1] when
-// `a`, else the panel [l0, l0 + kGdnPanel) x [0, cols) of B to dst [kGdnPanel][cols | 1]; the index along which
-// the source is contiguous varies fastest across threads.
-TREECP_GDN_FN void gdn_stage_panel(float* dst, const GdnView& v, bool a, int extent, int l0, int inner, int tid,
+// Copies the panel [0, rows) x [l0, l0 + kGdnPanel) of A (zeros past `inner`) to dst [rows][ld] when `a`, else the
+// panel [l0, l0 + kGdnPanel) x [0, cols) of B to dst [kGdnPanel][ld]; the index along which the source is
+// contiguous varies fastest across threads.
+TREECP_GDN_FN void gdn_stage_panel(float* dst, int ld, const GdnView& v, bool a, int extent, int l0, int inner, int tid,
                                    int nthr) {
-  const int ld = a ? kGdnPanel + 1 : (extent | 1);
   const bool inner_fast = a ? v.cs == 1 : v.rs == 1;
   const int total = extent * kGdnPanel;
   for (int idx = tid; idx < total; idx += nthr) {
@@ -176,74 +182,6 @@ TREECP_GDN_FN void gdn_stage_panel(float* dst, const GdnView& v, bool a, int ext
   }
 }
 
-// The register tile of one thread: rows ti + r * mt, columns tj + c * nt of a rows x cols output, indices past it
-// clamped onto its last row / column (read, never written).
-template <int TM, int TN>
-struct GdnRegTile {
-  int ti, tj, mt, nt, rows, cols;
-  int ri[TM], cj[TN];
-  float acc[TM][TN];
-  TREECP_GDN_FN GdnRegTile(int tile, int rows_, int cols_) : rows(rows_), cols(cols_) {
-    mt = (rows + TM - 1) / TM;
-    nt = (cols + TN - 1) / TN;
-    ti = tile / nt;
-    tj = tile % nt;
-    TREECP_GDN_UNROLL
-    for (int r = 0; r < TM; ++r) ri[r] = ti + r * mt < rows ? ti + r * mt : rows - 1;
-    TREECP_GDN_UNROLL
-    for (int c = 0; c < TN; ++c) cj[c] = tj + c * nt < cols ? tj + c * nt : cols - 1;
-    TREECP_GDN_UNROLL
-    for (int r = 0; r < TM; ++r)
-      TREECP_GDN_UNROLL
-      for (int c = 0; c < TN; ++c) acc[r][c] = 0.f;
-  }
-  // acc += s A B over inner indices [0, len): A(i, l) = A[i * ars + l * acs], B(l, j) = B[l * brs + j * bcs].
-  TREECP_GDN_FN void mma(const float* A, int ars, int acs, const float* B, int brs, int bcs, int len, float s = 1.f) {
-    for (int l = 0; l < len; ++l) {
-      float a[TM], b[TN];
-      TREECP_GDN_UNROLL
-      for (int r = 0; r < TM; ++r) a[r] = s * A[ri[r] * ars + l * acs];
-      TREECP_GDN_UNROLL
-      for (int c = 0; c < TN; ++c) b[c] = B[l * brs + cj[c] * bcs];
-      TREECP_GDN_UNROLL
-      for (int r = 0; r < TM; ++r)
-        TREECP_GDN_UNROLL
-        for (int c = 0; c < TN; ++c) acc[r][c] += a[r] * b[c];
-    }
-  }
-  template <class F>
-  TREECP_GDN_FN void store(F&& out) const {
-    TREECP_GDN_UNROLL
-    for (int r = 0; r < TM; ++r)
-      TREECP_GDN_UNROLL
-      for (int c = 0; c < TN; ++c) {
-        const int i = ti + r * mt, j = tj + c * nt;
-        if (i < rows && j < cols) out(i, j, acc[r][c]);
-      }
-  }
-};
-
-template <int TM, int TN, class F>
-TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem,
-                                     int tid, int nthr, F&& out) {
-  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
-  float* As = smem;                             // [rows][kGdnPanel + 1]
-  float* Bs = smem + rows * (kGdnPanel + 1);    // [kGdnPanel][cols | 1]
-  for (int base = 0; base < tiles; base += nthr) {
-    const bool mine = base + tid < tiles;
-    GdnRegTile<TM, TN> rt(mine ? base + tid : 0, rows, cols);
-    for (int l0 = 0; l0 < inner; l0 += kGdnPanel) {
-      block_sync();  // the previous panel (or the caller's writes of the operands) done
-      gdn_stage_panel(As, A, true, rows, l0, inner, tid, nthr);
-      gdn_stage_panel(Bs, B, false, cols, l0, inner, tid, nthr);
-      block_sync();
-      if (mine) rt.mma(As, kGdnPanel + 1, 1, Bs, cols | 1, 1, inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel, 1.f);
-    }
-    if (mine) rt.store(out);
-  }
-  block_sync();  // outputs written before anyone reads them or restages over the panels
-}
-
 // One term s A B of a sum of products over operands already in shared memory: A(i, l) = A[i * ars + l * acs],
 // B(l, j) = B[l * brs + j * bcs], l < len.
 struct GdnTerm {
@@ -254,20 +192,7 @@ struct GdnTerm {
   int len;
   float s;
 };
-// out(i, j, Σ_terms s A B) for the rows x cols output, register-blocked as gdn_block_product, no barrier: the
-// caller orders the operands' writes and the outputs' reads.
-template <int TM, int TN, int NT, class F>
-TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
-  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
-  for (int tile = tid; tile < tiles; tile += nthr) {
-    GdnRegTile<TM, TN> rt(tile, rows, cols);
-    for (int k = 0; k < NT; ++k) rt.mma(terms[k].A, terms[k].ars, terms[k].acs, terms[k].B, terms[k].brs, terms[k].bcs,
-                                        terms[k].len, terms[k].s);
-    rt.store(out);
-  }
-}
-
-// ---- tensor cores: the scans' products as mma.sync m16n8k8 with tf32 operands, each operand split in two
+// ---- tensor cores (GdnCudaParams::tensor_cores): the chunk products as mma.sync m16n8k8 with tf32 operands, each operand split in two
 // (x = hi + lo, hi = tf32(x), lo = tf32(x - hi)) and three products accumulated (lo·hi, hi·lo, hi·hi: "3xTF32"),
 // which leaves an error of about 2^-21 of each product, the size of fp32 rounding over the inner sums, so the
 // fp32 tolerances of the tests hold. Fragments of the PTX ISA's m16n8k8 .tf32 layout, g = lane / 4, q = lane % 4:
@@ -360,6 +285,138 @@ TREECP_GDN_FN void gdn_warp_product(int rows, int cols, const GdnTerm (&terms)[N
   }
 }
 
+// The register tile of one thread: rows ti + r * mt, columns tj + c * nt of a rows x cols output, indices past it
+// clamped onto its last row / column (read, never written).
+template <int TM, int TN>
+struct GdnRegTile {
+  int ti, tj, mt, nt, rows, cols;
+  int ri[TM], cj[TN];
+  float acc[TM][TN];
+  TREECP_GDN_FN GdnRegTile(int tile, int rows_, int cols_) : rows(rows_), cols(cols_) {
+    mt = (rows + TM - 1) / TM;
+    nt = (cols + TN - 1) / TN;
+    ti = tile / nt;
+    tj = tile % nt;
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r) ri[r] = ti + r * mt < rows ? ti + r * mt : rows - 1;
+    TREECP_GDN_UNROLL
+    for (int c = 0; c < TN; ++c) cj[c] = tj + c * nt < cols ? tj + c * nt : cols - 1;
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r)
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) acc[r][c] = 0.f;
+  }
+  // acc += s A B over inner indices [0, len): A(i, l) = A[i * ars + l * acs], B(l, j) = B[l * brs + j * bcs].
+  TREECP_GDN_FN void mma(const float* A, int ars, int acs, const float* B, int brs, int bcs, int len, float s = 1.f) {
+    for (int l = 0; l < len; ++l) {
+      float a[TM], b[TN];
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r) a[r] = s * A[ri[r] * ars + l * acs];
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) b[c] = B[l * brs + cj[c] * bcs];
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r)
+        TREECP_GDN_UNROLL
+        for (int c = 0; c < TN; ++c) acc[r][c] += a[r] * b[c];
+    }
+  }
+  template <class F>
+  TREECP_GDN_FN void store(F&& out) const {
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r)
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) {
+        const int i = ti + r * mt, j = tj + c * nt;
+        if (i < rows && j < cols) out(i, j, acc[r][c]);
+      }
+  }
+};
+
+// The block product on tensor cores: each warp holds up to kGdnWarpTiles 16 x 8 tiles of the output (tiles w,
+// w + warps, ... of a round) across the panels.
+constexpr int kGdnWarpTiles = 8;
+template <class F>
+TREECP_GDN_FN void gdn_block_mma(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem, int tid,
+                                 int nthr, F&& out) {
+  const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
+  const int g = lane >> 2, q = lane & 3;
+  const int nt = (cols + 7) / 8, tiles = (rows + 15) / 16 * nt;
+  const int la = gdn_panel_lda(true), lb = gdn_panel_ldb(cols, true);
+  float* As = smem;            // [rows][la]
+  float* Bs = smem + rows * la;  // [kGdnPanel][lb]
+  for (int base = 0; base < tiles; base += warps * kGdnWarpTiles) {
+    float c[kGdnWarpTiles][4];
+    TREECP_GDN_UNROLL
+    for (int k = 0; k < kGdnWarpTiles; ++k)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) c[k][e] = 0.f;
+    for (int l0 = 0; l0 < inner; l0 += kGdnPanel) {
+      block_sync();  // the previous panel (or the caller's writes of the operands) done
+      gdn_stage_panel(As, la, A, true, rows, l0, inner, tid, nthr);
+      gdn_stage_panel(Bs, lb, B, false, cols, l0, inner, tid, nthr);
+      block_sync();
+      const GdnTerm m{As, la, 1, Bs, lb, 1, inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel, 1.f};
+      TREECP_GDN_UNROLL
+      for (int k = 0; k < kGdnWarpTiles; ++k) {
+        const int tile = base + warp + k * warps;
+        if (warp < warps && tile < tiles)
+          for (int k0 = 0; k0 < m.len; k0 += 8)
+            gdn_mma_tf32x3(c[k], m, (tile / nt) * 16, (tile % nt) * 8, k0, rows, cols, lane);
+      }
+    }
+    TREECP_GDN_UNROLL
+    for (int k = 0; k < kGdnWarpTiles; ++k) {
+      const int tile = base + warp + k * warps;
+      if (warp >= warps || tile >= tiles) continue;
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = (tile / nt) * 16 + g + (e >> 1) * 8, j = (tile % nt) * 8 + 2 * q + (e & 1);
+        if (i < rows && j < cols) out(i, j, c[k][e]);
+      }
+    }
+  }
+  block_sync();  // outputs written before anyone reads them or restages over the panels
+}
+
+template <int TM, int TN, class F>
+TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem,
+                                     int tid, int nthr, bool tensor, F&& out) {
+  if (tensor) {
+    gdn_block_mma(rows, cols, inner, A, B, smem, tid, nthr, out);
+    return;
+  }
+  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
+  const int la = gdn_panel_lda(false), lb = gdn_panel_ldb(cols, false);
+  float* As = smem;              // [rows][la]
+  float* Bs = smem + rows * la;  // [kGdnPanel][lb]
+  for (int base = 0; base < tiles; base += nthr) {
+    const bool mine = base + tid < tiles;
+    GdnRegTile<TM, TN> rt(mine ? base + tid : 0, rows, cols);
+    for (int l0 = 0; l0 < inner; l0 += kGdnPanel) {
+      block_sync();  // the previous panel (or the caller's writes of the operands) done
+      gdn_stage_panel(As, la, A, true, rows, l0, inner, tid, nthr);
+      gdn_stage_panel(Bs, lb, B, false, cols, l0, inner, tid, nthr);
+      block_sync();
+      if (mine) rt.mma(As, la, 1, Bs, lb, 1, inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel, 1.f);
+    }
+    if (mine) rt.store(out);
+  }
+  block_sync();  // outputs written before anyone reads them or restages over the panels
+}
+
+// out(i, j, Σ_terms s A B) for the rows x cols output, register-blocked as gdn_block_product, no barrier: the
+// caller orders the operands' writes and the outputs' reads.
+template <int TM, int TN, int NT, class F>
+TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
+  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
+  for (int tile = tid; tile < tiles; tile += nthr) {
+    GdnRegTile<TM, TN> rt(tile, rows, cols);
+    for (int k = 0; k < NT; ++k) rt.mma(terms[k].A, terms[k].ars, terms[k].acs, terms[k].B, terms[k].brs, terms[k].bcs,
+                                        terms[k].len, terms[k].s);
+    rt.store(out);
+  }
+}
+
 // The scans' products: rows (64 tokens, or dk state rows) x tc state columns, tiles sized for about one per thread
 // at the GPU's 256 threads (4 x 4 for dk x 32, 4 x 2 for 64 x 32; half at 16 columns); on tensor cores with
 // `tensor`.
@@ -424,6 +481,7 @@ struct GdnPrepArgs {
   float* cache;
   GdnBlock blk;
 };
+template <bool kTensor>  // the block products on tensor cores
 struct GdnPrepKernel {
   using Args = GdnPrepArgs;
   static constexpr const char* kName = "gdn prep";
@@ -486,12 +544,12 @@ struct GdnPrepKernel {
     // A scalar gate's decay is one factor per pair: P and C are the products K Kᵀ and Q Kᵀ, scaled.
     if (scalar) {
       const GdnView kr = a.in.rows(a.in.k, t, h, dk);
-      gdn_block_product<4, 4>(n, n, dk, kr, kr.t(), panels, tid, nthr, [&](int i, int j, float acc) {
+      gdn_block_product<4, 4>(n, n, dk, kr, kr.t(), panels, tid, nthr, kTensor, [&](int i, int j, float acc) {
         const float p = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
         P[i * kGdnChunk + j] = p;
         Ps[i * lc + j] = p;
       });
-      gdn_block_product<4, 4>(n, n, dk, a.in.rows(a.in.q, t, h, dk), kr.t(), panels, tid, nthr,
+      gdn_block_product<4, 4>(n, n, dk, a.in.rows(a.in.q, t, h, dk), kr.t(), panels, tid, nthr, kTensor,
                               [&](int i, int j, float acc) {
                                 C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
                               });
@@ -536,9 +594,9 @@ struct GdnPrepKernel {
       Tb[i * lc + j] *= bs[j];
     }
     const GdnView tb = gdn_view(Tb, lc);
-    gdn_block_product<4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr,
+    gdn_block_product<4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr, kTensor,
                             [&](int i, int e, float acc) { c[a.blk.U + i * dv + e] = acc; });
-    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(Kst, dk), panels, tid, nthr,
+    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(Kst, dk), panels, tid, nthr, kTensor,
                             [&](int i, int d, float acc) { c[a.blk.W + i * dk + d] = acc; });
   }
 };
@@ -547,6 +605,9 @@ struct GdnPrepKernel {
 TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int ld, int tid, int nthr) {
   for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * ld + idx % cols] = src[idx];
 }
+
+// Blocks of `tile` state columns over `width` (the scans' grid: per run and head).
+TREECP_GDN_HD int64_t gdn_scan_tiles(int width, int tile) { return (width + tile - 1) / tile; }
 
 // Row strides of the scans' staged matrices, chosen for the tensor-core fragments' bank pattern (lanes 4g + q read
 // row g, column q of A, or row q, column g of B and of a transposed A): a matrix read as A has a stride of 4 mod 32
@@ -574,12 +635,11 @@ struct GdnScanArgs {
   void* y;                // null = not written
   bool y_f32;
   float scale;
-  bool tensor;  // the products on tensor cores (GdnCudaParams::tensor_cores)
 };
+template <bool kTensor>  // the products on tensor cores (GdnCudaParams::tensor_cores)
 struct GdnScanKernel {
   using Args = GdnScanArgs;
   static constexpr const char* kName = "gdn scan";
-  static int64_t tiles(int width, int tile) { return (width + tile - 1) / tile; }
   static size_t smem_bytes(const Args& a) {
     return (static_cast<size_t>(a.dk + kGdnChunk) * (a.tile + 8) + 2 * static_cast<size_t>(kGdnChunk) * gdn_ld_cols(a.dk) +
             kGdnChunk * gdn_ld_rows(kGdnChunk)) *
@@ -634,7 +694,7 @@ struct GdnScanKernel {
         }
       // D = U - W S
       const GdnTerm ws[1] = {{M1, ldr, 1, S, ls, 1, dk, 1.f}};
-      gdn_scan_product(n, tw, tc, a.tensor, ws, tid, nthr, [&](int i, int e, float acc) {
+      gdn_scan_product(n, tw, tc, kTensor, ws, tid, nthr, [&](int i, int e, float acc) {
         const float x = (a.use_u ? U[i * dv + e0 + e] : 0.f) - acc;
         Ds[i * ls + e] = x;
         if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
@@ -644,7 +704,7 @@ struct GdnScanKernel {
       if (a.y) {
         // Y = scale ((e^G ⊙ Q) S + C D); C is zero above the diagonal within the chunk, so its n columns sum j <= i.
         const GdnTerm qc[2] = {{M2, ldr, 1, S, ls, 1, dk, 1.f}, {Cs, lc, 1, Ds, ls, 1, n, 1.f}};
-        gdn_scan_product(n, tw, tc, a.tensor, qc, tid, nthr, [&](int i, int e, float acc) {
+        gdn_scan_product(n, tw, tc, kTensor, qc, tid, nthr, [&](int i, int e, float acc) {
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
                     a.scale * acc);
         });
@@ -653,7 +713,7 @@ struct GdnScanKernel {
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
       const float* egl = c + a.blk.egl;
       const GdnTerm upd[1] = {{M1, 1, ldt, Ds, ls, 1, n, 1.f}};
-      gdn_scan_product(dk, tw, tc, a.tensor, upd, tid, nthr, [&](int d, int e, float acc) {
+      gdn_scan_product(dk, tw, tc, kTensor, upd, tid, nthr, [&](int d, int e, float acc) {
         S[d * ls + e] = S[d * ls + e] * egl[d] + acc;
       });
       block_sync();  // R read, S updated, before the next chunk stages over M1, M2 and C
@@ -684,8 +744,8 @@ struct GdnBwdScanArgs {
   float scale;
   const float* d_state_out;  // by out_slot
   float* d_state_in;         // by in_slot
-  bool tensor;               // the products on tensor cores
 };
+template <bool kTensor>  // the products on tensor cores
 struct GdnBwdScanKernel {
   using Args = GdnBwdScanArgs;
   static constexpr const char* kName = "gdn backward scan";
@@ -740,7 +800,7 @@ struct GdnBwdScanKernel {
       }
       // dD = scale Cᵀ dY + R dS (Cᵀ is zero below the diagonal: the sum over all n rows of C is Σ_{m>=i})
       const GdnTerm cr[2] = {{Cs, 1, lc, dYs, ls, 1, n, a.scale}, {M1, ldr, 1, dS, ls, 1, dk, 1.f}};
-      gdn_scan_product(n, tw, tc, a.tensor, cr, tid, nthr, [&](int i, int e, float acc) {
+      gdn_scan_product(n, tw, tc, kTensor, cr, tid, nthr, [&](int i, int e, float acc) {
         dDs[i * ls + e] = acc;
         c[a.blk.dD + i * dv + e0 + e] = acc;
       });
@@ -750,7 +810,7 @@ struct GdnBwdScanKernel {
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
       const float* egl = c + a.blk.egl;
       const GdnTerm qw[2] = {{M2, 1, ldt, dYs, ls, 1, n, a.scale}, {M1, 1, ldt, dDs, ls, 1, n, -1.f}};
-      gdn_scan_product(dk, tw, tc, a.tensor, qw, tid, nthr, [&](int d, int e, float acc) {
+      gdn_scan_product(dk, tw, tc, kTensor, qw, tid, nthr, [&](int d, int e, float acc) {
         dS[d * ls + e] = egl[d] * dS[d * ls + e] + acc;
       });
       block_sync();  // Qst, W, dY read; dS updated, before the next chunk stages
@@ -783,6 +843,7 @@ struct GdnGradArgs {
   float* dg;
   float* dbeta;
 };
+template <bool kTensor>  // the block products on tensor cores
 struct GdnGradKernel {
   using Args = GdnGradArgs;
   static constexpr const char* kName = "gdn gradients";
@@ -834,21 +895,21 @@ struct GdnGradKernel {
         Ex[i * kGdnChunk + j] = j <= i ? expf(G[i * dk] - G[j * dk]) : 0.f;
       }
     // dC = scale dY Dᵀ (j <= i); dW = -dD S0ᵀ (into rr)
-    gdn_block_product<4, 4>(n, n, dv, dyv, gdn_view(D, dv).t(), panels, tid, nthr, [&](int i, int j, float acc) {
+    gdn_block_product<4, 4>(n, n, dv, dyv, gdn_view(D, dv).t(), panels, tid, nthr, kTensor, [&](int i, int j, float acc) {
       dC[i * l64 + j] = j <= i ? a.scale * acc : 0.f;
     });
-    gdn_block_product<4, 8>(n, dk, dv, gdn_view(dD, dv), gdn_view(S0, dv).t(), panels, tid, nthr,
+    gdn_block_product<4, 8>(n, dk, dv, gdn_view(dD, dv), gdn_view(S0, dv).t(), panels, tid, nthr, kTensor,
                             [&](int i, int d, float acc) { rr[i * dk + d] = -acc; });
     // Lᵀ [dX | dZ] = [dU | dW]: [dX | dZ] = L⁻ᵀ [dD | dW]
     const GdnView lit = gdn_view(Ti, l64).t();
-    gdn_block_product<4, 8>(n, dv, n, lit, gdn_view(dD, dv), panels, tid, nthr,
+    gdn_block_product<4, 8>(n, dv, n, lit, gdn_view(dD, dv), panels, tid, nthr, kTensor,
                             [&](int i, int e, float acc) { dX[i * dv + e] = acc; });
-    gdn_block_product<4, 8>(n, dk, n, lit, gdn_view(rr, dk), panels, tid, nthr,
+    gdn_block_product<4, 8>(n, dk, n, lit, gdn_view(rr, dk), panels, tid, nthr, kTensor,
                             [&](int i, int d, float acc) { dZ[i * dk + d] = acc; });
     // dL[i][j] = -(dX_i · U_j + dZ_i · W_j), j < i (the gradient of L = I + diag(β) P below the diagonal)
-    gdn_block_product<4, 4>(n, n, dv, gdn_view(dX, dv), gdn_view(U, dv).t(), panels, tid, nthr,
+    gdn_block_product<4, 4>(n, n, dv, gdn_view(dX, dv), gdn_view(U, dv).t(), panels, tid, nthr, kTensor,
                             [&](int i, int j, float acc) { dL[i * l64 + j] = j < i ? -acc : 0.f; });
-    gdn_block_product<4, 4>(n, n, dk, gdn_view(dZ, dk), gdn_view(W, dk).t(), panels, tid, nthr,
+    gdn_block_product<4, 4>(n, n, dk, gdn_view(dZ, dk), gdn_view(W, dk).t(), panels, tid, nthr, kTensor,
                             [&](int i, int j, float acc) {
                               if (j < i) dL[i * l64 + j] -= acc;
                             });
@@ -866,9 +927,9 @@ struct GdnGradKernel {
         a.dv[((t + i) * H + h) * dv + e] += bs[i] * dX[idx];
       }
     // scale dY S0ᵀ (into dGm) and D dSeᵀ (into rr): q's and R's gradients through the state terms
-    gdn_block_product<4, 8>(n, dk, dv, dyv, gdn_view(S0, dv).t(), panels, tid, nthr,
+    gdn_block_product<4, 8>(n, dk, dv, dyv, gdn_view(S0, dv).t(), panels, tid, nthr, kTensor,
                             [&](int i, int d, float acc) { dGm[i * dk + d] = a.scale * acc; });
-    gdn_block_product<4, 8>(n, dk, dv, gdn_view(D, dv), gdn_view(dSe, dv).t(), panels, tid, nthr,
+    gdn_block_product<4, 8>(n, dk, dv, gdn_view(D, dv), gdn_view(dSe, dv).t(), panels, tid, nthr, kTensor,
                             [&](int i, int d, float acc) { rr[i * dk + d] = acc; });
     // q, k and the cumulative gate of (token i, channel d): the state terms, then the pairs (i, j), j <= i, with i
     // the later token (dq, dk and dG through k_j e^{G_i - G_j}) and the pairs (m, i), m >= i, with i the earlier.
@@ -901,10 +962,10 @@ struct GdnGradKernel {
       float* pq = c + a.blk.pq;
       float* pk = c + a.blk.pk;
       float* pt = c + a.blk.pt;
-      gdn_block_product<4, 8>(n, dk, n, a1, kr, panels, tid, nthr, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
-      gdn_block_product<4, 8>(n, dk, n, a2, kr, panels, tid, nthr, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
-      gdn_block_product<4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
-      gdn_block_product<4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr, [&](int i, int d, float acc) {
+      gdn_block_product<4, 8>(n, dk, n, a1, kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
+      gdn_block_product<4, 8>(n, dk, n, a2, kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
+      gdn_block_product<4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
+      gdn_block_product<4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) {
         finish(i, d, pq[i * dk + d], pk[i * dk + d], acc + pt[i * dk + d]);
       });
     } else {
@@ -1081,6 +1142,15 @@ struct GdnSchedule {
   }
 };
 
+// Launches K<true> (tensor-core products) or K<false>: each path is its own kernel with its own registers.
+template <template <bool> class K, class X>
+void gdn_launch(X& x, bool tensor, int64_t blocks, const typename K<false>::Args& a) {
+  if (tensor)
+    x.template launch<K<true>>(blocks, a);
+  else
+    x.template launch<K<false>>(blocks, a);
+}
+
 inline GdnInputs gdn_inputs(const GdnCudaParams& p) {
   return {static_cast<const uint16_t*>(p.q), static_cast<const uint16_t*>(p.k), static_cast<const uint16_t*>(p.v),
           static_cast<const uint16_t*>(p.g), static_cast<const uint16_t*>(p.beta), p.heads, p.dk, p.dv,
@@ -1090,8 +1160,8 @@ inline GdnInputs gdn_inputs(const GdnCudaParams& p) {
 template <class X>
 void gdn_prep_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   if (s.chunks.empty()) return;
-  x.template launch<GdnPrepKernel>(static_cast<int64_t>(s.chunks.size()) * p.heads,
-                                   GdnPrepArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk});
+  gdn_launch<GdnPrepKernel>(x, p.tensor_cores, static_cast<int64_t>(s.chunks.size()) * p.heads,
+                            GdnPrepArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk});
 }
 
 inline int gdn_scan_tile(const GdnCudaParams& p) { return p.scan_columns > 0 ? p.scan_columns : kGdnTile; }
@@ -1110,14 +1180,14 @@ inline GdnScanArgs gdn_scan_args(const GdnCudaParams& p, const GdnSchedule& s, i
   a.use_u = true;
   a.scale = p.scale;
   a.y_f32 = p.y_f32;
-  a.tensor = p.tensor_cores;
   return a;
 }
 
 template <class X>
 void gdn_scan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnScanArgs& a) {
   if (s.runs.empty()) return;
-  x.template launch<GdnScanKernel>(static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(a.width, a.tile), a);
+  gdn_launch<GdnScanKernel>(x, p.tensor_cores, static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(a.width, a.tile),
+                            a);
 }
 
 // Slots a call writes must be distinct across runs (each is one block's plain store).
@@ -1181,13 +1251,13 @@ void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>
   a.save = true;
   gdn_scan_on(x, p, s, a);
   if (!s.runs.empty())
-    x.template launch<GdnBwdScanKernel>(
-        static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(p.dv, gdn_scan_tile(p)),
+    gdn_launch<GdnBwdScanKernel>(
+        x, p.tensor_cores, static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(p.dv, gdn_scan_tile(p)),
         GdnBwdScanArgs{s.dev_runs(p), s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, gdn_scan_tile(p), g.dy,
                        p.y_f32, p.scale,
-                       g.d_state_out, g.d_state_in, p.tensor_cores});
+                       g.d_state_out, g.d_state_in});
   if (g.any() && !s.chunks.empty())
-    x.template launch<GdnGradKernel>(static_cast<int64_t>(s.chunks.size()) * p.heads,
+    gdn_launch<GdnGradKernel>(x, p.tensor_cores, static_cast<int64_t>(s.chunks.size()) * p.heads,
                                      GdnGradArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk, g.dy, p.y_f32,
                                                  p.scale, g.dq, g.dk, g.dv, g.dg, g.dbeta});
 }
