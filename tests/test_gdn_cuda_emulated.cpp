@@ -154,6 +154,23 @@ TEST(GdnCudaEmulatedLaunch, SixteenScanColumns) {
   check_summary(dev, c);
 }
 
+// Every chunk product on tensor cores (3xTF32 fragments, the host path of gdn_mma_tf32x3: scans, prep, gradients)
+// under the same fp32 tolerances: 32 columns at 64 / 64, and 16 columns with partial 16 x 8 tiles (dv 72, the
+// summary's dk 40, chunks of 37 and 6 rows).
+TEST(GdnCudaEmulatedLaunch, TensorCoreScans) {
+  EmulatedDev dev;
+  Case a(ragged_tokens(1), 1, 64, 64, GdnGate::Scalar, ragged_runs(1), 4, 33);
+  a.tensor_cores = true;
+  check_forward(dev, a, /*y_f32=*/true);
+  check_backward(dev, a, /*dy_f32=*/false);
+  Case b(ragged_tokens(1), 1, 40, 72, GdnGate::PerChannel, ragged_runs(1), 4, 34);
+  b.tensor_cores = true;
+  b.scan_columns = 16;
+  check_forward(dev, b, /*y_f32=*/false);
+  check_backward(dev, b, /*dy_f32=*/true);
+  check_summary(dev, b);
+}
+
 TEST(GdnCudaEmulatedAlgebra, ComposeIsAssociativeAndAppliesMatchTheCpu) {
   EmulatedDev dev;
   check_algebra(dev, 64, 64, 2, 21);

@@ -1,8 +1,9 @@
 // Benchmark of the CUDA GDN / KDA chunk kernels (not a test): T tokens (default 40,960) in `docs` equal runs
 // (default 1) from zero states, H = 32, dk = dv = 128, bf16 inputs. For each gate: a check of the forward's first
 // 128 tokens of two heads against the CPU double recurrence, then forward and forward+backward timed with CUDA
-// events (3 warm-up calls, median of --reps) at 32 and at 16 state columns per scan block, the effective TFLOP/s,
-// and the time of each kernel in one forward and one backward (default columns). Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
+// events (3 warm-up calls, median of --reps) at 32 and at 16 state columns per scan block, with the scans' products
+// as register-blocked fp32 FMA and on tensor cores (GdnCudaParams::tensor_cores), the effective TFLOP/s, and the time
+// of each kernel in one forward and one backward (default columns, both kinds of scan products). Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
 // FLOPs (gdn_chunk_flops): the chunked form's useful multiply-adds x 2 per (chunk of c tokens, head):
 //   P and C (lower triangles) 2 c^2 dk, the triangular solve for U and W c^2 (dk + dv), D = U - W S, Qst S and
 //   Rᵀ D 6 c dk dv, C D c^2 dv; the backward counted as twice the forward (forward+backward = 3x).
@@ -120,8 +121,8 @@ int main(int argc, char** argv) {
     const double fwd_flops = gdn_chunk_flops(runs, H, D, D);
     std::printf("GDN / KDA chunk kernels on %s: T = %lld in %d run(s), H = %d, dk = dv = %d, bf16 in, fp32 states\n",
                 prop.name, static_cast<long long>(T), docs, H, D);
-    std::printf("| gate | scan columns | check y (first 128 tokens, 2 heads) | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
+    std::printf("| gate | scan columns | scan products | check y (first 128 tokens, 2 heads) | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
     std::vector<std::pair<std::string, std::map<std::string, double>>> breakdowns;
     for (const GdnGate gate : {GdnGate::Scalar, GdnGate::PerChannel}) {
       const int64_t nqk = T * H * D, ng = gate == GdnGate::Scalar ? T * H : T * H * D;
@@ -154,9 +155,6 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 5; ++i) check_cuda(cudaMemsetAsync(grads[i], 0, sizes[i] * 4), "memset");
         gdn_backward(p, runs, g);
       };
-      // Check: the first 128 tokens of heads 0 and 1 (the first run's) against the double recurrence.
-      forward();
-      check_cuda(cudaDeviceSynchronize(), "forward");
       const int64_t n = 128;
       auto wide = [](const std::vector<uint16_t>& b) {
         std::vector<double> o(b.size());
@@ -165,46 +163,60 @@ int main(int argc, char** argv) {
       };
       const auto q = wide(download<uint16_t>(p.q, n * H * D)), k = wide(download<uint16_t>(p.k, n * H * D)),
                  v = wide(download<uint16_t>(p.v, n * H * D)), gg = wide(download<uint16_t>(p.g, ng / T * n)),
-                 beta = wide(download<uint16_t>(p.beta, n * H)), y = wide(download<uint16_t>(p.y, n * H * D));
+                 beta = wide(download<uint16_t>(p.beta, n * H));
       GdnParams<double> cp;
       cp.q = q.data(); cp.k = k.data(); cp.v = v.data(); cp.g = gg.data(); cp.beta = beta.data();
       cp.tokens = n; cp.shape = GdnShape{H, D, D, gate, p.scale, 64};
       std::vector<double> yr(n * H * D, 0.0);
-      double num = 0, den = 0;
       const int64_t checked = std::min<int64_t>(n, runs[0].t1);
       for (int h = 0; h < 2; ++h) {
         std::vector<double> s(static_cast<size_t>(D) * D, 0.0);
         gdn_recurrent_forward(cp, h, 0, checked, s.data(), yr.data());
-        for (int64_t t = 0; t < checked; ++t)
-          for (int e = 0; e < D; ++e) {
-            const int64_t i = (t * H + h) * D + e;
-            num += (y[i] - yr[i]) * (y[i] - yr[i]);
-            den += yr[i] * yr[i];
-          }
       }
-      const double err = std::sqrt(num / den);
+      // Check: the first 128 tokens of heads 0 and 1 (the first run's) against the double recurrence.
+      auto check_y = [&] {
+        forward();
+        check_cuda(cudaDeviceSynchronize(), "forward");
+        const auto y = wide(download<uint16_t>(p.y, n * H * D));
+        double num = 0, den = 0;
+        for (int h = 0; h < 2; ++h)
+          for (int64_t t = 0; t < checked; ++t)
+            for (int e = 0; e < D; ++e) {
+              const int64_t i = (t * H + h) * D + e;
+              num += (y[i] - yr[i]) * (y[i] - yr[i]);
+              den += yr[i] * yr[i];
+            }
+        return std::sqrt(num / den);
+      };
       const char* name = gate == GdnGate::Scalar ? "GDN (scalar)" : "KDA (per channel)";
-      for (const int cols : {32, 16}) {
-        p.scan_columns = cols;
-        const double t_fwd = time_ms(reps, forward), t_fb = time_ms(reps, fwd_bwd);
-        // the gradients are finite
-        for (int i = 0; i < 5; ++i) {
-          const auto h = download<float>(grads[i], std::min<int64_t>(sizes[i], 1 << 20));
-          for (float x : h) require(std::isfinite(x), "bench_gdn_cuda: a non-finite gradient");
+      for (const bool tensor : {false, true})
+        for (const int cols : {32, 16}) {
+          p.scan_columns = cols;
+          p.tensor_cores = tensor;
+          const double err = check_y();
+          const double t_fwd = time_ms(reps, forward), t_fb = time_ms(reps, fwd_bwd);
+          // the gradients are finite
+          for (int i = 0; i < 5; ++i) {
+            const auto h = download<float>(grads[i], std::min<int64_t>(sizes[i], 1 << 20));
+            for (float x : h) require(std::isfinite(x), "bench_gdn_cuda: a non-finite gradient");
+          }
+          std::printf("| %s | %d | %s | %.2e | %.3f | %.1f | %.3f | %.1f |\n", name, cols,
+                      tensor ? "3xTF32 mma" : "fp32 FMA", err, t_fwd, fwd_flops / t_fwd * 1e-9, t_fb,
+                      3 * fwd_flops / t_fb * 1e-9);
         }
-        std::printf("| %s | %d | %.2e | %.3f | %.1f | %.3f | %.1f |\n", name, cols, err, t_fwd,
-                    fwd_flops / t_fwd * 1e-9, t_fb, 3 * fwd_flops / t_fb * 1e-9);
-      }
       p.scan_columns = 0;
-      TimedExec tx;
-      cuda::detail::gdn_forward_on(tx, p, runs);
-      auto fwd_parts = tx.collect();
-      cuda::detail::gdn_backward_on(tx, p, runs, g);
-      auto bwd_parts = tx.collect();
-      std::map<std::string, double> parts;
-      for (auto& [k2, ms] : fwd_parts) parts["forward: " + k2] = ms;
-      for (auto& [k2, ms] : bwd_parts) parts["backward: " + k2] = ms;
-      breakdowns.push_back({name, parts});
+      for (const bool tensor : {false, true}) {
+        p.tensor_cores = tensor;
+        TimedExec tx;
+        cuda::detail::gdn_forward_on(tx, p, runs);
+        auto fwd_parts = tx.collect();
+        cuda::detail::gdn_backward_on(tx, p, runs, g);
+        auto bwd_parts = tx.collect();
+        std::map<std::string, double> parts;
+        for (auto& [k2, ms] : fwd_parts) parts["forward: " + k2] = ms;
+        for (auto& [k2, ms] : bwd_parts) parts["backward: " + k2] = ms;
+        breakdowns.push_back({std::string(name) + (tensor ? ", mma scans" : ", fp32 scans"), parts});
+      }
       for (const void* ptr : {p.q, p.k, p.v, p.g, p.beta, static_cast<const void*>(p.y), static_cast<const void*>(p.workspace),
                               static_cast<const void*>(dy)})
         check_cuda(cudaFree(const_cast<void*>(ptr)), "cudaFree");
@@ -212,7 +224,7 @@ int main(int argc, char** argv) {
     }
     std::printf("\nper kernel, one call each (ms):\n");
     for (auto& [name, parts] : breakdowns)
-      for (auto& [k2, ms] : parts) std::printf("  %-18s %-30s %8.3f\n", name.c_str(), k2.c_str(), ms);
+      for (auto& [k2, ms] : parts) std::printf("  %-30s %-30s %8.3f\n", name.c_str(), k2.c_str(), ms);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gdn_cuda: %s\n", e.what());
     return 1;

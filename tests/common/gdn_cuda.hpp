@@ -76,6 +76,7 @@ struct Case {
   Bf16Array q, k, v, g, beta, dy;
   std::vector<double> state_in, d_state_out;  // fp32 values [slots, H, dk, dv]
   int32_t scan_columns = 0;                   // GdnCudaParams::scan_columns
+  bool tensor_cores = false;                  // GdnCudaParams::tensor_cores
   int64_t ssz() const { return static_cast<int64_t>(dk) * dv; }
 
   Case(int64_t S_, int H_, int dk_, int dv_, GdnGate gate_, std::vector<GdnCudaRun> runs_, int slots_, uint64_t seed)
@@ -160,6 +161,7 @@ GdnCudaParams device_params(Dev& dev, const Case& c, bool backward) {
   p.g = dev.put(c.g.bits); p.beta = dev.put(c.beta.bits);
   p.tokens = c.S; p.heads = c.H; p.dk = c.dk; p.dv = c.dv; p.gate = c.gate; p.scale = c.scale;
   p.scan_columns = c.scan_columns;
+  p.tensor_cores = c.tensor_cores;
   p.state_in = dev.put(std::vector<float>(c.state_in.begin(), c.state_in.end()));
   p.workspace_bytes = dev.workspace_bytes(p, c.runs, backward);
   p.workspace = dev.workspace(p.workspace_bytes);

@@ -132,6 +132,25 @@ TEST_P(GdnCuda, SixteenScanColumns) {
   check_summary(dev, c);
 }
 
+// The chunk products on tensor cores (GdnCudaParams::tensor_cores: 3xTF32 mma.sync in prep, the scans and the
+// gradients) under the same fp32 tolerances, at 32 and 16 columns, ragged runs and a long run: the GPU is where the
+// operand fragments' positions are checked.
+TEST_P(GdnCuda, TensorCoreScans) {
+  GpuDev dev;
+  Case c = ragged(106);
+  c.tensor_cores = true;
+  check_forward(dev, c, /*y_f32=*/true);
+  check_backward(dev, c, /*dy_f32=*/false);
+  check_summary(dev, c);
+  c.scan_columns = 16;
+  check_forward(dev, c, /*y_f32=*/false);
+  check_backward(dev, c, /*dy_f32=*/true);
+  Case l = long_run(107);
+  l.tensor_cores = true;
+  check_forward(dev, l, /*y_f32=*/true);
+  check_backward(dev, l, /*dy_f32=*/false);
+}
+
 TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {
   GpuDev dev;
   check_summary(dev, ragged(104));

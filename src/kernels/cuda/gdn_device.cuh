@@ -1,12 +1,13 @@
 // Internal: the GDN/KDA chunk kernels' bodies and the host code that schedules them, written once for two
 // executors: gdn.cu (nvcc: each body becomes a __global__ kernel) and tests/test_gdn_cuda_emulated.cpp (the host
 // compiler: each block's threads are std::threads and block_sync() a std::barrier), so the CPU suite runs the very
-// code the GPU runs. Bodies use only block-wide barriers, shared and global memory (no warp intrinsics), and take
-// (block, thread, threads) as arguments. Math of kernels/cpu/gdn.hpp; the plan is in docs/kernels.md.
+// code the GPU runs. Bodies use only block-wide barriers, shared and global memory and, on the tensor-core path, the
+// warp's mma.sync behind gdn_mma_tf32x3 (whose host path computes each lane's results itself); they take (block,
+// thread, threads) as arguments. Math of kernels/cpu/gdn.hpp; the plan is in docs/kernels.md.
 //
 // Per (chunk, head) of c <= 64 tokens, G_i = Σ_{t<=i} g_t (per key channel; the scalar gate broadcasts):
 //   prep:   Qst = e^G ⊙ Q, Kst = e^G ⊙ K, R = e^{G_last - G} ⊙ K, P (j < i) and C (j <= i) pair matrices,
-//           U, W from (I + diag(β) P) [U | W] = diag(β) [V | Kst] by forward substitution, egl = e^{G_last}
+//           L⁻¹ (L = I + diag(β) P) by forward substitution, U = L⁻¹ diag(β) V, W = L⁻¹ diag(β) Kst, egl = e^{G_last}
 //   scan:   per (run, head, 32 or 16 state columns), chunks in order: D = U - W S; Y = scale (Qst S + C D);
 //           S <- diag(egl) S + Rᵀ D
 //   bwd scan: chunks in reverse: dD = scale Cᵀ dY + R dS; dS <- diag(egl) dS + scale Qstᵀ dY - Wᵀ dD
@@ -26,6 +27,7 @@
 #include "kernels/cuda/attention.hpp"  // check_cuda
 #define TREECP_GDN_FN __device__ inline
 #define TREECP_GDN_HD __host__ __device__ inline
+#define TREECP_GDN_UNROLL _Pragma("unroll")
 namespace treecp::cuda::detail {
 TREECP_GDN_FN void block_sync() { __syncthreads(); }
 }  // namespace treecp::cuda::detail
@@ -33,6 +35,7 @@ TREECP_GDN_FN void block_sync() { __syncthreads(); }
 #include <barrier>
 #define TREECP_GDN_FN inline
 #define TREECP_GDN_HD inline
+#define TREECP_GDN_UNROLL
 namespace treecp::cuda::detail {
 // The emulator sets each thread's barrier before it runs a block.
 inline thread_local std::barrier<>* emulated_block_barrier = nullptr;
@@ -92,12 +95,14 @@ struct GdnBlock {
   int64_t G = 0, Qst = 0, Kst = 0, R = 0, W = 0;  // [64][dk]
   int64_t U = 0;                                  // [64][dv]
   int64_t P = 0, C = 0;                           // [64][64]: P[i][j] (j < i), C[i][j] (j <= i)
+  int64_t Ti = 0;                                 // [64][64]: L⁻¹, L = I + diag(β) P (unit lower triangular)
   int64_t egl = 0;                                // [dk]
   // backward only
   int64_t S0 = 0, dSe = 0;       // [dk][dv]: the state at the chunk start, dL/dS at the chunk end
   int64_t D = 0, dD = 0, dX = 0;  // [64][dv]
   int64_t dZ = 0, dGm = 0, rr = 0;  // [64][dk]
   int64_t dL = 0, dC = 0;        // [64][64]
+  int64_t pq = 0, pk = 0, pt = 0;  // [64][dk]: the scalar gate's pair sums (gdn gradients)
   int64_t size = 0;
 
   static GdnBlock make(int dk, int dv, bool backward) {
@@ -111,18 +116,326 @@ struct GdnBlock {
     const int64_t c = kGdnChunk;
     b.G = take(c * dk); b.Qst = take(c * dk); b.Kst = take(c * dk); b.R = take(c * dk); b.W = take(c * dk);
     b.U = take(c * dv);
-    b.P = take(c * c); b.C = take(c * c);
+    b.P = take(c * c); b.C = take(c * c); b.Ti = take(c * c);
     b.egl = take(dk);
     if (backward) {
       b.S0 = take(int64_t{dk} * dv); b.dSe = take(int64_t{dk} * dv);
       b.D = take(c * dv); b.dD = take(c * dv); b.dX = take(c * dv);
       b.dZ = take(c * dk); b.dGm = take(c * dk); b.rr = take(c * dk);
       b.dL = take(c * c); b.dC = take(c * c);
+      b.pq = take(c * dk); b.pk = take(c * dk); b.pt = take(c * dk);
     }
     b.size = at;
     return b;
   }
 };
+
+// ---- block products: out(i, j) = Σ_l A(i, l) B(l, j), register-blocked. Each thread owns a TM x TN tile of the
+// output, its rows ti + r * mt and columns tj + c * nt (strided, so that the lanes of a warp read consecutive
+// columns of a B panel and one row, or rows in distinct banks, of an A panel); the operands come through shared
+// memory in panels of kGdnPanel inner indices, each staged once per round of nthr tiles (one round at the GPU's
+// 256 threads for the shapes the kernels use). Every thread of the block must call it (it holds barriers).
+
+constexpr int kGdnPanel = 32;  // inner indices per staged panel
+
+// A read-only view of a matrix in global (or shared) memory: element (i, j) at p[i * rs + j * cs], bf16 or fp32.
+struct GdnView {
+  const void* p;
+  int64_t rs, cs;
+  bool bf16 = false;
+  TREECP_GDN_FN float at(int i, int j) const {
+    const int64_t o = i * rs + j * cs;
+    return bf16 ? bf16_to_float(static_cast<const uint16_t*>(p)[o]) : static_cast<const float*>(p)[o];
+  }
+  // The transposed matrix.
+  TREECP_GDN_FN GdnView t() const { return {p, cs, rs, bf16}; }
+};
+TREECP_GDN_HD GdnView gdn_view(const float* p, int64_t rs, int64_t cs = 1) { return {p, rs, cs, false}; }
+
+// Row strides of the staged panels: A [rows][kGdnPanel + 1] and B [kGdnPanel][cols | 1] (odd: a warp's lanes,
+// reading one column of several rows, or writing one, hit distinct banks); for tensor cores A [rows][kGdnPanel + 4]
+// and B [kGdnPanel][32k + 8] (the fragments' lanes 4g + q read bank 4g + q of A and 8q + g of B).
+TREECP_GDN_HD int gdn_panel_lda(bool tensor) { return tensor ? kGdnPanel + 4 : kGdnPanel + 1; }
+TREECP_GDN_HD int gdn_panel_ldb(int cols, bool tensor) { return tensor ? (cols + 31) / 32 * 32 + 8 : (cols | 1); }
+
+// Floats of shared memory gdn_block_product needs for outputs of at most `rows` x `cols` (either path).
+TREECP_GDN_HD int64_t gdn_product_smem(int rows, int cols) {
+  return static_cast<int64_t>(rows) * gdn_panel_lda(true) + static_cast<int64_t>(kGdnPanel) * gdn_panel_ldb(cols, true);
+}
+
+// Copies the panel [0, rows) x [l0, l0 + kGdnPanel) of A (zeros past `inner`) to dst [rows][ld] when `a`, else the
+// panel [l0, l0 + kGdnPanel) x [0, cols) of B to dst [kGdnPanel][ld]; the index along which the source is
+// contiguous varies fastest across threads.
+TREECP_GDN_FN void gdn_stage_panel(float* dst, int ld, const GdnView& v, bool a, int extent, int l0, int inner, int tid,
+                                   int nthr) {
+  const bool inner_fast = a ? v.cs == 1 : v.rs == 1;
+  const int total = extent * kGdnPanel;
+  for (int idx = tid; idx < total; idx += nthr) {
+    const int x = inner_fast ? idx / kGdnPanel : idx % extent;  // the row of A or the column of B
+    const int l = inner_fast ? idx % kGdnPanel : idx / extent;
+    const bool in = l0 + l < inner;
+    const float val = in ? (a ? v.at(x, l0 + l) : v.at(l0 + l, x)) : 0.f;
+    if (a)
+      dst[x * ld + l] = val;
+    else
+      dst[l * ld + x] = val;
+  }
+}
+
+// One term s A B of a sum of products over operands already in shared memory: A(i, l) = A[i * ars + l * acs],
+// B(l, j) = B[l * brs + j * bcs], l < len.
+struct GdnTerm {
+  const float* A;
+  int ars, acs;
+  const float* B;
+  int brs, bcs;
+  int len;
+  float s;
+};
+// ---- tensor cores (GdnCudaParams::tensor_cores): the chunk products as mma.sync m16n8k8 with tf32 operands, each operand split in two
+// (x = hi + lo, hi = tf32(x), lo = tf32(x - hi)) and three products accumulated (lo·hi, hi·lo, hi·hi: "3xTF32"),
+// which leaves an error of about 2^-21 of each product, the size of fp32 rounding over the inner sums, so the
+// fp32 tolerances of the tests hold. Fragments of the PTX ISA's m16n8k8 .tf32 layout, g = lane / 4, q = lane % 4:
+//   A (16 x 8): a0 (g, q), a1 (g + 8, q), a2 (g, q + 4), a3 (g + 8, q + 4);  B (8 x 8): b0 (q, g), b1 (q + 4, g)
+//   C (16 x 8): c0 (g, 2q), c1 (g, 2q + 1), c2 (g + 8, 2q), c3 (g + 8, 2q + 1)
+// The host path computes each lane's four C elements from the operands directly with the same split, so the CPU
+// suite checks the tiling, the bounds, the output positions and the arithmetic; the operand fragments' positions
+// (the loads feeding the instruction) only the GPU tests check.
+
+// Round to tf32 (10-bit significand) to nearest, ties away from zero (cvt.rna.tf32.f32).
+TREECP_GDN_HD float gdn_tf32(float x) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r & 0xffffe000u);
+#else
+  uint32_t u = float_to_bits(x);
+  if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u;  // finite: half an ulp of tf32 on the magnitude
+  return bits_to_float(u & 0xffffe000u);
+#endif
+}
+
+// c += the term's A[r0 .. r0 + 16)[k0 .. k0 + 8) B[k0 .. k0 + 8)[c0 .. c0 + 8) (zeros past rows, cols, len).
+TREECP_GDN_FN void gdn_mma_tf32x3(float (&c)[4], const GdnTerm& m, int r0, int c0, int k0, int rows, int cols,
+                                  int lane) {
+  const int g = lane >> 2, q = lane & 3;
+  auto A = [&](int i, int k) { return i < rows && k < m.len ? m.s * m.A[i * m.ars + k * m.acs] : 0.f; };
+  auto B = [&](int k, int j) { return k < m.len && j < cols ? m.B[k * m.brs + j * m.bcs] : 0.f; };
+#if defined(__CUDA_ARCH__)
+  const float a[4] = {A(r0 + g, k0 + q), A(r0 + g + 8, k0 + q), A(r0 + g, k0 + q + 4), A(r0 + g + 8, k0 + q + 4)};
+  const float b[2] = {B(k0 + q, c0 + g), B(k0 + q + 4, c0 + g)};
+  uint32_t ah[4], al[4], bh[2], bl[2];
+  TREECP_GDN_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const float hi = gdn_tf32(a[i]);
+    ah[i] = __float_as_uint(hi);
+    al[i] = __float_as_uint(gdn_tf32(a[i] - hi));
+  }
+  TREECP_GDN_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const float hi = gdn_tf32(b[i]);
+    bh[i] = __float_as_uint(hi);
+    bl[i] = __float_as_uint(gdn_tf32(b[i] - hi));
+  }
+  auto mma = [&](const uint32_t (&x)[4], const uint32_t (&y)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3]), "r"(y[0]), "r"(y[1]));
+  };
+  mma(al, bh);
+  mma(ah, bl);
+  mma(ah, bh);
+#else
+  for (int e = 0; e < 4; ++e) {
+    const int i = r0 + g + (e >> 1) * 8, j = c0 + 2 * q + (e & 1);
+    float lh = 0.f, hl = 0.f, hh = 0.f;
+    for (int k = k0; k < k0 + 8; ++k) {
+      const float x = A(i, k), y = B(k, j);
+      const float xh = gdn_tf32(x), yh = gdn_tf32(y);
+      const float xl = gdn_tf32(x - xh), yl = gdn_tf32(y - yh);
+      lh += xl * yh;
+      hl += xh * yl;
+      hh += xh * yh;
+    }
+    c[e] += lh;
+    c[e] += hl;
+    c[e] += hh;
+  }
+#endif
+}
+
+// out(i, j, Σ_terms s A B) for a rows x cols output in 16 x 8 tiles, one warp a tile at a time (whole warps only:
+// threads past the last full warp idle); no barrier.
+template <int NT, class F>
+TREECP_GDN_FN void gdn_warp_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
+  const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
+  const int mt = (rows + 15) / 16, nt = (cols + 7) / 8;
+  const int g = lane >> 2, q = lane & 3;
+  for (int tile = warp; warp < warps && tile < mt * nt; tile += warps) {
+    const int r0 = (tile / nt) * 16, c0 = (tile % nt) * 8;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k = 0; k < NT; ++k)
+      for (int k0 = 0; k0 < terms[k].len; k0 += 8) gdn_mma_tf32x3(c, terms[k], r0, c0, k0, rows, cols, lane);
+    for (int e = 0; e < 4; ++e) {
+      const int i = r0 + g + (e >> 1) * 8, j = c0 + 2 * q + (e & 1);
+      if (i < rows && j < cols) out(i, j, c[e]);
+    }
+  }
+}
+
+// The register tile of one thread: rows ti + r * mt, columns tj + c * nt of a rows x cols output, indices past it
+// clamped onto its last row / column (read, never written).
+template <int TM, int TN>
+struct GdnRegTile {
+  int ti, tj, mt, nt, rows, cols;
+  int ri[TM], cj[TN];
+  float acc[TM][TN];
+  TREECP_GDN_FN GdnRegTile(int tile, int rows_, int cols_) : rows(rows_), cols(cols_) {
+    mt = (rows + TM - 1) / TM;
+    nt = (cols + TN - 1) / TN;
+    ti = tile / nt;
+    tj = tile % nt;
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r) ri[r] = ti + r * mt < rows ? ti + r * mt : rows - 1;
+    TREECP_GDN_UNROLL
+    for (int c = 0; c < TN; ++c) cj[c] = tj + c * nt < cols ? tj + c * nt : cols - 1;
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r)
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) acc[r][c] = 0.f;
+  }
+  // acc += s A B over inner indices [0, len): A(i, l) = A[i * ars + l * acs], B(l, j) = B[l * brs + j * bcs].
+  TREECP_GDN_FN void mma(const float* A, int ars, int acs, const float* B, int brs, int bcs, int len, float s = 1.f) {
+    for (int l = 0; l < len; ++l) {
+      float a[TM], b[TN];
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r) a[r] = s * A[ri[r] * ars + l * acs];
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) b[c] = B[l * brs + cj[c] * bcs];
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r)
+        TREECP_GDN_UNROLL
+        for (int c = 0; c < TN; ++c) acc[r][c] += a[r] * b[c];
+    }
+  }
+  template <class F>
+  TREECP_GDN_FN void store(F&& out) const {
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r)
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) {
+        const int i = ti + r * mt, j = tj + c * nt;
+        if (i < rows && j < cols) out(i, j, acc[r][c]);
+      }
+  }
+};
+
+// The block product on tensor cores: each warp holds up to kGdnWarpTiles 16 x 8 tiles of the output (tiles w,
+// w + warps, ... of a round) across the panels.
+constexpr int kGdnWarpTiles = 8;
+template <class F>
+TREECP_GDN_FN void gdn_block_mma(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem, int tid,
+                                 int nthr, F&& out) {
+  const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
+  const int g = lane >> 2, q = lane & 3;
+  const int nt = (cols + 7) / 8, tiles = (rows + 15) / 16 * nt;
+  const int la = gdn_panel_lda(true), lb = gdn_panel_ldb(cols, true);
+  float* As = smem;            // [rows][la]
+  float* Bs = smem + rows * la;  // [kGdnPanel][lb]
+  for (int base = 0; base < tiles; base += warps * kGdnWarpTiles) {
+    float c[kGdnWarpTiles][4];
+    TREECP_GDN_UNROLL
+    for (int k = 0; k < kGdnWarpTiles; ++k)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) c[k][e] = 0.f;
+    for (int l0 = 0; l0 < inner; l0 += kGdnPanel) {
+      block_sync();  // the previous panel (or the caller's writes of the operands) done
+      gdn_stage_panel(As, la, A, true, rows, l0, inner, tid, nthr);
+      gdn_stage_panel(Bs, lb, B, false, cols, l0, inner, tid, nthr);
+      block_sync();
+      const GdnTerm m{As, la, 1, Bs, lb, 1, inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel, 1.f};
+      TREECP_GDN_UNROLL
+      for (int k = 0; k < kGdnWarpTiles; ++k) {
+        const int tile = base + warp + k * warps;
+        if (warp < warps && tile < tiles)
+          for (int k0 = 0; k0 < m.len; k0 += 8)
+            gdn_mma_tf32x3(c[k], m, (tile / nt) * 16, (tile % nt) * 8, k0, rows, cols, lane);
+      }
+    }
+    TREECP_GDN_UNROLL
+    for (int k = 0; k < kGdnWarpTiles; ++k) {
+      const int tile = base + warp + k * warps;
+      if (warp >= warps || tile >= tiles) continue;
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = (tile / nt) * 16 + g + (e >> 1) * 8, j = (tile % nt) * 8 + 2 * q + (e & 1);
+        if (i < rows && j < cols) out(i, j, c[k][e]);
+      }
+    }
+  }
+  block_sync();  // outputs written before anyone reads them or restages over the panels
+}
+
+template <int TM, int TN, class F>
+TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem,
+                                     int tid, int nthr, bool tensor, F&& out) {
+  if (tensor) {
+    gdn_block_mma(rows, cols, inner, A, B, smem, tid, nthr, out);
+    return;
+  }
+  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
+  const int la = gdn_panel_lda(false), lb = gdn_panel_ldb(cols, false);
+  float* As = smem;              // [rows][la]
+  float* Bs = smem + rows * la;  // [kGdnPanel][lb]
+  for (int base = 0; base < tiles; base += nthr) {
+    const bool mine = base + tid < tiles;
+    GdnRegTile<TM, TN> rt(mine ? base + tid : 0, rows, cols);
+    for (int l0 = 0; l0 < inner; l0 += kGdnPanel) {
+      block_sync();  // the previous panel (or the caller's writes of the operands) done
+      gdn_stage_panel(As, la, A, true, rows, l0, inner, tid, nthr);
+      gdn_stage_panel(Bs, lb, B, false, cols, l0, inner, tid, nthr);
+      block_sync();
+      if (mine) rt.mma(As, la, 1, Bs, lb, 1, inner - l0 < kGdnPanel ? inner - l0 : kGdnPanel, 1.f);
+    }
+    if (mine) rt.store(out);
+  }
+  block_sync();  // outputs written before anyone reads them or restages over the panels
+}
+
+// out(i, j, Σ_terms s A B) for the rows x cols output, register-blocked as gdn_block_product, no barrier: the
+// caller orders the operands' writes and the outputs' reads.
+template <int TM, int TN, int NT, class F>
+TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
+  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
+  for (int tile = tid; tile < tiles; tile += nthr) {
+    GdnRegTile<TM, TN> rt(tile, rows, cols);
+    for (int k = 0; k < NT; ++k) rt.mma(terms[k].A, terms[k].ars, terms[k].acs, terms[k].B, terms[k].brs, terms[k].bcs,
+                                        terms[k].len, terms[k].s);
+    rt.store(out);
+  }
+}
+
+// The scans' products: rows (64 tokens, or dk state rows) x tc state columns, tiles sized for about one per thread
+// at the GPU's 256 threads (4 x 4 for dk x 32, 4 x 2 for 64 x 32; half at 16 columns); on tensor cores with
+// `tensor`.
+template <int NT, class F>
+TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, bool tensor, const GdnTerm (&terms)[NT], int tid,
+                                    int nthr, F&& out) {
+  if (tensor) {
+    gdn_warp_product(rows, cols, terms, tid, nthr, out);
+  } else if (tc > 16) {
+    if (rows > kGdnChunk)
+      gdn_smem_product<4, 4>(rows, cols, terms, tid, nthr, out);
+    else
+      gdn_smem_product<4, 2>(rows, cols, terms, tid, nthr, out);
+  } else if (rows > kGdnChunk) {
+    gdn_smem_product<4, 2>(rows, cols, terms, tid, nthr, out);
+  } else {
+    gdn_smem_product<2, 2>(rows, cols, terms, tid, nthr, out);
+  }
+}
 
 // Inputs as every kernel reads them.
 struct GdnInputs {
@@ -141,6 +454,10 @@ struct GdnInputs {
     return bf16_to_float(scalar_gate ? g[t * heads + h] : g[(t * heads + h) * dk + d]);
   }
   TREECP_GDN_FN float b(int64_t t, int h) const { return bf16_to_float(beta[t * heads + h]); }
+  // Rows t, t + 1, ... of head h of q or k (dk columns) or of v (dv columns) as a matrix view.
+  TREECP_GDN_FN GdnView rows(const uint16_t* x, int64_t t, int h, int width) const {
+    return {x + (t * heads + h) * width, static_cast<int64_t>(heads) * width, 1, true};
+  }
 };
 
 // y / dy: bf16 or fp32 [S, H, dv].
@@ -154,21 +471,25 @@ TREECP_GDN_FN void store_out(void* p, bool f32, int64_t at, float x) {
     static_cast<uint16_t*>(p)[at] = float_to_bf16(x);
 }
 
-// ---- prep: one block per (chunk, head). Shared memory: beta [64], the scalar gate's cumulative sums [64], the
-// chunk's keys [64][dk + 1] and, for per-channel gates, G [64][dk + 1] (rows padded by one float, so that the
-// threads of a warp, which read different rows at one channel, hit different banks).
+// ---- prep: one block per (chunk, head). Shared memory: beta [64], the scalar gate's cumulative sums [64], for
+// per-channel gates the chunk's keys and G [64][dk + 1] (rows padded by one float, so that the threads of a warp,
+// which read different rows at one channel, hit different banks), P and L⁻¹ diag(β) [64][65], and the block
+// products' panels.
 struct GdnPrepArgs {
   GdnInputs in;
   const GdnChunkDesc* chunks;
   float* cache;
   GdnBlock blk;
 };
+template <bool kTensor>  // the block products on tensor cores
 struct GdnPrepKernel {
   using Args = GdnPrepArgs;
   static constexpr const char* kName = "gdn prep";
   static size_t smem_bytes(const Args& a) {
-    const size_t rows = static_cast<size_t>(kGdnChunk) * (a.in.dk + 1);
-    return (2 * kGdnChunk + rows * (a.in.scalar_gate ? 1 : 2)) * sizeof(float);
+    const size_t rows = a.in.scalar_gate ? 0 : static_cast<size_t>(kGdnChunk) * (a.in.dk + 1) * 2;
+    const int widest = std::max(std::max(a.in.dk, a.in.dv), kGdnChunk);
+    return (2 * kGdnChunk + rows + 2 * kGdnChunk * (kGdnChunk + 1) + gdn_product_smem(kGdnChunk, widest)) *
+           sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
@@ -183,16 +504,18 @@ struct GdnPrepKernel {
     float* Qst = c + a.blk.Qst;
     float* Kst = c + a.blk.Kst;
     float* R = c + a.blk.R;
-    float* W = c + a.blk.W;
-    float* U = c + a.blk.U;
     float* P = c + a.blk.P;
     float* C = c + a.blk.C;
+    float* Ti = c + a.blk.Ti;
     float* egl = c + a.blk.egl;
-    const int ld = dk + 1;                // row stride of the staged rows
-    float* bs = smem;                     // [64]
-    float* gr = smem + kGdnChunk;         // [64], scalar gate
-    float* ks = smem + 2 * kGdnChunk;     // [64][ld]
-    float* Gs = ks + kGdnChunk * ld;      // [64][ld], per-channel gates
+    const int ld = dk + 1, lc = kGdnChunk + 1;  // row strides of the staged rows
+    float* bs = smem;                           // [64]
+    float* gr = smem + kGdnChunk;               // [64], scalar gate
+    float* ks = smem + 2 * kGdnChunk;           // [64][ld], per-channel gates
+    float* Gs = ks + (scalar ? 0 : kGdnChunk * ld);
+    float* Ps = Gs + (scalar ? 0 : kGdnChunk * ld);  // [64][lc]
+    float* Tb = Ps + kGdnChunk * lc;                 // [64][lc]: L⁻¹ diag(β)
+    float* panels = Tb + kGdnChunk * lc;
     // Per key channel: the cumulative log-decay and the decayed rows.
     for (int d = tid; d < dk; d += nthr) {
       float acc = 0.f;
@@ -210,31 +533,34 @@ struct GdnPrepKernel {
         const float gi = G[i * dk + d];
         const float eg = expf(gi), er = expf(gl - gi);
         const float ki = a.in.qk(a.in.k, t + i, h, d);
-        ks[i * ld + d] = ki;
+        if (!scalar) ks[i * ld + d] = ki;
         Qst[i * dk + d] = eg * a.in.qk(a.in.q, t + i, h, d);
         Kst[i * dk + d] = eg * ki;
         R[i * dk + d] = er * ki;
       }
     }
     for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
-    block_sync();
     // P[i][j] = Σ_d k_i k_j e^{G_i - G_j} (j < i), C[i][j] = Σ_d q_i k_j e^{G_i - G_j} (j <= i); 0 elsewhere.
-    // A scalar gate's decay is one factor per pair.
-    for (int idx = tid; idx < n * n; idx += nthr) {
-      const int i = idx / n, j = idx % n;
-      float pk = 0.f, pq = 0.f;
-      if (j <= i) {
-        const float* ki = ks + i * ld;
-        const float* kj = ks + j * ld;
-        if (scalar) {
-          for (int d = 0; d < dk; ++d) {
-            pk += ki[d] * kj[d];
-            pq += a.in.qk(a.in.q, t + i, h, d) * kj[d];
-          }
-          const float ex = expf(gr[i] - gr[j]);
-          pk *= ex;
-          pq *= ex;
-        } else {
+    // A scalar gate's decay is one factor per pair: P and C are the products K Kᵀ and Q Kᵀ, scaled.
+    if (scalar) {
+      const GdnView kr = a.in.rows(a.in.k, t, h, dk);
+      gdn_block_product<4, 4>(n, n, dk, kr, kr.t(), panels, tid, nthr, kTensor, [&](int i, int j, float acc) {
+        const float p = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
+        P[i * kGdnChunk + j] = p;
+        Ps[i * lc + j] = p;
+      });
+      gdn_block_product<4, 4>(n, n, dk, a.in.rows(a.in.q, t, h, dk), kr.t(), panels, tid, nthr, kTensor,
+                              [&](int i, int j, float acc) {
+                                C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
+                              });
+    } else {
+      block_sync();
+      for (int idx = tid; idx < n * n; idx += nthr) {
+        const int i = idx / n, j = idx % n;
+        float pk = 0.f, pq = 0.f;
+        if (j <= i) {
+          const float* ki = ks + i * ld;
+          const float* kj = ks + j * ld;
           const float* gi = Gs + i * ld;
           const float* gj = Gs + j * ld;
           for (int d = 0; d < dk; ++d) {
@@ -243,36 +569,57 @@ struct GdnPrepKernel {
             pq += a.in.qk(a.in.q, t + i, h, d) * x;
           }
         }
+        if (j == i) pk = 0.f;
+        P[i * kGdnChunk + j] = pk;
+        Ps[i * lc + j] = pk;
+        C[i * kGdnChunk + j] = pq;
       }
-      if (j == i) pk = 0.f;
-      P[i * kGdnChunk + j] = pk;
-      C[i * kGdnChunk + j] = pq;
+      block_sync();
+    }
+    // L⁻¹ by forward substitution on the identity, one column per thread: row i = e_i - β_i Σ_{j<i} P[i][j] row j
+    // (rows above the column are zero). The chunk's solve is then two products, U = L⁻¹ diag(β) V and
+    // W = L⁻¹ diag(β) Kst.
+    for (int col = tid; col < n; col += nthr) {
+      for (int i = 0; i < col; ++i) Tb[i * lc + col] = 0.f;
+      for (int i = col; i < n; ++i) {
+        float x = i == col ? 1.f : 0.f;
+        for (int j = col; j < i; ++j) x -= bs[i] * Ps[i * lc + j] * Tb[j * lc + col];
+        Tb[i * lc + col] = x;
+      }
     }
     block_sync();
-    // Forward substitution, one column of [U | W] per thread: row i = β_i (x_i - Σ_{j<i} P[i][j] row j).
-    for (int col = tid; col < dv + dk; col += nthr) {
-      const bool is_u = col < dv;
-      float* out = is_u ? U + col : W + (col - dv);
-      const int stride = is_u ? dv : dk;
-      for (int i = 0; i < n; ++i) {
-        float x = is_u ? a.in.vv(t + i, h, col) : Kst[i * dk + (col - dv)];
-        for (int j = 0; j < i; ++j) x -= P[i * kGdnChunk + j] * out[j * stride];
-        out[i * stride] = bs[i] * x;
-      }
+    for (int idx = tid; idx < n * n; idx += nthr) {
+      const int i = idx / n, j = idx % n;
+      Ti[i * kGdnChunk + j] = Tb[i * lc + j];
+      Tb[i * lc + j] *= bs[j];
     }
+    const GdnView tb = gdn_view(Tb, lc);
+    gdn_block_product<4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr, kTensor,
+                            [&](int i, int e, float acc) { c[a.blk.U + i * dv + e] = acc; });
+    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(Kst, dk), panels, tid, nthr, kTensor,
+                            [&](int i, int d, float acc) { c[a.blk.W + i * dk + d] = acc; });
   }
 };
 
-// Copies rows [0, n) of a [64][cols] chunk matrix into shared memory with row stride cols + 1: the threads of a
-// warp read one column of several rows, which then fall in different banks.
-TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int tid, int nthr) {
-  for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * (cols + 1) + idx % cols] = src[idx];
+// Copies rows [0, n) of a [64][cols] chunk matrix into shared memory with row stride ld.
+TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int ld, int tid, int nthr) {
+  for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * ld + idx % cols] = src[idx];
 }
 
-// ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S [dk][tile],
-// D [64][tile], one chunk matrix [64][dk + 1] at a time (W, then Qst, then R) and C [64][65].
-// The state has `width` columns: dv for the state (and E), dk for the linear part M of a summary (use_u false:
-// D = -W S, the state's recurrence with V = 0).
+// Blocks of `tile` state columns over `width` (the scans' grid: per run and head).
+TREECP_GDN_HD int64_t gdn_scan_tiles(int width, int tile) { return (width + tile - 1) / tile; }
+
+// Row strides of the scans' staged matrices, chosen for the tensor-core fragments' bank pattern (lanes 4g + q read
+// row g, column q of A, or row q, column g of B and of a transposed A): a matrix read as A has a stride of 4 mod 32
+// (bank 4g + q), one read transposed or as B a stride of 8 mod 32 (bank 8q + g). The register-blocked path reads
+// one or two rows of A a warp and consecutive columns of B, which any stride serves.
+TREECP_GDN_HD int gdn_ld_rows(int cols) { return (cols + 31) / 32 * 32 + 4; }
+TREECP_GDN_HD int gdn_ld_cols(int cols) { return (cols + 31) / 32 * 32 + 8; }
+
+// ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S [dk][tile + 8],
+// D [64][tile + 8], two chunk matrices [64][~dk + 8] (W and Qst, then R over W) and C [64][68]; four barriers a
+// chunk. The state has `width` columns: dv for the state (and E), dk for the linear part M of a summary (use_u
+// false: D = -W S, the state's recurrence with V = 0).
 struct GdnScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -289,29 +636,32 @@ struct GdnScanArgs {
   bool y_f32;
   float scale;
 };
+template <bool kTensor>  // the products on tensor cores (GdnCudaParams::tensor_cores)
 struct GdnScanKernel {
   using Args = GdnScanArgs;
   static constexpr const char* kName = "gdn scan";
-  static int64_t tiles(int width, int tile) { return (width + tile - 1) / tile; }
   static size_t smem_bytes(const Args& a) {
-    return (static_cast<size_t>(a.dk + kGdnChunk) * a.tile + static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
-            kGdnChunk * (kGdnChunk + 1)) *
+    return (static_cast<size_t>(a.dk + kGdnChunk) * (a.tile + 8) + 2 * static_cast<size_t>(kGdnChunk) * gdn_ld_cols(a.dk) +
+            kGdnChunk * gdn_ld_rows(kGdnChunk)) *
            sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int tc = a.tile;  // state columns of this block
     const int H = a.heads, dk = a.dk, dv = a.dv, w = a.width;
-    const int ld = dk + 1, lc = kGdnChunk + 1;  // staged row strides
+    const int ls = tc + 8;                                   // row stride of S and D
+    const int ldr = gdn_ld_rows(dk), ldt = gdn_ld_cols(dk);  // W, Qst read as A; R transposed
+    const int lc = gdn_ld_rows(kGdnChunk);                   // C read as A
     const int64_t nt = (w + tc - 1) / tc;
     const int64_t r = block / (H * nt);
     const int h = static_cast<int>((block / nt) % H);
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = w - e0 < tc ? w - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* S = smem;                   // [dk][tc]
-    float* Ds = S + dk * tc;           // [64][tc]
-    float* Ms = Ds + kGdnChunk * tc;   // [64][ld]: W, Qst or R
-    float* Cs = Ms + kGdnChunk * ld;   // [64][lc]
+    float* S = smem;                   // [dk][ls]
+    float* Ds = S + dk * ls;           // [64][ls]
+    float* M1 = Ds + kGdnChunk * ls;   // [64][ldr]: W, then R [64][ldt]
+    float* M2 = M1 + kGdnChunk * ldt;  // [64][ldr]: Qst
+    float* Cs = M2 + kGdnChunk * ldt;  // [64][lc]
     // S[d][e] = S_in[d][e0 + e]
     const float* sin = (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * dk * w : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
@@ -323,7 +673,7 @@ struct GdnScanKernel {
         else if (sin)
           s = sin[d * w + e0 + e];
       }
-      S[idx] = s;
+      S[d * ls + e] = s;
     }
     for (int ci = 0; ci < rd.chunk_count; ++ci) {
       const int64_t chunk = rd.chunk_begin + ci;
@@ -331,66 +681,57 @@ struct GdnScanKernel {
       const int n = cd.len;
       float* c = a.cache + (chunk * H + h) * a.blk.size;
       const float* U = c + a.blk.U;
-      stage_rows(Ms, c + a.blk.W, n, dk, tid, nthr);
-      block_sync();  // W staged; S complete (the initial fill or the last chunk's update)
+      stage_rows(M1, c + a.blk.W, n, dk, ldr, tid, nthr);
+      if (a.y) {
+        stage_rows(M2, c + a.blk.Qst, n, dk, ldr, tid, nthr);
+        stage_rows(Cs, c + a.blk.C, n, kGdnChunk, lc, tid, nthr);
+      }
+      block_sync();  // W, Qst, C staged; S complete (the initial fill or the last chunk's update)
       if (a.save)
         for (int idx = tid; idx < dk * tc; idx += nthr) {
           const int d = idx / tc, e = idx % tc;
-          if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[idx];
+          if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[d * ls + e];
         }
       // D = U - W S
-      for (int idx = tid; idx < n * tc; idx += nthr) {
-        const int i = idx / tc, e = idx % tc;
-        if (e >= tw) continue;
-        float acc = a.use_u ? U[i * dv + e0 + e] : 0.f;
-        for (int d = 0; d < dk; ++d) acc -= Ms[i * ld + d] * S[d * tc + e];
-        Ds[idx] = acc;
-        if (a.save) c[a.blk.D + i * dv + e0 + e] = acc;
-      }
+      const GdnTerm ws[1] = {{M1, ldr, 1, S, ls, 1, dk, 1.f}};
+      gdn_scan_product(n, tw, tc, kTensor, ws, tid, nthr, [&](int i, int e, float acc) {
+        const float x = (a.use_u ? U[i * dv + e0 + e] : 0.f) - acc;
+        Ds[i * ls + e] = x;
+        if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
+      });
       block_sync();  // D complete, W read
+      stage_rows(M1, c + a.blk.R, n, dk, ldt, tid, nthr);
       if (a.y) {
-        // Y = scale ((e^G ⊙ Q) S + C D)
-        stage_rows(Ms, c + a.blk.Qst, n, dk, tid, nthr);
-        stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
-        block_sync();
-        for (int idx = tid; idx < n * tc; idx += nthr) {
-          const int i = idx / tc, e = idx % tc;
-          if (e >= tw) continue;
-          float acc = 0.f;
-          for (int d = 0; d < dk; ++d) acc += Ms[i * ld + d] * S[d * tc + e];
-          for (int j = 0; j <= i; ++j) acc += Cs[i * lc + j] * Ds[j * tc + e];
+        // Y = scale ((e^G ⊙ Q) S + C D); C is zero above the diagonal within the chunk, so its n columns sum j <= i.
+        const GdnTerm qc[2] = {{M2, ldr, 1, S, ls, 1, dk, 1.f}, {Cs, lc, 1, Ds, ls, 1, n, 1.f}};
+        gdn_scan_product(n, tw, tc, kTensor, qc, tid, nthr, [&](int i, int e, float acc) {
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
                     a.scale * acc);
-        }
-        block_sync();  // Qst read
+        });
       }
+      block_sync();  // R staged; S, Qst and C read
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
-      stage_rows(Ms, c + a.blk.R, n, dk, tid, nthr);
-      block_sync();
       const float* egl = c + a.blk.egl;
-      for (int idx = tid; idx < dk * tc; idx += nthr) {
-        const int d = idx / tc, e = idx % tc;
-        if (e >= tw) continue;
-        float s = S[idx] * egl[d];
-        for (int j = 0; j < n; ++j) s += Ms[j * ld + d] * Ds[j * tc + e];
-        S[idx] = s;
-      }
-      block_sync();  // R read, S updated, before the next chunk stages over Ms
+      const GdnTerm upd[1] = {{M1, 1, ldt, Ds, ls, 1, n, 1.f}};
+      gdn_scan_product(dk, tw, tc, kTensor, upd, tid, nthr, [&](int d, int e, float acc) {
+        S[d * ls + e] = S[d * ls + e] * egl[d] + acc;
+      });
+      block_sync();  // R read, S updated, before the next chunk stages over M1, M2 and C
     }
     block_sync();
     if (a.state_out && rd.out_slot >= 0) {
       float* so = a.state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * dk * w;
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
-        if (e < tw) so[d * w + e0 + e] = S[idx];
+        if (e < tw) so[d * w + e0 + e] = S[d * ls + e];
       }
     }
   }
 };
 
-// ---- backward scan: one block per (run, head, `tile` columns of dS); chunks in reverse. Shared: dS [dk][tile],
-// dD and dY [64][tile], two chunk matrices [64][dk + 1] (R, then Qst and W) and C [64][65]. Stores dS at each
-// chunk's end and dD into the cache for the gradient kernel.
+// ---- backward scan: one block per (run, head, `tile` columns of dS); chunks in reverse. Shared: dS [dk][tile + 8],
+// dD and dY [64][tile + 8], two chunk matrices [64][~dk + 8] (R and Qst, then W over R) and C [64][72]; four
+// barriers a chunk. Stores dS at each chunk's end and dD into the cache for the gradient kernel.
 struct GdnBwdScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -404,35 +745,38 @@ struct GdnBwdScanArgs {
   const float* d_state_out;  // by out_slot
   float* d_state_in;         // by in_slot
 };
+template <bool kTensor>  // the products on tensor cores
 struct GdnBwdScanKernel {
   using Args = GdnBwdScanArgs;
   static constexpr const char* kName = "gdn backward scan";
   static size_t smem_bytes(const Args& a) {
-    return (static_cast<size_t>(a.dk + 2 * kGdnChunk) * a.tile + 2 * static_cast<size_t>(kGdnChunk) * (a.dk + 1) +
-            kGdnChunk * (kGdnChunk + 1)) *
+    return (static_cast<size_t>(a.dk + 2 * kGdnChunk) * (a.tile + 8) + 2 * static_cast<size_t>(kGdnChunk) * gdn_ld_cols(a.dk) +
+            kGdnChunk * gdn_ld_cols(kGdnChunk)) *
            sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int tc = a.tile;  // state columns of this block
     const int H = a.heads, dk = a.dk, dv = a.dv;
-    const int ld = dk + 1, lc = kGdnChunk + 1;  // staged row strides
+    const int ls = tc + 8;                                   // row stride of dS, dD and dY
+    const int ldr = gdn_ld_rows(dk), ldt = gdn_ld_cols(dk);  // R read as A; Qst, W transposed
+    const int lc = gdn_ld_cols(kGdnChunk);                   // C transposed
     const int64_t nt = (dv + tc - 1) / tc;
     const int64_t r = block / (H * nt);
     const int h = static_cast<int>((block / nt) % H);
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = dv - e0 < tc ? dv - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* dS = smem;                   // [dk][tc]
-    float* dDs = dS + dk * tc;          // [64][tc]
-    float* dYs = dDs + kGdnChunk * tc;  // [64][tc]
-    float* M1 = dYs + kGdnChunk * tc;   // [64][ld]: R, then Qst
-    float* M2 = M1 + kGdnChunk * ld;    // [64][ld]: W
-    float* Cs = M2 + kGdnChunk * ld;    // [64][lc]
+    float* dS = smem;                   // [dk][ls]
+    float* dDs = dS + dk * ls;          // [64][ls]
+    float* dYs = dDs + kGdnChunk * ls;  // [64][ls]
+    float* M1 = dYs + kGdnChunk * ls;   // [64][ldr]: R, then W [64][ldt]
+    float* M2 = M1 + kGdnChunk * ldt;   // [64][ldt]: Qst
+    float* Cs = M2 + kGdnChunk * ldt;   // [64][lc]
     const int64_t ssz = static_cast<int64_t>(dk) * dv;
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
       const int d = idx / tc, e = idx % tc;
-      dS[idx] = (dso && e < tw) ? dso[d * dv + e0 + e] : 0.f;
+      dS[d * ls + e] = (dso && e < tw) ? dso[d * dv + e0 + e] : 0.f;
     }
     for (int ci = rd.chunk_count - 1; ci >= 0; --ci) {
       const int64_t chunk = rd.chunk_begin + ci;
@@ -444,42 +788,31 @@ struct GdnBwdScanKernel {
       const int64_t dy_row = static_cast<int64_t>(H) * dv;
       for (int idx = tid; idx < n * tc; idx += nthr) {
         const int i = idx / tc, e = idx % tc;
-        dYs[idx] = e < tw ? load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e) : 0.f;
+        dYs[i * ls + e] = e < tw ? load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e) : 0.f;
       }
-      stage_rows(M1, c + a.blk.R, n, dk, tid, nthr);
-      stage_rows(Cs, c + a.blk.C, n, kGdnChunk, tid, nthr);
-      block_sync();  // dY, R and C staged; dS complete
+      stage_rows(M1, c + a.blk.R, n, dk, ldr, tid, nthr);
+      stage_rows(M2, c + a.blk.Qst, n, dk, ldt, tid, nthr);
+      stage_rows(Cs, c + a.blk.C, n, kGdnChunk, lc, tid, nthr);
+      block_sync();  // dY, R, Qst and C staged; dS complete
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
-        if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[idx];
+        if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[d * ls + e];
       }
-      // dD = scale Cᵀ dY + R dS
-      for (int idx = tid; idx < n * tc; idx += nthr) {
-        const int i = idx / tc, e = idx % tc;
-        if (e >= tw) continue;
-        float acc = 0.f;
-        for (int m = i; m < n; ++m) acc += Cs[m * lc + i] * dYs[m * tc + e];
-        acc *= a.scale;
-        for (int d = 0; d < dk; ++d) acc += M1[i * ld + d] * dS[d * tc + e];
-        dDs[idx] = acc;
+      // dD = scale Cᵀ dY + R dS (Cᵀ is zero below the diagonal: the sum over all n rows of C is Σ_{m>=i})
+      const GdnTerm cr[2] = {{Cs, 1, lc, dYs, ls, 1, n, a.scale}, {M1, ldr, 1, dS, ls, 1, dk, 1.f}};
+      gdn_scan_product(n, tw, tc, kTensor, cr, tid, nthr, [&](int i, int e, float acc) {
+        dDs[i * ls + e] = acc;
         c[a.blk.dD + i * dv + e0 + e] = acc;
-      }
+      });
       block_sync();  // dD complete, R read
-      stage_rows(M1, c + a.blk.Qst, n, dk, tid, nthr);
-      stage_rows(M2, c + a.blk.W, n, dk, tid, nthr);
+      stage_rows(M1, c + a.blk.W, n, dk, ldt, tid, nthr);
       block_sync();
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
       const float* egl = c + a.blk.egl;
-      for (int idx = tid; idx < dk * tc; idx += nthr) {
-        const int d = idx / tc, e = idx % tc;
-        if (e >= tw) continue;
-        float qy = 0.f, wd = 0.f;
-        for (int i = 0; i < n; ++i) {
-          qy += M1[i * ld + d] * dYs[i * tc + e];
-          wd += M2[i * ld + d] * dDs[i * tc + e];
-        }
-        dS[idx] = egl[d] * dS[idx] + a.scale * qy - wd;
-      }
+      const GdnTerm qw[2] = {{M2, 1, ldt, dYs, ls, 1, n, a.scale}, {M1, 1, ldt, dDs, ls, 1, n, -1.f}};
+      gdn_scan_product(dk, tw, tc, kTensor, qw, tid, nthr, [&](int d, int e, float acc) {
+        dS[d * ls + e] = egl[d] * dS[d * ls + e] + acc;
+      });
       block_sync();  // Qst, W, dY read; dS updated, before the next chunk stages
     }
     block_sync();
@@ -487,15 +820,15 @@ struct GdnBwdScanKernel {
       float* dsi = a.d_state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * ssz;
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
-        if (e < tw) dsi[d * dv + e0 + e] = dS[idx];
+        if (e < tw) dsi[d * dv + e0 + e] = dS[d * ls + e];
       }
     }
   }
 };
 
-// ---- gradients: one block per (chunk, head), all of dk and dv, from S0, dSe, D and dD in the cache.
-// Each token's gradients are one block's (runs do not overlap): plain adds, no atomics. Shared: beta [64] and, for
-// the scalar gate, its pair decays [64][64].
+// ---- gradients: one block per (chunk, head), all of dk and dv, from S0, dSe, D and dD in the cache. The chunk
+// products are block products; each token's gradients are one block's (runs do not overlap): plain adds, no
+// atomics. Shared: beta [64], for the scalar gate its pair decays [64][64], and the products' panels.
 struct GdnGradArgs {
   GdnInputs in;
   const GdnChunkDesc* chunks;
@@ -510,11 +843,14 @@ struct GdnGradArgs {
   float* dg;
   float* dbeta;
 };
+template <bool kTensor>  // the block products on tensor cores
 struct GdnGradKernel {
   using Args = GdnGradArgs;
   static constexpr const char* kName = "gdn gradients";
   static size_t smem_bytes(const Args& a) {
-    return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0)) * sizeof(float);
+    const int widest = std::max(std::max(a.in.dk, a.in.dv), kGdnChunk);
+    return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0) + gdn_product_smem(kGdnChunk, widest)) *
+           sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
@@ -523,6 +859,7 @@ struct GdnGradKernel {
     const GdnChunkDesc cd = a.chunks[chunk];
     const int64_t t = cd.t;
     const int n = cd.len;
+    constexpr int l64 = kGdnChunk;
     float* c = a.cache + (chunk * H + h) * a.blk.size;
     const float* G = c + a.blk.G;
     const float* Qst = c + a.blk.Qst;
@@ -531,11 +868,12 @@ struct GdnGradKernel {
     const float* W = c + a.blk.W;
     const float* U = c + a.blk.U;
     const float* P = c + a.blk.P;
-    const float* egl = c + a.blk.egl;
+    const float* Ti = c + a.blk.Ti;
     const float* S0 = c + a.blk.S0;
     const float* dSe = c + a.blk.dSe;
     const float* D = c + a.blk.D;
     const float* dD = c + a.blk.dD;
+    const float* egl = c + a.blk.egl;
     float* dX = c + a.blk.dX;
     float* dZ = c + a.blk.dZ;
     float* dGm = c + a.blk.dGm;
@@ -545,54 +883,36 @@ struct GdnGradKernel {
     float* bs = smem;               // [64]
     float* Ex = smem + kGdnChunk;   // scalar gate: [64][64], e^{G_i - G_j} (j <= i)
     const bool scalar = a.in.scalar_gate;
+    float* panels = Ex + (scalar ? kGdnChunk * kGdnChunk : 0);
     const int64_t dy0 = (t * H + h) * static_cast<int64_t>(dv);
     const int64_t dy_row = static_cast<int64_t>(H) * dv;
-    auto dy = [&](int i, int e) { return load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e); };
+    const GdnView dyv = a.dy_f32 ? GdnView{static_cast<const float*>(a.dy) + dy0, dy_row, 1, false}
+                                 : GdnView{static_cast<const uint16_t*>(a.dy) + dy0, dy_row, 1, true};
     for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
     if (scalar)
       for (int idx = tid; idx < n * n; idx += nthr) {
         const int i = idx / n, j = idx % n;
         Ex[i * kGdnChunk + j] = j <= i ? expf(G[i * dk] - G[j * dk]) : 0.f;
       }
-    // dC[i][j] = scale dY_i · D_j (j <= i); dW = -dD S0ᵀ (into dZ); dX = dD
-    for (int idx = tid; idx < n * n; idx += nthr) {
-      const int i = idx / n, j = idx % n;
-      float acc = 0.f;
-      if (j <= i)
-        for (int e = 0; e < dv; ++e) acc += dy(i, e) * D[j * dv + e];
-      dC[i * kGdnChunk + j] = a.scale * acc;
-    }
-    for (int idx = tid; idx < n * dk; idx += nthr) {
-      const int i = idx / dk, d = idx % dk;
-      float acc = 0.f;
-      for (int e = 0; e < dv; ++e) acc += dD[i * dv + e] * S0[d * dv + e];
-      dZ[i * dk + d] = -acc;
-    }
-    for (int idx = tid; idx < n * dv; idx += nthr) dX[idx] = dD[idx];
-    block_sync();
-    // Lᵀ [dX | dZ] = [dU | dW] by back substitution, one column per thread (Lᵀ[j][i] = β_i P[i][j], i > j).
-    for (int col = tid; col < dv + dk; col += nthr) {
-      const bool is_x = col < dv;
-      float* x = is_x ? dX + col : dZ + (col - dv);
-      const int stride = is_x ? dv : dk;
-      for (int j = n - 1; j >= 0; --j) {
-        float s = x[j * stride];
-        for (int i = j + 1; i < n; ++i) s -= bs[i] * P[i * kGdnChunk + j] * x[i * stride];
-        x[j * stride] = s;
-      }
-    }
-    block_sync();
+    // dC = scale dY Dᵀ (j <= i); dW = -dD S0ᵀ (into rr)
+    gdn_block_product<4, 4>(n, n, dv, dyv, gdn_view(D, dv).t(), panels, tid, nthr, kTensor, [&](int i, int j, float acc) {
+      dC[i * l64 + j] = j <= i ? a.scale * acc : 0.f;
+    });
+    gdn_block_product<4, 8>(n, dk, dv, gdn_view(dD, dv), gdn_view(S0, dv).t(), panels, tid, nthr, kTensor,
+                            [&](int i, int d, float acc) { rr[i * dk + d] = -acc; });
+    // Lᵀ [dX | dZ] = [dU | dW]: [dX | dZ] = L⁻ᵀ [dD | dW]
+    const GdnView lit = gdn_view(Ti, l64).t();
+    gdn_block_product<4, 8>(n, dv, n, lit, gdn_view(dD, dv), panels, tid, nthr, kTensor,
+                            [&](int i, int e, float acc) { dX[i * dv + e] = acc; });
+    gdn_block_product<4, 8>(n, dk, n, lit, gdn_view(rr, dk), panels, tid, nthr, kTensor,
+                            [&](int i, int d, float acc) { dZ[i * dk + d] = acc; });
     // dL[i][j] = -(dX_i · U_j + dZ_i · W_j), j < i (the gradient of L = I + diag(β) P below the diagonal)
-    for (int idx = tid; idx < n * n; idx += nthr) {
-      const int i = idx / n, j = idx % n;
-      float acc = 0.f;
-      if (j < i) {
-        for (int e = 0; e < dv; ++e) acc += dX[i * dv + e] * U[j * dv + e];
-        for (int d = 0; d < dk; ++d) acc += dZ[i * dk + d] * W[j * dk + d];
-      }
-      dL[i * kGdnChunk + j] = -acc;
-    }
-    block_sync();
+    gdn_block_product<4, 4>(n, n, dv, gdn_view(dX, dv), gdn_view(U, dv).t(), panels, tid, nthr, kTensor,
+                            [&](int i, int j, float acc) { dL[i * l64 + j] = j < i ? -acc : 0.f; });
+    gdn_block_product<4, 4>(n, n, dk, gdn_view(dZ, dk), gdn_view(W, dk).t(), panels, tid, nthr, kTensor,
+                            [&](int i, int j, float acc) {
+                              if (j < i) dL[i * l64 + j] -= acc;
+                            });
     // beta and v: X = diag(β) V, Z = diag(β) Kst, L = I + diag(β) P
     for (int i = tid; i < n; i += nthr) {
       float db = 0.f;
@@ -606,45 +926,66 @@ struct GdnGradKernel {
         const int i = idx / dv, e = idx % dv;
         a.dv[((t + i) * H + h) * dv + e] += bs[i] * dX[idx];
       }
-    // q, k and the cumulative gate, one (token, channel) per thread.
-    for (int idx = tid; idx < n * dk; idx += nthr) {
-      const int i = idx / dk, d = idx % dk;
-      float dqv = 0.f, dr = 0.f;
-      for (int e = 0; e < dv; ++e) {
-        dqv += S0[d * dv + e] * dy(i, e);
-        dr += dSe[d * dv + e] * D[i * dv + e];
-      }
-      dqv *= a.scale;
+    // scale dY S0ᵀ (into dGm) and D dSeᵀ (into rr): q's and R's gradients through the state terms
+    gdn_block_product<4, 8>(n, dk, dv, dyv, gdn_view(S0, dv).t(), panels, tid, nthr, kTensor,
+                            [&](int i, int d, float acc) { dGm[i * dk + d] = a.scale * acc; });
+    gdn_block_product<4, 8>(n, dk, dv, gdn_view(D, dv), gdn_view(dSe, dv).t(), panels, tid, nthr, kTensor,
+                            [&](int i, int d, float acc) { rr[i * dk + d] = acc; });
+    // q, k and the cumulative gate of (token i, channel d): the state terms, then the pairs (i, j), j <= i, with i
+    // the later token (dq, dk and dG through k_j e^{G_i - G_j}) and the pairs (m, i), m >= i, with i the earlier.
+    // dqv = dGm, dr = rr on entry; dG and dr R on return.
+    auto finish = [&](int i, int d, float x1, float x2, float y) {
+      const float dqv = dGm[i * dk + d], dr = rr[i * dk + d];
       const float gi = G[i * dk + d], gl = G[(n - 1) * dk + d];
       const float eg = expf(gi), er = expf(gl - gi);
       const float dkst = bs[i] * dZ[i * dk + d];
       const float qi = a.in.qk(a.in.q, t + i, h, d), ki = a.in.qk(a.in.k, t + i, h, d);
-      float dq = eg * dqv;
-      float dkk = er * dr + eg * dkst;
-      float dG = dqv * Qst[i * dk + d] - dr * R[i * dk + d] + dkst * Kst[i * dk + d];
-      // as the later token of a pair (i, j), j <= i
-      for (int j = 0; j <= i; ++j) {
-        const float ex = scalar ? Ex[i * kGdnChunk + j] : expf(gi - G[j * dk + d]);
-        const float kj = a.in.qk(a.in.k, t + j, h, d) * ex;
-        const float dp = j < i ? bs[i] * dL[i * kGdnChunk + j] : 0.f;
-        const float dc = dC[i * kGdnChunk + j];
-        dq += dc * kj;
-        dkk += dp * kj;
-        dG += (dp * ki + dc * qi) * kj;
-      }
-      // as the earlier token of a pair (m, i), m >= i
-      for (int m = i; m < n; ++m) {
-        const float ex = scalar ? Ex[m * kGdnChunk + i] : expf(G[m * dk + d] - gi);
-        const float dp = m > i ? bs[m] * dL[m * kGdnChunk + i] : 0.f;
-        const float dc = dC[m * kGdnChunk + i];
-        const float x = (dp * a.in.qk(a.in.k, t + m, h, d) + dc * a.in.qk(a.in.q, t + m, h, d)) * ex;
-        dkk += x;
-        dG -= x * ki;
-      }
+      const float dq = eg * dqv + x1;
+      const float dkk = er * dr + eg * dkst + x2 + y;
+      const float dG = dqv * Qst[i * dk + d] - dr * R[i * dk + d] + dkst * Kst[i * dk + d] + ki * x2 + qi * x1 - y * ki;
       if (a.dq) a.dq[((t + i) * H + h) * dk + d] += dq;
       if (a.dk) a.dk[((t + i) * H + h) * dk + d] += dkk;
       dGm[i * dk + d] = dG;
       rr[i * dk + d] = dr * R[i * dk + d];
+    };
+    if (scalar) {
+      // The pair decay is one factor: with A1 = dC ⊙ Ex and A2 = diag(β) dL ⊙ Ex (j < i), the pair sums are
+      // x1 = A1 K, x2 = A2 K and y = A1ᵀ Q + A2ᵀ K.
+      for (int idx = tid; idx < n * n; idx += nthr) {
+        const int i = idx / n, j = idx % n;
+        const float ex = Ex[i * kGdnChunk + j];
+        dC[i * l64 + j] *= ex;
+        dL[i * l64 + j] = j < i ? bs[i] * dL[i * l64 + j] * ex : 0.f;
+      }
+      const GdnView kr = a.in.rows(a.in.k, t, h, dk), qr = a.in.rows(a.in.q, t, h, dk);
+      const GdnView a1 = gdn_view(dC, l64), a2 = gdn_view(dL, l64);
+      float* pq = c + a.blk.pq;
+      float* pk = c + a.blk.pk;
+      float* pt = c + a.blk.pt;
+      gdn_block_product<4, 8>(n, dk, n, a1, kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
+      gdn_block_product<4, 8>(n, dk, n, a2, kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
+      gdn_block_product<4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
+      gdn_block_product<4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) {
+        finish(i, d, pq[i * dk + d], pk[i * dk + d], acc + pt[i * dk + d]);
+      });
+    } else {
+      // Per-channel decays: each (token, channel) gathers its pairs, e^{G_i - G_j} per pair.
+      for (int idx = tid; idx < n * dk; idx += nthr) {
+        const int i = idx / dk, d = idx % dk;
+        const float gi = G[i * dk + d];
+        float x1 = 0.f, x2 = 0.f, y = 0.f;
+        for (int j = 0; j <= i; ++j) {
+          const float kj = a.in.qk(a.in.k, t + j, h, d) * expf(gi - G[j * dk + d]);
+          x1 += dC[i * l64 + j] * kj;
+          if (j < i) x2 += bs[i] * dL[i * l64 + j] * kj;
+        }
+        for (int m = i; m < n; ++m) {
+          const float ex = expf(G[m * dk + d] - gi);
+          const float dp = m > i ? bs[m] * dL[m * l64 + i] : 0.f;
+          y += (dp * a.in.qk(a.in.k, t + m, h, d) + dC[m * l64 + i] * a.in.qk(a.in.q, t + m, h, d)) * ex;
+        }
+        finish(i, d, x1, x2, y);
+      }
     }
     block_sync();
     // G_i = Σ_{s<=i} g_s: dg_s = Σ_{i>=s} dG_i, the last row also taking R's and the start state's decay.
@@ -801,6 +1142,15 @@ struct GdnSchedule {
   }
 };
 
+// Launches K<true> (tensor-core products) or K<false>: each path is its own kernel with its own registers.
+template <template <bool> class K, class X>
+void gdn_launch(X& x, bool tensor, int64_t blocks, const typename K<false>::Args& a) {
+  if (tensor)
+    x.template launch<K<true>>(blocks, a);
+  else
+    x.template launch<K<false>>(blocks, a);
+}
+
 inline GdnInputs gdn_inputs(const GdnCudaParams& p) {
   return {static_cast<const uint16_t*>(p.q), static_cast<const uint16_t*>(p.k), static_cast<const uint16_t*>(p.v),
           static_cast<const uint16_t*>(p.g), static_cast<const uint16_t*>(p.beta), p.heads, p.dk, p.dv,
@@ -810,8 +1160,8 @@ inline GdnInputs gdn_inputs(const GdnCudaParams& p) {
 template <class X>
 void gdn_prep_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   if (s.chunks.empty()) return;
-  x.template launch<GdnPrepKernel>(static_cast<int64_t>(s.chunks.size()) * p.heads,
-                                   GdnPrepArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk});
+  gdn_launch<GdnPrepKernel>(x, p.tensor_cores, static_cast<int64_t>(s.chunks.size()) * p.heads,
+                            GdnPrepArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk});
 }
 
 inline int gdn_scan_tile(const GdnCudaParams& p) { return p.scan_columns > 0 ? p.scan_columns : kGdnTile; }
@@ -836,7 +1186,8 @@ inline GdnScanArgs gdn_scan_args(const GdnCudaParams& p, const GdnSchedule& s, i
 template <class X>
 void gdn_scan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnScanArgs& a) {
   if (s.runs.empty()) return;
-  x.template launch<GdnScanKernel>(static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(a.width, a.tile), a);
+  gdn_launch<GdnScanKernel>(x, p.tensor_cores, static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(a.width, a.tile),
+                            a);
 }
 
 // Slots a call writes must be distinct across runs (each is one block's plain store).
@@ -900,13 +1251,13 @@ void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>
   a.save = true;
   gdn_scan_on(x, p, s, a);
   if (!s.runs.empty())
-    x.template launch<GdnBwdScanKernel>(
-        static_cast<int64_t>(s.runs.size()) * p.heads * GdnScanKernel::tiles(p.dv, gdn_scan_tile(p)),
+    gdn_launch<GdnBwdScanKernel>(
+        x, p.tensor_cores, static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(p.dv, gdn_scan_tile(p)),
         GdnBwdScanArgs{s.dev_runs(p), s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, gdn_scan_tile(p), g.dy,
                        p.y_f32, p.scale,
                        g.d_state_out, g.d_state_in});
   if (g.any() && !s.chunks.empty())
-    x.template launch<GdnGradKernel>(static_cast<int64_t>(s.chunks.size()) * p.heads,
+    gdn_launch<GdnGradKernel>(x, p.tensor_cores, static_cast<int64_t>(s.chunks.size()) * p.heads,
                                      GdnGradArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk, g.dy, p.y_f32,
                                                  p.scale, g.dq, g.dk, g.dv, g.dg, g.dbeta});
 }

@@ -39,6 +39,10 @@ struct GdnCudaParams {
   // State columns per block of the scans: 0 = the default (32), 16 or 32 (kept selectable so the benchmark measures
   // both: 16 doubles the blocks of a long run, 32 halves the re-reads of each chunk's matrices).
   int32_t scan_columns = 0;
+  // The chunk products (prep, scans, gradients) on tensor cores (mma.sync tf32, each operand split in two and three
+  // products summed, which keeps fp32-level accuracy); false = register-blocked fp32 FMA. Off by default until
+  // measured on a GPU.
+  bool tensor_cores = false;
   // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
   // backward the chunk-start states and their gradients).
   void* workspace = nullptr;
