@@ -4,7 +4,7 @@
 # compute-sanitizer (memcheck, racecheck, initcheck) on small cases, and the benchmark
 # bench_gdn_cuda (T = 40,960, H = 32, dk = dv = 128, GDN and KDA). Logs go to $OUT_DIR (default out/gpu_gdn).
 #   BIN_DIR=DIR        treecp_cuda_tests and bench_gdn_cuda built elsewhere (e.g. carried, built for sm_90a)
-#   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1   trim the call
+#   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_CLI=1 SKIP_BENCH=1   trim the call
 #   BENCH_REPS=N       repetitions of each timing (default 10); BENCH_ARGS="--docs 8" etc. passed on
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -17,12 +17,14 @@ step() { echo; echo "== $*"; }
 if [ -n "${BIN_DIR:-}" ]; then
   tests="$BIN_DIR/treecp_cuda_tests"
   bench="$BIN_DIR/bench_gdn_cuda"
+  cli="$BIN_DIR/treecp"
 else
   build="$root/build-cuda"
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
-  ninja -C "$build" treecp_cuda_tests bench_gdn_cuda || exit 1
+  ninja -C "$build" treecp_cuda_tests bench_gdn_cuda treecp || exit 1
   tests="$build/tests/treecp_cuda_tests"
   bench="$build/bench/bench_gdn_cuda"
+  cli="$build/treecp"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$out/gpu.txt"
 
@@ -42,6 +44,11 @@ if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
     tail -n 2 "$out/sanitizer_$tool.log"
     [ $rc -eq 0 ] || { echo "compute-sanitizer $tool: exit $rc"; status=1; }
   done
+fi
+
+if [ -z "${SKIP_CLI:-}" ] && [ -x "$cli" ]; then
+  step "treecp gdn / conv1d --device cuda against --device cpu (scripts/gpu_layers_cli.sh)"
+  bash "$root/scripts/gpu_layers_cli.sh" "$cli" "$out/cli" 2>&1 | tee "$out/cli.log" || status=1
 fi
 
 if [ -z "${SKIP_BENCH:-}" ]; then

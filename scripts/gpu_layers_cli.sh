@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On a GPU machine: `treecp gdn` (GDN and KDA gates, with gradients) and `treecp conv1d` with --device cuda
+# against --device cpu on the same small tree row, inputs made by numpy; prints the largest differences of every
+# output and fails when one is beyond bf16 expectations (the CUDA path rounds its inputs to bf16).
+#   scripts/gpu_layers_cli.sh TREECP_BINARY [WORK_DIR]
+set -euo pipefail
+bin=${1:?usage: gpu_layers_cli.sh TREECP_BINARY [WORK_DIR]}
+work=${2:-$(mktemp -d)}
+mkdir -p "$work"
+echo '{"segments":[{"parent":-1,"length":300},{"parent":0,"length":200},{"parent":1,"length":100},{"parent":0,"length":150}]}' > "$work/tree.json"
+python3 - "$work" <<'PY'
+import sys, numpy as np
+w = sys.argv[1]; rng = np.random.default_rng(3); S, H, D = 750, 4, 64
+def l2(x): return x / np.linalg.norm(x, axis=-1, keepdims=True)
+np.save(f"{w}/q.npy", l2(rng.standard_normal((S, H, D))).astype(np.float32))
+np.save(f"{w}/k.npy", l2(rng.standard_normal((S, H, D))).astype(np.float32))
+np.save(f"{w}/v.npy", rng.standard_normal((S, H, D)).astype(np.float32))
+np.save(f"{w}/g.npy", (-0.1 * rng.random((S, H))).astype(np.float32))
+np.save(f"{w}/gk.npy", (-0.1 * rng.random((S, H, D))).astype(np.float32))
+np.save(f"{w}/beta.npy", rng.random((S, H)).astype(np.float32))
+np.save(f"{w}/do.npy", rng.standard_normal((S, H, D)).astype(np.float32))
+np.save(f"{w}/x.npy", rng.standard_normal((S, 96)).astype(np.float32))
+np.save(f"{w}/wt.npy", (0.3 * rng.standard_normal((96, 4))).astype(np.float32))
+np.save(f"{w}/dy.npy", rng.standard_normal((S, 96)).astype(np.float32))
+PY
+for dev in cpu cuda; do
+  for gate in g gk; do
+    "$bin" gdn --tree "$work/tree.json" --q "$work/q.npy" --k "$work/k.npy" --v "$work/v.npy" --g "$work/$gate.npy" \
+      --beta "$work/beta.npy" --dout "$work/do.npy" --device $dev --out "$work/gdn_${gate}_$dev"
+  done
+  "$bin" conv1d --tree "$work/tree.json" --x "$work/x.npy" --weight "$work/wt.npy" --silu --dout "$work/dy.npy" \
+    --device $dev --out "$work/conv_$dev"
+done
+python3 - "$work" <<'PY'
+import sys, os, numpy as np
+w = sys.argv[1]; bad = 0
+for what in ("gdn_g", "gdn_gk", "conv"):
+    for name in sorted(os.listdir(f"{w}/{what}_cpu")):
+        a = np.load(f"{w}/{what}_cpu/{name}").astype(np.float64); b = np.load(f"{w}/{what}_cuda/{name}").astype(np.float64)
+        rel = np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)
+        print(f"{what:7s} {name:12s} max |cpu - cuda| / max |cpu| = {rel:.3e}")
+        bad += rel > 3e-2
+sys.exit(1 if bad else 0)
+PY
