@@ -351,7 +351,10 @@ TEST(GdnCudaCP, SteadyStateAllocatesNothing) {
   std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()), 1);
   const GdnPlan plan = make_gdn_plan(row, 1, chained);
   const RowData in = round_to_bf16(testing::random_gdn_data(S, 2, 64, 64, GdnGate::PerChannel, rng));
-  auto comm = make_self_communicator();
+  // One thread rank whose parts move by cudaMemcpy: the chained plan sends states to itself, which the host-memory
+  // self communicator cannot copy.
+  auto comms = make_thread_communicators(1, cuda::test::device_thread_comm(static_cast<uint64_t>(S)));
+  Communicator* comm = comms[0].get();
   CudaBackend be;
   GdnCP<CudaBackend> cp(plan, row, shape, *comm, be);
   const ConvShape cs{static_cast<int>(shape.qk_width()), 4, true};
@@ -370,6 +373,7 @@ TEST(GdnCudaCP, SteadyStateAllocatesNothing) {
                     dw = be.alloc_grad(cs.channels * cs.width);
   for (int step = 0; step < 3; ++step) {
     const int64_t before = be.pool().device_mallocs();
+    for (CudaBackend::Grad* x : {&dq, &dk, &dv, &dg, &dbeta, &dx, &dw}) be.zero(*x);  // they accumulate
     conv.forward(q, w, nullptr, u);
     cp.forward(u, k, v, g, beta, y);
     cp.backward(dy, dq, dk, dv, dg, dbeta);

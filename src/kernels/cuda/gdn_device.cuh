@@ -601,9 +601,10 @@ struct GdnPrepKernel {
   }
 };
 
-// Copies rows [0, n) of a [64][cols] chunk matrix into shared memory with row stride ld.
-TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int ld, int tid, int nthr) {
-  for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * ld + idx % cols] = src[idx];
+// Copies columns [0, cols) of rows [0, n) of a chunk matrix (row stride src_ld) into shared memory with row
+// stride ld. A partial chunk's C is staged n x n: prep writes no column at or past n, so nothing reads them.
+TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int src_ld, int ld, int tid, int nthr) {
+  for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * ld + idx % cols] = src[(idx / cols) * src_ld + idx % cols];
 }
 
 // Blocks of `tile` state columns over `width` (the scans' grid: per run and head).
@@ -681,10 +682,10 @@ struct GdnScanKernel {
       const int n = cd.len;
       float* c = a.cache + (chunk * H + h) * a.blk.size;
       const float* U = c + a.blk.U;
-      stage_rows(M1, c + a.blk.W, n, dk, ldr, tid, nthr);
+      stage_rows(M1, c + a.blk.W, n, dk, dk, ldr, tid, nthr);
       if (a.y) {
-        stage_rows(M2, c + a.blk.Qst, n, dk, ldr, tid, nthr);
-        stage_rows(Cs, c + a.blk.C, n, kGdnChunk, lc, tid, nthr);
+        stage_rows(M2, c + a.blk.Qst, n, dk, dk, ldr, tid, nthr);
+        stage_rows(Cs, c + a.blk.C, n, n, kGdnChunk, lc, tid, nthr);
       }
       block_sync();  // W, Qst, C staged; S complete (the initial fill or the last chunk's update)
       if (a.save)
@@ -700,7 +701,7 @@ struct GdnScanKernel {
         if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
       });
       block_sync();  // D complete, W read
-      stage_rows(M1, c + a.blk.R, n, dk, ldt, tid, nthr);
+      stage_rows(M1, c + a.blk.R, n, dk, dk, ldt, tid, nthr);
       if (a.y) {
         // Y = scale ((e^G ⊙ Q) S + C D); C is zero above the diagonal within the chunk, so its n columns sum j <= i.
         const GdnTerm qc[2] = {{M2, ldr, 1, S, ls, 1, dk, 1.f}, {Cs, lc, 1, Ds, ls, 1, n, 1.f}};
@@ -790,9 +791,9 @@ struct GdnBwdScanKernel {
         const int i = idx / tc, e = idx % tc;
         dYs[i * ls + e] = e < tw ? load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e) : 0.f;
       }
-      stage_rows(M1, c + a.blk.R, n, dk, ldr, tid, nthr);
-      stage_rows(M2, c + a.blk.Qst, n, dk, ldt, tid, nthr);
-      stage_rows(Cs, c + a.blk.C, n, kGdnChunk, lc, tid, nthr);
+      stage_rows(M1, c + a.blk.R, n, dk, dk, ldr, tid, nthr);
+      stage_rows(M2, c + a.blk.Qst, n, dk, dk, ldt, tid, nthr);
+      stage_rows(Cs, c + a.blk.C, n, n, kGdnChunk, lc, tid, nthr);
       block_sync();  // dY, R, Qst and C staged; dS complete
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
@@ -805,7 +806,7 @@ struct GdnBwdScanKernel {
         c[a.blk.dD + i * dv + e0 + e] = acc;
       });
       block_sync();  // dD complete, R read
-      stage_rows(M1, c + a.blk.W, n, dk, ldt, tid, nthr);
+      stage_rows(M1, c + a.blk.W, n, dk, dk, ldt, tid, nthr);
       block_sync();
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
       const float* egl = c + a.blk.egl;
