@@ -49,13 +49,14 @@ using treecp::cuda::detail::FwdWsConfig;
 using treecp::cuda::detail::FwdWsSoftmax;
 // The warp-specialised forward's measured-and-rejected configs, compiled into this benchmark only so that it can still
 // time them beside the library's two (docs/kernels.md, docs/benchmarks-gpu.md)
-constexpr FwdWsConfig kFwdWsPlain{.q_in_registers = false, .overlap = false, .o_by_tma = false};  // change P's first form
+constexpr FwdWsConfig kFwdWsPlain{.q_in_registers = false, .overlap = false, .o_by_tma = false};  // change P, first
 constexpr FwdWsConfig kFwdWsQReg{.overlap = false, .o_by_tma = false};                           // Q in registers
 constexpr FwdWsConfig kFwdWsStores{.o_by_tma = false};  // with the overlap, O by direct stores (before change AC)
 constexpr FwdWsConfig kFwdWsTrace{.trace = true};       // kDefault with the phase stamps
-constexpr FwdWsConfig kFwdWsItemAtBoundary{.persistent = true, .prefetch = false};  // change AH: item read at the boundary
-constexpr FwdWsConfig kFwdWsOnline{.persistent = true};  // change AI: item published one ahead, the online softmax
-constexpr FwdWsConfig kFwdWsHeldLatePack{.persistent = true, .softmax = FwdWsSoftmax::kHeld};  // change AM's first form
+// change AH: the item read at the boundary; change AI: published one item ahead; change AM's first form
+constexpr FwdWsConfig kFwdWsItemAtBoundary{.persistent = true, .prefetch = false};
+constexpr FwdWsConfig kFwdWsOnline{.persistent = true};
+constexpr FwdWsConfig kFwdWsHeldLatePack{.persistent = true, .softmax = FwdWsSoftmax::kHeld};
 
 // Config C of the warp-specialised forward: the library's two through libtreecp_cuda (the code attention_forward
 // runs), the others instantiated here from attention_fwd_ws.cuh. `counter`: the persistent forms' workspace.

@@ -7,7 +7,8 @@
 # A kernel's code is its `cuobjdump -sass` text, instruction words and control words included, without the addresses
 # and with every symbol name replaced by SYM, plus its `cuobjdump -res-usage` line (registers, stack, shared, local and
 # constant memory) without the name. Prints, for each kernel of BEFORE, "same" and the kernel of AFTER with identical
-# code, or "NO MATCH" when none has it (changed, or gone); then "new" for each kernel of AFTER whose code BEFORE does not have.
+# code, or "NO MATCH" when none has it (changed, or gone); then "new" for each kernel of AFTER whose code BEFORE does
+# not have.
 # Exit status: 0 when every compared kernel of BEFORE has its code in AFTER, 1 when one does not, 2 on bad usage.
 # cuobjdump: $CUOBJDUMP, else the one on PATH, else /usr/local/cuda/bin's (pip's nvidia-cuda-cuobjdump and
 # nvidia-cuda-nvdisasm provide one where the toolkit has none).

@@ -408,7 +408,8 @@ TEST(CudaArguments, ForwardWsConfigOutsideTheLibraryIsRefused) {
       detail::launch_fwd_ws_d128(a, nullptr, c);
       ADD_FAILURE() << "a config outside the library was launched";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("only FwdWsConfig::kDefault and kPersistent"), std::string::npos) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find("only FwdWsConfig::kDefault and kPersistent"), std::string::npos) << what;
     }
   }
 }

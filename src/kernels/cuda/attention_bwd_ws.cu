@@ -400,8 +400,8 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, const BwdWsConfig
     w.tdq = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dq, a.q_rows, a.p.hq, a.p.dq_row_stride,
                           a.p.dq_head_stride, 32, static_cast<uint32_t>(a.group), box_rows);
     // dK and dV by TMA reductions under the same alignment conditions (they share their strides)
-    if (config.dkdv_by_tma && reinterpret_cast<uintptr_t>(a.p.dk) % 16 == 0 && reinterpret_cast<uintptr_t>(a.p.dv) % 16 == 0 &&
-        a.p.dk_row_stride % 4 == 0 && a.p.dk_head_stride % 4 == 0) {
+    if (config.dkdv_by_tma && reinterpret_cast<uintptr_t>(a.p.dk) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(a.p.dv) % 16 == 0 && a.p.dk_row_stride % 4 == 0 && a.p.dk_head_stride % 4 == 0) {
       w.tdk = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dk, a.kv_rows, a.p.hkv, a.p.dk_row_stride,
                             a.p.dk_head_stride, 32, 1, 64);
       w.tdv = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dv, a.kv_rows, a.p.hkv, a.p.dk_row_stride,
