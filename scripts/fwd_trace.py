@@ -2,13 +2,13 @@
 """Where the warp-specialised forward's blocks spend their cycles, from bench_attention's phase stamps.
 
 bench_attention writes <preset>_fwdtrace.bin into its --out directory: for every block of the one-block-per-item
-forward (launch variant 4), kFwdTraceWords = 16 uint64 (src/kernels/cuda/launch.hpp names them: [0] SM, [1] start,
-[2] Q ready, [10] first K/V ready, [3] first S ready, [4] last P V retired, [6] steps, [5] / [7] the warpgroups' O
-stores done, [11] / [12] %globaltimer at [1] / [5]). This prints, per preset, the mean of each phase in SM cycles,
-the gap between consecutive blocks on one SM, the share of SM time outside the steps, and how a static order
-(round robin or snake over the launch order, one block per SM) would balance the measured block costs against a
-greedy one (the hardware's, or a persistent kernel's counter). Where <preset>_fwdtrace_cold.bin is there too (the
-same launch after a second of idle GPU), it prints that one as well.
+forward (the bench's kFwdWsTrace config), kFwdTraceWords = 16 uint64 (src/kernels/cuda/launch.hpp names them:
+[0] SM, [1] start, [2] Q ready, [10] first K/V ready, [3] first S ready, [4] last P V retired, [6] steps, [5] / [7]
+the warpgroups' O stores done, [11] / [12] %globaltimer at [1] / [5]). This prints, per preset, the mean of each
+phase in SM cycles, the gap between consecutive blocks on one SM, the share of SM time outside the steps, and how a
+static order (round robin or snake over the launch order, one block per SM) would balance the measured block costs
+against a greedy one (the hardware's, or a persistent kernel's counter). Where <preset>_fwdtrace_cold.bin is there
+too (the same launch after a second of idle GPU), it prints that one as well.
 
   python3 scripts/fwd_trace.py DIR [preset ...]     (standard library only)
 """

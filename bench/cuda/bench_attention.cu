@@ -8,7 +8,7 @@
 // Usage: bench_attention [--out DIR] [--reps N] [--presets a,b,c] [--experiments 0|1]
 //   --experiments 0 skips the timings of the earlier experiments (decided ones; they print as nan), not their checks.
 //   DIR receives <preset>.json (the row, for scripts/bench_flex.py) and treecp_results.json, and the forward's phase
-//   stamps (launch.hpp, launch variant 4): <preset>_fwdtrace.bin per block of the one-block-per-item kernel after the
+//   stamps (launch.hpp, FwdWsConfig::trace): <preset>_fwdtrace.bin per block of the one-block-per-item kernel after the
 //   A/B loops (sustained clocks), <preset>_fwdtrace_cold.bin the same after a second of idle GPU (kFwdTraceWords
 //   uint64 per block).
 #include <cuda_bf16.h>
@@ -29,6 +29,7 @@
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/attention_bwd_wgmma.cuh"  // the timing-only backward without dQ adds, the variants
 #include "kernels/cuda/attention_fwd_wgmma.cuh"  // the forward's barrier and load variants
+#include "kernels/cuda/attention_fwd_ws.cuh"     // the warp-specialised forward's bench-only configs
 #include "tree/presets.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
@@ -41,6 +42,31 @@ using namespace treecp::cuda::bench;
 namespace {
 
 constexpr int kHq = 32, kHkv = 4, kD = 128;
+
+using treecp::cuda::detail::BwdWsConfig;
+using treecp::cuda::detail::BwdWsWalk;
+using treecp::cuda::detail::FwdWsConfig;
+using treecp::cuda::detail::FwdWsSoftmax;
+// The warp-specialised forward's measured-and-rejected configs, compiled into this benchmark only so that it can still
+// time them beside the library's two (docs/kernels.md, docs/benchmarks-gpu.md)
+constexpr FwdWsConfig kFwdWsPlain{.q_in_registers = false, .overlap = false, .o_by_tma = false};  // change P, first
+constexpr FwdWsConfig kFwdWsQReg{.overlap = false, .o_by_tma = false};                           // Q in registers
+constexpr FwdWsConfig kFwdWsStores{.o_by_tma = false};  // with the overlap, O by direct stores (before change AC)
+constexpr FwdWsConfig kFwdWsTrace{.trace = true};       // kDefault with the phase stamps
+// change AH: the item read at the boundary; change AI: published one item ahead; change AM's first form
+constexpr FwdWsConfig kFwdWsItemAtBoundary{.persistent = true, .prefetch = false};
+constexpr FwdWsConfig kFwdWsOnline{.persistent = true};
+constexpr FwdWsConfig kFwdWsHeldLatePack{.persistent = true, .softmax = FwdWsSoftmax::kHeld};
+
+// Config C of the warp-specialised forward: the library's two through libtreecp_cuda (the code attention_forward
+// runs), the others instantiated here from attention_fwd_ws.cuh. `counter`: the persistent forms' workspace.
+template <FwdWsConfig C>
+void fwd_ws(const treecp::cuda::detail::FwdArgs& a, int* counter = nullptr, unsigned long long* trace = nullptr) {
+  if constexpr (C == FwdWsConfig::kDefault || C == FwdWsConfig::kPersistent)
+    treecp::cuda::detail::launch_fwd_ws_d128(a, nullptr, C, counter);
+  else
+    treecp::cuda::detail::launch_fwd_ws<C>(a, nullptr, trace, counter);
+}
 
 // Deterministic pseudo-normal bf16 fill (sum of 4 uniforms from a hash, scaled to unit variance).
 __global__ void fill_random(__nv_bfloat16* x, int64_t n, uint64_t seed) {
@@ -315,59 +341,67 @@ int main(int argc, char** argv) {
         r.fwd_two2_ms = time_fwd(Two{}, Generic{});
         r.fwd_one2_ms = time_fwd(One{}, Generic{});
         r.fwd_lean2_ms = time_fwd(One{}, PerThread{});
-        // the warp-specialised TMA experiment (attention_fwd_ws.cu), alternating with the default
-        auto time_ws = [&](int variant) {
-          return time_exp(reps, [&] { treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, variant); });
-        };
-        r.fwd_ws_ms = time_ws(0);
-        r.fwd_wsq_ms = time_ws(1);
-        r.fwd_wso_ms = time_ws(2);
+        // the warp-specialised TMA forward's first forms (attention_fwd_ws.cuh), alternating with the default
+        auto ws_plain = [&] { fwd_ws<kFwdWsPlain>(fargs); };
+        auto ws_qreg = [&] { fwd_ws<kFwdWsQReg>(fargs); };
+        auto ws_stores = [&] { fwd_ws<kFwdWsStores>(fargs); };
+        auto ws_default = [&] { fwd_ws<FwdWsConfig::kDefault>(fargs); };
+        r.fwd_ws_ms = time_exp(reps, ws_plain);
+        r.fwd_wsq_ms = time_exp(reps, ws_qreg);
+        r.fwd_wso_ms = time_exp(reps, ws_stores);
         r.fwd_lean3_ms = time_fwd(One{}, PerThread{});
-        r.fwd_wso2_ms = time_ws(2);
-        r.fwd_wsq2_ms = time_ws(1);
-        r.fwd_ws2_ms = time_ws(0);
-        // O stored by TMA from shared memory (launch variant 3) against direct stores (2), A B B A
-        const int tmao_order[4] = {2, 3, 3, 2};
-        for (int i = 0; i < 4; ++i) r.tmao_fwd[i] = time_ws(tmao_order[i]);
+        r.fwd_wso2_ms = time_exp(reps, ws_stores);
+        r.fwd_wsq2_ms = time_exp(reps, ws_qreg);
+        r.fwd_ws2_ms = time_exp(reps, ws_plain);
+        // O stored by TMA from shared memory (kDefault) against direct stores (kFwdWsStores), A B B A
+        r.tmao_fwd[0] = time_exp(reps, ws_stores);
+        r.tmao_fwd[1] = time_exp(reps, ws_default);
+        r.tmao_fwd[2] = time_exp(reps, ws_default);
+        r.tmao_fwd[3] = time_exp(reps, ws_stores);
         {
-          // the persistent forward (launch variant 5) against the default (3), A B B A, after half a second of load
+          // the persistent forward, item read at the boundary, against one block per item (kDefault), A B B A, after
+          // half a second of load
           int* counter = nullptr;
           check_cuda(cudaMalloc(&counter, treecp::cuda::detail::fwd_ws_workspace_bytes()), "counter");
-          auto run = [&](int v) { treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, v, nullptr, counter); };
+          auto at_boundary = [&] { fwd_ws<kFwdWsItemAtBoundary>(fargs, counter); };
+          auto online = [&] { fwd_ws<kFwdWsOnline>(fargs, counter); };
+          auto held_late = [&] { fwd_ws<kFwdWsHeldLatePack>(fargs, counter); };
+          auto persistent = [&] { fwd_ws<FwdWsConfig::kPersistent>(fargs, counter); };
           // the same kernel after a second of idle GPU, then after half a second of back-to-back launches
           std::this_thread::sleep_for(std::chrono::seconds(1));
-          r.cold_fwd_ms = time_ms(reps, [&] { run(3); });
-          sustain(500.0, [&] { run(3); });
-          r.warm_fwd_ms = time_ms(reps, [&] { run(3); });
-          const AbTimes ab = time_ab(4 * reps, [&] { run(3); }, [&] { run(5); });
+          r.cold_fwd_ms = time_ms(reps, ws_default);
+          sustain(500.0, ws_default);
+          r.warm_fwd_ms = time_ms(reps, ws_default);
+          const AbTimes ab = time_ab(4 * reps, ws_default, at_boundary);
           r.persist_fwd[0] = ab.a_ms;
           r.persist_fwd[1] = ab.b_ms;
           r.persist_fwd[2] = ab.ratio;
-          // the item published one item ahead (launch variant 6) against 5 and against 3
-          const AbTimes ab65 = time_ab(4 * reps, [&] { run(5); }, [&] { run(6); });
-          const AbTimes ab63 = time_ab(4 * reps, [&] { run(3); }, [&] { run(6); });
+          // the item published one item ahead against it at the boundary and against one block per item
+          const AbTimes ab65 = time_ab(4 * reps, at_boundary, online);
+          const AbTimes ab63 = time_ab(4 * reps, ws_default, online);
           r.prefetch_fwd[0] = ab65.b_ms;
           r.prefetch_fwd[1] = ab65.ratio;
           r.prefetch_fwd[2] = ab63.ratio;
           // the persistent forward's output against the default's (bitwise: same arithmetic per item)
           std::vector<uint16_t> o3(static_cast<size_t>(S) * kHq * kD), o5(o3.size());
-          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 3);
+          ws_default();
           check_cuda(cudaMemcpy(o3.data(), fp.o, o3.size() * 2, cudaMemcpyDeviceToHost), "copy O");
           check_cuda(cudaMemset(fp.o, 0xff, o3.size() * 2), "poison O");
-          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 5, nullptr, counter);
+          at_boundary();
           check_cuda(cudaMemcpy(o5.data(), fp.o, o5.size() * 2, cudaMemcpyDeviceToHost), "copy O");
           r.persist_check = o3 == o5 ? 0.0 : 1.0;
           check_cuda(cudaMemset(fp.o, 0xff, o3.size() * 2), "poison O");
-          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 6, nullptr, counter);
+          online();
           check_cuda(cudaMemcpy(o5.data(), fp.o, o5.size() * 2, cudaMemcpyDeviceToHost), "copy O");
           if (o3 != o5) r.persist_check += 2.0;
-          // the held-offset softmax (launch variant 7) against 6: time, alternated, and O's relative L2 difference
-          const AbTimes ab67 = time_ab(4 * reps, [&] { run(6); }, [&] { run(7); });
+          // the held-offset softmax (its first form, P packed after the vote) against the online one: time, alternated,
+          // and O's relative L2 difference
+          const AbTimes ab67 = time_ab(4 * reps, online, held_late);
           r.held_fwd[0] = ab67.b_ms;
           r.held_fwd[1] = ab67.ratio;
-          r.early_fwd = time_ab(4 * reps, [&] { run(7); }, [&] { run(8); }).ratio;  // P packed before the vote
+          r.early_fwd = time_ab(4 * reps, held_late, persistent).ratio;  // P packed before the vote (kPersistent)
           check_cuda(cudaMemset(fp.o, 0xff, o3.size() * 2), "poison O");
-          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 7, nullptr, counter);
+          held_late();
           check_cuda(cudaMemcpy(o5.data(), fp.o, o5.size() * 2, cudaMemcpyDeviceToHost), "copy O");
           {
             double num = 0, den = 0;
@@ -378,16 +412,17 @@ int main(int argc, char** argv) {
             }
             r.held_check = std::sqrt(num / den);  // NaN in either (a poisoned row left unwritten) fails the check
           }
-          // variant 8 computes what 7 does (only the order of the pack and the vote differs): bitwise equal
+          // kPersistent computes what kFwdWsHeldLatePack does (only the order of the pack and the vote differs):
+          // bitwise equal
           std::vector<uint16_t> o8(o3.size());
           check_cuda(cudaMemset(fp.o, 0xff, o3.size() * 2), "poison O");
-          treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 8, nullptr, counter);
+          persistent();
           check_cuda(cudaMemcpy(o8.data(), fp.o, o8.size() * 2, cudaMemcpyDeviceToHost), "copy O");
           if (o8 != o5) r.persist_check += 4.0;
           check_cuda(cudaFree(counter), "counter");
         }
         {
-          // per-block phase stamps of the default (launch variant 4 = 3 + clock64 stamps), raw, for offline study:
+          // per-block phase stamps of the default (kFwdWsTrace: kDefault + clock64 stamps), raw, for offline study:
           // <preset>_fwdtrace.bin, blocks x kFwdTraceWords uint64 (launch.hpp names the words)
           using treecp::cuda::detail::kFwdTraceWords;
           const size_t words = static_cast<size_t>(dplan.fwd.num_major) * kHkv * kFwdTraceWords;
@@ -399,7 +434,7 @@ int main(int argc, char** argv) {
           for (int pass = 0; pass < 2; ++pass) {
             if (pass == 1) std::this_thread::sleep_for(std::chrono::seconds(1));
             check_cuda(cudaMemset(dtrace, 0, words * 8), "trace buffer");
-            treecp::cuda::detail::launch_fwd_ws_d128(fargs, nullptr, 4, dtrace);
+            fwd_ws<kFwdWsTrace>(fargs, nullptr, dtrace);
             std::vector<unsigned long long> h(words);
             check_cuda(cudaMemcpy(h.data(), dtrace, words * 8, cudaMemcpyDeviceToHost), "trace copy");
             std::ofstream tf(out_dir + "/" + name + (pass == 0 ? "_fwdtrace.bin" : "_fwdtrace_cold.bin"), std::ios::binary);
@@ -483,37 +518,40 @@ int main(int argc, char** argv) {
             treecp::cuda::detail::launch_bwd_wgmma<kD, true, BwdOverlap::kDkvDq>(args, nullptr);
           });
         };
-        auto time_ws = [&](int variant) {
+        auto time_ws = [&](const BwdWsConfig& config) {
           return time_exp(reps, [&] {
             check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
             check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
-            treecp::cuda::detail::launch_bwd_ws_d128(args, nullptr, variant);
+            treecp::cuda::detail::launch_bwd_ws_d128(args, nullptr, config);
           });
         };
+        // dQ by red.global.add (ws) and by TMA (wsr), dK / dV by the consumers in both
+        constexpr BwdWsConfig kRedDq{.dq_by_tma = false}, kTmaDq{.dkdv_by_tma = false};
         r.bwd_wg_ms = time_wg();
-        r.bwd_ws_ms = time_ws(0);
-        r.bwd_wsr_ms = time_ws(1);
+        r.bwd_ws_ms = time_ws(kRedDq);
+        r.bwd_wsr_ms = time_ws(kTmaDq);
         r.bwd_wg2_ms = time_wg();
-        r.bwd_ws2_ms = time_ws(0);
-        r.bwd_wsr2_ms = time_ws(1);
+        r.bwd_ws2_ms = time_ws(kRedDq);
+        r.bwd_wsr2_ms = time_ws(kTmaDq);
 
-        // walk orders of the warp-specialised backward: every walk forward (launch variant 3, the default before
-        // change X) against the first wave reversed (variant 1, the default), alternating, twice
-        r.walk_fwd_ms = time_ws(3);
-        r.walk_rev_ms = time_ws(1);
-        r.walk_fwd2_ms = time_ws(3);
-        r.walk_rev2_ms = time_ws(1);
+        // walk orders of the warp-specialised backward: every walk forward (the default before change X) against the
+        // first wave reversed (the default), alternating, twice
+        constexpr BwdWsConfig kWalkForward{.walk = BwdWsWalk::kForward, .dkdv_by_tma = false};
+        r.walk_fwd_ms = time_ws(kWalkForward);
+        r.walk_rev_ms = time_ws(kTmaDq);
+        r.walk_fwd2_ms = time_ws(kWalkForward);
+        r.walk_rev2_ms = time_ws(kTmaDq);
 
-        // block orders of the warp-specialised backward: the default order with the first wave reversed (launch
-        // variant 1) against the segment order with every walk reversed (1 | 4 | 8), alternating, twice; the rule
+        // block orders of the warp-specialised backward: the default order with the first wave reversed (kDefault)
+        // against the segment order with every walk reversed (kSegmentOrder), alternating, twice; the rule
         // (DeviceTilePlan::bwd_segment_order) picks one of them for attention_backward
         {
           r.seg_rule = dplan.bwd_segment_order(kHkv, prop.multiProcessorCount);
           // both orders give the same dK and dV (each (tile, head) once): their sums of |dK| + |dV|
-          auto dkdv_sum = [&](int variant) {
+          auto dkdv_sum = [&](const BwdWsConfig& config) {
             check_cuda(cudaMemset(dk, 0, nkv * 4), "memset");
             check_cuda(cudaMemset(dv, 0, nkv * 4), "memset");
-            treecp::cuda::detail::launch_bwd_ws_d128(args, nullptr, variant);
+            treecp::cuda::detail::launch_bwd_ws_d128(args, nullptr, config);
             std::vector<float> h(nkv);
             double sum = 0;
             for (float* g : {dk, dv}) {
@@ -522,25 +560,28 @@ int main(int argc, char** argv) {
             }
             return sum;
           };
-          r.seg_check = std::fabs(dkdv_sum(1 | 4 | 8 | 64) / dkdv_sum(1 | 64) - 1.0);
-          r.seg_def_ms = time_ws(1 | 64);
-          r.seg_seg_ms = time_ws(1 | 4 | 8 | 64);
-          r.seg_seg2_ms = time_ws(1 | 4 | 8 | 64);
-          r.seg_def2_ms = time_ws(1 | 64);
-          // warpgroup 1 skipping the steps its keys see no query of (the default) against not skipping (bit 4),
-          // both in the order the rule picks, alternating, twice
-          const int base = (r.seg_rule ? 1 | 4 | 8 : 1) | 64;  // the default's launch variant
-          r.idle_off_ms = time_ws(base | 16);
+          r.seg_check = std::fabs(dkdv_sum(BwdWsConfig::kSegmentOrder) / dkdv_sum(BwdWsConfig::kDefault) - 1.0);
+          r.seg_def_ms = time_ws(BwdWsConfig::kDefault);
+          r.seg_seg_ms = time_ws(BwdWsConfig::kSegmentOrder);
+          r.seg_seg2_ms = time_ws(BwdWsConfig::kSegmentOrder);
+          r.seg_def2_ms = time_ws(BwdWsConfig::kDefault);
+          // warpgroup 1 skipping the steps its keys see no query of (the default) against not skipping, both in the
+          // order the rule picks, alternating, twice
+          const BwdWsConfig base = r.seg_rule ? BwdWsConfig::kSegmentOrder : BwdWsConfig::kDefault;  // the default's
+          BwdWsConfig no_skip = base, dkdv_by_consumers = base;
+          no_skip.skip_idle = false;
+          dkdv_by_consumers.dkdv_by_tma = false;
+          r.idle_off_ms = time_ws(no_skip);
           r.idle_on_ms = time_ws(base);
           r.idle_on2_ms = time_ws(base);
-          r.idle_off2_ms = time_ws(base | 16);
-          // dK / dV added by TMA bulk reductions (bit 6) against read-add-write by the consumers, A B B A; both
-          // must give the same dK and dV
-          r.dkdv_check = std::fabs(dkdv_sum(base) / dkdv_sum(base & ~64) - 1.0);
-          r.dkdv_bwd[0] = time_ws(base & ~64);
+          r.idle_off2_ms = time_ws(no_skip);
+          // dK / dV added by TMA bulk reductions against read-add-write by the consumers, A B B A; both must give the
+          // same dK and dV
+          r.dkdv_check = std::fabs(dkdv_sum(base) / dkdv_sum(dkdv_by_consumers) - 1.0);
+          r.dkdv_bwd[0] = time_ws(dkdv_by_consumers);
           r.dkdv_bwd[1] = time_ws(base);
           r.dkdv_bwd[2] = time_ws(base);
-          r.dkdv_bwd[3] = time_ws(base & ~64);
+          r.dkdv_bwd[3] = time_ws(dkdv_by_consumers);
         }
       }
       check_cuda(cudaDeviceSynchronize(), "timing");
@@ -630,19 +671,20 @@ int main(int argc, char** argv) {
                   100.0 * (r.warm_fwd_ms / r.cold_fwd_ms - 1.0));
     std::printf("\nwarp-specialised forward kernel, ms: one block per item (A) / persistent (B: one block per SM, items from a "
                 "counter), launched alternately (median of each, median of B / A of adjacent launches; O bitwise equal: 0; "
-                "+1: variant 5 differs, +2: variant 6 differs, +4: variant 8 differs from 7)\n");
+                "+1: the item read at the boundary differs, +2: the item published ahead differs, +4: kPersistent differs from the "
+                "held offset packed after its vote)\n");
     for (const Result& r : results)
       std::printf("  %-12s %.3f / %.3f  (persistent %+.1f%%; check %.0f)\n", r.preset.c_str(), r.persist_fwd[0],
                   r.persist_fwd[1], 100.0 * (r.persist_fwd[2] - 1.0), r.persist_check);
-    std::printf("\npersistent forward with the item published one item ahead (launch variant 6), alternated: ms, against "
-                "variant 5, against one block per item (3)\n");
+    std::printf("\npersistent forward with the item published one item ahead, alternated: ms, against the item read at the "
+                "boundary (AH), against one block per item (kDefault)\n");
     for (const Result& r : results)
-      std::printf("  %-12s %.3f  (%+.1f%% vs 5, %+.1f%% vs 3)\n", r.preset.c_str(), r.prefetch_fwd[0],
+      std::printf("  %-12s %.3f  (%+.1f%% vs AH, %+.1f%% vs kDefault)\n", r.preset.c_str(), r.prefetch_fwd[0],
                   100.0 * (r.prefetch_fwd[1] - 1.0), 100.0 * (r.prefetch_fwd[2] - 1.0));
-    std::printf("\npersistent forward with the held-offset softmax (launch variant 7) against 6, alternated: ms, change, "
-                "relative L2 difference of O\n");
+    std::printf("\npersistent forward with the held-offset softmax, P packed after the vote, against the online softmax, "
+                "alternated: ms, change, relative L2 difference of O\n");
     for (const Result& r : results)
-      std::printf("  %-12s %.3f  (%+.1f%% vs 6; O differs by %.1e; P packed before the vote, 8 vs 7: %+.1f%%)\n",
+      std::printf("  %-12s %.3f  (%+.1f%% vs online; O differs by %.1e; P packed before the vote, kPersistent: %+.1f%%)\n",
                   r.preset.c_str(), r.held_fwd[0], 100.0 * (r.held_fwd[1] - 1.0), r.held_check,
                   100.0 * (r.early_fwd - 1.0));
     std::printf("\nwarp-specialised backward kernel (+ dK/dV zeroing) by dK/dV epilogue, ms: read-add-write / TMA bulk "

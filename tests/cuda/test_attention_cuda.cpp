@@ -398,6 +398,22 @@ TEST(CudaArguments, BackwardNamesMisalignedOrMissingTensors) {
   }
 }
 
+// The library holds the warp-specialised forward in the dispatch's two configs only; any other (the bench's) is
+// refused by name before anything is launched, not run as some other kernel.
+TEST(CudaArguments, ForwardWsConfigOutsideTheLibraryIsRefused) {
+  const detail::FwdArgs a{};
+  for (const detail::FwdWsConfig& c : {detail::FwdWsConfig{.o_by_tma = false}, detail::FwdWsConfig{.trace = true},
+                                       detail::FwdWsConfig{.persistent = true}}) {
+    try {
+      detail::launch_fwd_ws_d128(a, nullptr, c);
+      ADD_FAILURE() << "a config outside the library was launched";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("only FwdWsConfig::kDefault and kPersistent"), std::string::npos) << what;
+    }
+  }
+}
+
 struct Config {
   int hq, hkv, d;
   int64_t window;

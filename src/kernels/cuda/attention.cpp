@@ -11,18 +11,12 @@ namespace {
 // G dividing 64) before kBwdMainloop, and has no wgmma kernel at head dim 64.
 constexpr Mainloop kFwdMainloop = Mainloop::kWgmma;
 constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
-// the warp-specialised backward's dQ by TMA bulk reductions (bit 0), and dK / dV too (bit 6; both only where the
-// buffers' alignment allows it, else by the consumer threads)
-constexpr int kBwdWsVariant = 1 | 64;
-// the warp-specialised forward: Q in registers, the intra-warpgroup overlap, O stored by TMA
-constexpr int kFwdWsVariant = 3;
-constexpr int kFwdWsPersistentVariant = 8;  // with a workspace (AttentionForwardParams::workspace)
-
-// The warp-specialised backward's launch variant for this plan: the segment order with every walk reversed
-// where the plan says it shares more through the L2 cache (DeviceTilePlan::bwd_segment_order), else the
-// default order with the first wave reversed.
-int bwd_ws_variant(const DeviceTilePlan& plan, int32_t hkv) {
-  return kBwdWsVariant | (plan.bwd_segment_order(hkv, detail::sm_count()) ? 4 | 8 : 0);
+// The warp-specialised backward's config for this plan: the segment order with every walk reversed where the plan
+// says it shares more through the L2 cache (DeviceTilePlan::bwd_segment_order), else the default order with the
+// first wave reversed; both with dQ, dK and dV by TMA bulk reductions where the buffers' alignment allows it.
+const detail::BwdWsConfig& bwd_ws_config(const DeviceTilePlan& plan, int32_t hkv) {
+  return plan.bwd_segment_order(hkv, detail::sm_count()) ? detail::BwdWsConfig::kSegmentOrder
+                                                         : detail::BwdWsConfig::kDefault;
 }
 
 void check_common(const char* who, int32_t hq, int32_t hkv, int32_t head_dim, float scale, const DeviceTilePlan& plan) {
@@ -40,17 +34,17 @@ void check_aligned(const char* who, const char* name, const void* ptr, int64_t r
           " must be 16-byte aligned with strides that are multiples of 8 elements");
 }
 
-// The warp-specialised forward: persistent where the caller gave a large enough workspace (kFwdWsPersistentVariant),
-// else one block per query tile (kFwdWsVariant).
+// The warp-specialised forward: persistent where the caller gave a large enough workspace (FwdWsConfig::kPersistent),
+// else one block per query tile (FwdWsConfig::kDefault: Q in registers, the intra-warpgroup overlap, O by TMA).
 bool launch_fwd_ws(const detail::FwdArgs& a, cudaStream_t stream) {
   const AttentionForwardParams& p = a.p;
   if (p.workspace != nullptr) {
     require(p.workspace_bytes >= detail::fwd_ws_workspace_bytes(), "attention_forward: workspace_bytes must be at least ",
             detail::fwd_ws_workspace_bytes(), " (attention_forward_workspace_bytes()), got ", p.workspace_bytes);
     require(reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0, "attention_forward: workspace must be 16-byte aligned");
-    return detail::launch_fwd_ws_d128(a, stream, kFwdWsPersistentVariant, nullptr, static_cast<int*>(p.workspace));
+    return detail::launch_fwd_ws_d128(a, stream, detail::FwdWsConfig::kPersistent, static_cast<int*>(p.workspace));
   }
-  return detail::launch_fwd_ws_d128(a, stream, kFwdWsVariant);
+  return detail::launch_fwd_ws_d128(a, stream, detail::FwdWsConfig::kDefault);
 }
 
 }  // namespace
@@ -129,13 +123,13 @@ void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& 
   if (mainloop == Mainloop::kWgmmaWs) {
     require(kBwdBlockRows % plan.group == 0, who, ": kWgmmaWs needs a group dividing ", kBwdBlockRows, ", got ",
             plan.group);
-    require(detail::launch_bwd_ws_d128(a, stream, bwd_ws_variant(plan, p.hkv)), who,
+    require(detail::launch_bwd_ws_d128(a, stream, bwd_ws_config(plan, p.hkv)), who,
             ": kWgmmaWs needs the driver's cuTensorMapEncodeTiled, which this driver does not provide");
     return;
   }
   // kDefault at head dim 128: the warp-specialised kernel where it applies (measured fastest)
   if (p.mainloop == Mainloop::kDefault && p.head_dim == 128 &&
-      detail::launch_bwd_ws_d128(a, stream, bwd_ws_variant(plan, p.hkv)))
+      detail::launch_bwd_ws_d128(a, stream, bwd_ws_config(plan, p.hkv)))
     return;
   if (mainloop == Mainloop::kWgmma) detail::launch_bwd_wgmma_d128(a, stream);
   else if (p.head_dim == 64) detail::launch_bwd_d64(a, stream);

@@ -13,10 +13,10 @@
 // K held in registers as the A operand of S^T = K Q^T (half that GEMM's shared-memory reads) was tried: at
 // 240 registers ptxas spills the 32 K registers and serialises the wgmmas (docs/benchmarks-gpu.md, change Q).
 // Blocks take their (KV tile, head) in the default order or, where the plan says it shares more through L2, in
-// the segment order (a segment's tiles for one head together, every walk reversed; launch variant bits 2, 3).
-// Warpgroup 1 sits out the steps its 64 keys see no query of (TileLists::upper_live; bit 4 turns that off).
-// dK and dV leave through shared memory and TMA bulk reductions (bit 6, the default) or are read back, added and
-// written by the consumer threads.
+// the segment order (a segment's tiles for one head together, every walk reversed: BwdWsConfig::kSegmentOrder).
+// Warpgroup 1 sits out the steps its 64 keys see no query of (TileLists::upper_live; BwdWsConfig::skip_idle).
+// dK and dV leave through shared memory and TMA bulk reductions (BwdWsConfig::dkdv_by_tma, the default) or are read
+// back, added and written by the consumer threads.
 // Needs head dim 128, G dividing 64 (Q's TMA box is 64 columns x G heads x 64 / G tokens), 16-byte rows.
 #include <atomic>
 #include <cfloat>
@@ -38,9 +38,9 @@ struct BwdWsArgs {
   CUtensorMap tdk, tdv;         // dkdv_tma: fp32 dK and dV, boxes of 32 columns x 1 head x 64 keys
   BwdArgs a;
   int32_t first_wave;           // blocks [0, first_wave) walk their query tiles in reverse
-  int32_t by_segment;           // blocks take (tile, head) in the segment order (launch variant bit 3)
-  int32_t skip_idle;            // kDqTma: warpgroup 1 skips the steps its keys see no query of (unless bit 4)
-  int32_t dkdv_tma;             // kDqTma: dK and dV added by TMA bulk reductions (launch variant bit 6)
+  int32_t by_segment;           // blocks take (tile, head) in the segment order (BwdWsConfig::segment_order)
+  int32_t skip_idle;            // kDqTma: warpgroup 1 skips the steps its keys see no query of (BwdWsConfig)
+  int32_t dkdv_tma;             // kDqTma: dK and dV added by TMA bulk reductions (BwdWsConfig::dkdv_by_tma)
 };
 
 constexpr int kBwsD = 128, kBwsRows = kBwdBlockRows, kBwsKeys = kBwdBlockKeys;
@@ -369,7 +369,7 @@ int sm_count() {
   return n;
 }
 
-bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
+bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, const BwdWsConfig& config) {
   if (a.p.head_dim != kBwsD || kBwsRows % a.group != 0 || a.lists.minor_tile_rows * a.group != kBwsRows ||
       encode_tiled() == nullptr)
     return false;
@@ -385,21 +385,23 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, int variant) {
                           static_cast<uint32_t>(a.group), box_rows);
   w.tk = tensor_map_d128(kWho, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kBwsKeys);
   w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kBwsKeys);
-  w.first_wave = (variant & 4) ? INT32_MAX : (variant & 2) ? 0 : sm_count();
-  w.by_segment = (variant & 8) ? 1 : 0;
-  w.skip_idle = (variant & 16) ? 0 : 1;
+  w.first_wave = config.walk == BwdWsWalk::kReversed  ? INT32_MAX
+                 : config.walk == BwdWsWalk::kForward ? 0
+                                                      : sm_count();
+  w.by_segment = config.segment_order ? 1 : 0;
+  w.skip_idle = config.skip_idle ? 1 : 0;
   w.dkdv_tma = 0;
   if (w.by_segment && a.lists.segment_order == nullptr)
     fail("attention_backward (ws): the segment order was asked for but the key-major lists have none");
   // the TMA reduction needs a 16-byte aligned dQ with strides of whole 16-byte units
-  const bool dq_tma = (variant & 1) && reinterpret_cast<uintptr_t>(a.p.dq) % 16 == 0 && a.p.dq_row_stride % 4 == 0 &&
+  const bool dq_tma = config.dq_by_tma && reinterpret_cast<uintptr_t>(a.p.dq) % 16 == 0 && a.p.dq_row_stride % 4 == 0 &&
                       a.p.dq_head_stride % 4 == 0;
   if (dq_tma) {
     w.tdq = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dq, a.q_rows, a.p.hq, a.p.dq_row_stride,
                           a.p.dq_head_stride, 32, static_cast<uint32_t>(a.group), box_rows);
     // dK and dV by TMA reductions under the same alignment conditions (they share their strides)
-    if ((variant & 64) && reinterpret_cast<uintptr_t>(a.p.dk) % 16 == 0 && reinterpret_cast<uintptr_t>(a.p.dv) % 16 == 0 &&
-        a.p.dk_row_stride % 4 == 0 && a.p.dk_head_stride % 4 == 0) {
+    if (config.dkdv_by_tma && reinterpret_cast<uintptr_t>(a.p.dk) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(a.p.dv) % 16 == 0 && a.p.dk_row_stride % 4 == 0 && a.p.dk_head_stride % 4 == 0) {
       w.tdk = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dk, a.kv_rows, a.p.hkv, a.p.dk_row_stride,
                             a.p.dk_head_stride, 32, 1, 64);
       w.tdv = tensor_map_3d(kWho, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, a.p.dv, a.kv_rows, a.p.hkv, a.p.dk_row_stride,

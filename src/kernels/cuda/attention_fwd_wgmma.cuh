@@ -140,7 +140,7 @@ __device__ __forceinline__ void fwd_pack_p(const float (&s)[BN / 2], uint32_t (&
   }
 }
 
-// The held-offset softmax (launch variant 7). Once every row of the warp has seen a key, its offset m[h] is a score
+// The held-offset softmax (FwdWsSoftmax::kHeld). Once every row of the warp has seen a key, its offset m[h] is a score
 // of the row, and any offset gives the same O and LSE as the running max provided the exponentials neither overflow
 // nor underflow where it matters: scores far below m[h] underflow exactly as they would against the true max (m[h] is
 // a real score of the row), and scores above it are safe while 2^(s - m) stays far from fp32's (and bf16's) range.
@@ -152,7 +152,8 @@ constexpr float kHeldLimit = 65536.f;  // 2^16
 // On success P goes straight into the A operands of O += P V (pn, as fwd_pack_p) and l[h] grows by the rows' sums; on
 // failure s still holds the raw scores and pn, l are untouched. (P is packed here rather than copied back into s so
 // that both of the caller's paths write pn and no register copies join them.)
-// kEarlyPack (launch variant 8): P packed before the vote, so the packs need not wait for it (the fallback packs again).
+// kEarlyPack (FwdWsSoftmax::kHeldEarlyPack, the default): P packed before the vote, so the packs need not wait for it
+// (the fallback packs again).
 template <int BN, bool kEarlyPack = false>
 __device__ __forceinline__ bool fwd_softmax_held(const float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
                                                  float sl2, uint32_t (&pn)[BN / 16][4]) {
