@@ -351,10 +351,11 @@ TEST(GdnCudaCP, SteadyStateAllocatesNothing) {
   std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()), 1);
   const GdnPlan plan = make_gdn_plan(row, 1, chained);
   const RowData in = round_to_bf16(testing::random_gdn_data(S, 2, 64, 64, GdnGate::PerChannel, rng));
-  // One thread rank whose parts move by cudaMemcpy: the chained plan sends states to itself, which the host-memory
-  // self communicator cannot copy.
+  // One thread rank whose parts move by cudaMemcpy (the chained plan sends states to itself, which the host-memory
+  // self communicator cannot copy), its all-reduce (conv's dweight) staged through the host.
   auto comms = make_thread_communicators(1, cuda::test::device_thread_comm(static_cast<uint64_t>(S)));
-  Communicator* comm = comms[0].get();
+  HostStagedReduce staged(*comms[0]);
+  Communicator* comm = &staged;
   CudaBackend be;
   GdnCP<CudaBackend> cp(plan, row, shape, *comm, be);
   const ConvShape cs{static_cast<int>(shape.qk_width()), 4, true};
