@@ -36,6 +36,32 @@ AttentionShape attention_shape(const AttentionCall& c, int64_t window) {
   return AttentionShape{c.hq, c.hkv, c.d, c.dv, window, c.scale};
 }
 
+GdnShape gdn_shape(const GdnCall& c) {
+  return GdnShape{c.heads, c.dk, c.dv, c.per_channel_gate ? GdnGate::PerChannel : GdnGate::Scalar, c.scale, c.chunk};
+}
+
+// One call's inputs moved from the attention layout into the GDN plan's layout.
+template <class Buf>
+struct GdnArrays {
+  Buf q, k, v, g, beta;
+};
+
+// view(x, width): the caller's array x of this rank's tokens, `width` elements each, as a backend buffer.
+template <class Backend, class View, class Ptr>
+GdnArrays<typename Backend::Act> gdn_arrays(Communicator& comm, Backend& be, const Ownership& from,
+                                            const Ownership& to, const GdnShape& s, View view, Ptr q, Ptr k, Ptr v,
+                                            Ptr g, Ptr beta) {
+  auto move = [&](Ptr x, int64_t width) { return redistribute(comm, be, view(x, width), from, to, width); };
+  return {move(q, s.qk_width()), move(k, s.qk_width()), move(v, s.v_width()), move(g, s.g_width()),
+          move(beta, s.heads)};
+}
+
+// The host arrays of n tokens as CpuBackend buffers.
+template <class T>
+auto host_view(int64_t n) {
+  return [n](const T* x, int64_t width) { return to_vector(x, n * width); };
+}
+
 // A DenseAttentionCP and the backend it runs on, built once per shape. Autograd calls the stateless
 // backward, which fetches remote KV again, so the forward keeps none of it (Refetch).
 template <class T>
@@ -66,6 +92,9 @@ KeyCore::KeyCore(Row row, Plan plan, std::unique_ptr<Communicator> comm)
 struct KeyCore::CudaRunners {
   int device = -1;
   std::unique_ptr<CudaBackend> backend;
+  // The one-rank communicator of CUDA calls without NCCL: it moves its parts on the backend's stream (the
+  // key's own self communicator memmoves, which on device addresses would crash the host).
+  std::unique_ptr<Communicator> self;
   std::map<AttentionCall, std::unique_ptr<DenseAttentionCP<CudaBackend>>> cp;
   NcclCommunicator* nccl = nullptr;  // set by use_nccl; then the runners above communicate over it
 };
@@ -135,6 +164,12 @@ DeviceBuffer<T> device_view(uintptr_t ptr, int64_t n) {
   return DeviceBuffer<T>::wrap(reinterpret_cast<T*>(ptr), n);
 }
 
+bool is_host_memory(const void* p) {
+  cudaPointerAttributes a{};
+  cuda::check_cuda(cudaPointerGetAttributes(&a, p), "key: cudaPointerGetAttributes");
+  return a.type == cudaMemoryTypeUnregistered || a.type == cudaMemoryTypeHost;
+}
+
 }  // namespace
 
 bool KeyCore::has_cuda() { return true; }
@@ -145,31 +180,44 @@ uintptr_t KeyCore::cuda_stream(int device) {
     cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
     cuda_->device = device;
     cuda_->backend = std::make_unique<CudaBackend>();
+    cudaStream_t stream = cuda_->backend->stream();
+    cuda_->self = make_self_communicator({[stream](void* dst, const void* src, size_t bytes) {
+      if (is_host_memory(dst) && is_host_memory(src)) {
+        std::memmove(dst, src, bytes);  // an agreement's host words: no device work to order after
+        return;
+      }
+      cuda::check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "key: one-rank exchange");
+    }});
   }
   require(cuda_->device == device, "key: its CUDA state is on device ", cuda_->device, ", the tensors on ", device,
           " (one key per device)");
   return reinterpret_cast<uintptr_t>(cuda_->backend->stream());
 }
 
-// The CUDA runner of one shape, over the key's NCCL communicator when it has one (bound to this key's
-// stream for the call: keys of one group share the communicator, each has its own backend and stream).
-auto& KeyCore::cuda_runner(const AttentionCall& c, int device) {
+// The key's NCCL communicator when it has one (bound to this key's stream for the call: keys of one group
+// share the communicator, each has its own backend and stream), else, at one rank, the CUDA self communicator.
+Communicator& KeyCore::cuda_comm(int device, const char* op) {
   cuda_stream(device);
   cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
-  Communicator* comm = comm_.get();
 #if TREECP_HAVE_NCCL
   if (cuda_->nccl) {
     require(cuda_->nccl->device() == device, "key: its NCCL communicator is on device ", cuda_->nccl->device(),
             ", the tensors on ", device);
     cuda_->nccl->set_compute_stream(cuda_->backend->stream());
-    comm = cuda_->nccl;
+    return *cuda_->nccl;
   }
 #endif
-  require(comm->size() == 1 || comm != comm_.get(), "attention: CUDA tensors under CP (a group of ", comm->size(),
+  require(comm_->size() == 1, op, ": CUDA tensors under CP (a group of ", comm_->size(),
           ") need the key's NCCL communicator (KeyCore.use_nccl); the group's own communicator moves host memory");
+  return *cuda_->self;
+}
+
+// The CUDA runner of one shape, over the communicator of the key's CUDA calls.
+auto& KeyCore::cuda_runner(const AttentionCall& c, int device) {
+  Communicator& comm = cuda_comm(device, "attention");
   auto& slot = cuda_->cp[c];
   if (!slot)
-    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_shape(c, plan_.window), *comm,
+    slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_shape(c, plan_.window), comm,
                                                            *cuda_->backend, DenseAttentionOptions{BackwardKv::Refetch});
   return *slot;
 }
@@ -235,14 +283,6 @@ void KeyCore::cuda_attention_backward(const AttentionCall&, int, uintptr_t, uint
 }
 #endif
 
-namespace {
-
-GdnShape gdn_shape(const GdnCall& c) {
-  return GdnShape{c.heads, c.dk, c.dv, c.per_channel_gate ? GdnGate::PerChannel : GdnGate::Scalar, c.scale, c.chunk};
-}
-
-}  // namespace
-
 const GdnPlan& KeyCore::gdn_plan(const GdnCall& c, int element_bytes) {
   const auto key = std::make_tuple(c.heads, c.dk, c.dv, c.per_channel_gate, element_bytes, c.chunk);
   auto it = gdn_plans_.find(key);
@@ -254,31 +294,14 @@ const GdnPlan& KeyCore::gdn_plan(const GdnCall& c, int element_bytes) {
   return it->second;
 }
 
-namespace {
-
-// One call's inputs moved from the attention layout into the GDN plan's layout.
-template <class T>
-struct GdnArrays {
-  std::vector<T> q, k, v, g, beta;
-};
-
-template <class T>
-GdnArrays<T> gdn_arrays(Communicator& comm, CpuBackend<T>& be, const Ownership& from, const Ownership& to,
-                        const GdnShape& s, int64_t n, const T* q, const T* k, const T* v, const T* g, const T* beta) {
-  auto move = [&](const T* x, int64_t width) { return redistribute(comm, be, to_vector(x, n * width), from, to, width); };
-  return {move(q, s.qk_width()), move(k, s.qk_width()), move(v, s.v_width()), move(g, s.g_width()),
-          move(beta, s.heads)};
-}
-
-}  // namespace
-
 template <class T>
 void KeyCore::gdn_forward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, T* y) {
   const GdnPlan& plan = gdn_plan(c, static_cast<int>(sizeof(T)));
   const GdnShape shape = gdn_shape(c);
   const Ownership owners = gdn_ownership(row_, plan);
   CpuBackend<T> be;
-  const GdnArrays<T> in = gdn_arrays(*comm_, be, layout_, owners, shape, owned_tokens_, q, k, v, g, beta);
+  const GdnArrays<std::vector<T>> in = gdn_arrays(*comm_, be, layout_, owners, shape, host_view<T>(owned_tokens_), q,
+                                                  k, v, g, beta);
   GdnCP<CpuBackend<T>> gdn(plan, row_, shape, *comm_, be);
   std::vector<T> yg(static_cast<size_t>(gdn.owned_rows() * shape.v_width()));
   gdn.forward(in.q, in.k, in.v, in.g, in.beta, yg);
@@ -292,7 +315,8 @@ void KeyCore::gdn_backward(const GdnCall& c, const T* q, const T* k, const T* v,
   const GdnShape shape = gdn_shape(c);
   const Ownership owners = gdn_ownership(row_, plan);
   CpuBackend<T> be;
-  const GdnArrays<T> in = gdn_arrays(*comm_, be, layout_, owners, shape, owned_tokens_, q, k, v, g, beta);
+  const GdnArrays<std::vector<T>> in = gdn_arrays(*comm_, be, layout_, owners, shape, host_view<T>(owned_tokens_), q,
+                                                  k, v, g, beta);
   const std::vector<T> dyg =
       redistribute(*comm_, be, to_vector(dy, owned_tokens_ * shape.v_width()), layout_, owners, shape.v_width());
   // The backward needs the states the forward started each run from: run the forward again, as for attention.
@@ -338,6 +362,122 @@ void KeyCore::conv_backward(int channels, int width, bool silu, const T* x, cons
   if (dbias)
     for (int i = 0; i < channels; ++i) dbias[i] = db[static_cast<size_t>(i)] * share;
 }
+
+#if TREECP_HAVE_CUDA
+namespace {
+
+// The CUDA backend's GDN states and summaries are fp32, whatever the activations' precision.
+constexpr int kCudaGdnStateBytes = 4;
+
+// The caller's bf16 device arrays of n tokens as backend buffers.
+auto bf16_view(int64_t n) {
+  return [n](uintptr_t x, int64_t width) { return device_view<cuda::bf16_t>(x, n * width); };
+}
+
+// One call's GDN forward on CUDA: the inputs moved from the key's layout (views of the caller's bf16 arrays
+// of n tokens) into the plan's, and y in the plan's layout. Built in place: the runtime keeps pointers to `in`.
+struct CudaGdnRun {
+  GdnShape shape;
+  Ownership owners;
+  GdnArrays<CudaBackend::Act> in;
+  GdnCP<CudaBackend> cp;
+  CudaBackend::Act y;
+
+  CudaGdnRun(Communicator& comm, CudaBackend& be, const Row& row, const GdnPlan& plan, const GdnShape& s,
+             const Ownership& layout, int64_t n, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g, uintptr_t beta)
+      : shape(s),
+        owners(gdn_ownership(row, plan)),
+        in(gdn_arrays(comm, be, layout, owners, shape, bf16_view(n), q, k, v, g, beta)),
+        cp(plan, row, shape, comm, be),
+        y(be.alloc_act(cp.owned_rows() * shape.v_width())) {
+    cp.forward(in.q, in.k, in.v, in.g, in.beta, y);
+  }
+};
+
+}  // namespace
+
+void KeyCore::cuda_gdn_forward(const GdnCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g,
+                               uintptr_t beta, uintptr_t y) {
+  Communicator& comm = cuda_comm(device, "gated_delta_rule");
+  CudaBackend& be = *cuda_->backend;
+  const int64_t n = owned_tokens_;
+  const CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);
+  const int64_t vw = run.shape.v_width();
+  CudaBackend::Act out = bf16_view(n)(y, vw);
+  be.copy_rows(redistribute(comm, be, run.y, run.owners, layout_, vw), {{0, 0, n}}, vw, out);
+}
+
+void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g,
+                                uintptr_t beta, uintptr_t dy, uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t dg,
+                                uintptr_t dbeta) {
+  Communicator& comm = cuda_comm(device, "gated_delta_rule");
+  CudaBackend& be = *cuda_->backend;
+  const int64_t n = owned_tokens_;
+  // The backward needs the states the forward started each run from: run the forward again, as on the CPU.
+  CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);
+  const GdnShape& shape = run.shape;
+  const int64_t rows = run.cp.owned_rows(), vw = shape.v_width();
+  const CudaBackend::Act dyg = redistribute(comm, be, bf16_view(n)(dy, vw), layout_, run.owners, vw);
+  CudaBackend::Grad gq = be.alloc_grad(rows * shape.qk_width()), gk = be.alloc_grad(rows * shape.qk_width()),
+                    gv = be.alloc_grad(rows * vw), gg = be.alloc_grad(rows * shape.g_width()),
+                    gb = be.alloc_grad(rows * shape.heads);
+  run.cp.backward(dyg, gq, gk, gv, gg, gb);
+  auto back = [&](const CudaBackend::Grad& src, int64_t width, uintptr_t dst) {
+    CudaBackend::Grad out = device_view<float>(dst, n * width);
+    be.copy_rows(redistribute_grad(comm, be, src, run.owners, layout_, width), {{0, 0, n}}, width, out);
+  };
+  back(gq, shape.qk_width(), dq);
+  back(gk, shape.qk_width(), dk);
+  back(gv, vw, dv);
+  back(gg, shape.g_width(), dg);
+  back(gb, shape.heads, dbeta);
+}
+
+void KeyCore::cuda_conv_forward(int channels, int width, bool silu, int device, uintptr_t x, uintptr_t weight,
+                                uintptr_t bias, uintptr_t y) {
+  Communicator& comm = cuda_comm(device, "short_conv");
+  CudaBackend& be = *cuda_->backend;
+  ConvCP<CudaBackend> conv(layout_, row_, ConvShape{channels, width, silu}, comm, be);
+  const int64_t n = owned_tokens_;
+  using E = cuda::bf16_t;
+  const auto xb = device_view<E>(x, n * channels), wb = device_view<E>(weight, int64_t{channels} * width),
+             bb = device_view<E>(bias, channels);
+  auto yb = device_view<E>(y, n * channels);
+  conv.forward(xb, wb, bias ? &bb : nullptr, yb);
+}
+
+void KeyCore::cuda_conv_backward(int channels, int width, bool silu, int device, uintptr_t x, uintptr_t weight,
+                                 uintptr_t bias, uintptr_t dy, uintptr_t dx, uintptr_t dweight, uintptr_t dbias) {
+  Communicator& comm = cuda_comm(device, "short_conv");
+  CudaBackend& be = *cuda_->backend;
+  ConvCP<CudaBackend> conv(layout_, row_, ConvShape{channels, width, silu}, comm, be);
+  const int64_t n = owned_tokens_;
+  using E = cuda::bf16_t;
+  const auto xb = device_view<E>(x, n * channels), wb = device_view<E>(weight, int64_t{channels} * width),
+             bb = device_view<E>(bias, channels);
+  CudaBackend::Act yb = be.alloc_act(n * channels);
+  conv.forward(xb, wb, bias ? &bb : nullptr, yb);  // the backward reads the halo the forward brought
+  const auto dyb = device_view<float>(dy, n * channels);
+  auto dxb = device_view<float>(dx, n * channels), dwb = device_view<float>(dweight, int64_t{channels} * width),
+       dbb = device_view<float>(dbias, channels);
+  conv.backward(dyb, dxb, dwb, bias ? &dbb : nullptr);
+}
+#else
+void KeyCore::cuda_gdn_forward(const GdnCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
+  fail("gated_delta_rule: this build of treecp has no CUDA backend");
+}
+void KeyCore::cuda_gdn_backward(const GdnCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
+  fail("gated_delta_rule: this build of treecp has no CUDA backend");
+}
+void KeyCore::cuda_conv_forward(int, int, bool, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
+  fail("short_conv: this build of treecp has no CUDA backend");
+}
+void KeyCore::cuda_conv_backward(int, int, bool, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                 uintptr_t) {
+  fail("short_conv: this build of treecp has no CUDA backend");
+}
+#endif
 
 #define TREECP_KEY_INSTANTIATE(T)                                                                                   \
   template void KeyCore::attention_forward<T>(const AttentionCall&, const T*, const T*, const T*, const T*, T*, T*,  \

@@ -15,10 +15,12 @@
 #include "comm/thread_communicator.hpp"
 #include "core/random.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "plan/gdn_plan.hpp"
 #include "plan/memory.hpp"
 #include "plan/planner.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "runtime/dense_attention.hpp"
+#include "runtime/redistribute.hpp"
 #include "runtime/reference.hpp"
 #include "runtime/row_map.hpp"
 #include "tree/row.hpp"
@@ -336,6 +338,29 @@ TEST(ThreadRanks, PlannerMemoryBoundIsTheRuntimePeak) {
       EXPECT_TRUE(report.layouts[1].fits_memory);
       EXPECT_GE(report.layouts[1].makespan_ms, keep_report.layouts[1].makespan_ms) << "fetching again costs time";
     }
+  }
+}
+
+// redistribute and redistribute_grad (one move, two buffer kinds) land every rank's rows of the destination
+// ownership, from any source ownership, at 1-4 ranks (the GDN plan's layout and back: what the package does).
+TEST(Redistribute, MovesEveryRowToItsNewOwnerAndBack) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(31);
+  const Row row = testing::random_tree(rng, {.segments = 8, .max_len = 25});
+  const int64_t width = 3;
+  const std::vector<double> full = testing::randn(static_cast<size_t>(row.tokens() * width), rng);
+  for (int ranks = 1; ranks <= 4; ++ranks) {
+    const Ownership from = contiguous_ownership(row.tokens(), ranks);
+    std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
+    for (auto& c : chained) c = static_cast<uint8_t>(rng() % 2);
+    const Ownership to = gdn_ownership(row, make_gdn_plan(row, ranks, chained));
+    on_threads(ranks, ThreadCommOptions{}, [&](int r, Communicator& comm) {
+      CpuBackend<double> be;
+      const auto mine = rows_of<double>(full, width, from[static_cast<size_t>(r)]);
+      const auto moved = redistribute(comm, be, mine, from, to, width);
+      EXPECT_EQ(moved, rows_of<double>(full, width, to[static_cast<size_t>(r)])) << "ranks " << ranks << " rank " << r;
+      EXPECT_EQ(redistribute_grad(comm, be, moved, to, from, width), mine) << "ranks " << ranks << " rank " << r;
+    });
   }
 }
 

@@ -70,9 +70,11 @@ def test_cuda_tensors_are_refused_by_name_where_the_kernels_cannot_take_them(key
     q, k, v = (x.cuda() for x in qkv(d=64, dv=64, dtype=torch.float16))
     with pytest.raises(ValueError, match="q has dtype torch.float16; on CUDA treecp takes bfloat16"):
         tt.attention(q, k, v, key)
-    x = torch.randn(9, 4, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="no CUDA kernel for the short convolution"):
-        tt.short_conv(x, torch.randn(4, 3, device="cuda", dtype=torch.bfloat16), key)
+    x = torch.randn(9, 4, device="cuda")
+    with pytest.raises(ValueError, match="x has dtype torch.float32; on CUDA treecp takes bfloat16"):
+        tt.short_conv(x, torch.randn(4, 3, device="cuda"), key)
+    with pytest.raises(ValueError, match="weight's width .* must be in \\[1, 64\\], got 65"):
+        tt.short_conv(x.bfloat16(), torch.randn(4, 65, device="cuda", dtype=torch.bfloat16), key)
 
 
 def test_gdn_refuses_bad_input(key):

@@ -61,6 +61,145 @@ def test_cuda_attention_runs_on_a_side_stream_and_under_compile():
     torch.testing.assert_close(compiled(q, k, v), ref, rtol=0, atol=0)
 
 
+# ---------------------------------------------------------------- GDN / KDA and the short convolution
+#
+# Each CUDA result is checked against the same op on the CPU in float64 (the oracle) on the same bf16-rounded
+# inputs, normwise: error <= ERR_FACTOR x the error of the op run on the CPU in float32 on those inputs + ATOL
+# + BF16_ROUNDING (what the CUDA op returns is rounded to bf16: outputs and gradients alike).
+ERR_FACTOR = 8  # the device sums in another order than the CPU float32 run (tests/common/gdn_cuda.hpp's kErrFactor)
+ATOL = 1e-6
+BF16_ROUNDING = 2.0 ** -8
+
+
+def rel_err(a, b):
+    return ((a.double().cpu() - b).norm() / b.norm()).item()
+
+
+def gdn_inputs(gen, t, h, dk, dv, kda):
+    q = torch.randn(t, h, dk, dtype=torch.float64, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(t, h, dk, dtype=torch.float64, generator=gen), dim=-1)
+    v = torch.randn(t, h, dv, dtype=torch.float64, generator=gen)
+    g = -0.1 * torch.rand(*((t, h, dk) if kda else (t, h)), dtype=torch.float64, generator=gen)
+    beta = torch.rand(t, h, dtype=torch.float64, generator=gen)
+    w = torch.randn(t, h, dv, dtype=torch.float64, generator=gen)  # the loss's weights: dy
+    return [x.to(torch.bfloat16) for x in (q, k, v, g, beta, w)]
+
+
+def run_op(op, inputs, w, device, dtype):
+    """op(*inputs) and the gradients of sum(op * w) with respect to every input, computed on device in dtype."""
+    leaves = [x.to(device=device, dtype=dtype).requires_grad_() for x in inputs]
+    y = op(*leaves)
+    return y, torch.autograd.grad((y * w.to(device=device, dtype=dtype)).sum(), leaves)
+
+
+def check_against_cpu(names, got, f32, f64):
+    for name, a, b, c in zip(names, got, f32, f64):
+        assert a.dtype == torch.bfloat16 and a.device.type == "cuda", (name, a.dtype, a.device)
+        err, err_ref = rel_err(a, c), rel_err(b, c)
+        assert err <= ERR_FACTOR * err_ref + ATOL + BF16_ROUNDING, (name, err, err_ref)
+
+
+@pytest.mark.parametrize("kda,d", [(False, 64), (True, 128)])
+def test_gated_delta_rule_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(kda, d):
+    gen = torch.Generator().manual_seed(23 + kda)
+    parents, lengths = random_row(gen, 10, 90)
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row)
+    *inputs, w = gdn_inputs(gen, row.tokens, 2, d, d, kda)
+
+    def op(*a):
+        return tt.gated_delta_rule(*a, key)
+
+    got = run_op(op, inputs, w, "cuda", torch.bfloat16)
+    f32 = run_op(op, inputs, w, "cpu", torch.float32)
+    f64 = run_op(op, inputs, w, "cpu", torch.float64)
+    check_against_cpu(("y", "dq", "dk", "dv", "dg", "dbeta"), (got[0], *got[1]), (f32[0], *f32[1]), (f64[0], *f64[1]))
+
+
+@pytest.mark.parametrize("silu", [False, True])
+def test_short_conv_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(silu):
+    gen = torch.Generator().manual_seed(31 + silu)
+    parents, lengths = random_row(gen, 12, 40)
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row)
+    c, width = 96, 4
+    x, weight, bias, w = (torch.randn(*shape, dtype=torch.float64, generator=gen).to(torch.bfloat16)
+                          for shape in ((row.tokens, c), (c, width), (c,), (row.tokens, c)))
+
+    def op(x, weight, bias):
+        return tt.short_conv(x, weight, key, bias=bias, activation="silu" if silu else None)
+
+    got = run_op(op, (x, weight, bias), w, "cuda", torch.bfloat16)
+    f32 = run_op(op, (x, weight, bias), w, "cpu", torch.float32)
+    f64 = run_op(op, (x, weight, bias), w, "cpu", torch.float64)
+    check_against_cpu(("y", "dx", "dweight", "dbias"), (got[0], *got[1]), (f32[0], *f32[1]), (f64[0], *f64[1]))
+
+
+def test_cuda_gdn_and_conv_run_on_a_side_stream_and_under_compile():
+    gen = torch.Generator().manual_seed(3)
+    row = treecp.Row.from_segments([-1, 0, 0, 2], [150, 70, 40, 30])
+    key = tt.plan(row)
+    *inputs, w = gdn_inputs(gen, row.tokens, 2, 64, 64, kda=True)
+    dev = [x.cuda() for x in inputs]
+    weight = torch.randn(128, 4, generator=gen).to(torch.bfloat16).cuda()
+
+    def layer(q, k, v, g, beta):
+        y = tt.gated_delta_rule(q, k, v, g, beta, key)
+        return tt.short_conv(y.flatten(1), weight, key, activation="silu")
+
+    def with_grads(fn):
+        leaves = [x.clone().requires_grad_() for x in dev]
+        y = fn(*leaves)
+        return (y, *torch.autograd.grad((y * w.cuda().flatten(1)).sum(), leaves))
+
+    ref = with_grads(layer)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        on_side = with_grads(layer)
+    torch.cuda.current_stream().wait_stream(side)
+    compiled = with_grads(torch.compile(layer, fullgraph=True, backend="aot_eager"))
+    for got in (on_side, compiled):
+        # The same kernels on the same inputs: the forward is bitwise the eager one's; the backward's fp32
+        # accumulation order may differ, then its bf16 rounding by an ulp.
+        torch.testing.assert_close(got[0], ref[0], rtol=0, atol=0)
+        for a, b in zip(got[1:], ref[1:]):
+            torch.testing.assert_close(a, b)
+    # The fake implementations agree with the CUDA ones (shapes, dtypes, autograd registration).
+    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default, (*dev, key.id, 0.125, 64))
+    torch.library.opcheck(torch.ops.treecp.short_conv.default, (dev[2].flatten(1), weight, None, key.id, True))
+
+
+def test_cuda_gdn_and_conv_refuse_bad_input_by_name():
+    row = treecp.Row.from_segments([-1, 0], [20, 10])
+    key = tt.plan(row)
+    t, h, d = row.tokens, 2, 64
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(t, h, d, **bf) for _ in range(3))
+    g, beta = -torch.rand(t, h, **bf), torch.rand(t, h, **bf)
+    with pytest.raises(ValueError, match="q has dtype torch.float32; on CUDA treecp takes bfloat16"):
+        tt.gated_delta_rule(q.float(), k.float(), v.float(), g.float(), beta.float(), key)
+    with pytest.raises(ValueError, match="beta is on cpu but q is on cuda"):
+        tt.gated_delta_rule(q, k, v, g, beta.cpu(), key)
+    with pytest.raises(ValueError, match=r"beta has shape \[30, 3\], expected \[30, 2\]"):
+        tt.gated_delta_rule(q, k, v, g, torch.rand(t, 3, **bf), key)
+    wide = torch.randn(t, h, 300, **bf)
+    with pytest.raises(ValueError, match="on CUDA the head dims must be at most 256, got q's 300"):
+        tt.gated_delta_rule(wide, wide, v, -torch.rand(t, h, 300, **bf), beta, key)
+    x = torch.randn(t, 8, **bf)
+    with pytest.raises(ValueError, match="weight has dtype torch.float32 but x has torch.bfloat16"):
+        tt.short_conv(x, torch.randn(8, 4, device="cuda"), key)
+    with pytest.raises(ValueError, match=r"bias has shape \[9\], expected \[8\]"):
+        tt.short_conv(x, torch.randn(8, 4, **bf), key, bias=torch.randn(9, **bf))
+    assert key.cuda_device is None  # nothing refused reached the key's CUDA state
+    # A key whose CUDA state is on another device (one made there: this machine may have one GPU, so the
+    # key is bound by hand, as a first call on that device would).
+    key.cuda_device = torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="q is on cuda:0 but this key's CUDA state is on cuda:1"):
+        tt.gated_delta_rule(q, k, v, g, beta, key)
+    with pytest.raises(ValueError, match="x is on cuda:0 but this key's CUDA state is on cuda:1"):
+        tt.short_conv(x, torch.randn(8, 4, **bf), key)
+
+
 @pytest.fixture
 def nccl_group():
     if not treecp._core.has_nccl:
@@ -131,3 +270,41 @@ def test_attention_over_an_nccl_group_equals_the_op_without_one(nccl_group):
     assert again.nccl is grouped.nccl and len([s for s in _comm._NCCL if s[0] is nccl_group]) == 1
     o_w_ref, _ = tt.attention(*(x.detach().cuda() for x in low[:3]), key.with_window(40))
     torch.testing.assert_close(o_w, o_w_ref, rtol=0, atol=0)
+
+
+def test_gdn_and_conv_over_an_nccl_group_equal_the_ops_without_one(nccl_group):
+    gen = torch.Generator().manual_seed(13)
+    parents, lengths = random_row(gen, 10, 70)
+    row = treecp.Row.from_segments(parents, lengths)
+    key, grouped = tt.plan(row), tt.plan(row, group=nccl_group)
+    *inputs, w = gdn_inputs(gen, row.tokens, 2, 64, 64, kda=False)
+    # Refused before any collective: no communicator is made for bad input.
+    with pytest.raises(ValueError, match="q has dtype torch.float32; on CUDA treecp takes bfloat16"):
+        tt.gated_delta_rule(*(x.float().cuda() for x in inputs), grouped)
+    with pytest.raises(ValueError, match="x has dtype torch.float32; on CUDA treecp takes bfloat16"):
+        tt.short_conv(torch.randn(row.tokens, 8, device="cuda"), torch.randn(8, 4, device="cuda"), grouped)
+    assert (nccl_group, 0) not in _comm._NCCL and grouped.nccl is None
+
+    def gdn(k_):
+        return lambda *a: tt.gated_delta_rule(*a, k_)
+
+    a, b = run_op(gdn(key), inputs, w, "cuda", torch.bfloat16), run_op(gdn(grouped), inputs, w, "cuda", torch.bfloat16)
+    assert isinstance(grouped.nccl, treecp._core.NcclCommunicator) and _comm._NCCL[(nccl_group, 0)] is grouped.nccl
+    f32, f64 = run_op(gdn(key), inputs, w, "cpu", torch.float32), run_op(gdn(key), inputs, w, "cpu", torch.float64)
+    # One rank: the same plan and kernels, so the forward is bitwise the op's without a group.
+    torch.testing.assert_close(b[0], a[0], rtol=0, atol=0)
+    check_against_cpu(("y", "dq", "dk", "dv", "dg", "dbeta"), (b[0], *b[1]), (f32[0], *f32[1]), (f64[0], *f64[1]))
+
+    c = 64
+    x, weight, bias, wc = (torch.randn(*shape, dtype=torch.float64, generator=gen).to(torch.bfloat16)
+                           for shape in ((row.tokens, c), (c, 4), (c,), (row.tokens, c)))
+
+    def conv(k_):
+        return lambda x, weight, bias: tt.short_conv(x, weight, k_, bias=bias, activation="silu")
+
+    ca, cb = (run_op(conv(k_), (x, weight, bias), wc, "cuda", torch.bfloat16) for k_ in (key, grouped))
+    c32, c64 = (run_op(conv(key), (x, weight, bias), wc, "cpu", dt) for dt in (torch.float32, torch.float64))
+    torch.testing.assert_close(cb[0], ca[0], rtol=0, atol=0)
+    check_against_cpu(("y", "dx", "dweight", "dbias"), (cb[0], *cb[1]), (c32[0], *c32[1]), (c64[0], *c64[1]))
+    # The group's NCCL communicator served every op: still the one cached for (group, device).
+    assert len([s for s in _comm._NCCL if s[0] is nccl_group]) == 1 and _comm._NCCL[(nccl_group, 0)] is grouped.nccl

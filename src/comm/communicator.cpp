@@ -1,6 +1,7 @@
 #include "comm/communicator.hpp"
 
 #include <cstring>
+#include <utility>
 
 #include "core/error.hpp"
 
@@ -43,6 +44,7 @@ namespace {
 
 class SelfCommunicator final : public Communicator {
  public:
+  explicit SelfCommunicator(SelfCommOptions options) : opt_(std::move(options)) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
@@ -54,8 +56,8 @@ class SelfCommunicator final : public Communicator {
             " != receive count ", recv_counts[0]);
     const size_t es = comm_type_size(type);
     if (send_counts[0] > 0) {
-      std::memmove(static_cast<char*>(recv) + recv_displs[0] * es, static_cast<const char*>(send) + send_displs[0] * es,
-                   static_cast<size_t>(send_counts[0]) * es);
+      move(static_cast<char*>(recv) + recv_displs[0] * es, static_cast<const char*>(send) + send_displs[0] * es,
+           static_cast<size_t>(send_counts[0]) * es);
     }
   }
   void group_send_recv(const std::vector<P2POp>& ops, CommType type) override {
@@ -68,18 +70,31 @@ class SelfCommunicator final : public Communicator {
     require(sends.size() == recvs.size(), "group_send_recv: unmatched self send/receive");
     for (size_t i = 0; i < sends.size(); ++i) {
       require(sends[i]->count == recvs[i]->count, "group_send_recv: self send/receive counts differ");
-      std::memmove(recvs[i]->buffer, sends[i]->buffer, static_cast<size_t>(sends[i]->count) * comm_type_size(type));
+      move(recvs[i]->buffer, sends[i]->buffer, static_cast<size_t>(sends[i]->count) * comm_type_size(type));
     }
   }
   void all_reduce_sum(void*, int64_t, CommType) override {}
   void all_gather(const void* send, void* recv, int64_t count, CommType type) override {
-    if (count > 0 && send != recv) std::memmove(recv, send, static_cast<size_t>(count) * comm_type_size(type));
+    if (count > 0 && send != recv) move(recv, send, static_cast<size_t>(count) * comm_type_size(type));
   }
   void barrier() override {}
+
+ private:
+  void move(void* dst, const void* src, size_t bytes) const {
+    if (bytes == 0 || dst == src) return;
+    if (opt_.copy)
+      opt_.copy(dst, src, bytes);
+    else
+      std::memmove(dst, src, bytes);
+  }
+
+  SelfCommOptions opt_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_self_communicator() { return std::make_unique<SelfCommunicator>(); }
+std::unique_ptr<Communicator> make_self_communicator(SelfCommOptions options) {
+  return std::make_unique<SelfCommunicator>(std::move(options));
+}
 
 }  // namespace treecp

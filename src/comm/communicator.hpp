@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,7 +87,12 @@ class Communicator {
   double timeout_s_ = kDefaultTimeoutS;
 };
 
-// A communicator of one rank (no MPI needed): collectives are copies.
-std::unique_ptr<Communicator> make_self_communicator();
+// A communicator of one rank (no MPI needed): collectives are copies, by memmove unless `copy` is set. A GPU
+// backend's caller sets it (its buffers are device memory, which a host memmove cannot touch), e.g. to a copy
+// ordered on the backend's stream; it must handle non-overlapping host and device addresses alike.
+struct SelfCommOptions {
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;
+};
+std::unique_ptr<Communicator> make_self_communicator(SelfCommOptions options = {});
 
 }  // namespace treecp

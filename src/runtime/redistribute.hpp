@@ -17,11 +17,13 @@
 
 namespace treecp {
 
-// Moves rows of `width` elements from `src` (laid out by from[me]) into a buffer laid out by to[me]
-// (allocated here). Every rank calls it with the same ownerships.
-template <class Backend>
-typename Backend::Buffer redistribute(Communicator& comm, Backend& be, const typename Backend::Buffer& src,
-                                      const Ownership& from, const Ownership& to, int64_t width) {
+namespace detail {
+
+// The move of redistribute() for buffers of any kind the backend copies rows of: `alloc(n)` makes one of n
+// elements, which travel as `type`.
+template <class Backend, class Buf, class Alloc>
+Buf redistribute_as(Communicator& comm, Backend& be, const Buf& src, const Ownership& from, const Ownership& to,
+                    int64_t width, CommType type, Alloc alloc) {
   const int n = comm.size(), me = comm.rank();
   const RowMap src_map(from[static_cast<size_t>(me)]), dst_map(to[static_cast<size_t>(me)]);
   std::vector<RowCopy> pack, unpack;
@@ -42,12 +44,31 @@ typename Backend::Buffer redistribute(Communicator& comm, Backend& be, const typ
     }
     rc[static_cast<size_t>(p)] = recv_rows * width - rd[static_cast<size_t>(p)];
   }
-  typename Backend::Buffer send = be.alloc(send_rows * width), recv = be.alloc(recv_rows * width);
+  Buf send = alloc(send_rows * width), recv = alloc(recv_rows * width);
   be.copy_rows(src, pack, width, send);
-  comm.all_to_all_v(be.data(send), sc, sd, be.data(recv), rc, rd, Backend::comm_type);
-  typename Backend::Buffer dst = be.alloc(dst_map.rows() * width);
+  comm.all_to_all_v(be.data(send), sc, sd, be.data(recv), rc, rd, type);
+  Buf dst = alloc(dst_map.rows() * width);
   be.copy_rows(recv, unpack, width, dst);
   return dst;
+}
+
+}  // namespace detail
+
+// Moves rows of `width` elements from `src` (laid out by from[me]) into a buffer laid out by to[me]
+// (allocated here). Every rank calls it with the same ownerships.
+template <class Backend>
+typename Backend::Buffer redistribute(Communicator& comm, Backend& be, const typename Backend::Buffer& src,
+                                      const Ownership& from, const Ownership& to, int64_t width) {
+  return detail::redistribute_as(comm, be, src, from, to, width, Backend::comm_type,
+                                 [&](int64_t n) { return be.alloc(n); });
+}
+
+// The same for gradient buffers (fp32 on a GPU backend whose activations are bf16).
+template <class Backend>
+typename Backend::Grad redistribute_grad(Communicator& comm, Backend& be, const typename Backend::Grad& src,
+                                         const Ownership& from, const Ownership& to, int64_t width) {
+  return detail::redistribute_as(comm, be, src, from, to, width, Backend::grad_comm_type,
+                                 [&](int64_t n) { return be.alloc_grad(n); });
 }
 
 // Every rank's part (laid out by from[rank]) in token order on `root`, an empty buffer elsewhere.

@@ -100,6 +100,16 @@ def _refuse(problem: Optional[str]):
         raise ValueError(problem)
 
 
+def _cuda_key_problem(op: str, key: Key, name: str, x: Tensor) -> Optional[str]:
+    """What the key itself refuses for CUDA tensors (x, named `name`, sets the device)."""
+    if key.nccl_group is not None and not _core.has_nccl:
+        return (f"{op}: CUDA tensors with a group need NCCL, and this build of treecp has none (it was built "
+                "without nccl.h); CP runs on CPU tensors over gloo")
+    if key.cuda_device is not None and x.device != key.cuda_device:
+        return f"{op}: {name} is on {x.device} but this key's CUDA state is on {key.cuda_device} (one key per device)"
+    return None
+
+
 def _key_argument(op: str, key) -> Key:
     if not isinstance(key, Key):
         raise TypeError(f"{op}: key must be a treecp.torch.Key (from treecp.torch.plan), got {type(key).__name__}")
@@ -131,11 +141,9 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
     if q.device.type == "cuda":
         if v.shape[2] != d or d not in (64, 128):
             return f"{op}: on CUDA the head dims must be 64 or 128 with v's equal to q's, got q {d} and v {v.shape[2]}"
-        if key.nccl_group is not None and not _core.has_nccl:
-            return (f"{op}: CUDA tensors with a group need NCCL, and this build of treecp has none (it was built "
-                    "without nccl.h); CP runs on CPU tensors over gloo")
-        if key.cuda_device is not None and q.device != key.cuda_device:
-            return f"{op}: q is on {q.device} but this key's CUDA state is on {key.cuda_device} (one key per device)"
+        p = _cuda_key_problem(op, key, "q", q)
+        if p:
+            return p
     if not _positive_number(scale):
         return f"{op}: softmax_scale must be a positive finite number, got {scale}"
     return None
@@ -283,6 +291,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, key: Key, sink: Optional[Tensor] 
 # ---------------------------------------------------------------- Gated DeltaNet / KDA
 
 
+_CUDA_GDN_MAX_DIM = 256  # the CUDA scans' state tile (kernels/cuda/gdn_device.cuh, kGdnMaxDim)
+
+
 def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk) -> Optional[str]:
     op = "gated_delta_rule"
     n = key.local_tokens
@@ -294,8 +305,6 @@ def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk) -> Optional[str]:
     if q.dim() != 3 or v.dim() != 3:
         bad, x = ("q", q) if q.dim() != 3 else ("v", v)
         return f"{op}: {bad} must be token-major [tokens, heads, head_dim], got shape {list(x.shape)}"
-    if q.device.type == "cuda":
-        return f"{op}: no CUDA kernels for GDN/KDA yet; run the layer on CPU tensors (float32, float64)"
     h, dk, dv = q.shape[1], q.shape[2], v.shape[2]
     g_shape = (n, h) if g.dim() == 2 else (n, h, dk)
     p = _check_compute(op, {"q": q, "k": k, "v": v, "g": g, "beta": beta},
@@ -304,6 +313,12 @@ def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk) -> Optional[str]:
         if g.dim() not in (2, 3) and "g has shape" in p:
             p += " (GDN: [tokens, H]; KDA: [tokens, H, K])"
         return p
+    if q.device.type == "cuda":
+        if dk > _CUDA_GDN_MAX_DIM or dv > _CUDA_GDN_MAX_DIM:
+            return f"{op}: on CUDA the head dims must be at most {_CUDA_GDN_MAX_DIM}, got q's {dk} and v's {dv}"
+        p = _cuda_key_problem(op, key, "q", q)
+        if p:
+            return p
     if not _positive_number(scale):
         return f"{op}: scale must be a positive finite number, got {scale}"
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 4096:
@@ -311,11 +326,44 @@ def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk) -> Optional[str]:
     return None
 
 
+def _ptrs(*xs):
+    """Device addresses for the extension's CUDA calls; 0 for an absent optional tensor."""
+    return tuple(0 if x is None else x.data_ptr() for x in xs)
+
+
+def _fp32_like(*xs):
+    """Gradient accumulators: fp32 on the inputs' device, whatever their dtype."""
+    return [torch.empty(x.shape, dtype=torch.float32, device=x.device) for x in xs]
+
+
+def _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk):
+    # The CUDA kernels' chunk is their own (64): chunk_size steers only the plan's cost model here.
+    _cuda_state(key, q.device)
+    y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    with _KeyStream(key, q.device):
+        key._core.cuda_gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q.device.index,
+                                   *_ptrs(q, k, v, g, beta, y))
+    return y
+
+
+def _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk):
+    _cuda_state(key, q.device)
+    dy = dy.to(torch.bfloat16).contiguous()
+    grads = _fp32_like(q, k, v, g, beta)
+    with _KeyStream(key, q.device) as scope:
+        dy.record_stream(scope.stream)
+        key._core.cuda_gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q.device.index,
+                                    *_ptrs(q, k, v, g, beta, dy, *grads))
+    return tuple(d.to(x.dtype) for d, x in zip(grads, (q, k, v, g, beta)))
+
+
 @torch.library.custom_op("treecp::gated_delta_rule", mutates_args=())
 def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: int, scale: float,
             chunk: int) -> Tensor:
     key = key_of(key_id)
     _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk))
+    if q.device.type == "cuda":
+        return _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk)
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     key._core.gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
                           *_detached(q, k, v, g, beta), y)
@@ -331,6 +379,8 @@ def _(q, k, v, g, beta, key_id, scale, chunk):
 def _gdn_backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, dy: Tensor, key_id: int, scale: float,
                      chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     key = key_of(key_id)
+    if q.device.type == "cuda":
+        return _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk)
     grads = [torch.empty_like(x) for x in (q, k, v, g, beta)]
     key._core.gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
                            *_detached(q, k, v, g, beta, dy.contiguous()), *grads)
@@ -364,7 +414,8 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, k
     ``q, k [n, H, K]``, ``v [n, H, V]``, ``g`` the log decay, ``[n, H]`` (GDN) or ``[n, H, K]`` (KDA), and
     ``beta [n, H]``. Each token's state starts from its parent token's along the tree path (a child
     continues its parent segment's final state; siblings never see each other). ``scale`` defaults to
-    1/sqrt(K), applied to q. Returns ``o [n, H, V]``.
+    1/sqrt(K), applied to q. Returns ``o [n, H, V]``. On CUDA (bfloat16, K and V at most 256) the states and
+    gradients accumulate in fp32, and the kernels' own chunk (64) is used: ``chunk_size`` then steers the plan only.
     """
     key = _key_argument("gated_delta_rule", key)
     if scale is None:
@@ -388,21 +439,45 @@ def _conv_problem(key: Key, x, weight, bias) -> Optional[str]:
     if x.dim() != 2 or weight.dim() != 2:
         bad, t, want = ("x", x, "[tokens, channels]") if x.dim() != 2 else ("weight", weight, "[channels, width]")
         return f"{op}: {bad} must be {want}, got shape {list(t.shape)}"
-    if x.device.type == "cuda":
-        return f"{op}: no CUDA kernel for the short convolution yet; run it on CPU tensors (float32, float64)"
     c, w = x.shape[1], weight.shape[1]
     p = _check_compute(op, {"x": x, "weight": weight, "bias": bias}, {"x": (n, c), "weight": (c, w), "bias": (c,)})
     if p:
         return p
     if not 1 <= w <= 64:
         return f"{op}: weight's width (second dimension) must be in [1, 64], got {w}"
+    if x.device.type == "cuda":
+        return _cuda_key_problem(op, key, "x", x)
     return None
+
+
+def _cuda_conv_forward(key, x, weight, bias, silu):
+    _cuda_state(key, x.device)
+    y = torch.empty_like(x)
+    with _KeyStream(key, x.device):
+        key._core.cuda_conv_forward(x.shape[1], weight.shape[1], silu, x.device.index, *_ptrs(x, weight, bias, y))
+    return y
+
+
+def _cuda_conv_backward(key, x, weight, bias, dy, silu):
+    _cuda_state(key, x.device)
+    dy = dy.float().contiguous()
+    dx, dw, db = _fp32_like(x, weight, bias if bias is not None else x.new_empty(0))
+    with _KeyStream(key, x.device) as scope:
+        dy.record_stream(scope.stream)
+        key._core.cuda_conv_backward(x.shape[1], weight.shape[1], silu, x.device.index,
+                                     *_ptrs(x, weight, bias, dy, dx, dw, db if bias is not None else None))
+    # The runtime hands every rank the weights' gradient summed over the ranks; the package's contract is this
+    # rank's share, as on the CPU (KeyCore::conv_backward).
+    share = 1.0 / key.cp
+    return dx.to(x.dtype), (dw * share).to(weight.dtype), (db * share).to(x.dtype)
 
 
 @torch.library.custom_op("treecp::short_conv", mutates_args=())
 def _conv_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], key_id: int, silu: bool) -> Tensor:
     key = key_of(key_id)
     _refuse(_conv_problem(key, x, weight, bias))
+    if x.device.type == "cuda":
+        return _cuda_conv_forward(key, x, weight, bias, silu)
     y = torch.empty_like(x)
     key._core.conv_forward(x.shape[1], weight.shape[1], silu, *_detached(x, weight, bias), y)
     return y
@@ -417,6 +492,8 @@ def _(x, weight, bias, key_id, silu):
 def _conv_backward_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], dy: Tensor, key_id: int,
                       silu: bool) -> tuple[Tensor, Tensor, Tensor]:
     key = key_of(key_id)
+    if x.device.type == "cuda":
+        return _cuda_conv_backward(key, x, weight, bias, dy, silu)
     dx, dw = torch.empty_like(x), torch.empty_like(weight)
     db = x.new_zeros(x.shape[1] if bias is not None else 0)
     key._core.conv_backward(x.shape[1], weight.shape[1], silu, *_detached(x, weight, bias, dy.contiguous()), dx, dw,
@@ -451,7 +528,8 @@ def short_conv(x: Tensor, weight: Tensor, key: Key, bias: Optional[Tensor] = Non
 
     ``y_t = bias + sum_i weight[:, width-1-i] * x_{pred^i(t)}`` where pred is the logical predecessor (a
     child's first token continues its parent's last), then ``activation`` (None or "silu"). The gradients
-    of ``weight`` and ``bias`` are this rank's contribution.
+    of ``weight`` and ``bias`` are this rank's contribution. On CUDA every tensor is bfloat16 (fp32 gradient
+    accumulators inside).
     """
     key = _key_argument("short_conv", key)
     if activation not in _ACTIVATIONS:
