@@ -12,6 +12,14 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+try:
+    # torch first when it is there: a CUDA build of the extension needs libcudart and libnccl, and whichever
+    # copy the process loads first serves both. Loaded by the extension first, the toolkit's NCCL can lack
+    # symbols torch's needs (`undefined symbol: ncclCommResume` on `import torch` after `import treecp`).
+    import torch as _torch  # noqa: F401
+except ImportError:
+    pass
+
 from . import _core
 
 __all__ = ["Row", "PackedTrajectories", "layout_names"]
