@@ -542,10 +542,55 @@ TREECP_GDN_FN void store_out(void* p, bool f32, int64_t at, float x) {
     static_cast<uint16_t*>(p)[at] = float_to_bf16(x);
 }
 
-// ---- prep: one block per (chunk, head). Shared memory: beta [64], the scalar gate's cumulative sums [64], for
-// per-channel gates the chunk's keys and G [64][dk + 1] (rows padded by one float, so that the threads of a warp,
-// which read different rows at one channel, hit different banks), P and L⁻¹ diag(β) [64][65], and the block
-// products' panels.
+// Rows [0, n) x columns [0, w) of a bf16 input (row stride src_ld elements) widened into shared memory (row stride
+// ld): 8-byte loads of four elements where the rows allow, so that a thread has several loads in flight.
+TREECP_GDN_FN void gdn_load_rows_bf16(float* dst, int ld, const uint16_t* src, int64_t src_ld, int n, int w, int tid,
+                                      int nthr) {
+  if ((w % 4 == 0) && (src_ld % 4 == 0) && reinterpret_cast<uintptr_t>(src) % 8 == 0) {
+    const int q = w / 4;
+    for (int idx = tid; idx < n * q; idx += nthr) {
+      const int i = idx / q, j = (idx % q) * 4;
+      uint16_t v[4];
+#if defined(__CUDA_ARCH__)
+      const uint2 x = *reinterpret_cast<const uint2*>(src + i * src_ld + j);
+      v[0] = static_cast<uint16_t>(x.x & 0xffffu); v[1] = static_cast<uint16_t>(x.x >> 16);
+      v[2] = static_cast<uint16_t>(x.y & 0xffffu); v[3] = static_cast<uint16_t>(x.y >> 16);
+#else
+      std::memcpy(v, src + i * src_ld + j, sizeof(v));
+#endif
+      TREECP_GDN_UNROLL
+      for (int x = 0; x < 4; ++x) dst[i * ld + j + x] = bf16_to_float(v[x]);
+    }
+  } else {
+    for (int idx = tid; idx < n * w; idx += nthr) dst[(idx / w) * ld + idx % w] = bf16_to_float(src[(idx / w) * src_ld + idx % w]);
+  }
+}
+
+// out(i, j, Σ_terms s A B) over operands in shared memory with any strides, register-blocked (GdnRegTile) or on
+// tensor cores; no barrier.
+template <int TM, int TN, int NT, class F>
+TREECP_GDN_FN void gdn_smem_product(int rows, int cols, bool tensor, const GdnTerm (&terms)[NT], int tid, int nthr,
+                                    F&& out) {
+  if (tensor) {
+    gdn_warp_product(rows, cols, terms, tid, nthr, out);
+    return;
+  }
+  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
+  for (int tile = tid; tile < tiles; tile += nthr) {
+    GdnRegTile<TM, TN> rt(tile, rows, cols);
+    TREECP_GDN_UNROLL
+    for (int k = 0; k < NT; ++k) rt.mma(terms[k].A, terms[k].ars, terms[k].acs, terms[k].B, terms[k].brs, terms[k].bcs,
+                                        terms[k].len, terms[k].s);
+    rt.store(out);
+  }
+}
+
+// ---- prep: one block per (chunk, head). The chunk's keys and queries (and a per-channel gate) are read from
+// global once, widened into shared memory [64][max(dk, dv) + 1] (rows padded to an odd stride, so that a warp's
+// threads reading one column of several rows hit distinct banks); every later step reads them there: the
+// cumulative gates, the decayed rows (all threads, one element each), the pair matrices P and C. Shared memory also
+// holds beta and the scalar gate's sums [64], P and L⁻¹ diag(β) [64][65]; the U and W products' panels reuse the
+// keys' and queries' space once P and C are done.
 struct GdnPrepArgs {
   GdnInputs in;
   const GdnChunkDesc* chunks;
@@ -556,10 +601,17 @@ template <bool kTensor>  // the block products on tensor cores
 struct GdnPrepKernel {
   using Args = GdnPrepArgs;
   static constexpr const char* kName = "gdn prep";
+  static TREECP_GDN_HD int row_ld(int dk, int dv) { return (dk > dv ? dk : dv) + 1; }
+  // Floats of the keys' and queries' rows, or of the panels where those are more.
+  static TREECP_GDN_HD int64_t rows_floats(int dk, int dv) {
+    const int widest = dk > dv ? (dk > kGdnChunk ? dk : kGdnChunk) : (dv > kGdnChunk ? dv : kGdnChunk);
+    const int64_t kq = 2 * int64_t{kGdnChunk} * row_ld(dk, dv), panels = gdn_product_smem(kGdnChunk, widest);
+    return kq > panels ? kq : panels;
+  }
   static size_t smem_bytes(const Args& a) {
-    const size_t rows = a.in.scalar_gate ? 0 : static_cast<size_t>(kGdnChunk) * (a.in.dk + 1) * 2;
-    const int widest = std::max(std::max(a.in.dk, a.in.dv), kGdnChunk);
-    return (2 * kGdnChunk + rows + 2 * kGdnChunk * (kGdnChunk + 1) + gdn_product_smem(kGdnChunk, widest)) *
+    const int64_t gates = a.in.scalar_gate ? 0 : int64_t{kGdnChunk} * row_ld(a.in.dk, a.in.dv);
+    return static_cast<size_t>(2 * kGdnChunk + rows_floats(a.in.dk, a.in.dv) + gates +
+                               2 * kGdnChunk * (kGdnChunk + 1)) *
            sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
@@ -571,73 +623,74 @@ struct GdnPrepKernel {
     const int64_t t = cd.t;
     const int n = cd.len;
     float* c = a.cache + (chunk * H + h) * a.blk.size;
-    float* G = c + a.blk.G;
-    float* Qst = c + a.blk.Qst;
-    float* Kst = c + a.blk.Kst;
-    float* R = c + a.blk.R;
     float* P = c + a.blk.P;
     float* C = c + a.blk.C;
     float* Ti = c + a.blk.Ti;
-    float* egl = c + a.blk.egl;
-    const int ld = dk + 1, lc = kGdnChunk + 1;  // row strides of the staged rows
-    float* bs = smem;                           // [64]
-    float* gr = smem + kGdnChunk;               // [64], scalar gate
-    float* ks = smem + 2 * kGdnChunk;           // [64][ld], per-channel gates
-    float* Gs = ks + (scalar ? 0 : kGdnChunk * ld);
-    float* Ps = Gs + (scalar ? 0 : kGdnChunk * ld);  // [64][lc]
-    float* Tb = Ps + kGdnChunk * lc;                 // [64][lc]: L⁻¹ diag(β)
-    float* panels = Tb + kGdnChunk * lc;
-    // Per key channel: the cumulative log-decay and the decayed rows.
-    for (int d = tid; d < dk; d += nthr) {
-      float acc = 0.f;
-      for (int i = 0; i < n; ++i) {
-        acc += a.in.gate(t + i, h, d);
-        G[i * dk + d] = acc;
-        if (!scalar)
-          Gs[i * ld + d] = acc;
-        else if (d == 0)
-          gr[i] = acc;  // every channel holds the same sums
-      }
-      const float gl = acc;
-      egl[d] = expf(gl);
-      for (int i = 0; i < n; ++i) {
-        const float gi = G[i * dk + d];
-        const float eg = expf(gi), er = expf(gl - gi);
-        const float ki = a.in.qk(a.in.k, t + i, h, d);
-        if (!scalar) ks[i * ld + d] = ki;
-        Qst[i * dk + d] = eg * a.in.qk(a.in.q, t + i, h, d);
-        Kst[i * dk + d] = eg * ki;
-        R[i * dk + d] = er * ki;
-      }
+    const int ld = row_ld(dk, dv), lc = kGdnChunk + 1;  // row strides of the staged rows
+    float* bs = smem;                                   // [64]
+    float* gr = smem + kGdnChunk;                       // [64], scalar gate
+    float* Ks = smem + 2 * kGdnChunk;                   // [64][ld]
+    float* Qs = Ks + kGdnChunk * ld;                    // [64][ld]
+    float* panels = Ks;                                 // once P and C are done
+    float* Gs = Ks + rows_floats(dk, dv);               // [64][ld], per-channel gates
+    float* Ps = Gs + (scalar ? 0 : kGdnChunk * ld);     // [64][lc]
+    float* Tb = Ps + kGdnChunk * lc;                    // [64][lc]: L⁻¹ diag(β)
+    const int64_t row = static_cast<int64_t>(H) * dk;  // elements between tokens of q, k and a per-channel gate
+    gdn_load_rows_bf16(Ks, ld, a.in.k + (t * H + h) * dk, row, n, dk, tid, nthr);
+    gdn_load_rows_bf16(Qs, ld, a.in.q + (t * H + h) * dk, row, n, dk, tid, nthr);
+    if (!scalar) gdn_load_rows_bf16(Gs, ld, a.in.g + (t * H + h) * dk, row, n, dk, tid, nthr);
+    for (int i = tid; i < n; i += nthr) {
+      bs[i] = a.in.b(t + i, h);
+      if (scalar) gr[i] = a.in.gate(t + i, h, 0);
     }
-    for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
+    block_sync();
+    // G_i = Σ_{s<=i} g_s, in place, per key channel (one sum for a scalar gate); e^{G_last}.
+    if (scalar) {
+      if (tid == 0)
+        for (int i = 1; i < n; ++i) gr[i] += gr[i - 1];
+    } else {
+      for (int d = tid; d < dk; d += nthr)
+        for (int i = 1; i < n; ++i) Gs[i * ld + d] += Gs[(i - 1) * ld + d];
+    }
+    block_sync();
+    auto gsum = [&](int i, int d) { return scalar ? gr[i] : Gs[i * ld + d]; };
+    for (int d = tid; d < dk; d += nthr) c[a.blk.egl + d] = expf(gsum(n - 1, d));
+    // The decayed rows, one element a thread.
+    for (int idx = tid; idx < n * dk; idx += nthr) {
+      const int i = idx / dk, d = idx % dk;
+      const float gi = gsum(i, d), ki = Ks[i * ld + d];
+      const float eg = expf(gi);
+      c[a.blk.G + idx] = gi;
+      c[a.blk.Qst + idx] = eg * Qs[i * ld + d];
+      c[a.blk.Kst + idx] = eg * ki;
+      c[a.blk.R + idx] = expf(gsum(n - 1, d) - gi) * ki;
+    }
     // P[i][j] = Σ_d k_i k_j e^{G_i - G_j} (j < i), C[i][j] = Σ_d q_i k_j e^{G_i - G_j} (j <= i); 0 elsewhere.
     // A scalar gate's decay is one factor per pair: P and C are the products K Kᵀ and Q Kᵀ, scaled.
     if (scalar) {
-      const GdnView kr = a.in.rows(a.in.k, t, h, dk);
-      gdn_block_product<4, 4>(n, n, dk, kr, kr.t(), panels, tid, nthr, kTensor, [&](int i, int j, float acc) {
+      const GdnTerm kk[1] = {{Ks, ld, 1, Ks, 1, ld, dk, 1.f}}, qk[1] = {{Qs, ld, 1, Ks, 1, ld, dk, 1.f}};
+      gdn_smem_product<4, 4>(n, n, kTensor, kk, tid, nthr, [&](int i, int j, float acc) {
         const float p = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
         P[i * kGdnChunk + j] = p;
         Ps[i * lc + j] = p;
       });
-      gdn_block_product<4, 4>(n, n, dk, a.in.rows(a.in.q, t, h, dk), kr.t(), panels, tid, nthr, kTensor,
-                              [&](int i, int j, float acc) {
-                                C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
-                              });
+      gdn_smem_product<4, 4>(n, n, kTensor, qk, tid, nthr, [&](int i, int j, float acc) {
+        C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
+      });
     } else {
-      block_sync();
       for (int idx = tid; idx < n * n; idx += nthr) {
         const int i = idx / n, j = idx % n;
         float pk = 0.f, pq = 0.f;
         if (j <= i) {
-          const float* ki = ks + i * ld;
-          const float* kj = ks + j * ld;
+          const float* ki = Ks + i * ld;
+          const float* qi = Qs + i * ld;
+          const float* kj = Ks + j * ld;
           const float* gi = Gs + i * ld;
           const float* gj = Gs + j * ld;
           for (int d = 0; d < dk; ++d) {
             const float x = kj[d] * expf(gi[d] - gj[d]);
             pk += ki[d] * x;
-            pq += a.in.qk(a.in.q, t + i, h, d) * x;
+            pq += qi[d] * x;
           }
         }
         if (j == i) pk = 0.f;
@@ -645,8 +698,8 @@ struct GdnPrepKernel {
         Ps[i * lc + j] = pk;
         C[i * kGdnChunk + j] = pq;
       }
-      block_sync();
     }
+    block_sync();
     // L⁻¹ by forward substitution on the identity, one column per thread: row i = e_i - β_i Σ_{j<i} P[i][j] row j
     // (rows above the column are zero). The chunk's solve is then two products, U = L⁻¹ diag(β) V and
     // W = L⁻¹ diag(β) Kst.
@@ -667,7 +720,7 @@ struct GdnPrepKernel {
     const GdnView tb = gdn_view(Tb, lc);
     gdn_block_product<4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr, kTensor,
                             [&](int i, int e, float acc) { c[a.blk.U + i * dv + e] = acc; });
-    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(Kst, dk), panels, tid, nthr, kTensor,
+    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(c + a.blk.Kst, dk), panels, tid, nthr, kTensor,
                             [&](int i, int d, float acc) { c[a.blk.W + i * dk + d] = acc; });
   }
 };
