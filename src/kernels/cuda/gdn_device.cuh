@@ -792,11 +792,14 @@ TREECP_GDN_HD int64_t gdn_scan_tiles(int width, int tile) { return (width + tile
 TREECP_GDN_HD int gdn_ld_rows(int cols) { return (cols + 31) / 32 * 32 + 4; }
 TREECP_GDN_HD int gdn_ld_cols(int cols) { return (cols + 31) / 32 * 32 + 8; }
 
-constexpr int64_t kGdnSmemMaxBytes = 227 * 1024;  // dynamic shared memory a block may opt in to on sm_90
+constexpr int64_t kGdnSmemMaxBytes = 227 * 1024;       // dynamic shared memory a block may opt in to on sm_90
+constexpr int64_t kGdnSmemPerSmBytes = 228 * 1024;     // shared memory of one sm_90 SM
+constexpr int64_t kGdnSmemReservedBytes = 1024;        // the system's share of it per resident block
 
 // Floats of a scan's shared memory (layouts in the kernels below). `alias`: one buffer serves two chunk matrices
-// (R over W in the forward, W over R in the backward, whose dY is then read directly), for a dk too large for
-// separate buffers (gdn_scan_alias: above 192 at 32 columns); each aliased copy then waits at once behind a barrier.
+// (R over W in the forward, W over R in the backward, whose dY is then read directly) and each aliased copy waits
+// at once behind a barrier; gdn_scan_alias takes it where it keeps more blocks on an SM: for a dk too large for
+// separate buffers (above 192 at 32 columns) and for the forward at 16 columns (dk 128: two blocks, not one).
 TREECP_GDN_HD int64_t gdn_scan_floats(int dk, int tile, bool backward, bool alias) {
   const int64_t c = kGdnChunk, ls = tile + 8, ldr = gdn_ld_rows(dk), ldt = gdn_ld_cols(dk);
   const int64_t eg = (dk + 3) / 4 * 4;
@@ -805,8 +808,14 @@ TREECP_GDN_HD int64_t gdn_scan_floats(int dk, int tile, bool backward, bool alia
   // dS, dD, two dY; bf16 dY; R (W), Qst, W; C; e^{G_last}
   return (dk + 3 * c) * ls + (alias ? 0 : c * tile) + c * ((alias ? ldt : ldr) + ldt + (alias ? 0 : ldt) + gdn_ld_cols(kGdnChunk)) + eg;
 }
+// Blocks of `floats` shared floats one SM holds (0: over a block's limit).
+TREECP_GDN_HD int64_t gdn_blocks_per_sm(int64_t floats) {
+  const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
+  return bytes > kGdnSmemMaxBytes ? 0 : kGdnSmemPerSmBytes / (bytes + kGdnSmemReservedBytes);
+}
 TREECP_GDN_HD bool gdn_scan_alias(int dk, int tile, bool backward) {
-  return gdn_scan_floats(dk, tile, backward, false) * static_cast<int64_t>(sizeof(float)) > kGdnSmemMaxBytes;
+  return gdn_blocks_per_sm(gdn_scan_floats(dk, tile, backward, false)) <
+         gdn_blocks_per_sm(gdn_scan_floats(dk, tile, backward, true));
 }
 
 // ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S and D
