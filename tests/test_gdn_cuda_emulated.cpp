@@ -155,13 +155,15 @@ TEST(GdnCudaEmulatedLaunch, SixteenScanColumns) {
 }
 
 // Shapes off the scans' vector paths: dk 37 and dv 21 (4-byte copies, dY read directly at odd dv, rows and inner
-// sums not multiples of 4), and dk 256, where one chunk buffer of each scan holds two matrices in turn (as the
-// forward's at dk 128 and 16 columns, run at the GPU's shape in the second case).
+// sums not multiples of 4), and dk 256, where one chunk buffer of each scan holds two matrices in turn (as at dk 128
+// and 16 columns, the last case).
 TEST(GdnCudaEmulatedLaunch, OddAndWideShapes) {
   EXPECT_FALSE(detail::gdn_scan_alias(128, 32, false) || detail::gdn_scan_alias(128, 32, true));
   EXPECT_TRUE(detail::gdn_scan_alias(256, 32, false) && detail::gdn_scan_alias(256, 32, true));
-  EXPECT_TRUE(detail::gdn_scan_alias(128, 16, false));  // two blocks an SM instead of one
-  EXPECT_EQ(detail::gdn_blocks_per_sm(detail::gdn_scan_floats(128, 16, false, true)), 2);
+  for (const bool backward : {false, true}) {  // two blocks an SM instead of one
+    EXPECT_TRUE(detail::gdn_scan_alias(128, 16, backward));
+    EXPECT_EQ(detail::gdn_blocks_per_sm(detail::gdn_scan_floats(128, 16, backward, true)), 2);
+  }
   EXPECT_LE(detail::gdn_scan_floats(256, 32, true, true) * 4, detail::kGdnSmemMaxBytes);
   EXPECT_LE(detail::gdn_scan_floats(256, 32, false, true) * 4, detail::kGdnSmemMaxBytes);
   for (const Shape s : {Shape{GdnGate::PerChannel, 37, 21}, Shape{GdnGate::Scalar, 256, 40}}) {
@@ -175,6 +177,7 @@ TEST(GdnCudaEmulatedLaunch, OddAndWideShapes) {
   Case c(200, 1, 128, 64, GdnGate::PerChannel, {{0, 200, 0, 0}}, 1, 36);
   c.scan_columns = 16;
   check_forward(dev, c, /*y_f32=*/true);
+  check_backward(dev, c, /*dy_f32=*/false);
 }
 
 // Every chunk product on tensor cores (3xTF32 fragments, the host path of gdn_mma_tf32x3: scans, prep, gradients)

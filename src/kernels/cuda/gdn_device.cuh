@@ -797,16 +797,17 @@ constexpr int64_t kGdnSmemPerSmBytes = 228 * 1024;     // shared memory of one s
 constexpr int64_t kGdnSmemReservedBytes = 1024;        // the system's share of it per resident block
 
 // Floats of a scan's shared memory (layouts in the kernels below). `alias`: one buffer serves two chunk matrices
-// (R over W in the forward, W over R in the backward, whose dY is then read directly) and each aliased copy waits
-// at once behind a barrier; gdn_scan_alias takes it where it keeps more blocks on an SM: for a dk too large for
-// separate buffers (above 192 at 32 columns) and for the forward at 16 columns (dk 128: two blocks, not one).
+// (R over W in the forward, W over R in the backward, whose dY then has one buffer, read directly at each chunk's
+// start) and each aliased copy waits at once behind a barrier; gdn_scan_alias takes it where it keeps more blocks on
+// an SM: for a dk too large for separate buffers (above 192 at 32 columns) and at 16 columns (dk 128: two blocks an
+// SM, not one).
 TREECP_GDN_HD int64_t gdn_scan_floats(int dk, int tile, bool backward, bool alias) {
   const int64_t c = kGdnChunk, ls = tile + 8, ldr = gdn_ld_rows(dk), ldt = gdn_ld_cols(dk);
   const int64_t eg = (dk + 3) / 4 * 4;
   if (!backward)  // S, D, U; W (R), Qst, R; C; e^{G_last}
     return (dk + 2 * c) * ls + c * ((alias ? ldt : ldr) + ldr + (alias ? 0 : ldt) + gdn_ld_rows(kGdnChunk)) + eg;
-  // dS, dD, two dY; bf16 dY; R (W), Qst, W; C; e^{G_last}
-  return (dk + 3 * c) * ls + (alias ? 0 : c * tile) + c * ((alias ? ldt : ldr) + ldt + (alias ? 0 : ldt) + gdn_ld_cols(kGdnChunk)) + eg;
+  // dS, dD, two dY (one); bf16 dY; R (W), Qst, W; C; e^{G_last}
+  return (dk + (alias ? 2 : 3) * c) * ls + (alias ? 0 : c * tile) + c * ((alias ? ldt : ldr) + ldt + (alias ? 0 : ldt) + gdn_ld_cols(kGdnChunk)) + eg;
 }
 // Blocks of `floats` shared floats one SM holds (0: over a block's limit).
 TREECP_GDN_HD int64_t gdn_blocks_per_sm(int64_t floats) {
@@ -1013,8 +1014,8 @@ struct GdnBwdScanKernel {
     const bool alias = gdn_scan_alias(dk, tc, true);
     float* dS = smem;                                  // [dk][ls]
     float* dDs = dS + dk * ls;                         // [64][ls]
-    float* dYb = dDs + kGdnChunk * ls;                 // [2][64][ls]: chunk ci's dY in buffer ci % 2
-    float* raw = dYb + 2 * kGdnChunk * ls;             // [64][tc] floats: the next chunk's bf16 dY (not aliased)
+    float* dYb = dDs + kGdnChunk * ls;                 // [2][64][ls]: chunk ci's dY in buffer ci % 2 ([64][ls])
+    float* raw = dYb + (alias ? 1 : 2) * kGdnChunk * ls;  // [64][tc] floats: the next chunk's bf16 dY (not aliased)
     float* Rb = raw + (alias ? 0 : kGdnChunk * tc);    // [64][ldr], or [64][ldt] holding W too
     float* Qb = Rb + kGdnChunk * (alias ? ldt : ldr);  // [64][ldt]
     float* Wb = alias ? Rb : Qb + kGdnChunk * ldt;     // [64][ldt]
@@ -1026,7 +1027,7 @@ struct GdnBwdScanKernel {
     auto cache_of = [&](int ci) { return a.cache + ((rd.chunk_begin + ci) * H + h) * a.blk.size; };
     auto len_of = [&](int ci) { return a.chunks[rd.chunk_begin + ci].len; };
     auto dy_at = [&](int ci) { return (a.chunks[rd.chunk_begin + ci].t * H + h) * static_cast<int64_t>(dv) + e0; };
-    auto dy_buf = [&](int ci) { return dYb + (ci & 1) * kGdnChunk * ls; };
+    auto dy_buf = [&](int ci) { return alias ? dYb : dYb + (ci & 1) * kGdnChunk * ls; };
     // dY rows copy asynchronously when their bytes are 4-byte aligned (fp32, or bf16 at even dv), fp32 straight
     // into its buffer, bf16 into `raw` and widened after the wait; otherwise they are read directly.
     const bool dy_async = !alias && rd.chunk_count > 0 &&
@@ -1080,8 +1081,10 @@ struct GdnBwdScanKernel {
     };
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
     if (rd.chunk_count > 0) {
-      if (!alias) issue_rc(rd.chunk_count - 1);
-      load_dy(rd.chunk_count - 1);
+      if (!alias) {
+        issue_rc(rd.chunk_count - 1);
+        load_dy(rd.chunk_count - 1);
+      }
     }
     for (int idx = tid; idx < dk * tc; idx += nthr) {
       const int d = idx / tc, e = idx % tc;
@@ -1093,8 +1096,9 @@ struct GdnBwdScanKernel {
       float* c = a.cache + chunk * H * a.blk.size + h * a.blk.size;
       const float* dYs = dy_buf(ci);
       if (alias) {
-        block_sync();  // W read: its buffer takes R
+        block_sync();  // W and dY read: their buffers take R and this chunk's dY
         issue_rc(ci);
+        load_dy(ci);
       }
       gdn_async_wait<0>();  // R and C landed
       block_sync();         // ... for every thread; dS complete, dY staged; Qst, W and the other dY buffer read
@@ -1118,7 +1122,7 @@ struct GdnBwdScanKernel {
       } else {
         issue_rc(ci - 1);
       }
-      if (ci > 0) finish_dy(ci - 1);  // into the buffer chunk ci + 1 read; made visible by the next chunk's barrier
+      if (ci > 0 && !alias) finish_dy(ci - 1);  // into the buffer chunk ci + 1 read; visible at the next barrier
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
       const GdnTerm qw[2] = {{Qb, 1, ldt, dYs, ls, 1, n, a.scale}, {Wb, 1, ldt, dDs, ls, 1, n, -1.f}};
       gdn_scan_product(dk, tw, tc, kTensor, qw, tid, nthr, [&](int d, int e, float acc) {
