@@ -703,12 +703,18 @@ struct GdnPrepKernel {
     // L⁻¹ by forward substitution on the identity, one column per thread: row i = e_i - β_i Σ_{j<i} P[i][j] row j
     // (rows above the column are zero). The chunk's solve is then two products, U = L⁻¹ diag(β) V and
     // W = L⁻¹ diag(β) Kst.
+    // Four partial sums, so that the chain of dependent adds per row is a quarter as long.
     for (int col = tid; col < n; col += nthr) {
       for (int i = 0; i < col; ++i) Tb[i * lc + col] = 0.f;
       for (int i = col; i < n; ++i) {
-        float x = i == col ? 1.f : 0.f;
-        for (int j = col; j < i; ++j) x -= bs[i] * Ps[i * lc + j] * Tb[j * lc + col];
-        Tb[i * lc + col] = x;
+        const float* p = Ps + i * lc;
+        float x[4] = {0.f, 0.f, 0.f, 0.f};
+        int j = col;
+        for (; j + 4 <= i; j += 4)
+          TREECP_GDN_UNROLL
+          for (int k = 0; k < 4; ++k) x[k] += p[j + k] * Tb[(j + k) * lc + col];
+        for (; j < i; ++j) x[0] += p[j] * Tb[j * lc + col];
+        Tb[i * lc + col] = (i == col ? 1.f : 0.f) - bs[i] * ((x[0] + x[1]) + (x[2] + x[3]));
       }
     }
     block_sync();
@@ -769,10 +775,19 @@ TREECP_GDN_FN void gdn_stage_async(void* dst, const void* src, int rows, int row
                        static_cast<uint64_t>(row_bytes) | static_cast<uint64_t>(src_ld) | static_cast<uint64_t>(dst_ld);
   const int unit = all % 16 == 0 ? 16 : all % 8 == 0 ? 8 : 4;
   const int per_row = row_bytes / unit;
-  for (int idx = tid; idx < rows * per_row; idx += nthr) {
-    const int i = idx / per_row, x = (idx % per_row) * unit;
-    gdn_async_copy(static_cast<char*>(dst) + static_cast<int64_t>(i) * dst_ld + x,
-                   static_cast<const char*>(src) + i * src_ld + x, unit);
+  if (per_row == 0) return;
+  // Unit idx = tid + k nthr as (row i, unit u), stepped without a division per copy.
+  const int di = nthr / per_row, du = nthr % per_row;
+  int i = tid / per_row, u = tid % per_row;
+  while (i < rows) {
+    gdn_async_copy(static_cast<char*>(dst) + static_cast<int64_t>(i) * dst_ld + u * unit,
+                   static_cast<const char*>(src) + i * src_ld + u * unit, unit);
+    i += di;
+    u += du;
+    if (u >= per_row) {
+      u -= per_row;
+      ++i;
+    }
   }
 }
 // Columns [0, cols) of rows [0, n) of a chunk matrix in the cache (row stride src_ld floats) into shared memory with
