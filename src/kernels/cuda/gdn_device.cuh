@@ -442,6 +442,11 @@ TREECP_GDN_FN void gdn_vec_product(int rows, int cols, const GdnTerm (&terms)[NT
     for (int k = 0; k < NT; ++k) {
       const GdnTerm& m = terms[k];
       const float* B = m.B + j0;
+      float part[TM][TN];  // the term's product, scaled once at the end (no multiply per inner index)
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r)
+        TREECP_GDN_UNROLL
+        for (int c = 0; c < TN; ++c) part[r][c] = 0.f;
       if (m.ars == 1) {  // A transposed: A(i0 .. i0 + TM, l) is one vector
         const float* A = m.A + i0;
         for (int l = 0; l < m.len; ++l) {
@@ -451,7 +456,7 @@ TREECP_GDN_FN void gdn_vec_product(int rows, int cols, const GdnTerm (&terms)[NT
           TREECP_GDN_UNROLL
           for (int r = 0; r < TM; ++r)
             TREECP_GDN_UNROLL
-            for (int c = 0; c < TN; ++c) acc[r][c] += m.s * a[r] * b[c];
+            for (int c = 0; c < TN; ++c) part[r][c] += a[r] * b[c];
         }
       } else {  // A row-major: four inner indices of one row are one vector
         const float* A = m.A + i0 * m.ars;
@@ -467,7 +472,7 @@ TREECP_GDN_FN void gdn_vec_product(int rows, int cols, const GdnTerm (&terms)[NT
             TREECP_GDN_UNROLL
             for (int r = 0; r < TM; ++r)
               TREECP_GDN_UNROLL
-              for (int c = 0; c < TN; ++c) acc[r][c] += m.s * a[r][x] * b[c];
+              for (int c = 0; c < TN; ++c) part[r][c] += a[r][x] * b[c];
           }
         }
         for (; l < m.len; ++l) {
@@ -476,9 +481,13 @@ TREECP_GDN_FN void gdn_vec_product(int rows, int cols, const GdnTerm (&terms)[NT
           TREECP_GDN_UNROLL
           for (int r = 0; r < TM; ++r)
             TREECP_GDN_UNROLL
-            for (int c = 0; c < TN; ++c) acc[r][c] += m.s * A[r * m.ars + l] * b[c];
+            for (int c = 0; c < TN; ++c) part[r][c] += A[r * m.ars + l] * b[c];
         }
       }
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r)
+        TREECP_GDN_UNROLL
+        for (int c = 0; c < TN; ++c) acc[r][c] += m.s * part[r][c];
     }
     TREECP_GDN_UNROLL
     for (int r = 0; r < TM; ++r)
