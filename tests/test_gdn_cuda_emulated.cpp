@@ -154,6 +154,32 @@ TEST(GdnCudaEmulatedLaunch, SixteenScanColumns) {
   check_summary(dev, c);
 }
 
+// Shapes off the scans' vector paths: dk 37 and dv 21 (4-byte copies, dY read directly at odd dv, rows and inner
+// sums not multiples of 4), and dk 256, where one chunk buffer of each scan holds two matrices in turn (as at dk 128
+// and 16 columns, the last case).
+TEST(GdnCudaEmulatedLaunch, OddAndWideShapes) {
+  EXPECT_FALSE(detail::gdn_scan_alias(128, 32, false) || detail::gdn_scan_alias(128, 32, true));
+  EXPECT_TRUE(detail::gdn_scan_alias(256, 32, false) && detail::gdn_scan_alias(256, 32, true));
+  for (const bool backward : {false, true}) {  // two blocks an SM instead of one
+    EXPECT_TRUE(detail::gdn_scan_alias(128, 16, backward));
+    EXPECT_EQ(detail::gdn_blocks_per_sm(detail::gdn_scan_floats(128, 16, backward, true)), 2);
+  }
+  EXPECT_LE(detail::gdn_scan_floats(256, 32, true, true) * 4, detail::kGdnSmemMaxBytes);
+  EXPECT_LE(detail::gdn_scan_floats(256, 32, false, true) * 4, detail::kGdnSmemMaxBytes);
+  for (const Shape s : {Shape{GdnGate::PerChannel, 37, 21}, Shape{GdnGate::Scalar, 256, 40}}) {
+    EmulatedDev dev;
+    const Case c(ragged_tokens(1), 1, s.dk, s.dv, s.gate, ragged_runs(1), 4, 35);
+    check_forward(dev, c, /*y_f32=*/false);
+    check_backward(dev, c, /*dy_f32=*/false);
+    check_summary(dev, c);
+  }
+  EmulatedDev dev;
+  Case c(200, 1, 128, 64, GdnGate::PerChannel, {{0, 200, 0, 0}}, 1, 36);
+  c.scan_columns = 16;
+  check_forward(dev, c, /*y_f32=*/true);
+  check_backward(dev, c, /*dy_f32=*/false);
+}
+
 // Every chunk product on tensor cores (3xTF32 fragments, the host path of gdn_mma_tf32x3: scans, prep, gradients)
 // under the same fp32 tolerances: 32 columns at 64 / 64, and 16 columns with partial 16 x 8 tiles (dv 72, the
 // summary's dk 40, chunks of 37 and 6 rows).

@@ -404,16 +404,96 @@ TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnVie
   block_sync();  // outputs written before anyone reads them or restages over the panels
 }
 
-// out(i, j, Σ_terms s A B) for the rows x cols output, register-blocked as gdn_block_product, no barrier: the
-// caller orders the operands' writes and the outputs' reads.
+// ---- the scans' register tiles on vector loads: each thread owns TM consecutive rows and TN consecutive columns
+// of the output (not strided as GdnRegTile), so that B's TN columns of one inner index are one 8- or 16-byte load
+// and A's TM rows one 16-byte load when A is stored transposed (its rows contiguous: ars == 1), or each row's next
+// four inner indices one 16-byte load when A is row-major (acs == 1). Operands in shared memory with row strides and
+// bases that are multiples of 4 floats; rows up to the tile's end (rows rounded up to TM) and columns up to cols
+// rounded up to TN must lie inside the operands' buffers (read, never stored). A warp's lanes then read 2-4
+// distinct A addresses (broadcast) and 8 or 16 consecutive B vectors: one shared-memory wavefront a load, about
+// a third of the strided tile's load instructions per multiply-add.
+template <int N>
+TREECP_GDN_FN void gdn_load_vec(const float* p, float (&v)[N]) {
+  static_assert(N == 2 || N == 4, "2 or 4 floats");
+#if defined(__CUDA_ARCH__)
+  if constexpr (N == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+  } else {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    v[0] = x.x; v[1] = x.y;
+  }
+#else
+  std::memcpy(v, p, sizeof(v));
+#endif
+}
+
 template <int TM, int TN, int NT, class F>
-TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
-  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
-  for (int tile = tid; tile < tiles; tile += nthr) {
-    GdnRegTile<TM, TN> rt(tile, rows, cols);
-    for (int k = 0; k < NT; ++k) rt.mma(terms[k].A, terms[k].ars, terms[k].acs, terms[k].B, terms[k].brs, terms[k].bcs,
-                                        terms[k].len, terms[k].s);
-    rt.store(out);
+TREECP_GDN_FN void gdn_vec_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
+  const int mt = (rows + TM - 1) / TM, nt = (cols + TN - 1) / TN;
+  for (int tile = tid; tile < mt * nt; tile += nthr) {
+    const int i0 = (tile / nt) * TM, j0 = (tile % nt) * TN;
+    float acc[TM][TN];
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r)
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c) acc[r][c] = 0.f;
+    TREECP_GDN_UNROLL  // the terms' fields in registers, not a stack copy indexed at run time
+    for (int k = 0; k < NT; ++k) {
+      const GdnTerm& m = terms[k];
+      const float* B = m.B + j0;
+      float part[TM][TN];  // the term's product, scaled once at the end (no multiply per inner index)
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r)
+        TREECP_GDN_UNROLL
+        for (int c = 0; c < TN; ++c) part[r][c] = 0.f;
+      if (m.ars == 1) {  // A transposed: A(i0 .. i0 + TM, l) is one vector
+        const float* A = m.A + i0;
+        for (int l = 0; l < m.len; ++l) {
+          float a[TM], b[TN];
+          gdn_load_vec(A + l * m.acs, a);
+          gdn_load_vec(B + l * m.brs, b);
+          TREECP_GDN_UNROLL
+          for (int r = 0; r < TM; ++r)
+            TREECP_GDN_UNROLL
+            for (int c = 0; c < TN; ++c) part[r][c] += a[r] * b[c];
+        }
+      } else {  // A row-major: four inner indices of one row are one vector
+        const float* A = m.A + i0 * m.ars;
+        int l = 0;
+        for (; l + 4 <= m.len; l += 4) {
+          float a[TM][4];
+          TREECP_GDN_UNROLL
+          for (int r = 0; r < TM; ++r) gdn_load_vec(A + r * m.ars + l, a[r]);
+          TREECP_GDN_UNROLL
+          for (int x = 0; x < 4; ++x) {
+            float b[TN];
+            gdn_load_vec(B + (l + x) * m.brs, b);
+            TREECP_GDN_UNROLL
+            for (int r = 0; r < TM; ++r)
+              TREECP_GDN_UNROLL
+              for (int c = 0; c < TN; ++c) part[r][c] += a[r][x] * b[c];
+          }
+        }
+        for (; l < m.len; ++l) {
+          float b[TN];
+          gdn_load_vec(B + l * m.brs, b);
+          TREECP_GDN_UNROLL
+          for (int r = 0; r < TM; ++r)
+            TREECP_GDN_UNROLL
+            for (int c = 0; c < TN; ++c) part[r][c] += A[r * m.ars + l] * b[c];
+        }
+      }
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < TM; ++r)
+        TREECP_GDN_UNROLL
+        for (int c = 0; c < TN; ++c) acc[r][c] += m.s * part[r][c];
+    }
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < TM; ++r)
+      TREECP_GDN_UNROLL
+      for (int c = 0; c < TN; ++c)
+        if (i0 + r < rows && j0 + c < cols) out(i0 + r, j0 + c, acc[r][c]);
   }
 }
 
@@ -427,13 +507,13 @@ TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, bool tensor, con
     gdn_warp_product(rows, cols, terms, tid, nthr, out);
   } else if (tc > 16) {
     if (rows > kGdnChunk)
-      gdn_smem_product<4, 4>(rows, cols, terms, tid, nthr, out);
+      gdn_vec_product<4, 4>(rows, cols, terms, tid, nthr, out);
     else
-      gdn_smem_product<4, 2>(rows, cols, terms, tid, nthr, out);
+      gdn_vec_product<4, 2>(rows, cols, terms, tid, nthr, out);
   } else if (rows > kGdnChunk) {
-    gdn_smem_product<4, 2>(rows, cols, terms, tid, nthr, out);
+    gdn_vec_product<4, 2>(rows, cols, terms, tid, nthr, out);
   } else {
-    gdn_smem_product<2, 2>(rows, cols, terms, tid, nthr, out);
+    gdn_vec_product<2, 2>(rows, cols, terms, tid, nthr, out);
   }
 }
 
@@ -471,10 +551,55 @@ TREECP_GDN_FN void store_out(void* p, bool f32, int64_t at, float x) {
     static_cast<uint16_t*>(p)[at] = float_to_bf16(x);
 }
 
-// ---- prep: one block per (chunk, head). Shared memory: beta [64], the scalar gate's cumulative sums [64], for
-// per-channel gates the chunk's keys and G [64][dk + 1] (rows padded by one float, so that the threads of a warp,
-// which read different rows at one channel, hit different banks), P and L⁻¹ diag(β) [64][65], and the block
-// products' panels.
+// Rows [0, n) x columns [0, w) of a bf16 input (row stride src_ld elements) widened into shared memory (row stride
+// ld): 8-byte loads of four elements where the rows allow, so that a thread has several loads in flight.
+TREECP_GDN_FN void gdn_load_rows_bf16(float* dst, int ld, const uint16_t* src, int64_t src_ld, int n, int w, int tid,
+                                      int nthr) {
+  if ((w % 4 == 0) && (src_ld % 4 == 0) && reinterpret_cast<uintptr_t>(src) % 8 == 0) {
+    const int q = w / 4;
+    for (int idx = tid; idx < n * q; idx += nthr) {
+      const int i = idx / q, j = (idx % q) * 4;
+      uint16_t v[4];
+#if defined(__CUDA_ARCH__)
+      const uint2 x = *reinterpret_cast<const uint2*>(src + i * src_ld + j);
+      v[0] = static_cast<uint16_t>(x.x & 0xffffu); v[1] = static_cast<uint16_t>(x.x >> 16);
+      v[2] = static_cast<uint16_t>(x.y & 0xffffu); v[3] = static_cast<uint16_t>(x.y >> 16);
+#else
+      std::memcpy(v, src + i * src_ld + j, sizeof(v));
+#endif
+      TREECP_GDN_UNROLL
+      for (int x = 0; x < 4; ++x) dst[i * ld + j + x] = bf16_to_float(v[x]);
+    }
+  } else {
+    for (int idx = tid; idx < n * w; idx += nthr) dst[(idx / w) * ld + idx % w] = bf16_to_float(src[(idx / w) * src_ld + idx % w]);
+  }
+}
+
+// out(i, j, Σ_terms s A B) over operands in shared memory with any strides, register-blocked (GdnRegTile) or on
+// tensor cores; no barrier.
+template <int TM, int TN, int NT, class F>
+TREECP_GDN_FN void gdn_smem_product(int rows, int cols, bool tensor, const GdnTerm (&terms)[NT], int tid, int nthr,
+                                    F&& out) {
+  if (tensor) {
+    gdn_warp_product(rows, cols, terms, tid, nthr, out);
+    return;
+  }
+  const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
+  for (int tile = tid; tile < tiles; tile += nthr) {
+    GdnRegTile<TM, TN> rt(tile, rows, cols);
+    TREECP_GDN_UNROLL
+    for (int k = 0; k < NT; ++k) rt.mma(terms[k].A, terms[k].ars, terms[k].acs, terms[k].B, terms[k].brs, terms[k].bcs,
+                                        terms[k].len, terms[k].s);
+    rt.store(out);
+  }
+}
+
+// ---- prep: one block per (chunk, head). The chunk's keys and queries (and a per-channel gate) are read from
+// global once, widened into shared memory [64][max(dk, dv) + 1] (rows padded to an odd stride, so that a warp's
+// threads reading one column of several rows hit distinct banks); every later step reads them there: the
+// cumulative gates, the decayed rows (all threads, one element each), the pair matrices P and C. Shared memory also
+// holds beta and the scalar gate's sums [64], P and L⁻¹ diag(β) [64][65]; the U and W products' panels reuse the
+// keys' and queries' space once P and C are done.
 struct GdnPrepArgs {
   GdnInputs in;
   const GdnChunkDesc* chunks;
@@ -485,10 +610,17 @@ template <bool kTensor>  // the block products on tensor cores
 struct GdnPrepKernel {
   using Args = GdnPrepArgs;
   static constexpr const char* kName = "gdn prep";
+  static TREECP_GDN_HD int row_ld(int dk, int dv) { return (dk > dv ? dk : dv) + 1; }
+  // Floats of the keys' and queries' rows, or of the panels where those are more.
+  static TREECP_GDN_HD int64_t rows_floats(int dk, int dv) {
+    const int widest = dk > dv ? (dk > kGdnChunk ? dk : kGdnChunk) : (dv > kGdnChunk ? dv : kGdnChunk);
+    const int64_t kq = 2 * int64_t{kGdnChunk} * row_ld(dk, dv), panels = gdn_product_smem(kGdnChunk, widest);
+    return kq > panels ? kq : panels;
+  }
   static size_t smem_bytes(const Args& a) {
-    const size_t rows = a.in.scalar_gate ? 0 : static_cast<size_t>(kGdnChunk) * (a.in.dk + 1) * 2;
-    const int widest = std::max(std::max(a.in.dk, a.in.dv), kGdnChunk);
-    return (2 * kGdnChunk + rows + 2 * kGdnChunk * (kGdnChunk + 1) + gdn_product_smem(kGdnChunk, widest)) *
+    const int64_t gates = a.in.scalar_gate ? 0 : int64_t{kGdnChunk} * row_ld(a.in.dk, a.in.dv);
+    return static_cast<size_t>(2 * kGdnChunk + rows_floats(a.in.dk, a.in.dv) + gates +
+                               2 * kGdnChunk * (kGdnChunk + 1)) *
            sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
@@ -500,73 +632,74 @@ struct GdnPrepKernel {
     const int64_t t = cd.t;
     const int n = cd.len;
     float* c = a.cache + (chunk * H + h) * a.blk.size;
-    float* G = c + a.blk.G;
-    float* Qst = c + a.blk.Qst;
-    float* Kst = c + a.blk.Kst;
-    float* R = c + a.blk.R;
     float* P = c + a.blk.P;
     float* C = c + a.blk.C;
     float* Ti = c + a.blk.Ti;
-    float* egl = c + a.blk.egl;
-    const int ld = dk + 1, lc = kGdnChunk + 1;  // row strides of the staged rows
-    float* bs = smem;                           // [64]
-    float* gr = smem + kGdnChunk;               // [64], scalar gate
-    float* ks = smem + 2 * kGdnChunk;           // [64][ld], per-channel gates
-    float* Gs = ks + (scalar ? 0 : kGdnChunk * ld);
-    float* Ps = Gs + (scalar ? 0 : kGdnChunk * ld);  // [64][lc]
-    float* Tb = Ps + kGdnChunk * lc;                 // [64][lc]: L⁻¹ diag(β)
-    float* panels = Tb + kGdnChunk * lc;
-    // Per key channel: the cumulative log-decay and the decayed rows.
-    for (int d = tid; d < dk; d += nthr) {
-      float acc = 0.f;
-      for (int i = 0; i < n; ++i) {
-        acc += a.in.gate(t + i, h, d);
-        G[i * dk + d] = acc;
-        if (!scalar)
-          Gs[i * ld + d] = acc;
-        else if (d == 0)
-          gr[i] = acc;  // every channel holds the same sums
-      }
-      const float gl = acc;
-      egl[d] = expf(gl);
-      for (int i = 0; i < n; ++i) {
-        const float gi = G[i * dk + d];
-        const float eg = expf(gi), er = expf(gl - gi);
-        const float ki = a.in.qk(a.in.k, t + i, h, d);
-        if (!scalar) ks[i * ld + d] = ki;
-        Qst[i * dk + d] = eg * a.in.qk(a.in.q, t + i, h, d);
-        Kst[i * dk + d] = eg * ki;
-        R[i * dk + d] = er * ki;
-      }
+    const int ld = row_ld(dk, dv), lc = kGdnChunk + 1;  // row strides of the staged rows
+    float* bs = smem;                                   // [64]
+    float* gr = smem + kGdnChunk;                       // [64], scalar gate
+    float* Ks = smem + 2 * kGdnChunk;                   // [64][ld]
+    float* Qs = Ks + kGdnChunk * ld;                    // [64][ld]
+    float* panels = Ks;                                 // once P and C are done
+    float* Gs = Ks + rows_floats(dk, dv);               // [64][ld], per-channel gates
+    float* Ps = Gs + (scalar ? 0 : kGdnChunk * ld);     // [64][lc]
+    float* Tb = Ps + kGdnChunk * lc;                    // [64][lc]: L⁻¹ diag(β)
+    const int64_t row = static_cast<int64_t>(H) * dk;  // elements between tokens of q, k and a per-channel gate
+    gdn_load_rows_bf16(Ks, ld, a.in.k + (t * H + h) * dk, row, n, dk, tid, nthr);
+    gdn_load_rows_bf16(Qs, ld, a.in.q + (t * H + h) * dk, row, n, dk, tid, nthr);
+    if (!scalar) gdn_load_rows_bf16(Gs, ld, a.in.g + (t * H + h) * dk, row, n, dk, tid, nthr);
+    for (int i = tid; i < n; i += nthr) {
+      bs[i] = a.in.b(t + i, h);
+      if (scalar) gr[i] = a.in.gate(t + i, h, 0);
     }
-    for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
+    block_sync();
+    // G_i = Σ_{s<=i} g_s, in place, per key channel (one sum for a scalar gate); e^{G_last}.
+    if (scalar) {
+      if (tid == 0)
+        for (int i = 1; i < n; ++i) gr[i] += gr[i - 1];
+    } else {
+      for (int d = tid; d < dk; d += nthr)
+        for (int i = 1; i < n; ++i) Gs[i * ld + d] += Gs[(i - 1) * ld + d];
+    }
+    block_sync();
+    auto gsum = [&](int i, int d) { return scalar ? gr[i] : Gs[i * ld + d]; };
+    for (int d = tid; d < dk; d += nthr) c[a.blk.egl + d] = expf(gsum(n - 1, d));
+    // The decayed rows, one element a thread.
+    for (int idx = tid; idx < n * dk; idx += nthr) {
+      const int i = idx / dk, d = idx % dk;
+      const float gi = gsum(i, d), ki = Ks[i * ld + d];
+      const float eg = expf(gi);
+      c[a.blk.G + idx] = gi;
+      c[a.blk.Qst + idx] = eg * Qs[i * ld + d];
+      c[a.blk.Kst + idx] = eg * ki;
+      c[a.blk.R + idx] = expf(gsum(n - 1, d) - gi) * ki;
+    }
     // P[i][j] = Σ_d k_i k_j e^{G_i - G_j} (j < i), C[i][j] = Σ_d q_i k_j e^{G_i - G_j} (j <= i); 0 elsewhere.
     // A scalar gate's decay is one factor per pair: P and C are the products K Kᵀ and Q Kᵀ, scaled.
     if (scalar) {
-      const GdnView kr = a.in.rows(a.in.k, t, h, dk);
-      gdn_block_product<4, 4>(n, n, dk, kr, kr.t(), panels, tid, nthr, kTensor, [&](int i, int j, float acc) {
+      const GdnTerm kk[1] = {{Ks, ld, 1, Ks, 1, ld, dk, 1.f}}, qk[1] = {{Qs, ld, 1, Ks, 1, ld, dk, 1.f}};
+      gdn_smem_product<4, 4>(n, n, kTensor, kk, tid, nthr, [&](int i, int j, float acc) {
         const float p = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
         P[i * kGdnChunk + j] = p;
         Ps[i * lc + j] = p;
       });
-      gdn_block_product<4, 4>(n, n, dk, a.in.rows(a.in.q, t, h, dk), kr.t(), panels, tid, nthr, kTensor,
-                              [&](int i, int j, float acc) {
-                                C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
-                              });
+      gdn_smem_product<4, 4>(n, n, kTensor, qk, tid, nthr, [&](int i, int j, float acc) {
+        C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
+      });
     } else {
-      block_sync();
       for (int idx = tid; idx < n * n; idx += nthr) {
         const int i = idx / n, j = idx % n;
         float pk = 0.f, pq = 0.f;
         if (j <= i) {
-          const float* ki = ks + i * ld;
-          const float* kj = ks + j * ld;
+          const float* ki = Ks + i * ld;
+          const float* qi = Qs + i * ld;
+          const float* kj = Ks + j * ld;
           const float* gi = Gs + i * ld;
           const float* gj = Gs + j * ld;
           for (int d = 0; d < dk; ++d) {
             const float x = kj[d] * expf(gi[d] - gj[d]);
             pk += ki[d] * x;
-            pq += a.in.qk(a.in.q, t + i, h, d) * x;
+            pq += qi[d] * x;
           }
         }
         if (j == i) pk = 0.f;
@@ -574,17 +707,23 @@ struct GdnPrepKernel {
         Ps[i * lc + j] = pk;
         C[i * kGdnChunk + j] = pq;
       }
-      block_sync();
     }
+    block_sync();
     // L⁻¹ by forward substitution on the identity, one column per thread: row i = e_i - β_i Σ_{j<i} P[i][j] row j
     // (rows above the column are zero). The chunk's solve is then two products, U = L⁻¹ diag(β) V and
     // W = L⁻¹ diag(β) Kst.
+    // Four partial sums, so that the chain of dependent adds per row is a quarter as long.
     for (int col = tid; col < n; col += nthr) {
       for (int i = 0; i < col; ++i) Tb[i * lc + col] = 0.f;
       for (int i = col; i < n; ++i) {
-        float x = i == col ? 1.f : 0.f;
-        for (int j = col; j < i; ++j) x -= bs[i] * Ps[i * lc + j] * Tb[j * lc + col];
-        Tb[i * lc + col] = x;
+        const float* p = Ps + i * lc;
+        float x[4] = {0.f, 0.f, 0.f, 0.f};
+        int j = col;
+        for (; j + 4 <= i; j += 4)
+          TREECP_GDN_UNROLL
+          for (int k = 0; k < 4; ++k) x[k] += p[j + k] * Tb[(j + k) * lc + col];
+        for (; j < i; ++j) x[0] += p[j] * Tb[j * lc + col];
+        Tb[i * lc + col] = (i == col ? 1.f : 0.f) - bs[i] * ((x[0] + x[1]) + (x[2] + x[3]));
       }
     }
     block_sync();
@@ -596,15 +735,75 @@ struct GdnPrepKernel {
     const GdnView tb = gdn_view(Tb, lc);
     gdn_block_product<4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr, kTensor,
                             [&](int i, int e, float acc) { c[a.blk.U + i * dv + e] = acc; });
-    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(Kst, dk), panels, tid, nthr, kTensor,
+    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(c + a.blk.Kst, dk), panels, tid, nthr, kTensor,
                             [&](int i, int d, float acc) { c[a.blk.W + i * dk + d] = acc; });
   }
 };
 
-// Copies columns [0, cols) of rows [0, n) of a chunk matrix (row stride src_ld) into shared memory with row
-// stride ld. A partial chunk's C is staged n x n: prep writes no column at or past n, so nothing reads them.
-TREECP_GDN_FN void stage_rows(float* dst, const float* src, int n, int cols, int src_ld, int ld, int tid, int nthr) {
-  for (int idx = tid; idx < n * cols; idx += nthr) dst[(idx / cols) * ld + idx % cols] = src[(idx / cols) * src_ld + idx % cols];
+// ---- asynchronous global -> shared copies (cp.async, sm_80 and later). The scans issue a chunk matrix's copy right
+// after the last read of its buffer and wait for it (gdn_async_wait, then a barrier) right before its first read,
+// so its global latency overlaps the products in between. The host executor copies at once, so a copy issued while
+// another thread still reads the buffer shows there as a wrong result.
+TREECP_GDN_FN void gdn_async_copy(void* dst, const void* src, int bytes) {  // 4, 8 or 16 bytes, both aligned to it
+#if defined(__CUDA_ARCH__)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  if (bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+  else if (bytes == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(src) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+#else
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+#endif
+}
+// Closes this thread's copies issued since the last commit into one group.
+TREECP_GDN_FN void gdn_async_commit() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most kPending of this thread's committed groups are in flight (the older ones have landed); a
+// barrier after it makes every thread's copies visible to the block.
+template <int kPending>
+TREECP_GDN_FN void gdn_async_wait() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// Whether rows of row_bytes bytes at src (row stride src_ld bytes) can be copied by gdn_stage_async.
+TREECP_GDN_HD bool gdn_async_ok(const void* src, int64_t row_bytes, int64_t src_ld) {
+  return (reinterpret_cast<uintptr_t>(src) | static_cast<uint64_t>(row_bytes) | static_cast<uint64_t>(src_ld)) % 4 == 0;
+}
+// Copies `rows` rows of row_bytes bytes (row strides src_ld and dst_ld bytes) asynchronously, in the widest unit of
+// 16, 8 or 4 bytes that both bases, both strides and the row length allow (gdn_async_ok: at least 4).
+TREECP_GDN_FN void gdn_stage_async(void* dst, const void* src, int rows, int row_bytes, int64_t src_ld, int dst_ld,
+                                   int tid, int nthr) {
+  const uint64_t all = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
+                       static_cast<uint64_t>(row_bytes) | static_cast<uint64_t>(src_ld) | static_cast<uint64_t>(dst_ld);
+  const int unit = all % 16 == 0 ? 16 : all % 8 == 0 ? 8 : 4;
+  const int per_row = row_bytes / unit;
+  if (per_row == 0) return;
+  // Unit idx = tid + k nthr as (row i, unit u), stepped without a division per copy.
+  const int di = nthr / per_row, du = nthr % per_row;
+  int i = tid / per_row, u = tid % per_row;
+  while (i < rows) {
+    gdn_async_copy(static_cast<char*>(dst) + static_cast<int64_t>(i) * dst_ld + u * unit,
+                   static_cast<const char*>(src) + i * src_ld + u * unit, unit);
+    i += di;
+    u += du;
+    if (u >= per_row) {
+      u -= per_row;
+      ++i;
+    }
+  }
+}
+// Columns [0, cols) of rows [0, n) of a chunk matrix in the cache (row stride src_ld floats) into shared memory with
+// row stride ld. A partial chunk's C is staged n x n: prep writes no column at or past n, so nothing reads them.
+TREECP_GDN_FN void stage_rows_async(float* dst, const float* src, int n, int cols, int src_ld, int ld, int tid,
+                                    int nthr) {
+  gdn_stage_async(dst, src, n, cols * 4, int64_t{src_ld} * 4, ld * 4, tid, nthr);
 }
 
 // Blocks of `tile` state columns over `width` (the scans' grid: per run and head).
@@ -617,10 +816,39 @@ TREECP_GDN_HD int64_t gdn_scan_tiles(int width, int tile) { return (width + tile
 TREECP_GDN_HD int gdn_ld_rows(int cols) { return (cols + 31) / 32 * 32 + 4; }
 TREECP_GDN_HD int gdn_ld_cols(int cols) { return (cols + 31) / 32 * 32 + 8; }
 
-// ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S [dk][tile + 8],
-// D [64][tile + 8], two chunk matrices [64][~dk + 8] (W and Qst, then R over W) and C [64][68]; four barriers a
-// chunk. The state has `width` columns: dv for the state (and E), dk for the linear part M of a summary (use_u
-// false: D = -W S, the state's recurrence with V = 0).
+constexpr int64_t kGdnSmemMaxBytes = 227 * 1024;       // dynamic shared memory a block may opt in to on sm_90
+constexpr int64_t kGdnSmemPerSmBytes = 228 * 1024;     // shared memory of one sm_90 SM
+constexpr int64_t kGdnSmemReservedBytes = 1024;        // the system's share of it per resident block
+
+// Floats of a scan's shared memory (layouts in the kernels below). `alias`: one buffer serves two chunk matrices
+// (R over W in the forward, W over R in the backward, whose dY then has one buffer, read directly at each chunk's
+// start) and each aliased copy waits at once behind a barrier; gdn_scan_alias takes it where it keeps more blocks on
+// an SM: for a dk too large for separate buffers (above 192 at 32 columns) and at 16 columns (dk 128: two blocks an
+// SM, not one).
+TREECP_GDN_HD int64_t gdn_scan_floats(int dk, int tile, bool backward, bool alias) {
+  const int64_t c = kGdnChunk, ls = tile + 8, ldr = gdn_ld_rows(dk), ldt = gdn_ld_cols(dk);
+  const int64_t eg = (dk + 3) / 4 * 4;
+  if (!backward)  // S, D, U; W (R), Qst, R; C; e^{G_last}
+    return (dk + 2 * c) * ls + c * ((alias ? ldt : ldr) + ldr + (alias ? 0 : ldt) + gdn_ld_rows(kGdnChunk)) + eg;
+  // dS, dD, two dY (one); bf16 dY; R (W), Qst, W; C; e^{G_last}
+  return (dk + (alias ? 2 : 3) * c) * ls + (alias ? 0 : c * tile) + c * ((alias ? ldt : ldr) + ldt + (alias ? 0 : ldt) + gdn_ld_cols(kGdnChunk)) + eg;
+}
+// Blocks of `floats` shared floats one SM holds (0: over a block's limit).
+TREECP_GDN_HD int64_t gdn_blocks_per_sm(int64_t floats) {
+  const int64_t bytes = floats * static_cast<int64_t>(sizeof(float));
+  return bytes > kGdnSmemMaxBytes ? 0 : kGdnSmemPerSmBytes / (bytes + kGdnSmemReservedBytes);
+}
+TREECP_GDN_HD bool gdn_scan_alias(int dk, int tile, bool backward) {
+  return gdn_blocks_per_sm(gdn_scan_floats(dk, tile, backward, false)) <
+         gdn_blocks_per_sm(gdn_scan_floats(dk, tile, backward, true));
+}
+
+// ---- scan: one block per (run, head, tile of `tile` state columns); chunks in order. Shared: S and D
+// [dk | 64][tile + 8], U's columns [64][tile + 8], W and Qst [64][~dk + 4], R [64][~dk + 8], C [64][68] and e^{G_last}
+// [dk]. Each chunk matrix has its own buffer, so its copy for the next chunk (cp.async) is issued right after this
+// chunk's last read of it: W (and U) after D, Qst and C after Y, R (and e^{G_last}) at the next chunk's start; each
+// copy lands while two products run. Three barriers a chunk. The state has `width` columns: dv for the state
+// (and E), dk for the linear part M of a summary (use_u false: D = -W S, the state's recurrence with V = 0).
 struct GdnScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -642,14 +870,12 @@ struct GdnScanKernel {
   using Args = GdnScanArgs;
   static constexpr const char* kName = "gdn scan";
   static size_t smem_bytes(const Args& a) {
-    return (static_cast<size_t>(a.dk + kGdnChunk) * (a.tile + 8) + 2 * static_cast<size_t>(kGdnChunk) * gdn_ld_cols(a.dk) +
-            kGdnChunk * gdn_ld_rows(kGdnChunk)) *
-           sizeof(float);
+    return static_cast<size_t>(gdn_scan_floats(a.dk, a.tile, false, gdn_scan_alias(a.dk, a.tile, false))) * sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int tc = a.tile;  // state columns of this block
     const int H = a.heads, dk = a.dk, dv = a.dv, w = a.width;
-    const int ls = tc + 8;                                   // row stride of S and D
+    const int ls = tc + 8;                                   // row stride of S, D and U
     const int ldr = gdn_ld_rows(dk), ldt = gdn_ld_cols(dk);  // W, Qst read as A; R transposed
     const int lc = gdn_ld_rows(kGdnChunk);                   // C read as A
     const int64_t nt = (w + tc - 1) / tc;
@@ -658,11 +884,43 @@ struct GdnScanKernel {
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = w - e0 < tc ? w - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* S = smem;                   // [dk][ls]
-    float* Ds = S + dk * ls;           // [64][ls]
-    float* M1 = Ds + kGdnChunk * ls;   // [64][ldr]: W, then R [64][ldt]
-    float* M2 = M1 + kGdnChunk * ldt;  // [64][ldr]: Qst
-    float* Cs = M2 + kGdnChunk * ldt;  // [64][lc]
+    const bool alias = gdn_scan_alias(dk, tc, false);
+    float* S = smem;                                  // [dk][ls]
+    float* Ds = S + dk * ls;                          // [64][ls]
+    float* Us = Ds + kGdnChunk * ls;                  // [64][ls]
+    float* Wb = Us + kGdnChunk * ls;                  // [64][ldr], or [64][ldt] holding R too
+    float* Qb = Wb + kGdnChunk * (alias ? ldt : ldr);  // [64][ldr]
+    float* Rb = alias ? Wb : Qb + kGdnChunk * ldr;     // [64][ldt]
+    float* Cb = Qb + kGdnChunk * ldr + (alias ? 0 : kGdnChunk * ldt);  // [64][lc]
+    float* eg = Cb + kGdnChunk * lc;                  // [dk]
+    auto cache_of = [&](int ci) { return a.cache + ((rd.chunk_begin + ci) * H + h) * a.blk.size; };
+    auto len_of = [&](int ci) { return a.chunks[rd.chunk_begin + ci].len; };
+    // The copies for chunk ci, each group committed (empty past the last chunk) so that the waits count alike.
+    auto issue_w = [&](int ci) {
+      if (ci < rd.chunk_count) {
+        const float* c = cache_of(ci);
+        stage_rows_async(Wb, c + a.blk.W, len_of(ci), dk, dk, ldr, tid, nthr);
+        if (a.use_u) stage_rows_async(Us, c + a.blk.U + e0, len_of(ci), tw, dv, ls, tid, nthr);
+      }
+      gdn_async_commit();
+    };
+    auto issue_qc = [&](int ci) {
+      if (ci < rd.chunk_count && a.y) {
+        const float* c = cache_of(ci);
+        const int n = len_of(ci);
+        stage_rows_async(Qb, c + a.blk.Qst, n, dk, dk, ldr, tid, nthr);
+        stage_rows_async(Cb, c + a.blk.C, n, n, kGdnChunk, lc, tid, nthr);
+      }
+      gdn_async_commit();
+    };
+    auto issue_r = [&](int ci) {
+      const float* c = cache_of(ci);
+      stage_rows_async(Rb, c + a.blk.R, len_of(ci), dk, dk, ldt, tid, nthr);
+      stage_rows_async(eg, c + a.blk.egl, 1, dk, dk, dk, tid, nthr);
+      gdn_async_commit();
+    };
+    if (!alias) issue_w(0);
+    issue_qc(0);
     // S[d][e] = S_in[d][e0 + e]
     const float* sin = (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * dk * w : nullptr;
     for (int idx = tid; idx < dk * tc; idx += nthr) {
@@ -681,44 +939,54 @@ struct GdnScanKernel {
       const GdnChunkDesc cd = a.chunks[chunk];
       const int n = cd.len;
       float* c = a.cache + (chunk * H + h) * a.blk.size;
-      const float* U = c + a.blk.U;
-      stage_rows(M1, c + a.blk.W, n, dk, dk, ldr, tid, nthr);
-      if (a.y) {
-        stage_rows(M2, c + a.blk.Qst, n, dk, dk, ldr, tid, nthr);
-        stage_rows(Cs, c + a.blk.C, n, n, kGdnChunk, lc, tid, nthr);
+      if (alias) {
+        block_sync();  // R read: its buffer takes W
+        issue_w(ci);
+        gdn_async_wait<0>();
+      } else {
+        gdn_async_wait<1>();  // W and U landed (Qst and C may still be in flight)
       }
-      block_sync();  // W, Qst, C staged; S complete (the initial fill or the last chunk's update)
+      block_sync();  // ... for every thread; S complete (the initial fill or the last update); R read
+      if (!alias) issue_r(ci);
       if (a.save)
         for (int idx = tid; idx < dk * tc; idx += nthr) {
           const int d = idx / tc, e = idx % tc;
           if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[d * ls + e];
         }
       // D = U - W S
-      const GdnTerm ws[1] = {{M1, ldr, 1, S, ls, 1, dk, 1.f}};
+      const GdnTerm ws[1] = {{Wb, ldr, 1, S, ls, 1, dk, 1.f}};
       gdn_scan_product(n, tw, tc, kTensor, ws, tid, nthr, [&](int i, int e, float acc) {
-        const float x = (a.use_u ? U[i * dv + e0 + e] : 0.f) - acc;
+        const float x = (a.use_u ? Us[i * ls + e] : 0.f) - acc;
         Ds[i * ls + e] = x;
         if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
       });
-      block_sync();  // D complete, W read
-      stage_rows(M1, c + a.blk.R, n, dk, dk, ldt, tid, nthr);
+      if (!alias) gdn_async_wait<1>();  // Qst and C landed (R may still be in flight)
+      block_sync();                     // D complete; W and U read
+      if (alias)
+        issue_r(ci);
+      else
+        issue_w(ci + 1);
       if (a.y) {
         // Y = scale ((e^G ⊙ Q) S + C D); C is zero above the diagonal within the chunk, so its n columns sum j <= i.
-        const GdnTerm qc[2] = {{M2, ldr, 1, S, ls, 1, dk, 1.f}, {Cs, lc, 1, Ds, ls, 1, n, 1.f}};
+        const GdnTerm qc[2] = {{Qb, ldr, 1, S, ls, 1, dk, 1.f}, {Cb, lc, 1, Ds, ls, 1, n, 1.f}};
         gdn_scan_product(n, tw, tc, kTensor, qc, tid, nthr, [&](int i, int e, float acc) {
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
                     a.scale * acc);
         });
       }
-      block_sync();  // R staged; S, Qst and C read
+      if (alias)
+        gdn_async_wait<0>();
+      else
+        gdn_async_wait<1>();  // R and e^{G_last} landed (the next W may still be in flight)
+      block_sync();           // S, Qst and C read
+      issue_qc(ci + 1);
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
-      const float* egl = c + a.blk.egl;
-      const GdnTerm upd[1] = {{M1, 1, ldt, Ds, ls, 1, n, 1.f}};
+      const GdnTerm upd[1] = {{Rb, 1, ldt, Ds, ls, 1, n, 1.f}};
       gdn_scan_product(dk, tw, tc, kTensor, upd, tid, nthr, [&](int d, int e, float acc) {
-        S[d * ls + e] = S[d * ls + e] * egl[d] + acc;
+        S[d * ls + e] = S[d * ls + e] * eg[d] + acc;
       });
-      block_sync();  // R read, S updated, before the next chunk stages over M1, M2 and C
     }
+    gdn_async_wait<0>();  // the empty groups past the last chunk
     block_sync();
     if (a.state_out && rd.out_slot >= 0) {
       float* so = a.state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * dk * w;
@@ -731,8 +999,10 @@ struct GdnScanKernel {
 };
 
 // ---- backward scan: one block per (run, head, `tile` columns of dS); chunks in reverse. Shared: dS [dk][tile + 8],
-// dD and dY [64][tile + 8], two chunk matrices [64][~dk + 8] (R and Qst, then W over R) and C [64][72]; four
-// barriers a chunk. Stores dS at each chunk's end and dD into the cache for the gradient kernel.
+// dD and two dY buffers [64][tile + 8], R [64][~dk + 4], Qst and W [64][~dk + 8], C [64][72], e^{G_last} [dk] and the
+// next chunk's dY as it comes from global (bf16 or fp32 [64][tile]). R and C are copied (cp.async) for the next
+// chunk while dS is updated, Qst, W and the next dY while dD is computed; two barriers a chunk. Stores dS at each
+// chunk's end and dD into the cache for the gradient kernel.
 struct GdnBwdScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -751,9 +1021,7 @@ struct GdnBwdScanKernel {
   using Args = GdnBwdScanArgs;
   static constexpr const char* kName = "gdn backward scan";
   static size_t smem_bytes(const Args& a) {
-    return (static_cast<size_t>(a.dk + 2 * kGdnChunk) * (a.tile + 8) + 2 * static_cast<size_t>(kGdnChunk) * gdn_ld_cols(a.dk) +
-            kGdnChunk * gdn_ld_cols(kGdnChunk)) *
-           sizeof(float);
+    return static_cast<size_t>(gdn_scan_floats(a.dk, a.tile, true, gdn_scan_alias(a.dk, a.tile, true))) * sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int tc = a.tile;  // state columns of this block
@@ -767,55 +1035,125 @@ struct GdnBwdScanKernel {
     const int e0 = static_cast<int>(block % nt) * tc;
     const int tw = dv - e0 < tc ? dv - e0 : tc;
     const GdnRunDesc rd = a.runs[r];
-    float* dS = smem;                   // [dk][ls]
-    float* dDs = dS + dk * ls;          // [64][ls]
-    float* dYs = dDs + kGdnChunk * ls;  // [64][ls]
-    float* M1 = dYs + kGdnChunk * ls;   // [64][ldr]: R, then W [64][ldt]
-    float* M2 = M1 + kGdnChunk * ldt;   // [64][ldt]: Qst
-    float* Cs = M2 + kGdnChunk * ldt;   // [64][lc]
+    const bool alias = gdn_scan_alias(dk, tc, true);
+    float* dS = smem;                                  // [dk][ls]
+    float* dDs = dS + dk * ls;                         // [64][ls]
+    float* dYb = dDs + kGdnChunk * ls;                 // [2][64][ls]: chunk ci's dY in buffer ci % 2 ([64][ls])
+    float* raw = dYb + (alias ? 1 : 2) * kGdnChunk * ls;  // [64][tc] floats: the next chunk's bf16 dY (not aliased)
+    float* Rb = raw + (alias ? 0 : kGdnChunk * tc);    // [64][ldr], or [64][ldt] holding W too
+    float* Qb = Rb + kGdnChunk * (alias ? ldt : ldr);  // [64][ldt]
+    float* Wb = alias ? Rb : Qb + kGdnChunk * ldt;     // [64][ldt]
+    float* Cb = Qb + kGdnChunk * ldt * (alias ? 1 : 2);  // [64][lc]
+    float* eg = Cb + kGdnChunk * lc;                   // [dk]
     const int64_t ssz = static_cast<int64_t>(dk) * dv;
+    const int64_t dy_row = static_cast<int64_t>(H) * dv;  // elements between tokens
+    const int dy_bytes = a.dy_f32 ? 4 : 2;
+    auto cache_of = [&](int ci) { return a.cache + ((rd.chunk_begin + ci) * H + h) * a.blk.size; };
+    auto len_of = [&](int ci) { return a.chunks[rd.chunk_begin + ci].len; };
+    auto dy_at = [&](int ci) { return (a.chunks[rd.chunk_begin + ci].t * H + h) * static_cast<int64_t>(dv) + e0; };
+    auto dy_buf = [&](int ci) { return alias ? dYb : dYb + (ci & 1) * kGdnChunk * ls; };
+    // dY rows copy asynchronously when their bytes are 4-byte aligned (fp32, or bf16 at even dv), fp32 straight
+    // into its buffer, bf16 into `raw` and widened after the wait; otherwise they are read directly.
+    const bool dy_async = !alias && rd.chunk_count > 0 &&
+                          gdn_async_ok(static_cast<const char*>(a.dy) + dy_at(0) * dy_bytes, int64_t{tw} * dy_bytes,
+                                       dy_row * dy_bytes);
+    auto load_dy = [&](int ci) {  // plain loads of chunk ci's dY into its buffer
+      float* dst = dy_buf(ci);
+      const int64_t at = dy_at(ci);
+      for (int idx = tid; idx < len_of(ci) * tw; idx += nthr) {
+        const int i = idx / tw, e = idx % tw;
+        dst[i * ls + e] = load_out(a.dy, a.dy_f32, at + i * dy_row + e);
+      }
+    };
+    auto issue_rc = [&](int ci) {
+      if (ci >= 0) {
+        const float* c = cache_of(ci);
+        const int n = len_of(ci);
+        stage_rows_async(Rb, c + a.blk.R, n, dk, dk, ldr, tid, nthr);
+        stage_rows_async(Cb, c + a.blk.C, n, n, kGdnChunk, lc, tid, nthr);
+      }
+      gdn_async_commit();
+    };
+    auto issue_w = [&](int ci) {
+      stage_rows_async(Wb, cache_of(ci) + a.blk.W, len_of(ci), dk, dk, ldt, tid, nthr);
+      gdn_async_commit();
+    };
+    // Qst, W (unless aliased) and e^{G_last} of chunk ci, with chunk ci - 1's dY.
+    auto issue_qw = [&](int ci) {
+      const float* c = cache_of(ci);
+      const int n = len_of(ci);
+      stage_rows_async(Qb, c + a.blk.Qst, n, dk, dk, ldt, tid, nthr);
+      if (!alias) stage_rows_async(Wb, c + a.blk.W, n, dk, dk, ldt, tid, nthr);
+      stage_rows_async(eg, c + a.blk.egl, 1, dk, dk, dk, tid, nthr);
+      if (ci > 0 && dy_async) {
+        const void* src = static_cast<const char*>(a.dy) + dy_at(ci - 1) * dy_bytes;
+        if (a.dy_f32)
+          gdn_stage_async(dy_buf(ci - 1), src, len_of(ci - 1), tw * 4, dy_row * 4, ls * 4, tid, nthr);
+        else
+          gdn_stage_async(raw, src, len_of(ci - 1), tw * 2, dy_row * 2, tw * 2, tid, nthr);
+      }
+      gdn_async_commit();
+    };
+    auto finish_dy = [&](int ci) {  // chunk ci's dY into its buffer once its copy (if any) has landed
+      if (!dy_async) {
+        load_dy(ci);
+      } else if (!a.dy_f32) {
+        const uint16_t* src = reinterpret_cast<const uint16_t*>(raw);
+        float* dst = dy_buf(ci);
+        for (int idx = tid; idx < len_of(ci) * tw; idx += nthr) dst[(idx / tw) * ls + idx % tw] = bf16_to_float(src[idx]);
+      }
+    };
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
+    if (rd.chunk_count > 0) {
+      if (!alias) {
+        issue_rc(rd.chunk_count - 1);
+        load_dy(rd.chunk_count - 1);
+      }
+    }
     for (int idx = tid; idx < dk * tc; idx += nthr) {
       const int d = idx / tc, e = idx % tc;
       dS[d * ls + e] = (dso && e < tw) ? dso[d * dv + e0 + e] : 0.f;
     }
     for (int ci = rd.chunk_count - 1; ci >= 0; --ci) {
       const int64_t chunk = rd.chunk_begin + ci;
-      const GdnChunkDesc cd = a.chunks[chunk];
-      const int n = cd.len;
-      float* c = a.cache + (chunk * H + h) * a.blk.size;
-      // dY[i][e] = dy[t + i][h][e0 + e]
-      const int64_t dy0 = (cd.t * H + h) * static_cast<int64_t>(dv) + e0;
-      const int64_t dy_row = static_cast<int64_t>(H) * dv;
-      for (int idx = tid; idx < n * tc; idx += nthr) {
-        const int i = idx / tc, e = idx % tc;
-        dYs[i * ls + e] = e < tw ? load_out(a.dy, a.dy_f32, dy0 + i * dy_row + e) : 0.f;
+      const int n = len_of(ci);
+      float* c = a.cache + chunk * H * a.blk.size + h * a.blk.size;
+      const float* dYs = dy_buf(ci);
+      if (alias) {
+        block_sync();  // W and dY read: their buffers take R and this chunk's dY
+        issue_rc(ci);
+        load_dy(ci);
       }
-      stage_rows(M1, c + a.blk.R, n, dk, dk, ldr, tid, nthr);
-      stage_rows(M2, c + a.blk.Qst, n, dk, dk, ldt, tid, nthr);
-      stage_rows(Cs, c + a.blk.C, n, n, kGdnChunk, lc, tid, nthr);
-      block_sync();  // dY, R, Qst and C staged; dS complete
+      gdn_async_wait<0>();  // R and C landed
+      block_sync();         // ... for every thread; dS complete, dY staged; Qst, W and the other dY buffer read
+      issue_qw(ci);
       for (int idx = tid; idx < dk * tc; idx += nthr) {
         const int d = idx / tc, e = idx % tc;
         if (e < tw) c[a.blk.dSe + d * dv + e0 + e] = dS[d * ls + e];
       }
       // dD = scale Cᵀ dY + R dS (Cᵀ is zero below the diagonal: the sum over all n rows of C is Σ_{m>=i})
-      const GdnTerm cr[2] = {{Cs, 1, lc, dYs, ls, 1, n, a.scale}, {M1, ldr, 1, dS, ls, 1, dk, 1.f}};
+      const GdnTerm cr[2] = {{Cb, 1, lc, dYs, ls, 1, n, a.scale}, {Rb, ldr, 1, dS, ls, 1, dk, 1.f}};
       gdn_scan_product(n, tw, tc, kTensor, cr, tid, nthr, [&](int i, int e, float acc) {
         dDs[i * ls + e] = acc;
         c[a.blk.dD + i * dv + e0 + e] = acc;
       });
-      block_sync();  // dD complete, R read
-      stage_rows(M1, c + a.blk.W, n, dk, dk, ldt, tid, nthr);
-      block_sync();
+      gdn_async_wait<0>();  // Qst, W, e^{G_last} and the next dY landed
+      block_sync();         // dD complete; R, C and dS read
+      if (alias) {
+        issue_w(ci);
+        gdn_async_wait<0>();
+        block_sync();
+      } else {
+        issue_rc(ci - 1);
+      }
+      if (ci > 0 && !alias) finish_dy(ci - 1);  // into the buffer chunk ci + 1 read; visible at the next barrier
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
-      const float* egl = c + a.blk.egl;
-      const GdnTerm qw[2] = {{M2, 1, ldt, dYs, ls, 1, n, a.scale}, {M1, 1, ldt, dDs, ls, 1, n, -1.f}};
+      const GdnTerm qw[2] = {{Qb, 1, ldt, dYs, ls, 1, n, a.scale}, {Wb, 1, ldt, dDs, ls, 1, n, -1.f}};
       gdn_scan_product(dk, tw, tc, kTensor, qw, tid, nthr, [&](int d, int e, float acc) {
-        dS[d * ls + e] = egl[d] * dS[d * ls + e] + acc;
+        dS[d * ls + e] = eg[d] * dS[d * ls + e] + acc;
       });
-      block_sync();  // Qst, W, dY read; dS updated, before the next chunk stages
     }
+    gdn_async_wait<0>();
     block_sync();
     if (a.d_state_in && rd.in_slot >= 0) {
       float* dsi = a.d_state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * ssz;
