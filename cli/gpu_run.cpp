@@ -106,7 +106,7 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
   const uint64_t s = cfg.seed * 16;
   auto input = [&](uint64_t tensor, int64_t width) {
     CudaBackend::Act shard = be.alloc_act(mine.size() * width);
-    cuda::fill_uniform_bf16(shard.data(), shard.size(), s + tensor, static_cast<uint64_t>(mine.begin * width),
+    cuda::fill_uniform(shard.data(), shard.size(), s + tensor, static_cast<uint64_t>(mine.begin * width),
                             be.stream());
     return redistribute(nccl, be, shard, loader, owners, width);
   };

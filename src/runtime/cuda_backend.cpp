@@ -46,20 +46,8 @@ void set_common(P& p, const AttentionShape& dims, const DeviceBuffer<cuda::bf16_
 
 }  // namespace
 
-cuda::bf16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<cuda::bf16_t>(u >> 16);
-}
-
-float from_bf16(cuda::bf16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+cuda::bf16_t to_bf16(float f) { return cuda::f32_to_bits(f, cuda::DType::kBf16); }
+float from_bf16(cuda::bf16_t h) { return cuda::bits_to_f32(h, cuda::DType::kBf16); }
 
 CudaBackend::CudaBackend(cudaStream_t stream)
     : pool_(std::make_unique<cuda::DevicePool>()),
@@ -178,7 +166,7 @@ template void CudaBackend::copy_rows(const DeviceBuffer<float>&, const std::vect
 
 void CudaBackend::pack_rows(const Act& src, int64_t src_width, const CopyList& copies, Act& dst, int64_t dst_width,
                             int64_t dst_col) {
-  cuda::pack_rows_bf16(src.data(), src_width, *copies.list, dst.data(), dst_width, dst_col, stream_);
+  cuda::pack_rows_b16(src.data(), src_width, *copies.list, dst.data(), dst_width, dst_col, stream_);
 }
 
 void CudaBackend::add_rows(const Grad& src, int64_t src_width, int64_t src_col, int64_t cols, const CopyList& copies,
