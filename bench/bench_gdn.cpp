@@ -196,7 +196,16 @@ void plan_table(Communicator& comm, const Opts& o, const GdnCostModel& model) {
   }
   dom.push_back({-1, per * N / 2});
   for (int c = 0; c < 8; ++c) dom.push_back({0, per * N / 16});
-  const RowCase rows[] = {{"one chain", Row(chain)}, {"families", Row(fam)}, {"dominant", Row(dom)}};
+  // Packed documents (roots only), long and short mixed: the row the three layouts of attention are for.
+  std::vector<Segment> docs;
+  const int64_t doc_parts[] = {12, 2, 5, 1, 8, 3};  // sixteenths of a rank's tokens
+  for (int64_t used = 0, i = 0; used < per * N; ++i) {
+    const int64_t l = std::min<int64_t>(std::max<int64_t>(1, per * doc_parts[i % 6] / 16), per * N - used);
+    docs.push_back({-1, l});
+    used += l;
+  }
+  const RowCase rows[] = {{"one chain", Row(chain)}, {"families", Row(fam)}, {"dominant", Row(dom)},
+                          {"packed", Row(docs)}};
   {
     // Planning time on a large deep row (the planner runs once per row, ahead of the layers).
     const Row big = make_preset("deep", N);
@@ -209,8 +218,8 @@ void plan_table(Communicator& comm, const Opts& o, const GdnCostModel& model) {
   if (me == 0) {
     std::printf("CP plans on %d ranks (%lld tokens per rank): predicted vs measured forward+backward\n", N,
                 static_cast<long long>(per));
-    std::printf("  %-10s %-9s %8s %12s %12s %14s\n", "row", "plan", "chained", "predicted_ms", "measured_ms",
-                "max|y-y_1proc|");
+    std::printf("  %-10s %-11s %8s %12s %12s %14s %16s\n", "row", "plan", "chained", "predicted_ms", "measured_ms",
+                "max|y-y_1proc|", "move_from_zz_ms");
   }
   for (const RowCase& rc : rows) {
     const Row& row = rc.row;
@@ -226,10 +235,19 @@ void plan_table(Communicator& comm, const Opts& o, const GdnCostModel& model) {
     }
     std::vector<uint8_t> none(static_cast<size_t>(row.num_segments()), 0), longest = none;
     longest[0] = 1;
-    struct Alt { const char* name; GdnPlan plan; };
-    Alt alts[] = {{"planner", plan_gdn(row, N, shape, model)},
-                  {"local", make_gdn_plan(row, N, none)},
-                  {"chain-1st", make_gdn_plan(row, N, longest)}};
+    struct Alt { std::string name; GdnPlan plan; };
+    std::vector<Alt> alts = {{"planner", plan_gdn(row, N, shape, model)},
+                             {"local", make_gdn_plan(row, N, none)},
+                             {"chain-1st", make_gdn_plan(row, N, longest)}};
+    // Moving the layer's tokens in from (and back to) an attention layer in zigzag, float activations.
+    const Ownership zigzag = gdn_ownership(row, gdn_layout_plan(row, N, GdnLayout::Zigzag));
+    if (std::string(rc.name) == "packed") {
+      for (GdnLayout l : {GdnLayout::Contiguous, GdnLayout::Zigzag, GdnLayout::DocZigzag})
+        alts.push_back({gdn_layout_name(l), gdn_layout_plan(row, N, l)});
+      GdnPlanOptions att;
+      att.attention = zigzag;
+      alts.push_back({"searched-zz", plan_gdn(row, N, shape, model, att)});
+    }
     for (Alt& a : alts) {
       gdn_predict(row, a.plan, shape, model);
       const auto ranges = gdn_rank_ranges(row, a.plan, me);
@@ -256,8 +274,9 @@ void plan_table(Communicator& comm, const Opts& o, const GdnCostModel& model) {
       }
       comm.all_reduce_sum(&err, 1, treecp::CommType::F64);  // a bound over ranks is enough for a report
       if (me == 0)
-        std::printf("  %-10s %-9s %8d %12.2f %12.2f %14.2e\n", rc.name, a.name, a.plan.chained_segments(),
-                    a.plan.predicted_ms, best, err);
+        std::printf("  %-10s %-11s %8d %12.2f %12.2f %14.2e %16.2f\n", rc.name, a.name.c_str(),
+                    a.plan.chained_segments(), a.plan.predicted_ms, best, err,
+                    gdn_move_price(row, a.plan, zigzag, shape, model, sizeof(float)).ms);
     }
   }
 }

@@ -291,7 +291,12 @@ const GdnPlan& KeyCore::gdn_plan(const GdnCall& c, int element_bytes) {
   if (it == gdn_plans_.end()) {
     GdnCostModel model;
     model.state_bytes_per_element = element_bytes;  // states and summaries travel in the call's precision
-    it = gdn_plans_.emplace(key, plan_gdn(row_, cp(), gdn_shape(c), model)).first;
+    // The layer's tokens arrive in the attention layout and go back to it: the searched layout prices
+    // that move (in the state precision: an upper bound for bf16 activations) and may run in it.
+    GdnPlanOptions options;
+    options.attention = layout_;
+    options.activation_bytes_per_element = element_bytes;
+    it = gdn_plans_.emplace(key, plan_gdn(row_, cp(), gdn_shape(c), model, options)).first;
   }
   return it->second;
 }

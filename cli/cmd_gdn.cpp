@@ -1,12 +1,15 @@
 // treecp gdn: Gated DeltaNet / KDA forward (and backward with --dout) over a packed tree, on one
 // process or on N ranks (--ranks N re-launches under mpirun). Every rank reads the inputs, plans the
-// same way, runs its part; rank 0 gathers and writes the outputs. --device cuda runs each rank's part on
+// same way, runs its part; rank 0 gathers and writes the outputs. --layout picks the GDN layout
+// (searched by the cost model by default; --attention-layout names the attention layers' layout, whose
+// token moves the search then prices). --device cuda runs each rank's part on
 // its GPU (gpu.hpp: bf16 inputs, fp32 states and gradients; outputs written as float32).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "arrays.hpp"
 #include "checks.hpp"
@@ -22,6 +25,7 @@
 #include "runtime/gdn_cp.hpp"
 #include "runtime/redistribute.hpp"
 #include "plan/gdn_plan.hpp"
+#include "plan/planner.hpp"
 #include "tree/row.hpp"
 
 namespace treecp::cli {
@@ -40,6 +44,8 @@ struct GdnInputs {
   GdnGate gate = GdnGate::Scalar;
   bool f64 = false;
   bool gpu = false;  // --device cuda
+  GdnLayout layout = GdnLayout::Searched;  // --layout
+  std::optional<Layout> attention;         // --attention-layout
 };
 
 // Every file the command may write; those a run does not write are removed from --out at commit.
@@ -48,7 +54,7 @@ const std::vector<std::string> kOutputs = {"o.npy", "dq.npy", "dk.npy", "dv.npy"
 void declare_options(Args& args) {
   declare_rank_options(args);
   args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
-      .value("--dout").value("--out").value("--chunk").value("--device");
+      .value("--dout").value("--out").value("--chunk").value("--device").value("--layout").value("--attention-layout");
 }
 
 // Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
@@ -59,6 +65,9 @@ GdnInputs prepare(const Args& args) {
   in.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
   if (in.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
   in.chunk = static_cast<int>(args.get_int_in("--chunk", 64, 1, 4096));
+  in.layout = parse_gdn_layout(args.get_choice("--layout", "searched", gdn_layout_names()));
+  if (args.has("--attention-layout"))
+    in.attention = parse_layout(args.get_choice("--attention-layout", "searched", layout_names()));
   in.scale = args.get_double_or("--scale", 1.0);
   require(std::isfinite(in.scale) && in.scale > 0, "option --scale must be a finite number > 0, got ", in.scale);
   in.out_dir = args.get("--out");
@@ -114,13 +123,27 @@ GdnInputs prepare(const Args& args) {
   return in;
 }
 
+// The plan of --layout for N ranks (its prediction filled), with the attention layout's ownership when
+// --attention-layout names one; every rank plans the same.
+GdnPlan plan_layer(const GdnInputs& in, int N, const GdnShape& shape, int64_t state_bytes, int64_t activation_bytes) {
+  GdnCostModel costs;
+  costs.state_bytes_per_element = state_bytes;
+  GdnPlanOptions options;
+  options.layout = in.layout;
+  options.activation_bytes_per_element = activation_bytes;
+  if (in.attention) {
+    PlanOptions attention;
+    attention.layout = *in.attention;
+    options.attention = plan_ownership(make_plan(in.row, N, AttentionShape{}, CostModel{}, attention));
+  }
+  return plan_gdn(in.row, N, shape, costs, options);
+}
+
 template <class T>
 int run_typed(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   const int N = comm.size(), me = comm.rank();
   const GdnShape shape{in.H, in.dk, in.dv, in.gate, in.scale, in.chunk};
-  GdnCostModel costs;
-  costs.state_bytes_per_element = sizeof(T);
-  const GdnPlan plan = plan_gdn(in.row, N, shape, costs);  // fills the prediction
+  const GdnPlan plan = plan_layer(in, N, shape, sizeof(T), sizeof(T));
   const Ownership layout = gdn_ownership(in.row, plan);
   const auto& mine = layout[me];
   const std::vector<T> q = rows_of<T>(in.q.data, shape.qk_width(), mine), k = rows_of<T>(in.k.data, shape.qk_width(), mine),
@@ -163,10 +186,12 @@ int run_typed(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   out->commit();
   const double fwd_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   const double bwd_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
-  std::printf("gdn %s %s: %s, %s, H %d, dk %d, dv %d, %s, %s, %s, predicted %.3f ms forward+backward; forward %.3f ms%s",
+  std::printf("gdn %s %s: %s, %s, H %d, dk %d, dv %d, %s, layout %s, %s, %s, predicted %.3f ms forward+backward; "
+              "forward %.3f ms%s",
               in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", sizeof(T) == 8 ? "double" : "float",
               count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(), in.H, in.dk, in.dv,
-              count_of(N, "rank").c_str(), count_of(plan.chained_segments(), "chained segment").c_str(),
+              count_of(N, "rank").c_str(), gdn_layout_name(plan.layout),
+              count_of(plan.chained_segments(), "chained segment").c_str(),
               count_of(2 * plan.num_phases - 1, "DAG step").c_str(), plan.predicted_ms, fwd_ms, in.has_dout ? "" : "\n");
   if (in.has_dout) std::printf(", backward %.3f ms\n", bwd_ms);
   return 0;
@@ -176,9 +201,7 @@ int run_typed(Communicator& comm, const GdnInputs& in, OutputDir* out) {
 int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   const int N = comm.size();
   const GdnShape shape{in.H, in.dk, in.dv, in.gate, in.scale, in.chunk};
-  GdnCostModel costs;
-  costs.state_bytes_per_element = 4;
-  const GdnPlan plan = plan_gdn(in.row, N, shape, costs);
+  const GdnPlan plan = plan_layer(in, N, shape, 4, 2);  // fp32 states, bf16 activations
   const GdnArrays arrays{&in.q.data, &in.k.data, &in.v.data, &in.g.data, &in.beta.data,
                          in.has_dout ? &in.dout.data : nullptr};
   const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s);
@@ -189,10 +212,10 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   for (size_t i = 0; i < r.outputs.size(); ++i)
     out->write(files[i].first, npy_bytes(files[i].second, r.outputs[i].data(), DType::F32));
   out->commit();
-  std::printf("gdn %s bf16 on %s: %s, %s, H %d, dk %d, dv %d, %s, %s, forward %.3f ms",
+  std::printf("gdn %s bf16 on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
               in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", count_of(N, "GPU").c_str(),
               count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(), in.H, in.dk, in.dv,
-              count_of(plan.chained_segments(), "chained segment").c_str(),
+              gdn_layout_name(plan.layout), count_of(plan.chained_segments(), "chained segment").c_str(),
               count_of(2 * plan.num_phases - 1, "DAG step").c_str(), r.forward_ms);
   if (in.has_dout) std::printf(", backward %.3f ms", r.backward_ms);
   std::printf("\n");
@@ -210,7 +233,8 @@ int gdn_main(const std::vector<std::string>& argv) {
 
 const Register kGdn("gdn",
                     "--tree T.json --q Q.npy --k K.npy --v V.npy --g G.npy --beta B.npy [--scale X] [--dout DO.npy] "
-                    "[--ranks N] [--timeout S] [--chunk C] [--device cpu|cuda] --out DIR",
+                    "[--ranks N] [--timeout S] [--chunk C] [--layout searched|contiguous|zigzag|doc-zigzag] "
+                    "[--attention-layout L] [--device cpu|cuda] --out DIR",
                     "GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy (and dq, dk, dv, dg, dbeta with "
                     "--dout); --device cuda: bf16 on one GPU per rank",
                     gdn_main);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +88,45 @@ TEST_F(GdnCli, GdnAndKdaMatchTheReferenceOnOneAndThreeRanks) {
         EXPECT_LT(max_error(a.data, *want), 1e-10 * (1 + max_abs(*want))) << name << " ranks " << ranks;
       }
     }
+  }
+}
+
+// --layout: each of the four gives the reference's outputs and names itself; --attention-layout is
+// priced by the searched choice; bad values are refused in one line and write nothing.
+TEST_F(GdnCli, EveryLayoutMatchesTheReference) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(9);
+  const testing::GdnData d = testing::random_gdn_data(row.tokens(), 2, 4, 3, GdnGate::PerChannel, rng);
+  const int64_t S = d.S;
+  save(dir / "q.npy", {S, 2, 4}, d.q);
+  save(dir / "k.npy", {S, 2, 4}, d.k);
+  save(dir / "v.npy", {S, 2, 3}, d.v);
+  save(dir / "g.npy", {S, 2, 4}, d.g);
+  save(dir / "b.npy", {S, 2}, d.beta);
+  save(dir / "do.npy", {S, 2, 3}, d.dy);
+  const auto ref = testing::gdn_tree_reference(row, d, 0.5);
+  const std::string base = "gdn --tree " + p("t.json") + " --q " + p("q.npy") + " --k " + p("k.npy") + " --v " +
+                           p("v.npy") + " --g " + p("g.npy") + " --beta " + p("b.npy") + " --dout " + p("do.npy") +
+                           " --scale 0.5 --chunk 8";
+  for (const std::string layout : {"contiguous", "zigzag", "doc-zigzag", "searched"}) {
+    const int ranks = kGdnRanks.back();
+    const std::string out = p("out_" + layout);
+    const Cli c = run_cli(base + " --layout " + layout + (layout == "searched" ? " --attention-layout zigzag" : "") +
+                          " --ranks " + std::to_string(ranks) + " --out " + out);
+    ASSERT_EQ(c.rc, 0) << c.output;
+    if (layout != "searched") EXPECT_NE(c.output.find("layout " + layout), std::string::npos) << c.output;
+    for (const auto& [name, want] : {std::pair{"o.npy", &ref.y}, {"dq.npy", &ref.dq}, {"dg.npy", &ref.dg},
+                                     {"dbeta.npy", &ref.dbeta}}) {
+      const NpyArray a = load_npy(out + "/" + name);
+      EXPECT_LT(max_error(a.data, *want), 1e-10 * (1 + max_abs(*want))) << name << " " << layout;
+    }
+  }
+  for (const std::string bad : {"--layout zig-zag", "--layout perdoc", "--attention-layout diagonal"}) {
+    const Cli c = run_cli(base + " " + bad + " --out " + p("bad"));
+    EXPECT_NE(c.rc, 0) << bad;
+    EXPECT_NE(c.output.find(bad.substr(0, bad.find(' '))), std::string::npos) << c.output;
+    EXPECT_EQ(std::count(c.output.begin(), c.output.end(), '\n'), 1) << c.output;
+    EXPECT_FALSE(fs::exists(p("bad")));
   }
 }
 

@@ -118,7 +118,7 @@ TEST(GdnPlan, PhasesFollowTheDag) {
   bad.phase[3] = 1;
   EXPECT_THROW(validate_gdn_plan(row, bad), Error);
   bad = plan;
-  bad.cuts[0][1] = 100;
+  bad.pieces[0][1].end = 100;
   EXPECT_THROW(validate_gdn_plan(row, bad), Error);
 }
 
@@ -162,7 +162,7 @@ TEST(GdnPlan, JsonRoundTrip) {
   validate_gdn_plan(row, q);
   EXPECT_EQ(q.chained, p.chained);
   EXPECT_EQ(q.owner, p.owner);
-  EXPECT_EQ(q.cuts, p.cuts);
+  EXPECT_EQ(q.pieces, p.pieces);
   EXPECT_EQ(q.phase, p.phase);
   EXPECT_EQ(q.num_phases, p.num_phases);
   EXPECT_DOUBLE_EQ(q.predicted_ms, p.predicted_ms);

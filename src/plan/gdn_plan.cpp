@@ -79,19 +79,29 @@ std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int
   std::vector<TokenRange> pieces;
   for (int32_t s = 0; s < row.num_segments(); ++s) {
     if (plan.chained[s]) {
-      const int64_t b = plan.cuts[s][rank], e = plan.cuts[s][rank + 1];
-      if (b < e) pieces.push_back({b, e});
+      for (const GdnPiece& p : plan.pieces[s])
+        if (p.rank == rank && p.begin < p.end) pieces.push_back({p.begin, p.end});
     } else if (plan.owner[s] == rank) {
       pieces.push_back({row.start(s), row.end(s)});
     }
   }
-  // Segments are in physical order, so pieces are sorted; merge neighbours.
+  // Segments are in physical order and a chain's pieces in token order, so pieces are sorted; merge
+  // neighbours.
   std::vector<TokenRange> out;
   for (const TokenRange& r : pieces) {
     if (!out.empty() && out.back().end == r.begin) out.back().end = r.end;
     else out.push_back(r);
   }
   return out;
+}
+
+std::vector<GdnPiece> gdn_chain_runs(const GdnPlan& plan, int32_t s) {
+  std::vector<GdnPiece> runs;
+  for (const GdnPiece& p : plan.pieces[static_cast<size_t>(s)]) {
+    if (!runs.empty() && runs.back().rank == p.rank) runs.back().end = p.end;
+    else runs.push_back(p);
+  }
+  return runs;
 }
 
 GdnSchedule gdn_schedule(const Row& row, const GdnPlan& plan) {
@@ -123,6 +133,7 @@ int GdnPlan::chained_segments() const {
 json::Value GdnPlan::to_json() const {
   json::Value v = json::Value::object();
   v.set("ranks", ranks);
+  v.set("layout", gdn_layout_name(layout));
   v.set("num_phases", num_phases);
   json::Value segs = json::Value::array();
   for (size_t s = 0; s < chained.size(); ++s) {
@@ -130,9 +141,15 @@ json::Value GdnPlan::to_json() const {
     e.set("chained", chained[s] != 0);
     e.set("phase", phase[s]);
     if (chained[s]) {
-      json::Value c = json::Value::array();
-      for (int64_t x : cuts[s]) c.push_back(x);
-      e.set("cuts", std::move(c));
+      json::Value ps = json::Value::array();
+      for (const GdnPiece& p : pieces[s]) {
+        json::Value one = json::Value::array();
+        one.push_back(p.rank);
+        one.push_back(p.begin);
+        one.push_back(p.end);
+        ps.push_back(std::move(one));
+      }
+      e.set("pieces", std::move(ps));
     } else {
       e.set("owner", owner[s]);
     }
@@ -150,19 +167,36 @@ GdnPlan GdnPlan::from_json(const json::Value& v) {
   GdnPlan plan;
   plan.ranks = static_cast<int>(v.at("ranks", "gdn plan").as_int("ranks"));
   require(plan.ranks >= 1, "gdn plan: ranks must be >= 1, got ", plan.ranks);
+  if (const json::Value* l = v.find("layout")) plan.layout = parse_gdn_layout(l->as_string("gdn plan layout"));
   plan.num_phases = static_cast<int32_t>(v.at("num_phases", "gdn plan").as_int("num_phases"));
   for (const json::Value& e : v.at("segments", "gdn plan").as_array("segments")) {
+    const size_t s = plan.chained.size();
     const bool chained = e.at("chained", "gdn plan segment").as_bool("chained");
     plan.chained.push_back(chained ? 1 : 0);
     plan.phase.push_back(static_cast<int32_t>(e.at("phase", "gdn plan segment").as_int("phase")));
-    std::vector<int64_t> cuts;
+    std::vector<GdnPiece> pieces;
     if (chained) {
-      for (const json::Value& c : e.at("cuts", "gdn plan segment").as_array("cuts")) cuts.push_back(c.as_int("cut"));
+      if (const json::Value* ps = e.find("pieces")) {
+        for (const json::Value& p : ps->as_array("pieces")) {
+          const auto& a = p.as_array("piece");
+          require(a.size() == 3, "gdn plan: segment ", s, ": piece ", pieces.size(),
+                  " must be [rank, begin, end], got ", a.size(), " numbers");
+          pieces.push_back({static_cast<int32_t>(a[0].as_int("piece rank")), a[1].as_int("piece begin"),
+                            a[2].as_int("piece end")});
+        }
+      } else {
+        // The older form: ranks + 1 cut points, rank r holding [cuts[r], cuts[r+1]).
+        std::vector<int64_t> cuts;
+        for (const json::Value& c : e.at("cuts", "gdn plan segment").as_array("cuts")) cuts.push_back(c.as_int("cut"));
+        require(cuts.size() == static_cast<size_t>(plan.ranks) + 1, "gdn plan: segment ", s,
+                ": cuts must be ranks + 1 points, got ", cuts.size());
+        for (int r = 0; r < plan.ranks; ++r) pieces.push_back({r, cuts[r], cuts[r + 1]});
+      }
       plan.owner.push_back(-1);
     } else {
       plan.owner.push_back(static_cast<int32_t>(e.at("owner", "gdn plan segment").as_int("owner")));
     }
-    plan.cuts.push_back(std::move(cuts));
+    plan.pieces.push_back(std::move(pieces));
   }
   if (const json::Value* p = v.find("predicted_ms")) plan.predicted_ms = p->as_double("predicted_ms");
   if (const json::Value* b = v.find("predicted_rank_busy_ms"))
@@ -183,14 +217,14 @@ GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& cha
   plan.phase = compute_phases(row, plan.chained);
   plan.num_phases = n == 0 ? 1 : *std::max_element(plan.phase.begin(), plan.phase.end()) + 1;
   plan.owner.assign(static_cast<size_t>(n), -1);
-  plan.cuts.assign(static_cast<size_t>(n), {});
+  plan.pieces.assign(static_cast<size_t>(n), {});
   const std::vector<int32_t> unit_of = gdn_local_units(row, plan.chained);
   std::vector<int64_t> unit_tokens(static_cast<size_t>(n), 0);
   for (int32_t s = 0; s < n; ++s) {
     if (plan.chained[s]) {
-      auto& cuts = plan.cuts[static_cast<size_t>(s)];
+      auto& pieces = plan.pieces[static_cast<size_t>(s)];
       const int64_t b = row.start(s), len = row.length(s);
-      for (int r = 0; r <= ranks; ++r) cuts.push_back(b + len * r / ranks);
+      for (int r = 0; r < ranks; ++r) pieces.push_back({r, b + len * r / ranks, b + len * (r + 1) / ranks});
       continue;
     }
     unit_tokens[unit_of[s]] += row.length(s);
@@ -230,18 +264,29 @@ std::vector<int32_t> gdn_local_units(const Row& row, const std::vector<uint8_t>&
 void validate_gdn_plan(const Row& row, const GdnPlan& plan) {
   const size_t n = static_cast<size_t>(row.num_segments());
   require(plan.ranks >= 1, "gdn plan: ranks must be >= 1");
-  require(plan.chained.size() == n && plan.owner.size() == n && plan.cuts.size() == n && plan.phase.size() == n,
+  require(plan.chained.size() == n && plan.owner.size() == n && plan.pieces.size() == n && plan.phase.size() == n,
           "gdn plan: per-segment arrays must have ", n, " entries");
   require(compute_phases(row, plan.chained) == plan.phase, "gdn plan: phases do not follow from the chained set");
+  const int32_t num_phases = n == 0 ? 1 : *std::max_element(plan.phase.begin(), plan.phase.end()) + 1;
+  require(plan.num_phases == num_phases, "gdn plan: num_phases is ", plan.num_phases, ", the phases need ", num_phases);
   for (size_t s = 0; s < n; ++s) {
     const int32_t si = static_cast<int32_t>(s);
     if (plan.chained[s]) {
-      const auto& c = plan.cuts[s];
-      require(c.size() == static_cast<size_t>(plan.ranks) + 1 && c.front() == row.start(si) && c.back() == row.end(si),
-              "gdn plan: segment ", s, ": cuts must be ranks + 1 points from its start to its end");
-      for (size_t r = 0; r + 1 < c.size(); ++r)
-        require(c[r] <= c[r + 1], "gdn plan: segment ", s, ": cuts must not decrease");
+      const auto& ps = plan.pieces[s];
+      require(!ps.empty(), "gdn plan: segment ", s, ": a chained segment needs at least one piece");
+      int64_t at = row.start(si);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        require(ps[i].rank >= 0 && ps[i].rank < plan.ranks, "gdn plan: segment ", s, ": piece ", i, ": rank ",
+                ps[i].rank, " out of range [0, ", plan.ranks, ")");
+        require(ps[i].begin == at && ps[i].end >= ps[i].begin, "gdn plan: segment ", s, ": piece ", i, ": [",
+                ps[i].begin, ", ", ps[i].end, ") must start at ", at, " and not end before it (pieces cover the ",
+                "segment [", row.start(si), ", ", row.end(si), ") in token order)");
+        at = ps[i].end;
+      }
+      require(at == row.end(si), "gdn plan: segment ", s, ": its pieces end at ", at, ", the segment at ",
+              row.end(si));
     } else {
+      require(plan.pieces[s].empty(), "gdn plan: segment ", s, ": a local segment has no pieces");
       require(plan.owner[s] >= 0 && plan.owner[s] < plan.ranks, "gdn plan: segment ", s, ": owner ", plan.owner[s],
               " out of range");
       const int32_t p = row.parent(si);
@@ -262,24 +307,67 @@ AffinePlanCosts gdn_plan_costs(const GdnShape& s, const GdnCostModel& m) {
   return c;
 }
 
+namespace {
+
+// One round of a chain step's scan in the forward direction, per rank (round d: the run at position k
+// of a chain sends its aggregate to the run at k + d; the backward mirrors it, receivers sending):
+// summaries that cross to another rank, sent and received, and summaries arriving at all (each is
+// composed; a rank's run may feed its own later run).
+struct ScanRound {
+  std::vector<int64_t> sent, received, composed_fwd, composed_bwd;
+  explicit ScanRound(int ranks)
+      : sent(static_cast<size_t>(ranks), 0), received(sent), composed_fwd(sent), composed_bwd(sent) {}
+};
+
+// The rounds of one chain step's scan over the runs of its chains.
+std::vector<ScanRound> chain_step_rounds(const std::vector<std::vector<GdnPiece>>& runs, int ranks) {
+  size_t longest = 0;
+  for (const auto& r : runs) longest = std::max(longest, r.size());
+  std::vector<ScanRound> rounds;
+  for (size_t d = 1; d < longest; d *= 2) {
+    ScanRound round(ranks);
+    for (const auto& r : runs)
+      for (size_t k = 0; k + d < r.size(); ++k) {
+        const int from = r[k].rank, to = r[k + d].rank;
+        ++round.composed_fwd[static_cast<size_t>(to)];
+        ++round.composed_bwd[static_cast<size_t>(from)];
+        if (from == to) continue;
+        ++round.sent[static_cast<size_t>(from)];
+        ++round.received[static_cast<size_t>(to)];
+      }
+    rounds.push_back(std::move(round));
+  }
+  return rounds;
+}
+
+// Per chain step (index = DAG step), the runs of its chains.
+std::vector<std::vector<std::vector<GdnPiece>>> runs_by_step(const Row& row, const GdnPlan& plan) {
+  std::vector<std::vector<std::vector<GdnPiece>>> out(static_cast<size_t>(2 * plan.num_phases - 1));
+  for (int32_t s = 0; s < row.num_segments(); ++s)
+    if (plan.chained[s]) out[static_cast<size_t>(plan.step_of(s))].push_back(gdn_chain_runs(plan, s));
+  return out;
+}
+
+}  // namespace
+
+double link_message_ms(const Link& link, double bytes) { return link.latency_ms + bytes / link.bandwidth_bytes_per_ms; }
+
 double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts& c, const GdnCostModel& m) {
   const int N = plan.ranks;
   const int32_t n = row.num_segments();
   const double state_bytes = c.state_elements * static_cast<double>(c.bytes_per_element);
-  const int rounds = affine_scan_rounds(N);
+  const double summary_bytes = c.summary_elements * static_cast<double>(c.bytes_per_element);
+  const double compose_ms = c.summary_elements * c.compose_madds_per_element / m.madds_per_ms;
   const int steps = 2 * plan.num_phases - 1;  // local 0, chain 1, local 1, ...
   std::vector<std::vector<double>> busy(static_cast<size_t>(steps), std::vector<double>(static_cast<size_t>(N), 0.0));
   // Parent-state traffic per step: bytes each rank sends / receives (both directions: forward state,
   // backward gradient, so the same volume twice).
   std::vector<std::vector<double>> sent(busy), recvd(busy);
-  std::vector<int> chains_in_step(static_cast<size_t>(steps), 0);
   for (int32_t s = 0; s < n; ++s) {
     const int step = plan.step_of(s);
     auto& b = busy[static_cast<size_t>(step)];
     if (plan.chained[s]) {
-      ++chains_in_step[static_cast<size_t>(step)];
-      for (int r = 0; r < N; ++r)
-        b[r] += static_cast<double>(plan.cuts[s][r + 1] - plan.cuts[s][r]) * c.chain_ms_per_token;
+      for (const GdnPiece& p : plan.pieces[s]) b[p.rank] += static_cast<double>(p.size()) * c.chain_ms_per_token;
     } else {
       b[plan.owner[s]] += static_cast<double>(row.length(s)) * c.local_ms_per_token;
     }
@@ -290,8 +378,7 @@ double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts&
     sent[static_cast<size_t>(step)][src] += 2 * state_bytes;
     recvd[static_cast<size_t>(step)][dst] += 2 * state_bytes;
   }
-  // One message of `bytes` over the link (plan/cost.hpp's transfer term: latency + bytes / bandwidth).
-  auto message_ms = [&](double bytes) { return m.link.latency_ms + bytes / m.link.bandwidth_bytes_per_ms; };
+  const auto step_runs = runs_by_step(row, plan);
   double total = 0;
   plan.predicted_rank_busy_ms.assign(static_cast<size_t>(N), 0.0);
   for (int st = 0; st < steps; ++st) {
@@ -304,14 +391,18 @@ double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts&
       any = any || busy[st][r] > 0;
     }
     // The state exchange: forward states and backward gradients, one round each.
-    double comm = traffic > 0 ? m.link.latency_ms + message_ms(traffic) : 0;
-    const int chains = chains_in_step[st];
-    if (chains > 0 && rounds > 0) {
-      // Forward prefix scan and backward suffix scan: each round moves every chain's summary and
-      // composes it once.
-      const double bytes = chains * c.summary_elements * static_cast<double>(c.bytes_per_element);
-      const double compose_ms = chains * c.summary_elements * c.compose_madds_per_element / m.madds_per_ms;
-      comm += 2 * rounds * (message_ms(bytes) + compose_ms);
+    double comm = traffic > 0 ? m.link.latency_ms + link_message_ms(m.link, traffic) : 0;
+    // Forward prefix scan and backward suffix scan: each round moves the busiest rank's summaries and
+    // composes what arrives.
+    for (const ScanRound& round : chain_step_rounds(step_runs[static_cast<size_t>(st)], N)) {
+      int64_t wire = 0, fwd = 0, bwd = 0;
+      for (int r = 0; r < N; ++r) {
+        wire = std::max({wire, round.sent[r], round.received[r]});
+        fwd = std::max(fwd, round.composed_fwd[r]);
+        bwd = std::max(bwd, round.composed_bwd[r]);
+      }
+      const double message = wire > 0 ? link_message_ms(m.link, static_cast<double>(wire) * summary_bytes) : 0;
+      comm += 2 * message + static_cast<double>(fwd + bwd) * compose_ms;
     }
     if (any) total += work + comm + m.step_overhead_ms;
   }
@@ -323,28 +414,35 @@ double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const G
   return predict_affine_plan(row, plan, gdn_plan_costs(shape, m), m);
 }
 
-int affine_scan_rounds(int ranks) {
+int affine_scan_rounds(int positions) {
   int r = 0;
-  while ((1 << r) < ranks) ++r;
+  while ((1 << r) < positions) ++r;
   return r;
 }
 
+int affine_plan_scan_rounds(const Row& row, const GdnPlan& plan) {
+  int rounds = 0;
+  for (const auto& runs : runs_by_step(row, plan)) {
+    size_t longest = 0;
+    for (const auto& r : runs) longest = std::max(longest, r.size());
+    rounds += affine_scan_rounds(static_cast<int>(longest));
+  }
+  return rounds;
+}
+
 int64_t affine_plan_bytes(const Row& row, const GdnPlan& plan, const AffinePlanCosts& c) {
-  const int N = plan.ranks;
   const int64_t state = static_cast<int64_t>(c.state_elements) * c.bytes_per_element;
   const int64_t summary = static_cast<int64_t>(c.summary_elements) * c.bytes_per_element;
   int64_t bytes = 0;
-  std::vector<int64_t> chains_in_step(static_cast<size_t>(2 * plan.num_phases - 1), 0);
   for (int32_t s = 0; s < row.num_segments(); ++s) {
-    if (plan.chained[s]) ++chains_in_step[static_cast<size_t>(plan.step_of(s))];
     const int32_t p = row.parent(s);
     if (p >= 0 && (plan.chained[s] || plan.chained[p]) && plan.holder(p) != plan.starter(s))
       bytes += 2 * state;
   }
-  // Round d of a scan: every position with a successor d positions on sends; forward and backward.
-  int64_t sends = 0;
-  for (int d = 1; d < N; d *= 2) sends += N - d;
-  for (int64_t chains : chains_in_step) bytes += 2 * sends * chains * summary;
+  // Every summary a scan round sends to another rank, forward and backward.
+  for (const auto& runs : runs_by_step(row, plan))
+    for (const ScanRound& round : chain_step_rounds(runs, plan.ranks))
+      for (int64_t x : round.sent) bytes += 2 * x * summary;
   return bytes;
 }
 
@@ -378,8 +476,247 @@ GdnPlan search_affine_plan(const Row& row, int ranks, const AffinePlanCosts& cos
   return best;
 }
 
-GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model) {
-  return search_affine_plan(row, ranks, gdn_plan_costs(shape, model), model);
+TokenMovePrice price_token_move(const Ownership& from, const Ownership& to, int64_t in_elements,
+                                int64_t out_elements, int64_t bytes_per_element, const Link& link) {
+  require(from.size() == to.size(), "token move: ownerships for ", from.size(), " and ", to.size(), " ranks");
+  TokenMovePrice price;
+  if (!tokens_move(from, to)) return price;
+  const size_t n = from.size();
+  // Forward: inputs in, outputs back; backward: output gradients in, input gradients back.
+  struct Exchange {
+    std::vector<int64_t> sent, recvd;
+  };
+  std::vector<Exchange> xs(4, Exchange{std::vector<int64_t>(n, 0), std::vector<int64_t>(n, 0)});
+  auto move = [&](Exchange& x, size_t src, size_t dst, int64_t elements) {
+    x.sent[src] += elements;
+    x.recvd[dst] += elements;
+  };
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j) continue;
+      const int64_t t = tokens_of(intersect(from[i], to[j]));
+      move(xs[0], i, j, t * in_elements);
+      move(xs[1], j, i, t * out_elements);
+      move(xs[2], i, j, t * out_elements);
+      move(xs[3], j, i, t * in_elements);
+    }
+  for (const Exchange& x : xs) {
+    int64_t busiest = 0;
+    for (size_t r = 0; r < n; ++r) {
+      price.bytes += x.sent[r] * bytes_per_element;
+      busiest = std::max({busiest, x.sent[r], x.recvd[r]});
+    }
+    price.ms += link_message_ms(link, static_cast<double>(busiest * bytes_per_element));
+    ++price.rounds;
+  }
+  return price;
+}
+
+TokenMovePrice gdn_move_price(const Row& row, const GdnPlan& plan, const Ownership& attention, const GdnShape& s,
+                              const GdnCostModel& m, int64_t activation_bytes_per_element) {
+  const int64_t in = 2 * s.qk_width() + s.v_width() + s.g_width() + s.heads;  // q, k, v, g, beta
+  return price_token_move(attention, gdn_ownership(row, plan), in, s.v_width(), activation_bytes_per_element, m.link);
+}
+
+const char* gdn_layout_name(GdnLayout layout) {
+  switch (layout) {
+    case GdnLayout::Searched: return "searched";
+    case GdnLayout::Contiguous: return "contiguous";
+    case GdnLayout::Zigzag: return "zigzag";
+    case GdnLayout::DocZigzag: return "doc-zigzag";
+    case GdnLayout::Attention: return "attention";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& gdn_layout_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (GdnLayout l : kGdnLayouts) v.emplace_back(gdn_layout_name(l));
+    return v;
+  }();
+  return names;
+}
+
+GdnLayout parse_gdn_layout(std::string_view name) {
+  for (GdnLayout l : {GdnLayout::Searched, GdnLayout::Contiguous, GdnLayout::Zigzag, GdnLayout::DocZigzag,
+                      GdnLayout::Attention})
+    if (name == gdn_layout_name(l)) return l;
+  fail("gdn layout: unknown '", name, "' (known: searched, contiguous, zigzag, doc-zigzag, attention)");
+}
+
+GdnPlan gdn_plan_for_ownership(const Row& row, const Ownership& ownership) {
+  require(!ownership.empty(), "gdn plan: the ownership needs at least one rank");
+  validate_ownership(ownership, row.tokens());
+  struct Held {
+    int64_t begin, end;
+    int32_t rank;
+  };
+  std::vector<Held> held;
+  for (size_t r = 0; r < ownership.size(); ++r)
+    for (const TokenRange& t : ownership[r]) held.push_back({t.begin, t.end, static_cast<int32_t>(r)});
+  std::sort(held.begin(), held.end(), [](const Held& a, const Held& b) { return a.begin < b.begin; });
+  const int32_t n = row.num_segments();
+  GdnPlan plan;
+  plan.ranks = static_cast<int>(ownership.size());
+  plan.layout = GdnLayout::Attention;
+  plan.chained.assign(static_cast<size_t>(n), 0);
+  plan.owner.assign(static_cast<size_t>(n), -1);
+  plan.pieces.assign(static_cast<size_t>(n), {});
+  size_t h = 0;
+  for (int32_t s = 0; s < n; ++s) {
+    const int64_t b = row.start(s), e = row.end(s);
+    while (held[h].end <= b) ++h;
+    std::vector<GdnPiece> pieces;
+    for (size_t i = h; i < held.size() && held[i].begin < e; ++i) {
+      const GdnPiece p{held[i].rank, std::max(b, held[i].begin), std::min(e, held[i].end)};
+      if (!pieces.empty() && pieces.back().rank == p.rank) pieces.back().end = p.end;
+      else pieces.push_back(p);
+    }
+    const int32_t parent = row.parent(s);
+    // Parents precede children: a local parent's owner is known here.
+    const bool local = pieces.size() == 1 && (parent < 0 || plan.chained[parent] || plan.owner[parent] == pieces[0].rank);
+    if (local) {
+      plan.owner[s] = pieces[0].rank;
+    } else {
+      plan.chained[s] = 1;
+      plan.pieces[s] = std::move(pieces);
+    }
+  }
+  plan.phase = compute_phases(row, plan.chained);
+  plan.num_phases = n == 0 ? 1 : *std::max_element(plan.phase.begin(), plan.phase.end()) + 1;
+  return plan;
+}
+
+int64_t gdn_doc_zigzag_min_tokens(const Row& row, int ranks) {
+  const int64_t pieces = 2 * int64_t{ranks};
+  return std::max(pieces, (row.tokens() + pieces - 1) / pieces);
+}
+
+std::vector<GdnPiece> gdn_zigzag_pieces(const Row& row, int32_t s, int ranks) {
+  const int64_t b = row.start(s), len = row.length(s), pieces = 2 * int64_t{ranks};
+  std::vector<GdnPiece> out;
+  for (int64_t j = 0; j < pieces; ++j) {
+    // Piece j of 2R: rank j on the way out, rank 2R-1-j on the way back.
+    const GdnPiece p{static_cast<int32_t>(j < ranks ? j : pieces - 1 - j), b + len * j / pieces,
+                     b + len * (j + 1) / pieces};
+    if (!out.empty() && out.back().rank == p.rank) out.back().end = p.end;
+    else out.push_back(p);
+  }
+  return out;
+}
+
+namespace {
+
+// The plan with every chain's pieces laid zigzag-wise (gdn_zigzag_pieces), its local units kept.
+GdnPlan zigzag_chains(const Row& row, GdnPlan plan) {
+  for (int32_t s = 0; s < row.num_segments(); ++s)
+    if (plan.chained[s]) plan.pieces[s] = gdn_zigzag_pieces(row, s, plan.ranks);
+  return plan;
+}
+
+// Rank r's ranges when the row is cut into `parts` near-equal pieces, piece j held by rank_of(j).
+template <class RankOf>
+Ownership cut_ownership(int64_t tokens, int ranks, int64_t parts, RankOf rank_of) {
+  Ownership out(static_cast<size_t>(ranks));
+  for (int64_t j = 0; j < parts; ++j) {
+    const TokenRange t{tokens * j / parts, tokens * (j + 1) / parts};
+    if (t.begin == t.end) continue;
+    auto& mine = out[static_cast<size_t>(rank_of(j))];
+    if (!mine.empty() && mine.back().end == t.begin) mine.back().end = t.end;
+    else mine.push_back(t);
+  }
+  for (auto& mine : out) std::sort(mine.begin(), mine.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
+  return out;
+}
+
+}  // namespace
+
+GdnPlan gdn_layout_plan(const Row& row, int ranks, GdnLayout layout) {
+  require(ranks >= 1, "gdn plan: ranks must be >= 1, got ", ranks);
+  const int64_t T = row.tokens(), R = ranks;
+  GdnPlan plan;
+  switch (layout) {
+    case GdnLayout::Contiguous:
+      plan = gdn_plan_for_ownership(row, cut_ownership(T, ranks, R, [](int64_t j) { return j; }));
+      break;
+    case GdnLayout::Zigzag:
+      plan = gdn_plan_for_ownership(row, cut_ownership(T, ranks, 2 * R, [&](int64_t j) { return j < R ? j : 2 * R - 1 - j; }));
+      break;
+    case GdnLayout::DocZigzag: {
+      const int64_t min_tokens = gdn_doc_zigzag_min_tokens(row, ranks);
+      std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()), 0);
+      if (ranks > 1)
+        for (int32_t s = 0; s < row.num_segments(); ++s) chained[s] = row.length(s) >= min_tokens;
+      plan = zigzag_chains(row, make_gdn_plan(row, ranks, chained));
+      break;
+    }
+    default:
+      fail("gdn plan: ", gdn_layout_name(layout), " is not a fixed layout (contiguous, zigzag or doc-zigzag)");
+  }
+  plan.layout = layout;
+  return plan;
+}
+
+GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model,
+                 const GdnPlanOptions& options) {
+  require(ranks >= 1, "gdn plan: ranks must be >= 1, got ", ranks);
+  if (options.attention) {
+    require(static_cast<int>(options.attention->size()) == ranks, "gdn plan: the attention ownership is for ",
+            options.attention->size(), " ranks, the plan for ", ranks);
+    validate_ownership(*options.attention, row.tokens());
+  }
+  require(options.activation_bytes_per_element >= 1, "gdn plan: activation_bytes_per_element must be >= 1");
+  const AffinePlanCosts costs = gdn_plan_costs(shape, model);
+  auto move_ms = [&](const GdnPlan& p) {
+    return options.attention
+               ? gdn_move_price(row, p, *options.attention, shape, model, options.activation_bytes_per_element).ms
+               : 0.0;
+  };
+  switch (options.layout) {
+    case GdnLayout::Contiguous:
+    case GdnLayout::Zigzag:
+    case GdnLayout::DocZigzag: {
+      GdnPlan plan = gdn_layout_plan(row, ranks, options.layout);
+      predict_affine_plan(row, plan, costs, model);
+      return plan;
+    }
+    case GdnLayout::Attention: {
+      require(options.attention.has_value(), "gdn plan: layout attention needs the attention ownership");
+      GdnPlan plan = gdn_plan_for_ownership(row, *options.attention);
+      predict_affine_plan(row, plan, costs, model);
+      return plan;
+    }
+    case GdnLayout::Searched:
+      break;
+  }
+  // The bounded search over chained sets, then the fixed layouts and the attention ownership; the
+  // cheapest with its token moves wins, ties keep the earlier. A chain laid zigzag-wise does the same
+  // work as in rank order with a longer scan: the search tries it only where attention's layout may
+  // make up for that.
+  GdnPlanVariants variants;
+  if (options.attention)
+    variants = [&](const std::vector<uint8_t>& chained) {
+      GdnPlan even = make_gdn_plan(row, ranks, chained);
+      GdnPlan zigzag = zigzag_chains(row, even);
+      return std::vector<GdnPlan>{std::move(even), std::move(zigzag)};
+    };
+  GdnPlan best = search_affine_plan(row, ranks, costs, model, move_ms, variants);
+  best.layout = GdnLayout::Searched;
+  double best_ms = predict_affine_plan(row, best, costs, model) + move_ms(best);
+  std::vector<GdnPlan> others;
+  if (ranks > 1)
+    for (GdnLayout l : {GdnLayout::Contiguous, GdnLayout::Zigzag, GdnLayout::DocZigzag})
+      others.push_back(gdn_layout_plan(row, ranks, l));
+  if (options.attention) others.push_back(gdn_plan_for_ownership(row, *options.attention));
+  for (GdnPlan& cand : others) {
+    const double ms = predict_affine_plan(row, cand, costs, model) + move_ms(cand);
+    if (ms < best_ms) {
+      best = std::move(cand);
+      best_ms = ms;
+    }
+  }
+  return best;
 }
 
 }  // namespace treecp

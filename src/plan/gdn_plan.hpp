@@ -6,17 +6,24 @@
 // search over chained sets. Pure data: no tensor values.
 //
 // A segment is either LOCAL (all its tokens on one rank, its state passed on inside that rank) or
-// CHAINED (split over all ranks in rank order; ranks exchange shard summaries in a prefix scan).
+// CHAINED: an ordered list of PIECES (rank, physical range) covering it in token order. A rank may
+// hold several pieces of one chain, not necessarily adjacent (a zigzag layout's long document runs
+// over ranks 0, 1, .., R-1, R-1, .., 1, 0); consecutive pieces on one rank form one RUN. The runs
+// exchange summaries in an exclusive prefix scan over the chain's runs (ceil(log2 runs) rounds:
+// log-depth in the ranks for chains whose ranks rise then fall, at most 2R - 1 runs).
 // A local UNIT is a maximal connected set of local segments: it runs on one rank, parents before
 // children. Dependencies form a DAG processed by depth in alternating steps
 //     local phase 0, chain phase 1, local phase 1, chain phase 2, ...
 // A local segment's phase is its parent's (0 for a root); a chained segment's phase is one more than
-// its parent's (1 for a root). The final state of a chained segment is held by the last rank.
+// its parent's (1 for a root). A chain starts on its first piece's rank (which receives the parent's
+// state) and its final state is held by its last piece's rank.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/json.hpp"
@@ -50,12 +57,39 @@ double gdn_token_madds(const GdnShape& s);
 // Extra multiply-adds per token and head on a chained shard: its summary and the state-only backward.
 double gdn_chain_token_extra_madds(const GdnShape& s);
 
+// One piece of a chained segment: `rank` holds its physical tokens [begin, end) (empty pieces are
+// identities, as the even split of a segment shorter than the ranks makes).
+struct GdnPiece {
+  int32_t rank = 0;
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const GdnPiece&) const = default;
+};
+
+// How a plan lays a row out: the four a caller can ask for (kGdnLayouts), and Attention, the
+// ownership the caller's attention layers use (a searched plan may adopt it: no token moves).
+//   Contiguous  the row cut into R equal contiguous pieces, rank r holding piece r
+//   Zigzag      the row cut into 2R pieces, rank r holding pieces r and 2R-1-r (ring attention's balance)
+//   DocZigzag   every long segment cut into 2R ragged pieces zigzag-wise, the others whole on the least
+//               loaded rank (long: at least gdn_doc_zigzag_min_tokens)
+//   Searched    the cheapest by the cost model of the above, the attention ownership when given, and the
+//               bounded search over chained sets (search_affine_plan), token moves included
+enum class GdnLayout { Searched, Contiguous, Zigzag, DocZigzag, Attention };
+inline constexpr GdnLayout kGdnLayouts[] = {GdnLayout::Searched, GdnLayout::Contiguous, GdnLayout::Zigzag,
+                                            GdnLayout::DocZigzag};
+// "searched", "contiguous", "zigzag", "doc-zigzag", "attention".
+const char* gdn_layout_name(GdnLayout layout);
+// The names of kGdnLayouts, in that order: what `treecp gdn --layout` accepts.
+const std::vector<std::string>& gdn_layout_names();
+// The layout of a name (any of the five); throws treecp::Error naming the known ones.
+GdnLayout parse_gdn_layout(std::string_view name);
+
 struct GdnPlan {
   int ranks = 1;
-  std::vector<uint8_t> chained;            // per segment
-  std::vector<int32_t> owner;              // per segment: the rank of a local segment, -1 if chained
-  std::vector<std::vector<int64_t>> cuts;  // per chained segment: ranks + 1 physical cut points; rank r
-                                           // holds [cuts[r], cuts[r+1]) (possibly empty)
+  GdnLayout layout = GdnLayout::Searched;    // where the plan came from (reported, kept in its JSON)
+  std::vector<uint8_t> chained;              // per segment
+  std::vector<int32_t> owner;                // per segment: the rank of a local segment, -1 if chained
+  std::vector<std::vector<GdnPiece>> pieces; // per chained segment, in token order (empty if local)
   std::vector<int32_t> phase;              // per segment (see the header comment)
   int32_t num_phases = 1;                  // local phases 0 .. num_phases-1; chain phases 1 .. num_phases-1
   // Filled by gdn_predict / plan_gdn.
@@ -66,18 +100,19 @@ struct GdnPlan {
   // The DAG step a segment runs in (local phase k = step 2k, chain phase k = step 2k - 1), the rank
   // that starts it (needs its parent's final state) and the rank that holds its final state.
   int step_of(int32_t s) const { return chained[s] ? 2 * phase[s] - 1 : 2 * phase[s]; }
-  int starter(int32_t s) const { return chained[s] ? 0 : owner[s]; }
-  int holder(int32_t s) const { return chained[s] ? ranks - 1 : owner[s]; }
+  int starter(int32_t s) const { return chained[s] ? pieces[s].front().rank : owner[s]; }
+  int holder(int32_t s) const { return chained[s] ? pieces[s].back().rank : owner[s]; }
   json::Value to_json() const;
-  // Reads what to_json wrote; validate against the row with validate_gdn_plan.
+  // Reads what to_json wrote (and the older form: "cuts", ranks + 1 points, rank r holding
+  // [cuts[r], cuts[r+1])); validate against the row with validate_gdn_plan.
   static GdnPlan from_json(const json::Value& v);
 };
 
 // The DAG steps of a plan as the runtime walks them: step 2p is local phase p, step 2p - 1 chain
 // phase p. Before a step, the final states its segments start from travel from their holders: a
 // transfer moves the final state of row.parent(seg) from `src` (its holder: the owner of a local
-// segment, the last rank for a chain) to `dst` (the rank that starts seg: its owner, or rank 0 of a
-// chain); the backward sends the gradient of that state the other way. A local child of a local
+// segment, the last piece's rank for a chain) to `dst` (the rank that starts seg: its owner, or its
+// first piece's rank); the backward sends the gradient of that state the other way. A local child of a local
 // parent needs no transfer (same unit, same rank, same step).
 struct GdnTransfer {
   int32_t seg;
@@ -95,13 +130,30 @@ std::vector<TokenRange> gdn_rank_ranges(const Row& row, const GdnPlan& plan, int
 // Every rank's gdn_rank_ranges.
 Ownership gdn_ownership(const Row& row, const GdnPlan& plan);
 
-// A plan with the given chained set: chained segments split evenly over the ranks, local units placed
-// longest first on the least loaded rank of their phase. Throws on size mismatch.
+// The runs of chained segment s: its pieces with consecutive pieces of one rank merged, in token order.
+std::vector<GdnPiece> gdn_chain_runs(const GdnPlan& plan, int32_t s);
+
+// A plan with the given chained set: chained segments split evenly over the ranks (rank r holding the
+// r-th of R pieces), local units placed longest first on the least loaded rank of their phase. Throws
+// on size mismatch.
 GdnPlan make_gdn_plan(const Row& row, int ranks, const std::vector<uint8_t>& chained);
+
+// The plan that runs every token where `ownership` holds it: a segment on one rank is local (unless its
+// parent is local on another rank: then it is a chain of one piece), a segment over several ranks a
+// chain of its intersections with their ranges. Layout Attention.
+GdnPlan gdn_plan_for_ownership(const Row& row, const Ownership& ownership);
+// The fixed layouts (GdnLayout's comment): Contiguous, Zigzag, DocZigzag.
+GdnPlan gdn_layout_plan(const Row& row, int ranks, GdnLayout layout);
+// DocZigzag's threshold: a segment of at least this many tokens is cut into 2R pieces. Half a rank's
+// share of the row: shorter ones balance whole, and every piece holds at least one token.
+int64_t gdn_doc_zigzag_min_tokens(const Row& row, int ranks);
+// DocZigzag's pieces for chained segment s (2R near-equal ones, rank r holding pieces r and 2R-1-r).
+std::vector<GdnPiece> gdn_zigzag_pieces(const Row& row, int32_t s, int ranks);
 // Per segment, the local unit it belongs to (the unit's first segment: a local segment whose parent
 // is absent or chained); -1 for a chained segment.
 std::vector<int32_t> gdn_local_units(const Row& row, const std::vector<uint8_t>& chained);
-// Validates a plan against its row (cuts cover each chained segment, owners in range, phases).
+// Validates a plan against its row (each chain's pieces cover it in order, ranks and owners in range,
+// phases); errors name the segment and the piece.
 void validate_gdn_plan(const Row& row, const GdnPlan& plan);
 
 // What pricing a plan of an affine-state recurrence (runtime/affine_cp.hpp) needs: GDN/KDA's come
@@ -117,13 +169,20 @@ struct AffinePlanCosts {
 AffinePlanCosts gdn_plan_costs(const GdnShape& shape, const GdnCostModel& model);
 
 // Predicted forward + backward time of a plan: per DAG step, the slowest rank's work plus that
-// step's communication (parent-state exchange; for chain steps the scan rounds of both directions).
+// step's communication (parent-state exchange; for chain steps the scan rounds of both directions,
+// each round's busiest rank's summaries on the wire and compositions).
 // Fills plan.predicted_ms and plan.predicted_rank_busy_ms.
 double predict_affine_plan(const Row& row, GdnPlan& plan, const AffinePlanCosts& costs, const GdnCostModel& model);
 double gdn_predict(const Row& row, GdnPlan& plan, const GdnShape& shape, const GdnCostModel& model);
 
-// Rounds of the exclusive scan over `ranks` ranks in one direction: ceil(log2 ranks).
-int affine_scan_rounds(int ranks);
+// One message of `bytes` over a link, the GDN model's transfer term: latency + bytes / bandwidth.
+double link_message_ms(const Link& link, double bytes);
+
+// Rounds of the exclusive scan over `positions` runs (or ranks) in one direction: ceil(log2 positions).
+int affine_scan_rounds(int positions);
+// Scan rounds of a plan in one direction, summed over its chain steps (a step scans all its chains at
+// once: as many rounds as its longest chain, in runs, needs).
+int affine_plan_scan_rounds(const Row& row, const GdnPlan& plan);
 
 // Bytes the protocol moves between ranks, forward + backward, summed over ranks: parent states
 // (and their gradients) crossing ranks, and every scan round's summaries.
@@ -137,6 +196,31 @@ using GdnPlanVariants = std::function<std::vector<GdnPlan>(const std::vector<uin
 GdnPlan search_affine_plan(const Row& row, int ranks, const AffinePlanCosts& costs, const GdnCostModel& model,
                            const std::function<double(const GdnPlan&)>& extra_ms = nullptr,
                            const GdnPlanVariants& variants = nullptr);
-GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model = GdnCostModel{});
+
+// Moving a layer's tokens from `from` into `to` and back, forward and backward: `in_elements` per token
+// in (inputs) and back (their gradients), `out_elements` per token back (outputs) and in (their
+// gradients); four all-to-alls, each priced by its busiest rank. Nothing when no token changes rank.
+struct TokenMovePrice {
+  double ms = 0;
+  int64_t bytes = 0;  // summed over ranks
+  int rounds = 0;     // all-to-alls
+};
+TokenMovePrice price_token_move(const Ownership& from, const Ownership& to, int64_t in_elements,
+                                int64_t out_elements, int64_t bytes_per_element, const Link& link);
+
+struct GdnPlanOptions {
+  GdnLayout layout = GdnLayout::Searched;
+  // The ownership the attention layers around this one use (the inputs arrive in it, the outputs go
+  // back to it): the searched layout adds the cost of moving the tokens, and may adopt it.
+  std::optional<Ownership> attention;
+  int64_t activation_bytes_per_element = 4;  // q, k, v, g, beta, y and their gradients on the wire
+};
+// The cost of moving a GDN/KDA layer's tokens between the attention ownership and the plan's.
+TokenMovePrice gdn_move_price(const Row& row, const GdnPlan& plan, const Ownership& attention, const GdnShape& shape,
+                              const GdnCostModel& model, int64_t activation_bytes_per_element);
+// The plan of options.layout, its prediction filled (gdn_predict: the layer alone; the searched choice
+// adds the move from options.attention).
+GdnPlan plan_gdn(const Row& row, int ranks, const GdnShape& shape, const GdnCostModel& model = GdnCostModel{},
+                 const GdnPlanOptions& options = {});
 
 }  // namespace treecp

@@ -36,7 +36,7 @@ void add_exchanges(const std::vector<Exchange>& xs, int element_bytes, const Gdn
       price.bytes += x.sent[r] * element_bytes;
       busiest = std::max({busiest, x.sent[r], x.recvd[r]});
     }
-    comm_ms += m.link.latency_ms + static_cast<double>(busiest * element_bytes) / m.link.bandwidth_bytes_per_ms;
+    comm_ms += link_message_ms(m.link, static_cast<double>(busiest * element_bytes));
     ++price.rounds;
   }
 }
@@ -45,19 +45,11 @@ void add_exchanges(const std::vector<Exchange>& xs, int element_bytes, const Gdn
 // gradients out). Nothing is exchanged when no token changes rank.
 void price_redistribution(const Ownership& from, const Ownership& to, const Mamba2Shape& s, const GdnCostModel& m,
                           Mamba2Price& price, double& comm_ms) {
-  const int n = static_cast<int>(from.size());
-  std::vector<Exchange> xs(4, Exchange(n));
-  const int64_t in = s.input_elements(0, s.heads), out = static_cast<int64_t>(s.heads) * s.head_dim;
-  if (!tokens_move(from, to)) return;
-  for (int i = 0; i < n; ++i)
-    for (int j = 0; j < n; ++j) {
-      const int64_t t = tokens_of(intersect(from[static_cast<size_t>(i)], to[static_cast<size_t>(j)]));
-      xs[0].move(i, j, t * in);
-      xs[1].move(j, i, t * out);
-      xs[2].move(i, j, t * out);
-      xs[3].move(j, i, t * in);
-    }
-  add_exchanges(xs, s.element_bytes, m, price, comm_ms);
+  const TokenMovePrice move = price_token_move(from, to, s.input_elements(0, s.heads),
+                                               static_cast<int64_t>(s.heads) * s.head_dim, s.element_bytes, m.link);
+  price.bytes += move.bytes;
+  price.rounds += move.rounds;
+  comm_ms += move.ms;
 }
 
 }  // namespace
@@ -144,9 +136,12 @@ GdnPlan mamba2_owner_aligned_plan(const Row& row, const Ownership& tokens, const
       continue;
     }
     if (!std::is_sorted(owner_of.begin() + b, owner_of.begin() + e)) continue;
-    auto& cuts = plan.cuts[static_cast<size_t>(s)];
-    for (int r = 1; r < n; ++r)
-      cuts[static_cast<size_t>(r)] = std::lower_bound(owner_of.begin() + b, owner_of.begin() + e, r) - owner_of.begin();
+    auto& pieces = plan.pieces[static_cast<size_t>(s)];
+    for (int r = 0; r + 1 < n; ++r) {
+      const int64_t cut = std::lower_bound(owner_of.begin() + b, owner_of.begin() + e, r + 1) - owner_of.begin();
+      pieces[static_cast<size_t>(r)].end = cut;
+      pieces[static_cast<size_t>(r) + 1].begin = cut;
+    }
   }
   for (int32_t s = 0; s < row.num_segments(); ++s) {
     if (chained[s]) continue;
@@ -193,9 +188,7 @@ Mamba2Price price_mamba2_summary(const Row& row, const Ownership& tokens, GdnPla
   price.bytes += affine_plan_bytes(row, chains, costs);
   for (double b : chains.predicted_rank_busy_ms) price.work_ms = std::max(price.work_ms, b);
   price.steps = 2 * chains.num_phases - 1;
-  int chain_steps = 0;
-  for (int st = 1; st < price.steps; st += 2) ++chain_steps;
-  price.rounds += 2 * price.steps + 2 * chain_steps * affine_scan_rounds(chains.ranks);
+  price.rounds += 2 * price.steps + 2 * affine_plan_scan_rounds(row, chains);
   price.ms = affine_ms + comm_ms;
   return price;
 }

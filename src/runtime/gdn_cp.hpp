@@ -5,8 +5,9 @@
 // one rank, generic over a Backend (runtime/backend.hpp: gdn_forward / gdn_backward / gdn_summary) and a
 // Communicator, like dense attention. The protocol is the affine-state one of runtime/affine_cp.hpp with
 // the state S a dk x dv matrix per head: parent states travel to the segments that start from them,
-// chained segments run an exclusive prefix scan of their shard summaries (M, E) over the ranks in
-// ceil(log2 N) rounds, and the backward mirrors both.
+// chained segments run an exclusive prefix scan of their runs' summaries (M, E) along the chain in
+// ceil(log2 runs) rounds (the pieces may visit the ranks in any order: zigzag layouts), and the
+// backward mirrors both.
 //
 // Every rank holds the tokens of gdn_rank_ranges(row, plan, rank) (gdn_ownership), laid out in that
 // order, and every rank constructs the same GdnCP from the same row and plan.

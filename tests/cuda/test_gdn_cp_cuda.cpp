@@ -214,6 +214,38 @@ TEST(GdnCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
   }
 }
 
+// Rows of packed documents in the layouts attention uses (plan/gdn_plan.hpp's gdn_layout_plan): chains whose pieces
+// are not in rank order (zigzag), a rank holding two pieces of one document, ragged per-document pieces, and a
+// document longer than a rank's share; GDN and KDA gates at 2 and 4 ranks.
+TEST(GdnCudaCP, EveryLayoutEqualsTheDoubleReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  TREECP_SEED_TRACE;
+  const Row row(std::vector<Segment>{{-1, 517}, {-1, 3}, {-1, 96}, {-1, 260}, {-1, 41}});
+  uint64_t salt = 800;
+  for (const GdnLayout layout : {GdnLayout::Contiguous, GdnLayout::Zigzag, GdnLayout::DocZigzag}) {
+    for (const int ranks : {2, 4}) {
+      const GdnGate gate = ranks == 2 ? GdnGate::Scalar : GdnGate::PerChannel;
+      testing::Rng rng = testing::test_rng(salt++);
+      const GdnShape shape{2, 64, 64, gate, 0.125, 64};
+      const GdnPlan plan = gdn_layout_plan(row, ranks, layout);
+      const RowData in = round_to_bf16(testing::random_gdn_data(row.tokens(), shape.heads, 64, 64, gate, rng));
+      const std::string what = std::string(gdn_layout_name(layout)) + " ranks " + std::to_string(ranks) +
+                               (gate == GdnGate::Scalar ? " gdn" : " kda") + " chains " +
+                               std::to_string(plan.chained_segments());
+      SCOPED_TRACE(what);
+      std::printf("  %s\n", what.c_str());
+      const testing::GdnReference ref = testing::gdn_tree_reference(row, in.d, shape.scale);
+      const GdnResult f32 = run_gdn_cpu_float(row, plan, shape, in.d), gpu = run_gdn_cuda(row, plan, shape, in);
+      expect("y (bf16)", gpu.y, f32.y, ref.y, kBf16Rounding);
+      expect("dq", gpu.dq, f32.dq, ref.dq, 0);
+      expect("dk", gpu.dk, f32.dk, ref.dk, 0);
+      expect("dv", gpu.dv, f32.dv, ref.dv, 0);
+      expect("dg", gpu.dg, f32.dg, ref.dg, 0);
+      expect("dbeta", gpu.dbeta, f32.dbeta, ref.dbeta, 0);
+    }
+  }
+}
+
 // ---- the short convolution
 
 struct ConvData {

@@ -1,6 +1,7 @@
 // GDN/KDA context parallelism under mpirun with 1-6 ranks: every rank's outputs and gradients equal
 // the one-process tree reference on random trees (deep ones, short shards, ranks owning nothing,
-// chained and local segments in every combination, GDN and KDA gates), in double and float; the
+// chained and local segments in every combination, packed documents in the contiguous, zigzag and
+// doc-zigzag layouts, GDN and KDA gates), in double and float; the
 // summary scan gives the same states whatever the rank count.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -27,8 +28,10 @@ struct Case {
   int max_segments;
   int64_t min_len, max_len;
   int depth;
-  int chain_mode;  // 0 none, 1 all, 2 random, 3 planner
+  int chain_mode;  // 0 none, 1 all, 2 random, 3 planner; 4, 5, 6: the contiguous, zigzag, doc-zigzag layouts
 };
+
+const GdnLayout kLayoutModes[] = {GdnLayout::Contiguous, GdnLayout::Zigzag, GdnLayout::DocZigzag};
 
 std::vector<uint8_t> chained_set(const Row& row, int mode, testing::Rng& rng, int ranks) {
   const size_t n = static_cast<size_t>(row.num_segments());
@@ -53,7 +56,9 @@ void check_case(MpiCommunicator& comm, const Case& cs, GdnGate gate) {
   const GdnData d = testing::random_gdn_data(row.tokens(), 2, 4, 3, gate, rng);
   const double scale = 0.75;
   const auto ref = testing::gdn_tree_reference(row, d, scale);
-  const GdnPlan plan = make_gdn_plan(row, comm.size(), chained_set(row, cs.chain_mode, rng, comm.size()));
+  const GdnPlan plan = cs.chain_mode >= 4
+                           ? gdn_layout_plan(row, comm.size(), kLayoutModes[cs.chain_mode - 4])
+                           : make_gdn_plan(row, comm.size(), chained_set(row, cs.chain_mode, rng, comm.size()));
   validate_gdn_plan(row, plan);
   const auto ranges = gdn_rank_ranges(row, plan, comm.rank());
   const int64_t tokens = tokens_of(ranges);
@@ -102,6 +107,10 @@ const Case kCases[] = {
     {5, 12, 1, 6, 6, 1},   {6, 12, 1, 6, 6, 2},   // deep trees of very short segments (shards of 0-2 tokens)
     {7, 2, 1, 3, 2, 0},    {8, 1, 2, 2, 1, 1},    // tiny rows: most ranks own nothing
     {9, 8, 20, 120, 3, 3}, {10, 14, 1, 80, 5, 3},
+    // Packed documents (depth 1) in the three layouts (chains visiting ranks out of order), short and
+    // long ones; a tree in doc-zigzag.
+    {11, 8, 1, 30, 1, 4},  {12, 8, 1, 30, 1, 5},  {13, 8, 1, 30, 1, 6},  {14, 3, 40, 90, 1, 5},
+    {15, 10, 1, 25, 3, 6},
 };
 
 TEST(MpiGdn, DoubleEqualsReferenceGdn) {
