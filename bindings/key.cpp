@@ -196,9 +196,11 @@ uintptr_t KeyCore::cuda_stream(int device) {
 
 // The key's NCCL communicator when it has one (bound to this key's stream for the call: keys of one group
 // share the communicator, each has its own backend and stream), else, at one rank, the CUDA self communicator.
-Communicator& KeyCore::cuda_comm(int device, const char* op) {
+Communicator& KeyCore::cuda_comm(int device, const char* op, bool fp16) {
   cuda_stream(device);
   cuda::check_cuda(cudaSetDevice(device), "key: cudaSetDevice");
+  // one backend serves every call of the key; a call's work is enqueued with the dtype it set
+  cuda_->backend->set_dtype(fp16 ? cuda::DType::kF16 : cuda::DType::kBf16);
 #if TREECP_HAVE_NCCL
   if (cuda_->nccl) {
     require(cuda_->nccl->device() == device, "key: its NCCL communicator is on device ", cuda_->nccl->device(),
@@ -212,9 +214,9 @@ Communicator& KeyCore::cuda_comm(int device, const char* op) {
   return *cuda_->self;
 }
 
-// The CUDA runner of one shape, over the communicator of the key's CUDA calls.
-auto& KeyCore::cuda_runner(const AttentionCall& c, int device) {
-  Communicator& comm = cuda_comm(device, "attention");
+// The CUDA runner of one shape, over the communicator of the key's CUDA calls, for activations of either dtype.
+auto& KeyCore::cuda_runner(const AttentionCall& c, int device, bool fp16) {
+  Communicator& comm = cuda_comm(device, "attention", fp16);
   auto& slot = cuda_->cp[c];
   if (!slot)
     slot = std::make_unique<DenseAttentionCP<CudaBackend>>(plan_, row_, attention_shape(c, plan_.window), comm,
@@ -222,9 +224,9 @@ auto& KeyCore::cuda_runner(const AttentionCall& c, int device) {
   return *slot;
 }
 
-void KeyCore::cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
-                                     uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
-  auto& runner = cuda_runner(c, device);
+void KeyCore::cuda_attention_forward(const AttentionCall& c, int device, bool fp16, uintptr_t q, uintptr_t k,
+                                     uintptr_t v, uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
+  auto& runner = cuda_runner(c, device, fp16);
   const int64_t n = owned_tokens_;
   using E = cuda::bf16_t;
   const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
@@ -235,10 +237,10 @@ void KeyCore::cuda_attention_forward(const AttentionCall& c, int device, uintptr
   runner.forward(qb, kb, vb, sink ? &sb : nullptr, yb, lb, sink ? &ob : nullptr);
 }
 
-void KeyCore::cuda_attention_backward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
-                                      uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq,
-                                      uintptr_t dk, uintptr_t dv, uintptr_t dsink) {
-  auto& runner = cuda_runner(c, device);
+void KeyCore::cuda_attention_backward(const AttentionCall& c, int device, bool fp16, uintptr_t q, uintptr_t k,
+                                      uintptr_t v, uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy,
+                                      uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t dsink) {
+  auto& runner = cuda_runner(c, device, fp16);
   const int64_t n = owned_tokens_;
   using E = cuda::bf16_t;
   const auto qb = device_view<E>(q, n * c.hq * c.d), kb = device_view<E>(k, n * c.hkv * c.d),
@@ -273,11 +275,11 @@ void KeyCore::use_nccl(NcclCommunicator&) { fail("key: this build of treecp has 
 #if !TREECP_HAVE_CUDA
 bool KeyCore::has_cuda() { return false; }
 uintptr_t KeyCore::cuda_stream(int) { fail("key: this build of treecp has no CUDA backend"); }
-void KeyCore::cuda_attention_forward(const AttentionCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
-                                     uintptr_t, uintptr_t) {
+void KeyCore::cuda_attention_forward(const AttentionCall&, int, bool, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                     uintptr_t, uintptr_t, uintptr_t) {
   fail("attention: this build of treecp has no CUDA backend");
 }
-void KeyCore::cuda_attention_backward(const AttentionCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+void KeyCore::cuda_attention_backward(const AttentionCall&, int, bool, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
                                       uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
   fail("attention: this build of treecp has no CUDA backend");
 }

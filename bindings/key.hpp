@@ -74,7 +74,7 @@ class KeyCore {
   void gdn_backward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy,
                     T* dq, T* dk, T* dv, T* dg, T* dbeta);
 
-  // CUDA (bf16 activations; fp32 sink, LSE and gradients), on device `device` and the key's own stream
+  // CUDA (bf16 or, with fp16, fp16 activations; fp32 sink, LSE and gradients), on device `device` and the key's own stream
   // (cuda_stream(), which the caller orders against its own with events). Pointers are device addresses.
   // Available when has_cuda() (the extension was built with the CUDA backend).
   static bool has_cuda();
@@ -84,9 +84,9 @@ class KeyCore {
   // CP, optional at one rank. Set once, before the first CUDA call; the caller keeps `comm` alive.
   void use_nccl(NcclCommunicator& comm);
   uintptr_t cuda_stream(int device);
-  void cuda_attention_forward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+  void cuda_attention_forward(const AttentionCall& c, int device, bool fp16, uintptr_t q, uintptr_t k, uintptr_t v,
                               uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink);
-  void cuda_attention_backward(const AttentionCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v,
+  void cuda_attention_backward(const AttentionCall& c, int device, bool fp16, uintptr_t q, uintptr_t k, uintptr_t v,
                                uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq, uintptr_t dk,
                                uintptr_t dv, uintptr_t dsink);
 
@@ -117,10 +117,10 @@ class KeyCore {
   template <class T>
   auto& attention_runner(const AttentionCall& c);
   const GdnPlan& gdn_plan(const GdnCall& c, int element_bytes);
-  // CUDA builds: the communicator of the key's CUDA calls on `device` (op names the caller in errors), and the
-  // CUDA runner of one attention call's shape over it.
-  Communicator& cuda_comm(int device, const char* op);
-  auto& cuda_runner(const AttentionCall& c, int device);
+  // CUDA builds: the communicator of the key's CUDA calls on `device` (op names the caller in errors; the backend's
+  // activations become fp16 or bf16 for the call), and the CUDA runner of one attention call's shape over it.
+  Communicator& cuda_comm(int device, const char* op, bool fp16 = false);
+  auto& cuda_runner(const AttentionCall& c, int device, bool fp16);
 
   Row row_;
   Plan plan_;

@@ -408,17 +408,18 @@ NB_MODULE(_core, m) {
 #endif
   key.def(
       "cuda_attention_forward",
-      [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, uintptr_t q, uintptr_t kk,
+      [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, bool fp16, uintptr_t q, uintptr_t kk,
          uintptr_t v, uintptr_t sink, uintptr_t y, uintptr_t lse, uintptr_t o_presink) {
-        k.cuda_attention_forward({hq, hkv, d, dv, scale}, device, q, kk, v, sink, y, lse, o_presink);
+        k.cuda_attention_forward({hq, hkv, d, dv, scale}, device, fp16, q, kk, v, sink, y, lse, o_presink);
       },
       Compute());
   key.def(
       "cuda_attention_backward",
-      [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, uintptr_t q, uintptr_t kk,
+      [](py::KeyCore& k, int hq, int hkv, int d, int dv, double scale, int device, bool fp16, uintptr_t q, uintptr_t kk,
          uintptr_t v, uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq, uintptr_t dk,
          uintptr_t dvv, uintptr_t dsink) {
-        k.cuda_attention_backward({hq, hkv, d, dv, scale}, device, q, kk, v, sink, o, lse, dy, dq, dk, dvv, dsink);
+        k.cuda_attention_backward({hq, hkv, d, dv, scale}, device, fp16, q, kk, v, sink, o, lse, dy, dq, dk, dvv,
+                                  dsink);
       },
       Compute());
   key.def(

@@ -122,7 +122,7 @@ struct GpuEnv {
     Backend::Act a = be.alloc_act(rows * width);
     int64_t at = 0;
     for (const TokenRange& r : owned) {
-      cuda::fill_uniform_bf16(a.data() + at * width, r.size() * width, seed, static_cast<uint64_t>(r.begin * width),
+      cuda::fill_uniform(a.data() + at * width, r.size() * width, seed, static_cast<uint64_t>(r.begin * width),
                               be.stream());
       at += r.size();
     }

@@ -53,7 +53,7 @@ struct RunConfig {
   bool sink = false;
   uint64_t seed = 0;
   bool json = false;
-  std::string dtype = "float";
+  std::string dtype = "float";  // --dtype: what the ranks compute in (CPU: float, double; GPU: bf16, fp16)
   std::string costs_path;
   PlanOptions plan;
   // --trace FILE: every rank's measured spans and the plan's predicted ones, written by rank 0.
@@ -77,7 +77,6 @@ RunConfig read_options(const Args& args) {
   cfg.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
   if (cfg.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
   require(cfg.gpu || (!args.has("--reps") && !args.get_flag("--full")), "--reps and --full go with --device cuda");
-  require(!cfg.gpu || !args.has("--dtype"), "--dtype goes with --device cpu (GPU ranks compute in bf16)");
   require(!(args.has("--tree") && args.has("--preset")), "give --tree or --preset, not both");
   cfg.tree = args.get_or("--tree", "");
   std::vector<std::string> names;
@@ -95,7 +94,14 @@ RunConfig read_options(const Args& args) {
   shape.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
   cfg.sink = args.get_flag("--sink");
   cfg.json = args.get_flag("--json");
-  cfg.dtype = args.get_choice("--dtype", "float", {"float", "double"});
+  // --dtype: the element type the ranks compute in, float or double on CPU ranks, bf16 or fp16 on GPUs
+  const std::string dtype = args.get_or("--dtype", cfg.gpu ? "bf16" : "float");
+  require(cfg.gpu || (dtype != "bf16" && dtype != "fp16"), "--dtype ", dtype,
+          " goes with --device cuda (CPU ranks compute in float or double)");
+  require(!cfg.gpu || (dtype != "float" && dtype != "double"), "--dtype ", dtype,
+          " goes with --device cpu (GPU ranks compute in bf16 or fp16)");
+  cfg.dtype = cfg.gpu ? args.get_choice("--dtype", "bf16", {"bf16", "fp16"})
+                      : args.get_choice("--dtype", "float", {"float", "double"});
   // CPU ranks: the coefficients measured on CPU machines (config/costs_cpu.json); GPU ranks: one H200 per
   // rank (config/costs_h200.json, calibrated on one H200); --costs overrides either.
   cfg.costs_path = args.get_or("--costs", config_file(cfg.gpu ? "costs_h200.json" : "costs_cpu.json"));
@@ -391,6 +397,7 @@ int execute(Communicator& comm, const RunJob& job) {
   if (c.gpu) {
     GpuRunConfig g;
     g.shape = c.shape, g.sink = c.sink, g.seed = c.seed, g.json = c.json;
+    g.dtype = c.dtype == "fp16" ? cuda::DType::kF16 : cuda::DType::kBf16;
     g.full = c.full;
     g.reps = c.reps;
     g.costs_path = c.costs_path;
@@ -425,7 +432,7 @@ int run_main(const std::vector<std::string>& argv) {
 
 const Register kRun("run",
                     "[--preset NAME | --tree FILE] [--ranks N] [--timeout S] [--device cpu|cuda] [--window W] [--sink] "
-                    "[--layout L] [--dtype float|double] [--scale F] [--seed S] [--hq H] [--hkv H] [--d D] [--chunk C] "
+                    "[--layout L] [--dtype float|double|bf16|fp16] [--scale F] [--seed S] [--hq H] [--hkv H] [--d D] [--chunk C] "
                     "[--costs FILE] [--trace FILE] [--full] [--reps N] [--backward-kv auto|keep|refetch] [--json]",
                     "the main job: plan, run dense attention CP forward+backward on N ranks (CPU processes or GPUs), "
                     "check against one process, report",

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "kernels/cuda/dtype.hpp"
 #include "kernels/shapes.hpp"
 #include "plan/cost.hpp"
 #include "plan/gdn_plan.hpp"
@@ -32,6 +33,7 @@ std::unique_ptr<NcclCommunicator> gpu_communicator(Communicator& world, double t
 
 struct GpuRunConfig {
   AttentionShape shape{32, 4, 128, 128};  // the layer (window included): planned, run and checked at it
+  cuda::DType dtype = cuda::DType::kBf16;  // of the activations (--dtype bf16 | fp16)
   bool sink = false;
   uint64_t seed = 0;
   bool json = false;

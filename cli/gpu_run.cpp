@@ -88,7 +88,8 @@ struct Outputs {
   std::vector<double> o, lse, dq, dk, dv, dsink;
 };
 
-// Inputs of the run: element i of tensor t is bf16(uniform_at(seed + t, i)) in the packed row.
+// Inputs of the run: element i of tensor t is uniform_at(seed + t, i) rounded to bf16 or fp16 (--dtype) in the packed
+// row.
 constexpr uint64_t kQ = 1, kK = 2, kV = 3, kDy = 4, kSink = 5;
 
 // One CP forward + backward of `row` on the ranks of `nccl`, inputs made on the device by each rank for its
@@ -106,8 +107,8 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
   const uint64_t s = cfg.seed * 16;
   auto input = [&](uint64_t tensor, int64_t width) {
     CudaBackend::Act shard = be.alloc_act(mine.size() * width);
-    cuda::fill_uniform_bf16(shard.data(), shard.size(), s + tensor, static_cast<uint64_t>(mine.begin * width),
-                            be.stream());
+    cuda::fill_uniform(shard.data(), shard.size(), s + tensor, static_cast<uint64_t>(mine.begin * width), be.stream(),
+                       be.dtype());
     return redistribute(nccl, be, shard, loader, owners, width);
   };
   const CudaBackend::Act q = input(kQ, qw), k = input(kK, kw), v = input(kV, kw), dy = input(kDy, qw);
@@ -133,13 +134,13 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
   nccl.all_reduce_sum(dsink.data(), cfg.shape.hq, CommType::F32);  // a replicated weight: the caller reduces it
   nccl.synchronize();
   Outputs out;
-  auto widen_bf16 = [](const std::vector<cuda::bf16_t>& a) {
+  auto widen_elems = [&](const std::vector<cuda::bf16_t>& a) {
     std::vector<double> r(a.size());
-    for (size_t i = 0; i < a.size(); ++i) r[i] = from_bf16(a[i]);
+    for (size_t i = 0; i < a.size(); ++i) r[i] = cuda::bits_to_f32(a[i], be.dtype());
     return r;
   };
   auto widen = [](const std::vector<float>& a) { return std::vector<double>(a.begin(), a.end()); };
-  out.o = widen_bf16(be.download(y));
+  out.o = widen_elems(be.download(y));
   out.lse = widen(be.download(lse));
   out.dq = widen(be.download(dq));
   out.dk = widen(be.download(dk));
@@ -149,10 +150,11 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
 }
 
 // The host values of tensor `t` for the whole row, as the device makes them.
-std::vector<double> host_values(uint64_t seed, int64_t n) {
+std::vector<double> host_values(uint64_t seed, int64_t n, cuda::DType dtype) {
   std::vector<double> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    out[static_cast<size_t>(i)] = from_bf16(to_bf16(static_cast<float>(uniform_at(seed, static_cast<uint64_t>(i)))));
+    out[static_cast<size_t>(i)] =
+        cuda::bits_to_f32(cuda::f32_to_bits(static_cast<float>(uniform_at(seed, static_cast<uint64_t>(i))), dtype), dtype);
   return out;
 }
 
@@ -166,7 +168,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
   const int64_t S = row.tokens();
   const int64_t qw = cfg.shape.q_width(), kw = cfg.shape.k_width();
   auto nccl = gpu_communicator(world, cfg.timeout_s);
-  CudaBackend be;
+  CudaBackend be(nullptr, cfg.dtype);
   nccl->set_compute_stream(be.stream());
   PlanReport report;
   const Plan plan = make_plan(row, n, cfg.shape, costs, options, &report);
@@ -229,15 +231,17 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
     Outputs one;
     if (n > 1) {
       NcclCommunicator solo(make_nccl_unique_id(), 0, 1, nccl->device());
-      CudaBackend be1;
+      CudaBackend be1(nullptr, cfg.dtype);
       solo.set_compute_stream(be1.stream());
       const Plan p1 = make_plan(row, 1, cfg.shape, costs, options);
       one = run_cp(solo, be1, row, p1, cfg, opt, 1, nullptr, nullptr, nullptr);
     }
     const Outputs& base = n > 1 ? one : cp;
+    // The bounds are bf16's (unit roundoff 2^-8), scaled for fp16's 2^-11.
+    const double u = cfg.dtype == cuda::DType::kF16 ? 0x1p-11 / 0x1p-8 : 1.0;
     if (cfg.full) {
       auto check = [&](const char* name, const std::vector<double>& got, const std::vector<double>& ref) {
-        checks.push_back({name, rel_error(got, ref), 1e-2, 0.0});
+        checks.push_back({name, rel_error(got, ref), 1e-2 * u, 0.0});
       };
       check("o", cp.o, base.o);
       check("lse", cp.lse, base.lse);
@@ -247,8 +251,8 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       if (cfg.sink) check("dsink", cp.dsink, base.dsink);
     } else {
       const uint64_t s = cfg.seed * 16;
-      const auto fq = host_values(s + kQ, S * qw), fk = host_values(s + kK, S * kw), fv = host_values(s + kV, S * kw),
-                 fdy = host_values(s + kDy, S * qw);
+      const auto fq = host_values(s + kQ, S * qw, cfg.dtype), fk = host_values(s + kK, S * kw, cfg.dtype),
+                 fv = host_values(s + kV, S * kw, cfg.dtype), fdy = host_values(s + kDy, S * qw, cfg.dtype);
       std::vector<double> sink(static_cast<size_t>(cfg.shape.hq));
       for (int h = 0; h < cfg.shape.hq; ++h)
         sink[static_cast<size_t>(h)] =
@@ -258,11 +262,11 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       prob.sink = cfg.sink ? sink.data() : nullptr;
       const auto ref = attention_reference(row, cfg.shape, prob);
       // bf16 storage: one GPU within 1e-2 (norm-wise); CP within twice what one GPU differs plus 2e-3 (its
-      // stage partials are rounded to bf16 once more before the merge).
+      // stage partials are rounded to bf16 once more before the merge); times u for fp16.
       auto check = [&](const char* name, const std::vector<double>& got, const std::vector<double>& got1,
                        const std::vector<double>& oracle) {
         const double e1 = rel_error(got1, oracle);
-        checks.push_back({name, rel_error(got, oracle), n > 1 ? std::min(2 * e1 + 2e-3, 1e-2) : 1e-2, e1});
+        checks.push_back({name, rel_error(got, oracle), n > 1 ? std::min(2 * e1 + 2e-3 * u, 1e-2 * u) : 1e-2 * u, e1});
       };
       check("o", cp.o, base.o, ref.o);
       check("lse", cp.lse, base.lse, ref.lse);
@@ -288,6 +292,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       out.set("source", cfg.source);
       out.set("device", std::string(prop.name));
       out.set("ranks", n);
+      out.set("dtype", std::string(cuda::dtype_name(cfg.dtype)));
       out.set("tokens", S);
       out.set("visible_pairs", st.visible_pairs);
       out.set("layout", std::string(layout_name(plan.layout)));
@@ -322,7 +327,8 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       out.set("ok", status == 0);
       std::cout << json::dump(out, 2) << "\n";
     } else {
-      std::printf("treecp run: %s, %d GPU ranks (%s), bf16\n", cfg.source.c_str(), n, prop.name);
+      std::printf("treecp run: %s, %d GPU ranks (%s), %s\n", cfg.source.c_str(), n, prop.name,
+                  cuda::dtype_name(cfg.dtype));
       std::printf("row: %lld tokens, %lld segments, depth %d, %lld visible pairs%s\n", static_cast<long long>(S),
                   static_cast<long long>(st.segments), st.depth, static_cast<long long>(st.visible_pairs),
                   cfg.shape.window > 0 ? (" (window " + std::to_string(cfg.shape.window) + ")").c_str() : "");

@@ -114,6 +114,7 @@ TEST(Boundary, MultiRankOptionErrorsAreOneLineBeforeAnyRankStarts) {
   } cases[] = {
       {"--tree " + (dir / "missing.json"), "cannot read file"},
       {"--dtype half", "option --dtype must be one of float, double; got 'half'"},
+      {"--dtype fp16", "--dtype fp16 goes with --device cuda (CPU ranks compute in float or double)"},
       {"--hq 6 --hkv 4", "option --hq (6) must be a multiple of --hkv (4)"},
       {"--d 0", "option --d must be in [1, 512], got 0"},
       {"--layout bogus", "option --layout must be one of"},

@@ -2,7 +2,8 @@
 // For each preset at CP1 (S = 40,960), Hq = 32, Hkv = 4, D = 128, bf16: per-new-tree setup (tile
 // lists built on the host and uploaded), a check of sampled rows against a double CPU reference,
 // then forward and forward+backward timed with CUDA events (median of the repetitions, each after half a second of
-// back-to-back calls: sustained clocks, as scripts/bench_flex.py times the peers).
+// back-to-back calls: sustained clocks, as scripts/bench_flex.py times the peers); the default paths again on the same
+// values rounded to fp16 (their own table, with the sampled check against the fp16 inputs' double reference).
 // FLOPs count visible pairs only: forward 4 A D Hq, backward 2.5x, forward+backward 3.5x that.
 // Backward and forward+backward include zeroing the fp32 gradients (the contract accumulates).
 // Usage: bench_attention [--out DIR] [--reps N] [--presets a,b,c] [--experiments 0|1]
@@ -12,6 +13,7 @@
 //   A/B loops (sustained clocks), <preset>_fwdtrace_cold.bin the same after a second of idle GPU (kFwdTraceWords
 //   uint64 per block).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,6 +25,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.hpp"
@@ -68,8 +71,10 @@ void fwd_ws(const treecp::cuda::detail::FwdArgs& a, int* counter = nullptr, unsi
     treecp::cuda::detail::launch_fwd_ws<C>(a, nullptr, trace, counter);
 }
 
-// Deterministic pseudo-normal bf16 fill (sum of 4 uniforms from a hash, scaled to unit variance).
-__global__ void fill_random(__nv_bfloat16* x, int64_t n, uint64_t seed) {
+// Deterministic pseudo-normal bf16 or fp16 fill (sum of 4 uniforms from a hash, scaled to unit variance): the same
+// values for a seed, rounded to T.
+template <class T>
+__global__ void fill_random(T* x, int64_t n, uint64_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint64_t h = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed;
@@ -80,12 +85,15 @@ __global__ void fill_random(__nv_bfloat16* x, int64_t n, uint64_t seed) {
       h ^= h >> 29;
       s += static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
     }
-    x[i] = __float2bfloat16((s - 2.f) * 1.7320508f);  // var of a sum of 4 U(0,1) = 1/3
+    const float val = (s - 2.f) * 1.7320508f;  // var of a sum of 4 U(0,1) = 1/3
+    if constexpr (std::is_same_v<T, __half>) x[i] = __float2half_rn(val);
+    else x[i] = __float2bfloat16(val);
   }
 }
 
-void fill(void* p, int64_t n, uint64_t seed) {
-  fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+void fill(void* p, int64_t n, uint64_t seed, DType dtype = DType::kBf16) {
+  if (dtype == DType::kF16) fill_random<<<1024, 256>>>(static_cast<__half*>(p), n, seed);
+  else fill_random<<<1024, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
   check_cuda(cudaGetLastError(), "fill_random");
 }
 
@@ -140,7 +148,7 @@ struct Result {
   std::string preset;
   int64_t tokens, pairs;
   bool seg_rule;
-  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, tmao_fwd[4], persist_fwd[3], prefetch_fwd[3], held_fwd[2], early_fwd, held_check, persist_check, cold_fwd_ms, warm_fwd_ms, fwd_idle_ms, dkdv_bwd[4], dkdv_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse;
+  double setup_ms, build_ms, fwd_ms, fwdwg_ms, fwd16_ms, fwd32_ms, bwd_ms, bwd_mma_ms, bwd_kernel_ms, bwd_nodq_ms, bwd_none_ms, bwd_dkv_ms, bwd_none2_ms, bwd_wg_ms, bwd_ws_ms, bwd_wsr_ms, bwd_wg2_ms, bwd_ws2_ms, bwd_wsr2_ms, fwd_two_ms, fwd_one_ms, fwd_two2_ms, fwd_one2_ms, fwd_lean_ms, fwd_lean2_ms, fwd_ws_ms, fwd_ws2_ms, fwd_lean3_ms, fwd_wsq_ms, fwd_wsq2_ms, fwd_wso_ms, fwd_wso2_ms, walk_fwd_ms, walk_rev_ms, walk_fwd2_ms, walk_rev2_ms, seg_def_ms, seg_seg_ms, seg_def2_ms, seg_seg2_ms, seg_check, idle_on_ms, idle_off_ms, idle_on2_ms, idle_off2_ms, tmao_fwd[4], persist_fwd[3], prefetch_fwd[3], held_fwd[2], early_fwd, held_check, persist_check, cold_fwd_ms, warm_fwd_ms, fwd_idle_ms, dkdv_bwd[4], dkdv_check, memset_dq_ms, dsum_ms, fwdbwd_ms, err_o, err_lse, f16_fwd_ms, f16_bwd_ms, f16_fwdbwd_ms, f16_err_o, f16_err_lse;
   int64_t fwd_full, fwd_partial, bwd_full, bwd_partial;
 };
 
@@ -266,10 +274,11 @@ int main(int argc, char** argv) {
       fp.workspace = workspace;
       fp.workspace_bytes = attention_forward_workspace_bytes();
 
-      // check: sampled query rows against a double reference over Row::visible
-      attention_forward(fp, dplan);
-      check_cuda(cudaDeviceSynchronize(), "forward");
-      {
+      // check: sampled query rows of the forward of `p` (just run) against a double reference over Row::visible;
+      // returns the O and LSE relative errors (norm-wise over the samples)
+      auto sampled_errors = [&](const AttentionForwardParams& p) {
+        auto val = [&](uint16_t b) { return p.dtype == DType::kF16 ? bits_to_f32(b, DType::kF16) : bf(b); };
+        const void *q = p.q, *k = p.k, *v = p.v, *o = p.o;
         std::vector<uint16_t> kh(nkv), vh(nkv);
         check_cuda(cudaMemcpy(kh.data(), k, nkv * 2, cudaMemcpyDeviceToHost), "copy");
         check_cuda(cudaMemcpy(vh.data(), v, nkv * 2, cudaMemcpyDeviceToHost), "copy");
@@ -280,8 +289,8 @@ int main(int argc, char** argv) {
           const int h = static_cast<int>(rng() % kHq), kvh = h / (kHq / kHkv);
           std::vector<uint16_t> qh(kD), oh(kD);
           float lg;
-          check_cuda(cudaMemcpy(qh.data(), static_cast<uint16_t*>(q) + (i * kHq + h) * kD, kD * 2, cudaMemcpyDeviceToHost), "copy");
-          check_cuda(cudaMemcpy(oh.data(), static_cast<uint16_t*>(o) + (i * kHq + h) * kD, kD * 2, cudaMemcpyDeviceToHost), "copy");
+          check_cuda(cudaMemcpy(qh.data(), static_cast<const uint16_t*>(q) + (i * kHq + h) * kD, kD * 2, cudaMemcpyDeviceToHost), "copy");
+          check_cuda(cudaMemcpy(oh.data(), static_cast<const uint16_t*>(o) + (i * kHq + h) * kD, kD * 2, cudaMemcpyDeviceToHost), "copy");
           check_cuda(cudaMemcpy(&lg, lse + i * kHq + h, 4, cudaMemcpyDeviceToHost), "copy");
           std::vector<double> s;
           std::vector<int64_t> js;
@@ -289,7 +298,7 @@ int main(int argc, char** argv) {
           for (int64_t j = 0; j <= i; ++j) {
             if (!row.visible(i, j)) continue;
             double dot = 0;
-            for (int d = 0; d < kD; ++d) dot += static_cast<double>(bf(qh[d])) * bf(kh[(j * kHkv + kvh) * kD + d]);
+            for (int d = 0; d < kD; ++d) dot += static_cast<double>(val(qh[d])) * val(kh[(j * kHkv + kvh) * kD + d]);
             s.push_back(dot * scale);
             js.push_back(j);
             mx = std::max(mx, s.back());
@@ -299,17 +308,19 @@ int main(int argc, char** argv) {
           const double l = mx + std::log(sum);
           std::vector<double> ref(kD, 0.0);
           for (size_t t = 0; t < s.size(); ++t)
-            for (int d = 0; d < kD; ++d) ref[d] += std::exp(s[t] - l) * bf(vh[(js[t] * kHkv + kvh) * kD + d]);
+            for (int d = 0; d < kD; ++d) ref[d] += std::exp(s[t] - l) * val(vh[(js[t] * kHkv + kvh) * kD + d]);
           for (int d = 0; d < kD; ++d) {
-            num += (bf(oh[d]) - ref[d]) * (bf(oh[d]) - ref[d]);
+            num += (val(oh[d]) - ref[d]) * (val(oh[d]) - ref[d]);
             den += ref[d] * ref[d];
           }
           lnum += (lg - l) * (lg - l);
           lden += l * l;
         }
-        r.err_o = std::sqrt(num / den);
-        r.err_lse = std::sqrt(lnum / lden);
-      }
+        return std::make_pair(std::sqrt(num / den), std::sqrt(lnum / lden));
+      };
+      attention_forward(fp, dplan);
+      check_cuda(cudaDeviceSynchronize(), "forward");
+      std::tie(r.err_o, r.err_lse) = sampled_errors(fp);
 
       using Mainloop = AttentionForwardParams::Mainloop;
       fp.mainloop = Mainloop::kWgmma;
@@ -470,6 +481,58 @@ int main(int argc, char** argv) {
       r.fwdbwd_ms = time_ms(reps, fwdbwd);
       sustain(500.0, bwd);
       r.bwd_ms = time_ms(reps, bwd);
+      {
+        // fp16: the same values rounded to fp16 in buffers of their own, the default paths, timed as the table's
+        void *q16, *k16, *v16, *o16, *do16;
+        check_cuda(cudaMalloc(&q16, nq * 2), "alloc");
+        check_cuda(cudaMalloc(&k16, nkv * 2), "alloc");
+        check_cuda(cudaMalloc(&v16, nkv * 2), "alloc");
+        check_cuda(cudaMalloc(&o16, nq * 2), "alloc");
+        check_cuda(cudaMalloc(&do16, nq * 2), "alloc");
+        fill(q16, nq, 1, DType::kF16);
+        fill(k16, nkv, 2, DType::kF16);
+        fill(v16, nkv, 3, DType::kF16);
+        fill(do16, nq, 4, DType::kF16);
+        AttentionForwardParams f16 = fp;
+        f16.dtype = DType::kF16;
+        f16.q = q16;
+        f16.k = k16;
+        f16.v = v16;
+        f16.o = o16;
+        AttentionBackwardParams b16 = bp;
+        b16.dtype = DType::kF16;
+        b16.q = q16;
+        b16.k = k16;
+        b16.v = v16;
+        b16.o = o16;
+        b16.d_o = do16;
+        attention_forward(f16, dplan);
+        check_cuda(cudaDeviceSynchronize(), "fp16 forward");
+        std::tie(r.f16_err_o, r.f16_err_lse) = sampled_errors(f16);
+        auto fwd16 = [&] { attention_forward(f16, dplan); };
+        auto zero_grads = [&] {
+          check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset");
+          check_cuda(cudaMemsetAsync(dk, 0, nkv * 4), "memset");
+          check_cuda(cudaMemsetAsync(dv, 0, nkv * 4), "memset");
+        };
+        auto fwdbwd16 = [&] {
+          zero_grads();
+          attention_forward(f16, dplan);
+          attention_backward(b16, dplan);
+        };
+        auto bwd16 = [&] {
+          zero_grads();
+          attention_backward(b16, dplan);
+        };
+        sustain(500.0, fwd16);
+        r.f16_fwd_ms = time_ms(reps, fwd16);
+        sustain(500.0, fwdbwd16);
+        r.f16_fwdbwd_ms = time_ms(reps, fwdbwd16);
+        sustain(500.0, bwd16);
+        r.f16_bwd_ms = time_ms(reps, bwd16);
+        check_cuda(cudaDeviceSynchronize(), "fp16 timing");
+        for (void* p : {q16, k16, v16, o16, do16}) cudaFree(p);
+      }
       bp.mainloop = Mainloop::kMmaSync;  // the earlier backward, for comparison in the same run
       r.bwd_mma_ms = time_exp(reps, [&] {
         check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "memset");
@@ -609,9 +672,17 @@ int main(int argc, char** argv) {
                   static_cast<long long>(r.bwd_full), static_cast<long long>(r.bwd_partial));
       js << "  {\"preset\": \"" << r.preset << "\", \"tokens\": " << r.tokens << ", \"pairs\": " << r.pairs
          << ", \"setup_ms\": " << r.setup_ms << ", \"fwd_ms\": " << r.fwd_ms << ", \"fwdbwd_ms\": " << r.fwdbwd_ms
-         << ", \"err_o\": " << r.err_o << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+         << ", \"err_o\": " << r.err_o << ", \"fp16_fwd_ms\": " << r.f16_fwd_ms << ", \"fp16_fwdbwd_ms\": " << r.f16_fwdbwd_ms
+         << ", \"fp16_err_o\": " << r.f16_err_o << "}" << (i + 1 < results.size() ? "," : "") << "\n";
     }
     js << "]\n";
+    std::printf("\nfp16 (the same values rounded to fp16), the default paths timed as the table's, ms (fp16 / bf16 - 1); "
+                "check: sampled O / LSE rel err against the double reference of the fp16 inputs\n");
+    std::printf("| preset | fwd ms | bwd ms | fwd+bwd ms | check O / LSE rel err |\n|---|---|---|---|---|\n");
+    for (const Result& r : results)
+      std::printf("| %s | %.3f (%+.1f%%) | %.3f (%+.1f%%) | %.3f (%+.1f%%) | %.1e / %.1e |\n", r.preset.c_str(), r.f16_fwd_ms,
+                  100 * (r.f16_fwd_ms / r.fwd_ms - 1), r.f16_bwd_ms, 100 * (r.f16_bwd_ms / r.bwd_ms - 1), r.f16_fwdbwd_ms,
+                  100 * (r.f16_fwdbwd_ms / r.fwdbwd_ms - 1), r.f16_err_o, r.f16_err_lse);
     std::printf("\nbackward attribution (timing only): wgmma bwd kernel without its dQ reduction, ms\n");
     for (const Result& r : results)
       std::printf("  %-12s default bwd %.3f ms (incl. dsum + zeroing); wgmma kernel (+ dK/dV zeroing) %.3f ms, the same without dQ adds %.3f ms; "

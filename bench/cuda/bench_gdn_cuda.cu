@@ -39,7 +39,7 @@ double gdn_chunk_flops(const std::vector<GdnCudaRun>& runs, int heads, int dk, i
   return f * heads;
 }
 
-// x = a x + b, bf16 in place (fill_uniform_bf16 gives [-1, 1)).
+// x = a x + b, bf16 in place (fill_uniform gives [-1, 1)).
 __global__ void affine_bf16(uint16_t* x, int64_t n, float a, float b) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -53,7 +53,7 @@ void* alloc(size_t bytes) {
 }
 
 void fill(void* p, int64_t n, uint64_t seed, float a, float b) {
-  fill_uniform_bf16(static_cast<uint16_t*>(p), n, seed, 0, nullptr);
+  fill_uniform(static_cast<uint16_t*>(p), n, seed, 0, nullptr);
   affine_bf16<<<1024, 256>>>(static_cast<uint16_t*>(p), n, a, b);
   check_cuda(cudaGetLastError(), "affine_bf16");
 }

@@ -1,5 +1,5 @@
-"""GPU tests (bf16 on CUDA, one process): skipped without a GPU or when the build has no CUDA backend
-(treecp._core.has_cuda_backend). Errors are bounded by the same-precision torch reference's own."""
+"""GPU tests (bf16 and, for attention, fp16 on CUDA, one process): skipped without a GPU or when the build has no
+CUDA backend (treecp._core.has_cuda_backend). Errors are bounded by the same-precision torch reference's own."""
 
 import socket
 
@@ -18,10 +18,14 @@ pytestmark = [
 ]
 
 
+# The absolute slack of the bound below is bf16's; fp16's unit roundoff (2^-11) is 8 times smaller than bf16's (2^-8).
+ATTENTION_ATOL = {torch.bfloat16: 1e-3, torch.float16: 1e-3 * 2.0 ** -3}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("window", [None, 90])
-def test_attention_on_cuda_is_as_accurate_as_torch_in_the_same_precision(d, window):
-    dtype = torch.bfloat16
+def test_attention_on_cuda_is_as_accurate_as_torch_in_the_same_precision(d, window, dtype):
     gen = torch.Generator().manual_seed(5)
     parents, lengths = random_row(gen, 12, 100)
     row = treecp.Row.from_segments(parents, lengths)
@@ -44,14 +48,16 @@ def test_attention_on_cuda_is_as_accurate_as_torch_in_the_same_precision(d, wind
     for name, a, b, c in zip(("o", "dq", "dk", "dv", "dsink"), (o,) + got, (o_ref,) + ref, (o64,) + truth):
         err = (a.double().cpu() - c).abs().max().item()
         err_ref = (b.double() - c).abs().max().item()
-        assert err <= 3 * err_ref + 1e-3, (name, err, err_ref)
+        assert err <= 3 * err_ref + ATTENTION_ATOL[dtype], (name, err, err_ref)
 
 
-def test_cuda_attention_runs_on_a_side_stream_and_under_compile():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_attention_runs_on_a_side_stream_and_under_compile(dtype):
     row = treecp.Row.from_segments([-1, 0, 0], [200, 100, 50])
     key = tt.plan(row)
-    q, k, v = (torch.randn(row.tokens, h, 64, device="cuda", dtype=torch.bfloat16) for h in (4, 2, 2))
+    q, k, v = (torch.randn(row.tokens, h, 64, device="cuda", dtype=dtype) for h in (4, 2, 2))
     ref, _ = tt.attention(q, k, v, key)
+    assert ref.dtype == dtype
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         o, _ = tt.attention(q, k, v, key)
@@ -59,6 +65,34 @@ def test_cuda_attention_runs_on_a_side_stream_and_under_compile():
     torch.testing.assert_close(o, ref, rtol=0, atol=0)
     compiled = torch.compile(lambda q, k, v: tt.attention(q, k, v, key)[0], fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k, v), ref, rtol=0, atol=0)
+    # forward and backward through the compiled graph (the custom op's fake and autograd registrations) equal eager
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    eager = torch.autograd.grad(tt.attention(*leaves, key)[0].float().square().sum(), leaves)
+    step = torch.compile(lambda q, k, v: tt.attention(q, k, v, key)[0].float().square().sum(), fullgraph=True,
+                         backend="aot_eager")
+    got = torch.autograd.grad(step(*leaves), leaves)
+    for a, b in zip(got, eager):  # dQ is summed by atomics: equal up to the order of its fp32 adds
+        assert a.dtype == dtype
+        torch.testing.assert_close(a, b)
+
+
+def test_cuda_attention_takes_fp16_and_bf16_calls_of_one_key_in_turn():
+    """One key (one cached backend) serves calls of both dtypes; each equals a fresh key's call of its dtype, and
+    GDN after an fp16 attention call still runs in bf16."""
+    row = treecp.Row.from_segments([-1, 0, 0], [150, 60, 40])
+    key = tt.plan(row)
+    gen = torch.Generator().manual_seed(3)
+    base = [torch.randn(row.tokens, h, 128, generator=gen) for h in (8, 2, 2)]
+    for dtype in (torch.float16, torch.bfloat16, torch.float16):
+        qkv = [x.to(dtype).cuda() for x in base]
+        o, lse = tt.attention(*qkv, key)
+        fresh, fresh_lse = tt.attention(*qkv, tt.plan(row))
+        assert o.dtype == dtype and lse.dtype == torch.float32
+        torch.testing.assert_close(o, fresh, rtol=0, atol=0)
+        torch.testing.assert_close(lse, fresh_lse, rtol=0, atol=0)
+    *inputs, _ = gdn_inputs(gen, row.tokens, 2, 64, 64, kda=False)
+    y = tt.gated_delta_rule(*(x.cuda() for x in inputs), key)
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()
 
 
 # ---------------------------------------------------------------- GDN / KDA and the short convolution

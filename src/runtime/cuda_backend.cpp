@@ -46,24 +46,13 @@ void set_common(P& p, const AttentionShape& dims, const DeviceBuffer<cuda::bf16_
 
 }  // namespace
 
-cuda::bf16_t to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<cuda::bf16_t>(u >> 16);
-}
+cuda::bf16_t to_bf16(float f) { return cuda::f32_to_bits(f, cuda::DType::kBf16); }
+float from_bf16(cuda::bf16_t h) { return cuda::bits_to_f32(h, cuda::DType::kBf16); }
 
-float from_bf16(cuda::bf16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-CudaBackend::CudaBackend(cudaStream_t stream)
+CudaBackend::CudaBackend(cudaStream_t stream, cuda::DType dtype)
     : pool_(std::make_unique<cuda::DevicePool>()),
       spare_plans_(std::make_shared<std::vector<std::unique_ptr<cuda::DeviceTilePlan>>>()) {
+  set_dtype(dtype);
   if (stream == nullptr) {
     cuda::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "CudaBackend: stream");
     own_stream_ = true;
@@ -90,6 +79,17 @@ void CudaBackend::set_stream(cudaStream_t stream) {
     own_stream_ = false;
   }
   stream_ = stream;
+}
+
+void CudaBackend::set_dtype(cuda::DType dtype) {
+  require(dtype == cuda::DType::kBf16 || dtype == cuda::DType::kF16, "CudaBackend: dtype must be bf16 or fp16, got ",
+          static_cast<int>(dtype));
+  dtype_ = dtype;
+}
+
+void CudaBackend::require_bf16(const char* who) const {
+  require(dtype_ == cuda::DType::kBf16, who, " on CUDA takes bf16 activations only; this backend's are ",
+          cuda::dtype_name(dtype_), " (attention takes either)");
 }
 
 void CudaBackend::synchronize() { cuda::check_cuda(cudaStreamSynchronize(stream_), "CudaBackend: synchronize"); }
@@ -178,7 +178,7 @@ template void CudaBackend::copy_rows(const DeviceBuffer<float>&, const std::vect
 
 void CudaBackend::pack_rows(const Act& src, int64_t src_width, const CopyList& copies, Act& dst, int64_t dst_width,
                             int64_t dst_col) {
-  cuda::pack_rows_bf16(src.data(), src_width, *copies.list, dst.data(), dst_width, dst_col, stream_);
+  cuda::pack_rows_b16(src.data(), src_width, *copies.list, dst.data(), dst_width, dst_col, stream_);
 }
 
 void CudaBackend::add_rows(const Grad& src, int64_t src_width, int64_t src_col, int64_t cols, const CopyList& copies,
@@ -190,6 +190,7 @@ void CudaBackend::attention_forward(const AttentionShape& dims, const Geometry& 
                                     Act& o, Stat& lse) {
   check_dims(dims, "attention_forward");
   cuda::AttentionForwardParams p;
+  p.dtype = dtype_;
   set_common(p, dims, q, kv);
   p.o = o.data();
   p.lse = lse.data();
@@ -210,6 +211,7 @@ void CudaBackend::merge_sink_forward(const AttentionShape& dims, int64_t rows, c
   const int64_t o_elems = rows * dims.hq * dims.dv, l_elems = rows * dims.hq;
   while (o_parts.size() - next > static_cast<size_t>(cuda::kMaxMergeParts)) {
     cuda::MergeSinkForwardParams p;
+    p.dtype = dtype_;
     p.num_parts = 0;
     if (acc_o.data()) {
       p.o_parts[p.num_parts] = acc_o.data();
@@ -231,6 +233,7 @@ void CudaBackend::merge_sink_forward(const AttentionShape& dims, int64_t rows, c
     acc_lse = std::move(out_l);
   }
   cuda::MergeSinkForwardParams p;
+  p.dtype = dtype_;
   if (acc_o.data()) {
     p.o_parts[p.num_parts] = acc_o.data();
     p.lse_parts[p.num_parts++] = acc_lse.data();
@@ -255,6 +258,7 @@ const CudaBackend::Act& CudaBackend::merge_sink_backward(const AttentionShape& d
   // One part, the complete output: d_o = w dy and Dsum = w dot(dy, o) - dJ/dL. Without a sink w = 1 where a
   // row has keys, so dO is dy itself (rows without keys read no dO) and only Dsum is written.
   cuda::MergeSinkBackwardParams p;
+  p.dtype = dtype_;
   p.num_parts = 1;
   p.o_parts[0] = o.data();
   p.lse_parts[0] = lse.data();
@@ -281,6 +285,7 @@ void CudaBackend::attention_backward(const AttentionShape& dims, const Geometry&
   check_dims(dims, "attention_backward");
   require(dkv.dk_row_stride == dkv.dv_row_stride, "attention_backward: dK and dV must share a row stride");
   cuda::AttentionBackwardParams p;
+  p.dtype = dtype_;
   set_common(p, dims, q, kv);
   p.o = o.data();
   p.d_o = d_o.data();
@@ -339,6 +344,7 @@ void CudaBackend::affine_state(const AffineShape& sh, const Grad& maps, int64_t 
 // each scan block reads its tile of the state before its chunks and writes the same tile after them)
 
 cuda::GdnCudaParams CudaBackend::gdn_params(const GdnShape& sh, const GdnInputs<Act>& in) const {
+  require_bf16("GDN/KDA");
   sh.validate();
   cuda::GdnCudaParams p;
   p.tokens = gdn_input_tokens(sh, in, [](const Act& b) { return b.size(); });
@@ -416,12 +422,14 @@ void CudaBackend::gdn_summary(const GdnShape& sh, const GdnInputs<Act>& in, int6
 }
 
 void CudaBackend::l2norm_forward(const Act& x, int64_t groups, int dim, Act& y) {
+  require_bf16("the q/k L2 normalisation");
   check_rows(x.size(), 0, groups, dim, "l2norm x");
   check_rows(y.size(), 0, groups, dim, "l2norm y");
   cuda::l2norm_forward(x.data(), groups, dim, y.data(), stream_);
 }
 
 void CudaBackend::l2norm_backward(const Act& x, const Grad& dy, int64_t groups, int dim, Grad& dx) {
+  require_bf16("the q/k L2 normalisation");
   check_rows(x.size(), 0, groups, dim, "l2norm x");
   check_rows(dy.size(), 0, groups, dim, "l2norm dy");
   check_rows(dx.size(), 0, groups, dim, "l2norm dx");
@@ -433,6 +441,7 @@ void CudaBackend::l2norm_backward(const Act& x, const Grad& dy, int64_t groups, 
 cuda::Conv1dDeviceParams CudaBackend::conv_params(const ConvShape& sh, const Act& x, const std::vector<int64_t>& prev,
                                                   int64_t out_rows, const Act& weight, const Act* bias,
                                                   DeviceBuffer<int64_t>& prev_dev) {
+  require_bf16("the short convolution");
   const int64_t rows = static_cast<int64_t>(prev.size());
   check_rows(x.size(), 0, rows, sh.channels, "conv1d x");
   check_rows(weight.size(), 0, 1, int64_t{sh.channels} * sh.width, "conv1d weight");

@@ -1,15 +1,22 @@
 // runtime/: executes plans on one rank, one class per layer kind, generic over a Backend and a
 // Communicator; moves activations between ownerships; the one-process references.
 //
-// The CUDA Backend of the runtime (runtime/backend.hpp) over kernels/cuda: bf16 activations, fp32
+// The CUDA Backend of the runtime (runtime/backend.hpp) over kernels/cuda: bf16 or fp16 activations (dtype()), fp32
 // statistics (LSE, Dsum, the sink) and fp32 gradient accumulators, every buffer from a caching device pool,
 // every operation enqueued on one compute stream and never waited for by the host. A stage's geometry is a
 // device tile plan built once per plan (host lists on any thread, then one copy) and reused by every layer
 // of that geometry; the row lists of a wave's pack and dK/dV add are uploaded once per plan too.
 //
 // The affine-state ops (GDN/KDA CP, runtime/affine_cp.hpp), GDN/KDA itself, the q/k L2 normalisation and the
-// short convolution run on kernels/cuda's gdn.hpp and layer_ops.hpp: bf16 inputs, fp32 states, maps and
-// gradients, scratch from the pool, one run of the chunk kernels per call.
+// short convolution run on kernels/cuda's gdn.hpp and layer_ops.hpp: bf16 inputs only (a backend of fp16
+// activations refuses them by name), fp32 states, maps and gradients, scratch from the pool, one run of the chunk
+// kernels per call.
+//
+// The element type is a run-time value of the backend, not a template argument: the runtime's protocol classes are
+// templates over the Backend, and for them an activation is a 16-bit row to pack, send and hand to the kernels
+// either way; a second backend type would compile every one of them twice for nothing. Elem stays the 16-bit
+// pattern, and every kernel call passes dtype() (the bindings set it per call: one cached backend serves bf16 and
+// fp16 calls; a call's work is enqueued with the dtype it was made under).
 //
 // Compiled only with CUDA (TREECP_HAVE_CUDA); the attention kernels need sm_90a for their fast paths and head
 // dims 64 or 128 with Dv = D.
@@ -78,7 +85,7 @@ class DeviceBuffer {
 
 class CudaBackend {
  public:
-  using Elem = cuda::bf16_t;
+  using Elem = cuda::bf16_t;  // the 16-bit pattern of a bf16 or an fp16 activation (dtype())
   using GradElem = float;
   using Act = DeviceBuffer<cuda::bf16_t>;
   using Stat = DeviceBuffer<float>;
@@ -92,12 +99,13 @@ class CudaBackend {
   struct Mark {
     cudaEvent_t event = nullptr;  // owned by the backend
   };
-  static constexpr CommType act_comm_type = CommType::BF16;
+  static constexpr CommType act_comm_type = CommType::BF16;  // 2-byte elements, never reduced: fp16 travels as is
   static constexpr CommType grad_comm_type = CommType::F32;
   static constexpr CommType comm_type = act_comm_type;
 
-  // Works on the current device, enqueuing on `stream` (nullptr: a new non-blocking stream of its own).
-  explicit CudaBackend(cudaStream_t stream = nullptr);
+  // Works on the current device, enqueuing on `stream` (nullptr: a new non-blocking stream of its own), with
+  // activations of `dtype` (bf16 or fp16).
+  explicit CudaBackend(cudaStream_t stream = nullptr, cuda::DType dtype = cuda::DType::kBf16);
   ~CudaBackend();
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -107,6 +115,9 @@ class CudaBackend {
   // stream, so switch only between steps, after the previous stream's work is ordered before the new one's.
   void set_stream(cudaStream_t stream);
   cuda::DevicePool& pool() { return *pool_; }
+  // The activations' element type; ops enqueued from now on read and write it (throws unless bf16 or fp16).
+  void set_dtype(cuda::DType dtype);
+  cuda::DType dtype() const { return dtype_; }
   void synchronize();  // host wait for the compute stream
 
   // ---- memory
@@ -188,6 +199,9 @@ class CudaBackend {
   std::unique_ptr<cuda::DevicePool> pool_;
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
+  cuda::DType dtype_ = cuda::DType::kBf16;
+  // GDN/KDA, the L2 normalisation and the short convolution: bf16 kernels only (throws naming `who` otherwise)
+  void require_bf16(const char* who) const;
   void* fwd_workspace_ = nullptr;  // the persistent forward's counter and hand-off words
   size_t fwd_workspace_bytes_ = 0;
   std::vector<cudaEvent_t> events_;
@@ -204,7 +218,7 @@ class CudaBackend {
   std::shared_ptr<std::vector<std::unique_ptr<cuda::DeviceTilePlan>>> spare_plans_;
 };
 
-// Host bf16 helpers (round to nearest even), for the CLI and tests.
+// Host bf16 helpers (round to nearest even), for the CLI and tests (cuda::f32_to_bits / bits_to_f32 for either type).
 cuda::bf16_t to_bf16(float f);
 float from_bf16(cuda::bf16_t h);
 

@@ -1,4 +1,4 @@
-// Helpers for the GPU tests: bf16 on the host, device buffers, random trees (common/common.hpp), a double-precision
+// Helpers for the GPU tests: bf16 and fp16 on the host, device buffers, random trees (common/common.hpp), a double-precision
 // oracle of slice attention (brute force over Row::visible), and relative errors.
 #pragma once
 
@@ -54,19 +54,24 @@ struct DeviceBuffer {
   void zero() { check_cuda(cudaMemset(ptr, 0, n * sizeof(T)), "test memset"); }
 };
 
-// A random bf16 tensor: bits for the device and the same values as doubles for the oracle.
+// A 16-bit element's value (bf16 by this file's converter, fp16 by kernels/cuda/dtype.hpp's, which the CPU suite
+// checks on every pattern).
+inline double elem_value(uint16_t bits, DType t) { return t == DType::kBf16 ? from_bf16(bits) : bits_to_f32(bits, t); }
+inline uint16_t to_elem(float f, DType t) { return t == DType::kBf16 ? to_bf16(f) : f32_to_bits(f, t); }
+
+// A random bf16 or fp16 tensor: bits for the device and the same values as doubles for the oracle.
 struct Tensor {
   std::vector<uint16_t> bits;
   std::vector<double> val;
 };
-inline Tensor random_tensor(size_t n, std::mt19937_64& rng, double stddev = 1.0) {
+inline Tensor random_tensor(size_t n, std::mt19937_64& rng, double stddev = 1.0, DType dtype = DType::kBf16) {
   std::normal_distribution<float> dist(0.f, static_cast<float>(stddev));
   Tensor t;
   t.bits.resize(n);
   t.val.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    t.bits[i] = to_bf16(dist(rng));
-    t.val[i] = from_bf16(t.bits[i]);
+    t.bits[i] = to_elem(dist(rng), dtype);
+    t.val[i] = elem_value(t.bits[i], dtype);
   }
   return t;
 }
@@ -211,6 +216,11 @@ double rel_error(const std::vector<A>& a, const std::vector<double>& b) {
 inline std::vector<double> bf16_to_double(const std::vector<uint16_t>& bits) {
   std::vector<double> out(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) out[i] = from_bf16(bits[i]);
+  return out;
+}
+inline std::vector<double> elem_to_double(const std::vector<uint16_t>& bits, DType t) {
+  std::vector<double> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = elem_value(bits[i], t);
   return out;
 }
 

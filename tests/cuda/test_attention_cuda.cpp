@@ -1,6 +1,7 @@
 // GPU slice attention against a double-precision brute-force oracle on random trees: tile lists,
 // forward (O, LSE), backward (dQ, dK, dV), the stage form merged with the fused merge + sink kernel,
-// GQA, head dims 64 and 128, sliding windows, single-token segments and rows with no visible key.
+// GQA, head dims 64 and 128, sliding windows, single-token segments and rows with no visible key; bf16 and fp16
+// operands (fp16 also at the ends of its range: values near 60000, logits far beyond it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,6 +32,73 @@ void launch_bwd_wgmma_variant(const detail::BwdArgs& a, int variant);
 namespace {
 
 constexpr double kTol = 1e-2;  // bf16 storage: relative error (norm-wise) of every output
+// The same bound for fp16 operands: kTol is 2.56 unit roundoffs of bf16 (8 significant bits: 2^-8); fp16 has 11
+// (2^-11), and its kernels round the same quantities (P, dS, O, the merge's outputs) to it.
+constexpr double kUnitRoundoffBf16 = 0x1p-8, kUnitRoundoffF16 = 0x1p-11;
+double tol(DType t) { return t == DType::kF16 ? kTol / kUnitRoundoffBf16 * kUnitRoundoffF16 : kTol; }
+
+// The error of the oracle's own O rounded to bf16. An fp16 O has 3 more significand bits, so it must come out well
+// below this (about an eighth of it from fp16's rounding); a path that went through bf16 anywhere in P, V or O could
+// not. The check that the fp16 kernels are fp16 throughout.
+double bf16_storage_error(const std::vector<double>& exact) {
+  std::vector<double> rounded(exact.size());
+  for (size_t i = 0; i < exact.size(); ++i) rounded[i] = from_bf16(to_bf16(static_cast<float>(exact[i])));
+  return rel_error(rounded, exact);
+}
+void expect_fp16_o(DType dtype, const std::vector<double>& o, const std::vector<double>& exact, const std::string& what) {
+  if (dtype != DType::kF16) return;
+  EXPECT_LT(rel_error(o, exact), 0.5 * bf16_storage_error(exact)) << what << ": fp16 O no better than bf16 rounding";
+}
+
+// Forward params over contiguous [rows, heads, d] buffers (q and o with hq heads, k and v with hkv).
+AttentionForwardParams contiguous_forward(DType dtype, const void* q, const void* k, const void* v, void* o, float* lse,
+                                          int hq, int hkv, int d, double scale) {
+  AttentionForwardParams fp;
+  fp.dtype = dtype;
+  fp.q = q;
+  fp.k = k;
+  fp.v = v;
+  fp.o = o;
+  fp.lse = lse;
+  fp.q_row_stride = fp.o_row_stride = int64_t{hq} * d;
+  fp.k_row_stride = fp.v_row_stride = int64_t{hkv} * d;
+  fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = fp.o_head_stride = d;
+  fp.lse_row_stride = hq;
+  fp.lse_head_stride = 1;
+  fp.hq = hq;
+  fp.hkv = hkv;
+  fp.head_dim = d;
+  fp.scale = static_cast<float>(scale);
+  return fp;
+}
+
+// Every forward path (main loop, rows per warp, with a workspace): the default with and without a workspace
+// (persistent where the warp-specialised kernel applies, and one block per tile), wgmma, mma.sync with 16 and 32
+// rows per warp.
+using Mainloop = AttentionForwardParams::Mainloop;
+constexpr std::tuple<Mainloop, int, bool> kForwardPaths[] = {{Mainloop::kDefault, 0, true},
+                                                             {Mainloop::kDefault, 0, false},
+                                                             {Mainloop::kWgmma, 0, false},
+                                                             {Mainloop::kMmaSync, 16, false},
+                                                             {Mainloop::kMmaSync, 32, false}};
+using ForwardPath = std::tuple<Mainloop, int, bool>;
+
+// The forward of `fp` on one path, into o and lse poisoned first (NaN shows what it leaves unwritten); returns the
+// path's description.
+std::string run_forward_path(AttentionForwardParams fp, const ForwardPath& path, DeviceBuffer<unsigned char>& workspace,
+                             DeviceBuffer<uint16_t>& o, DeviceBuffer<float>& lse, const DeviceTilePlan& plan) {
+  const auto& [mainloop, rows_per_warp, with_workspace] = path;
+  o.poison();
+  lse.poison();
+  fp.mainloop = mainloop;
+  fp.rows_per_warp = static_cast<int16_t>(rows_per_warp);
+  fp.workspace = with_workspace ? workspace.ptr : nullptr;
+  fp.workspace_bytes = with_workspace ? workspace.n : 0;
+  attention_forward(fp, plan);
+  check_cuda(cudaDeviceSynchronize(), "forward");
+  return "mainloop " + std::to_string(static_cast<int>(mainloop)) + " rows_per_warp " + std::to_string(rows_per_warp) +
+         " workspace " + std::to_string(with_workspace);
+}
 
 bool have_gpu() {
   int n = 0;
@@ -377,6 +445,41 @@ TEST(CudaArguments, BackwardNamesMisalignedOrMissingTensors) {
   bad = p;
   bad.hq = 6;  // the plan was built for group 2
   EXPECT_NE(message(bad).find("group"), std::string::npos) << message(bad);
+  bad = p;
+  bad.dtype = static_cast<DType>(7);  // neither bf16 nor fp16
+  EXPECT_NE(message(bad).find("dtype must be kBf16 or kF16, got 7"), std::string::npos) << message(bad);
+  {
+    AttentionForwardParams f;
+    f.dtype = static_cast<DType>(7);
+    f.hq = 4;
+    f.hkv = 2;
+    f.head_dim = 64;
+    f.scale = 0.125f;
+    try {
+      attention_forward(f, plan);
+      ADD_FAILURE() << "an unknown dtype was accepted by attention_forward";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("attention_forward: dtype must be kBf16 or kF16"), std::string::npos)
+          << e.what();
+    }
+    MergeSinkForwardParams mp;
+    mp.dtype = static_cast<DType>(7);
+    mp.num_parts = 1;
+    mp.o_parts[0] = fake(0x10000);
+    mp.lse_parts[0] = static_cast<const float*>(fake(0x20000));
+    mp.y = fake(0x30000);
+    mp.lse = static_cast<float*>(fake(0x40000));
+    mp.rows = 4;
+    mp.heads = 2;
+    mp.head_dim = 64;
+    try {
+      merge_sink_forward(mp);
+      ADD_FAILURE() << "an unknown dtype was accepted by merge_sink_forward";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("merge_sink_forward: dtype must be kBf16 or kF16"), std::string::npos)
+          << e.what();
+    }
+  }
   // the warp-specialised backward: head dim 128 only, and a group dividing 64
   bad = p;
   bad.dsum_ready = true;  // nothing is launched before the main-loop checks
@@ -418,8 +521,10 @@ struct Config {
   int hq, hkv, d;
   int64_t window;
   // Q and K's standard deviation: 6 makes scores' spread ~36 (natural units), so later key tiles often pass the first
-  // one's max by more than the held-offset softmax's limit (2^16, 11 natural units) and its fallback runs
+  // one's max by more than the held-offset softmax's limit (2^16, 11 natural units; 2^15 for fp16) and its fallback
+  // runs
   double qk_stddev = 1.0;
+  DType dtype = DType::kBf16;
 };
 
 class CudaAttention : public ::testing::TestWithParam<Config> {};
@@ -435,33 +540,23 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
   const Dims m{S, S, c.hq, c.hkv, c.d};
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
   const auto vis = [&](int64_t i, int64_t j) { return row.visible(i, j, c.window); };
-  Tensor q = random_tensor(S * c.hq * c.d, rng, c.qk_stddev), k = random_tensor(S * c.hkv * c.d, rng, c.qk_stddev),
-         v = random_tensor(S * c.hkv * c.d, rng), g = random_tensor(S * c.hq * c.d, rng);
+  Tensor q = random_tensor(S * c.hq * c.d, rng, c.qk_stddev, c.dtype),
+         k = random_tensor(S * c.hkv * c.d, rng, c.qk_stddev, c.dtype), v = random_tensor(S * c.hkv * c.d, rng, 1.0, c.dtype),
+         g = random_tensor(S * c.hq * c.d, rng, 1.0, c.dtype);
+  const double tl = tol(c.dtype);
   const OracleForward ref = oracle_forward(m, q.val, k.val, v.val, scale, vis);
 
   const TilePlan plan = build_tile_plan(row_slices(row, c.window), S, S, c.hq / c.hkv);
   const DeviceTilePlan dplan(plan);
   DeviceBuffer<uint16_t> dq_in(q.bits), dk_in(k.bits), dv_in(v.bits), dg(g.bits), o(S * c.hq * c.d);
   DeviceBuffer<float> lse(S * c.hq), dsum(S * c.hq), dq(S * c.hq * c.d), dk(S * c.hkv * c.d), dv(S * c.hkv * c.d);
-  AttentionForwardParams fp;
-  fp.q = dq_in.ptr;
-  fp.k = dk_in.ptr;
-  fp.v = dv_in.ptr;
-  fp.o = o.ptr;
-  fp.lse = lse.ptr;
-  fp.q_row_stride = fp.o_row_stride = int64_t{c.hq} * c.d;
-  fp.k_row_stride = fp.v_row_stride = int64_t{c.hkv} * c.d;
-  fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = fp.o_head_stride = c.d;
-  fp.lse_row_stride = c.hq;
-  fp.lse_head_stride = 1;
-  fp.hq = c.hq;
-  fp.hkv = c.hkv;
-  fp.head_dim = c.d;
-  fp.scale = static_cast<float>(scale);
-  // every barrier variant of the wgmma forward, launched directly
+  const AttentionForwardParams fp = contiguous_forward(c.dtype, dq_in.ptr, dk_in.ptr, dv_in.ptr, o.ptr, lse.ptr, c.hq,
+                                                       c.hkv, c.d, scale);
+  // every barrier variant of the wgmma forward, launched directly (bf16 only: the variants are the measured
+  // alternatives, wgmma_variants.cu instantiates them for bf16)
   const detail::FwdArgs fargs{fp, dplan.fwd, dplan.slices, static_cast<int32_t>(S), static_cast<int32_t>(S),
                               c.hq / c.hkv};
-  for (int variant = 0; variant < fwd_wgmma_variant_count(); ++variant) {
+  for (int variant = 0; c.dtype == DType::kBf16 && variant < fwd_wgmma_variant_count(); ++variant) {
     o.poison();
     lse.poison();
     launch_fwd_wgmma_variant(fargs, c.d, variant);
@@ -469,29 +564,14 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
     EXPECT_LT(rel_error(bf16_to_double(o.download()), ref.o), kTol) << "barrier variant " << variant;
     EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3) << "barrier variant " << variant;
   }
-  using Mainloop = AttentionForwardParams::Mainloop;
-  // every forward path: the default, wgmma, mma.sync with 16 and 32 rows per warp; the last one feeds
-  // the backward (the default is the warp-specialised kernel where it applies)
-  // (the default twice: with a workspace, persistent where the warp-specialised kernel applies, and without one)
+  // every forward path; the last one feeds the backward
   DeviceBuffer<unsigned char> workspace(attention_forward_workspace_bytes());
-  const std::tuple<Mainloop, int, bool> variants[] = {{Mainloop::kDefault, 0, true},
-                                                       {Mainloop::kDefault, 0, false},
-                                                       {Mainloop::kWgmma, 0, false},
-                                                       {Mainloop::kMmaSync, 16, false},
-                                                       {Mainloop::kMmaSync, 32, false}};
-  for (const auto& [mainloop, rows_per_warp, with_workspace] : variants) {
-    o.poison();
-    lse.poison();
-    fp.mainloop = mainloop;
-    fp.rows_per_warp = rows_per_warp;
-    fp.workspace = with_workspace ? workspace.ptr : nullptr;
-    fp.workspace_bytes = with_workspace ? workspace.n : 0;
-    attention_forward(fp, dplan);
-    check_cuda(cudaDeviceSynchronize(), "forward");
-    EXPECT_LT(rel_error(bf16_to_double(o.download()), ref.o), kTol)
-        << "mainloop " << static_cast<int>(mainloop) << " rows_per_warp " << rows_per_warp << " workspace " << with_workspace;
-    EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3)
-        << "mainloop " << static_cast<int>(mainloop) << " rows_per_warp " << rows_per_warp << " workspace " << with_workspace;
+  for (const ForwardPath& path : kForwardPaths) {
+    const std::string what = run_forward_path(fp, path, workspace, o, lse, dplan);
+    const std::vector<double> od = elem_to_double(o.download(), c.dtype);
+    EXPECT_LT(rel_error(od, ref.o), tl) << what;
+    expect_fp16_o(c.dtype, od, ref.o, what);
+    EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3) << what;
   }
   if (c.d == 128) {  // a workspace too small for the persistent kernel is an error, not a silent fallback
     AttentionForwardParams small = fp;
@@ -505,10 +585,9 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
       EXPECT_NE(std::string(e.what()).find("workspace_bytes must be at least"), std::string::npos) << e.what();
     }
   }
-  fp.workspace = nullptr;
-  fp.workspace_bytes = 0;
 
   AttentionBackwardParams bp;
+  bp.dtype = c.dtype;
   bp.q = dq_in.ptr;
   bp.k = dk_in.ptr;
   bp.v = dv_in.ptr;
@@ -541,9 +620,9 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
     bp.mainloop = mainloop;
     attention_backward(bp, dplan);
     check_cuda(cudaDeviceSynchronize(), "backward");
-    EXPECT_LT(rel_error(dq.download(), rb.dq), kTol) << "mainloop " << static_cast<int>(mainloop);
-    EXPECT_LT(rel_error(dk.download(), rb.dk), kTol) << "mainloop " << static_cast<int>(mainloop);
-    EXPECT_LT(rel_error(dv.download(), rb.dv), kTol) << "mainloop " << static_cast<int>(mainloop);
+    EXPECT_LT(rel_error(dq.download(), rb.dq), tl) << "mainloop " << static_cast<int>(mainloop);
+    EXPECT_LT(rel_error(dk.download(), rb.dk), tl) << "mainloop " << static_cast<int>(mainloop);
+    EXPECT_LT(rel_error(dv.download(), rb.dv), tl) << "mainloop " << static_cast<int>(mainloop);
   }
   if (c.d == 128) {
     // wgmma and the default with a dQ buffer that is only 8-byte aligned (the float2 reductions' minimum)
@@ -558,16 +637,16 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
       check_cuda(cudaDeviceSynchronize(), "backward");
       const std::vector<float> all = dq_off.download();
       const int ml = static_cast<int>(mainloop);
-      EXPECT_LT(rel_error(std::vector<float>(all.begin() + 2, all.end()), rb.dq), kTol) << "dQ 8-byte aligned " << ml;
-      EXPECT_LT(rel_error(dk.download(), rb.dk), kTol) << "dQ 8-byte aligned " << ml;
-      EXPECT_LT(rel_error(dv.download(), rb.dv), kTol) << "dQ 8-byte aligned " << ml;
+      EXPECT_LT(rel_error(std::vector<float>(all.begin() + 2, all.end()), rb.dq), tl) << "dQ 8-byte aligned " << ml;
+      EXPECT_LT(rel_error(dk.download(), rb.dk), tl) << "dQ 8-byte aligned " << ml;
+      EXPECT_LT(rel_error(dv.download(), rb.dv), tl) << "dQ 8-byte aligned " << ml;
     }
     // every overlap variant of the wgmma backward (Dsum is ready from the calls above)
     bp.dq = dq.ptr;
     bp.dsum_ready = true;
     const detail::BwdArgs args{bp, dplan.bwd, dplan.slices, static_cast<int32_t>(S), static_cast<int32_t>(S),
                                c.hq / c.hkv};
-    for (int variant = 0; variant < bwd_wgmma_variant_count(); ++variant) {
+    for (int variant = 0; c.dtype == DType::kBf16 && variant < bwd_wgmma_variant_count(); ++variant) {
       dq.zero();
       dk.zero();
       dv.zero();
@@ -587,32 +666,20 @@ TEST_P(CudaAttention, ForwardBackwardRandomTree) {
 // LSE = -inf on every forward path, with K and V null.
 TEST(CudaAttentionNoKeys, ZeroOutputAndMinusInfinityLse) {
   REQUIRE_GPU();
-  using Mainloop = AttentionForwardParams::Mainloop;
+  for (DType dtype : {DType::kBf16, DType::kF16})
   for (int d : {64, 128}) {
     const int hq = 8, hkv = 2;
     const int64_t S = 37;
     const DeviceTilePlan dplan(build_tile_plan({}, S, 0, hq / hkv));
     std::mt19937_64 rng = treecp::testing::test_rng(4);
-    Tensor q = random_tensor(S * hq * d, rng);
+    Tensor q = random_tensor(S * hq * d, rng, 1.0, dtype);
     DeviceBuffer<uint16_t> dq_in(q.bits), o(S * hq * d);
     DeviceBuffer<float> lse(S * hq);
     DeviceBuffer<unsigned char> workspace(attention_forward_workspace_bytes());
-    AttentionForwardParams fp;
-    fp.q = dq_in.ptr;
-    fp.o = o.ptr;
-    fp.lse = lse.ptr;
-    fp.q_row_stride = fp.o_row_stride = int64_t{hq} * d;
-    fp.k_row_stride = fp.v_row_stride = int64_t{hkv} * d;
-    fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = fp.o_head_stride = d;
-    fp.lse_row_stride = hq;
-    fp.lse_head_stride = 1;
-    fp.hq = hq;
-    fp.hkv = hkv;
-    fp.head_dim = d;
-    fp.scale = 0.1f;
+    AttentionForwardParams fp = contiguous_forward(dtype, dq_in.ptr, nullptr, nullptr, o.ptr, lse.ptr, hq, hkv, d, 0.1);
     for (Mainloop mainloop : {Mainloop::kDefault, Mainloop::kMmaSync}) {
       for (bool with_workspace : {false, true}) {
-        const std::string what = "d " + std::to_string(d) + " mainloop " + std::to_string(static_cast<int>(mainloop)) +
+        const std::string what = std::string(dtype_name(dtype)) + " d " + std::to_string(d) + " mainloop " + std::to_string(static_cast<int>(mainloop)) +
                                  " workspace " + std::to_string(with_workspace);
         o.poison();
         lse.poison();
@@ -621,9 +688,65 @@ TEST(CudaAttentionNoKeys, ZeroOutputAndMinusInfinityLse) {
         fp.workspace_bytes = with_workspace ? workspace.n : 0;
         attention_forward(fp, dplan);
         check_cuda(cudaDeviceSynchronize(), "forward without keys");
-        for (uint16_t bits : o.download()) ASSERT_EQ(from_bf16(bits), 0.f) << what;
+        for (uint16_t bits : o.download()) ASSERT_EQ(elem_value(bits, dtype), 0.0) << what;
         for (float l : lse.download()) ASSERT_TRUE(std::isinf(l) && l < 0) << what << ": lse " << l;
       }
+    }
+  }
+}
+
+// fp16 at the ends of its range (largest finite value 65504): V near +-60000 gives O near +-60000 and never inf (O is
+// a convex combination of V's rows, accumulated in fp32 and normalised before the store); logits far past 65504 (Q
+// and K of standard deviation 64 at D = 128: raw scores around 46,000, many above 65,504) are fine because scores,
+// softmax and LSE are fp32. Every forward path against the oracle, with the bound of the random-tree tests.
+TEST(CudaAttentionFp16, LargeValuesAndLogits) {
+  REQUIRE_GPU();
+  TREECP_SEED_TRACE;
+  std::mt19937_64 rng = treecp::testing::test_rng(5);
+  const Row row = random_row(rng, 12, 50);
+  const int64_t S = row.tokens();
+  const int hq = 8, hkv = 2, d = 128;
+  const Dims m{S, S, hq, hkv, d};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto vis = [&](int64_t i, int64_t j) { return row.visible(i, j, 0); };
+  const TilePlan plan = build_tile_plan(row_slices(row, 0), S, S, hq / hkv);
+  const DeviceTilePlan dplan(plan);
+  DeviceBuffer<unsigned char> workspace(attention_forward_workspace_bytes());
+  for (const bool large_v : {true, false}) {
+    const double qk_stddev = large_v ? 1.0 : 64.0;
+    Tensor q = random_tensor(S * hq * d, rng, qk_stddev, DType::kF16), k = random_tensor(S * hkv * d, rng, qk_stddev, DType::kF16);
+    Tensor v = random_tensor(S * hkv * d, rng, 1.0, DType::kF16);
+    if (large_v) {
+      std::uniform_real_distribution<float> mag(59000.f, 60000.f);
+      for (size_t i = 0; i < v.bits.size(); ++i) {
+        v.bits[i] = to_elem((rng() & 1) ? mag(rng) : -mag(rng), DType::kF16);
+        v.val[i] = elem_value(v.bits[i], DType::kF16);
+      }
+    }
+    double max_score = 0;  // the case's point: raw scores beyond fp16's range
+    for (int64_t i = 0; i < S && !large_v; ++i)
+      for (int64_t j = 0; j < S; ++j) {
+        if (!vis(i, j)) continue;
+        double dot = 0;
+        for (int x = 0; x < d; ++x) dot += q.val[(i * hq) * d + x] * k.val[(j * hkv) * d + x];
+        max_score = std::max(max_score, std::fabs(dot));
+      }
+    if (!large_v) {
+      EXPECT_GT(max_score, 65504.0);
+    }
+    const OracleForward ref = oracle_forward(m, q.val, k.val, v.val, scale, vis);
+    DeviceBuffer<uint16_t> dq_in(q.bits), dk_in(k.bits), dv_in(v.bits), o(S * hq * d);
+    DeviceBuffer<float> lse(S * hq);
+    const AttentionForwardParams fp =
+        contiguous_forward(DType::kF16, dq_in.ptr, dk_in.ptr, dv_in.ptr, o.ptr, lse.ptr, hq, hkv, d, scale);
+    for (const ForwardPath& path : kForwardPaths) {
+      const std::string what =
+          std::string(large_v ? "V near 60000, " : "logits past 65504, ") + run_forward_path(fp, path, workspace, o, lse, dplan);
+      const std::vector<double> od = elem_to_double(o.download(), DType::kF16);
+      for (double x : od) ASSERT_TRUE(std::isfinite(x)) << what << ": O " << x;
+      EXPECT_LT(rel_error(od, ref.o), tol(DType::kF16)) << what;
+      expect_fp16_o(DType::kF16, od, ref.o, what);
+      EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3) << what;
     }
   }
 }
@@ -638,8 +761,10 @@ TEST_P(CudaAttention, StagesMergeSink) {
   const Dims m{S, S, c.hq, c.hkv, c.d};
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
   const auto vis = [&](int64_t i, int64_t j) { return row.visible(i, j, c.window); };
-  Tensor q = random_tensor(S * c.hq * c.d, rng, c.qk_stddev), k = random_tensor(S * c.hkv * c.d, rng, c.qk_stddev),
-         v = random_tensor(S * c.hkv * c.d, rng), g = random_tensor(S * c.hq * c.d, rng);
+  Tensor q = random_tensor(S * c.hq * c.d, rng, c.qk_stddev, c.dtype),
+         k = random_tensor(S * c.hkv * c.d, rng, c.qk_stddev, c.dtype), v = random_tensor(S * c.hkv * c.d, rng, 1.0, c.dtype),
+         g = random_tensor(S * c.hq * c.d, rng, 1.0, c.dtype);
+  const double tl = tol(c.dtype);
   std::vector<double> sink(c.hq);
   std::normal_distribution<double> nd(1.0, 1.0);
   for (auto& a : sink) a = static_cast<float>(nd(rng));
@@ -675,28 +800,15 @@ TEST_P(CudaAttention, StagesMergeSink) {
     lc.back()->poison();
     dkc.back()->zero();
     dvc.back()->zero();
-    AttentionForwardParams fp;
-    fp.q = dq_in.ptr;
-    fp.k = kc.back()->ptr;
-    fp.v = vc.back()->ptr;
-    fp.o = oc.back()->ptr;
-    fp.lse = lc.back()->ptr;
-    fp.q_row_stride = fp.o_row_stride = int64_t{c.hq} * c.d;
-    fp.k_row_stride = fp.v_row_stride = int64_t{c.hkv} * c.d;
-    fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = fp.o_head_stride = c.d;
-    fp.lse_row_stride = c.hq;
-    fp.lse_head_stride = 1;
-    fp.hq = c.hq;
-    fp.hkv = c.hkv;
-    fp.head_dim = c.d;
-    fp.scale = static_cast<float>(scale);
+    const AttentionForwardParams fp = contiguous_forward(c.dtype, dq_in.ptr, kc.back()->ptr, vc.back()->ptr,
+                                                         oc.back()->ptr, lc.back()->ptr, c.hq, c.hkv, c.d, scale);
     // every forward variant on this stage against the stage's own oracle: the rows that see none of its keys
     // get LSE = -inf and O = 0 exactly (exp2_poly turns masked scores into tiny values, not zeros)
     const auto vis_s = [&](int64_t i, int64_t j) { return j >= c0 && j < c1 && vis(i, j); };
     const OracleForward ref_s = oracle_forward(m, q.val, k.val, v.val, scale, vis_s);
     const detail::FwdArgs fargs{fp, plans.back().fwd, plans.back().slices, static_cast<int32_t>(S),
                                 static_cast<int32_t>(n), c.hq / c.hkv};
-    for (int variant = 0; variant < fwd_wgmma_variant_count(); ++variant) {
+    for (int variant = 0; c.dtype == DType::kBf16 && variant < fwd_wgmma_variant_count(); ++variant) {
       oc.back()->poison();
       lc.back()->poison();
       launch_fwd_wgmma_variant(fargs, c.d, variant);
@@ -714,8 +826,21 @@ TEST_P(CudaAttention, StagesMergeSink) {
     oc.back()->poison();
     lc.back()->poison();
     attention_forward(fp, plans.back());
+    if (c.dtype == DType::kF16) {  // the stage on the library's default path (the variants above are bf16's)
+      check_cuda(cudaDeviceSynchronize(), "stage forward");
+      const auto l = lc.back()->download();
+      const auto o = elem_to_double(oc.back()->download(), c.dtype);
+      EXPECT_LT(rel_error(o, ref_s.o), tl) << "stage " << s;
+      EXPECT_LT(rel_error(l, ref_s.lse), 1e-3) << "stage " << s;
+      for (int64_t i = 0; i < S * c.hq; ++i)
+        if (ref_s.lse[i] == -INFINITY) {
+          ASSERT_EQ(l[i], -INFINITY) << "stage " << s << " row " << i;
+          for (int d = 0; d < c.d; ++d) ASSERT_EQ(o[i * c.d + d], 0.0) << "stage " << s;
+        }
+    }
   }
   MergeSinkForwardParams mp;
+  mp.dtype = c.dtype;
   mp.num_parts = stages;
   for (int s = 0; s < stages; ++s) {
     mp.o_parts[s] = oc[s]->ptr;
@@ -737,7 +862,9 @@ TEST_P(CudaAttention, StagesMergeSink) {
       const double w = l == -INFINITY ? 0.0 : 1.0 / (1.0 + std::exp(sink[h] - l));
       for (int d = 0; d < c.d; ++d) y_ref[(i * c.hq + h) * c.d + d] = w * ref.o[(i * c.hq + h) * c.d + d];
     }
-  EXPECT_LT(rel_error(bf16_to_double(y.download()), y_ref), kTol);
+  const std::vector<double> yd = elem_to_double(y.download(), c.dtype);
+  EXPECT_LT(rel_error(yd, y_ref), tl);
+  expect_fp16_o(c.dtype, yd, y_ref, "merged y");
   EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3);
   // some stage must have had rows with no visible key (its LSE = -inf, O = 0 exactly)
   int64_t empty_rows = 0;
@@ -753,6 +880,7 @@ TEST_P(CudaAttention, StagesMergeSink) {
   EXPECT_GT(empty_rows, 0);
 
   MergeSinkBackwardParams mb;
+  mb.dtype = c.dtype;
   mb.num_parts = stages;
   for (int s = 0; s < stages; ++s) {
     mb.o_parts[s] = oc[s]->ptr;
@@ -771,6 +899,7 @@ TEST_P(CudaAttention, StagesMergeSink) {
   merge_sink_backward(mb);
   for (int s = 0; s < stages; ++s) {
     AttentionBackwardParams bp;
+    bp.dtype = c.dtype;
     bp.q = dq_in.ptr;
     bp.k = kc[s]->ptr;
     bp.v = vc[s]->ptr;
@@ -801,20 +930,27 @@ TEST_P(CudaAttention, StagesMergeSink) {
     dk_all.insert(dk_all.end(), a.begin(), a.end());
     dv_all.insert(dv_all.end(), b.begin(), b.end());
   }
-  EXPECT_LT(rel_error(dq.download(), rb.dq), kTol);
-  EXPECT_LT(rel_error(dk_all, rb.dk), kTol);
-  EXPECT_LT(rel_error(dv_all, rb.dv), kTol);
-  EXPECT_LT(rel_error(dsink.download(), rb.dsink), kTol);
+  EXPECT_LT(rel_error(dq.download(), rb.dq), tl);
+  EXPECT_LT(rel_error(dk_all, rb.dk), tl);
+  EXPECT_LT(rel_error(dv_all, rb.dv), tl);
+  EXPECT_LT(rel_error(dsink.download(), rb.dsink), tl);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                          ::testing::Values(Config{4, 4, 64, 0}, Config{8, 2, 128, 0}, Config{8, 1, 64, 37},
                                            Config{32, 4, 128, 0}, Config{6, 2, 128, 100}, Config{3, 3, 128, 5},
-                                           Config{8, 2, 128, 0, 6.0}),
+                                           Config{8, 2, 128, 0, 6.0},
+                                           // fp16: both head dims, the warp-specialised paths (G 4 and 1,
+                                           // persistent with the held offset), wgmma where G does not divide
+                                           // their tiles (6 / 2: G 3), windows, and the held offset's fallback
+                                           Config{4, 4, 64, 0, 1.0, DType::kF16}, Config{8, 2, 128, 0, 1.0, DType::kF16},
+                                           Config{8, 1, 64, 37, 1.0, DType::kF16}, Config{6, 2, 128, 100, 1.0, DType::kF16},
+                                           Config{3, 3, 128, 5, 1.0, DType::kF16}, Config{8, 2, 128, 0, 6.0, DType::kF16}),
                          [](const ::testing::TestParamInfo<Config>& i) {
                            return "hq" + std::to_string(i.param.hq) + "_hkv" + std::to_string(i.param.hkv) + "_d" +
                                   std::to_string(i.param.d) + "_w" + std::to_string(i.param.window) +
-                                  (i.param.qk_stddev != 1.0 ? "_sharp" : "");
+                                  (i.param.qk_stddev != 1.0 ? "_sharp" : "") +
+                                  (i.param.dtype == DType::kF16 ? "_fp16" : "");
                          });
 
 }  // namespace

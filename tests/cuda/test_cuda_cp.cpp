@@ -1,8 +1,9 @@
 // Dense attention CP through the CUDA backend (runtime/cuda_backend.hpp), on one GPU: one rank over the
 // self communicator, and 2-4 ranks as threads sharing the GPU over the thread communicator (exchanges
 // landing late and out of order, device copies). Every output and gradient is held against the CPU double
-// reference on the same bf16 inputs; a CP run may differ from it by at most twice what the one-rank GPU
-// run differs (its stage partials are rounded to bf16 once more before the merge) plus 2e-3.
+// reference on the same bf16 (or fp16) inputs; a CP run may differ from it by at most twice what the one-rank GPU
+// run differs (its stage partials are rounded to bf16 once more before the merge) plus 2e-3 (both bounds scaled
+// by 2^-11 / 2^-8 for fp16, whose unit roundoff is 8 times smaller).
 // Skipped without a GPU; the host-only parts (geometry preparation) run everywhere.
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "comm/thread_communicator.hpp"
+#include "core/error.hpp"
 #include "cuda_test_util.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "runtime/reference.hpp"
@@ -32,16 +34,16 @@ bool have_gpu() {
 }
 
 struct Inputs {
-  std::vector<uint16_t> q, k, v, dy;       // bf16 bits, token-major
+  std::vector<uint16_t> q, k, v, dy;       // bf16 or fp16 bits, token-major
   std::vector<double> qd, kd, vd, dyd;     // the same values
   std::vector<float> sink;
 };
 
-Inputs make_inputs(uint64_t seed, int64_t S, int hq, int hkv, int d) {
+Inputs make_inputs(uint64_t seed, int64_t S, int hq, int hkv, int d, cuda::DType dtype = cuda::DType::kBf16) {
   std::mt19937_64 rng(seed);
   Inputs in;
   auto fill = [&](int64_t n, std::vector<uint16_t>& bits, std::vector<double>& val) {
-    const auto t = cuda::test::random_tensor(static_cast<size_t>(n), rng);
+    const auto t = cuda::test::random_tensor(static_cast<size_t>(n), rng, 1.0, dtype);
     bits = t.bits;
     val = t.val;
   };
@@ -60,6 +62,7 @@ std::vector<T> take_rows(const std::vector<T>& full, int64_t width, const std::v
 
 using cuda::test::put_rows;
 double bf(uint16_t x) { return cuda::test::from_bf16(x); }
+double hf(uint16_t x) { return cuda::bits_to_f32(x, cuda::DType::kF16); }
 double fl(float x) { return x; }
 
 struct Result {
@@ -74,6 +77,7 @@ struct Case {
   bool sink;
   BackwardKv kv;
   bool stateless;
+  cuda::DType dtype = cuda::DType::kBf16;
 };
 
 // Runs the case on `c.ranks` threads sharing device 0 and returns the full-row results.
@@ -100,7 +104,7 @@ Result run_cp(const Case& c, const Row& row, const Inputs& in) {
     threads.emplace_back([&, rank] {
       try {
         cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");
-        CudaBackend be;
+        CudaBackend be(nullptr, c.dtype);
         DenseAttentionOptions o;
         o.backward_kv = c.kv;
         DenseAttentionCP<CudaBackend> cp(plan, row, shape, *comms[static_cast<size_t>(rank)], be, o);
@@ -128,7 +132,7 @@ Result run_cp(const Case& c, const Row& row, const Inputs& in) {
         const auto lh = be.download(lse), dqh = be.download(dq), dkh = be.download(dk), dvh = be.download(dv),
                    dsh = be.download(dsink);
         std::lock_guard<std::mutex> g(lock);
-        put_rows<uint16_t>(r.o, yh, qw, owned, bf);
+        put_rows<uint16_t>(r.o, yh, qw, owned, c.dtype == cuda::DType::kF16 ? hf : bf);
         put_rows<float>(r.lse, lh, c.hq, owned, fl);
         put_rows<float>(r.dq, dqh, qw, owned, fl);
         put_rows<float>(r.dk, dkh, kw, owned, fl);
@@ -155,13 +159,18 @@ TEST(CudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
       {4, Layout::Perdoc, 8, 1, 64, 37, false, BackwardKv::Keep, false},
       {4, Layout::Family, 6, 2, 128, 0, true, BackwardKv::Refetch, true},
       {3, Layout::Zigzag, 4, 4, 64, 0, true, BackwardKv::Keep, false},
+      {3, Layout::Searched, 32, 4, 128, 0, true, BackwardKv::Keep, true, cuda::DType::kF16},
+      {4, Layout::Perdoc, 8, 1, 64, 37, false, BackwardKv::Refetch, false, cuda::DType::kF16},
+      {2, Layout::Contiguous, 6, 2, 128, 100, true, BackwardKv::Keep, false, cuda::DType::kF16},
   };
   for (const Case& c : cases) {
     std::mt19937_64 rng(seed++);
     const Row row = cuda::test::random_row(rng, 14, 300);
     const int64_t S = row.tokens();
-    const Inputs in = make_inputs(seed * 3, S, c.hq, c.hkv, c.d);
-    SCOPED_TRACE(std::string(layout_name(c.layout)) + " ranks " + std::to_string(c.ranks) + " S " + std::to_string(S));
+    const Inputs in = make_inputs(seed * 3, S, c.hq, c.hkv, c.d, c.dtype);
+    SCOPED_TRACE(std::string(layout_name(c.layout)) + " ranks " + std::to_string(c.ranks) + " S " + std::to_string(S) +
+                 " " + cuda::dtype_name(c.dtype));
+    const double u = c.dtype == cuda::DType::kF16 ? 0x1p-11 / 0x1p-8 : 1.0;  // fp16's unit roundoff over bf16's
     AttentionInputs<double> prob;
     prob.q = in.qd.data(), prob.k = in.kd.data(), prob.v = in.vd.data(), prob.dout = in.dyd.data();
     const std::vector<double> sinkd(in.sink.begin(), in.sink.end());
@@ -174,8 +183,8 @@ TEST(CudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
     auto expect = [&](const char* name, const std::vector<double>& got1, const std::vector<double>& gotn,
                       const std::vector<double>& oracle) {
       const double e1 = cuda::test::rel_error(got1, oracle), en = cuda::test::rel_error(gotn, oracle);
-      EXPECT_LT(e1, 1e-2) << name << " one GPU, " << what;
-      EXPECT_LE(en, 2 * e1 + 2e-3) << name << " CP vs one GPU " << e1 << ", " << what;
+      EXPECT_LT(e1, 1e-2 * u) << name << " one GPU, " << what;
+      EXPECT_LE(en, 2 * e1 + 2e-3 * u) << name << " CP vs one GPU " << e1 << ", " << what;
     };
     expect("O", r1.o, rn.o, ref.o);
     expect("LSE", r1.lse, rn.lse, ref.lse);
@@ -217,6 +226,31 @@ TEST(CudaCP, SteadyStateAllocatesNothing) {
       EXPECT_EQ(be.pool().device_mallocs(), before) << "step " << step;
     }
   }
+}
+
+// A backend of fp16 activations runs attention (above) and refuses the bf16-only layer ops by name, before any
+// launch; an unknown dtype is refused too.
+TEST(CudaCP, Fp16BackendRefusesTheBf16OnlyOpsByName) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  CudaBackend be(nullptr, cuda::DType::kF16);
+  EXPECT_EQ(be.dtype(), cuda::DType::kF16);
+  CudaBackend::Act x = be.alloc_act(64), y = be.alloc_act(64);
+  auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string l2 = message([&] { be.l2norm_forward(x, 1, 64, y); });
+  EXPECT_NE(l2.find("the q/k L2 normalisation on CUDA takes bf16 activations only; this backend's are fp16"),
+            std::string::npos) << l2;
+  const std::string conv = message([&] { be.conv1d_forward(ConvShape{64, 4, false}, x, {-1}, 1, x, nullptr, y); });
+  EXPECT_NE(conv.find("the short convolution on CUDA takes bf16 activations only"), std::string::npos) << conv;
+  const std::string bad = message([&] { be.set_dtype(static_cast<cuda::DType>(9)); });
+  EXPECT_NE(bad.find("CudaBackend: dtype must be bf16 or fp16, got 9"), std::string::npos) << bad;
+  EXPECT_EQ(be.dtype(), cuda::DType::kF16);
 }
 
 TEST(CudaCP, PreparedGeometryIsHostOnly) {

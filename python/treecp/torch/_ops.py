@@ -22,6 +22,9 @@ from ._comm import nccl_communicator
 from ._key import Key, default_scale, key_of
 
 _CPU_DTYPES = (torch.float32, torch.float64)
+# On CUDA: attention's kernels take bf16 or fp16; GDN/KDA and the short convolution bf16 only (their kernels,
+# kernels/cuda/gdn*.cuh and layer_ops*, have no fp16 form yet).
+_CUDA_ATTENTION_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _positive_number(x) -> bool:
@@ -35,10 +38,11 @@ def _first(*problems) -> Optional[str]:
     return None
 
 
-def _check_compute(op: str, tensors: dict, shapes: dict) -> Optional[str]:
+def _check_compute(op: str, tensors: dict, shapes: dict, cuda_fp16: bool = False) -> Optional[str]:
     """Device, dtype, shape and stride checks of a compute op's tensors (None entries are optional and absent).
 
-    ``shapes[name]`` is the expected shape (ints, or None for "any"); the first tensor sets device and dtype.
+    ``shapes[name]`` is the expected shape (ints, or None for "any"); the first tensor sets device and dtype, and
+    every other tensor must have both. ``cuda_fp16``: the op's CUDA kernels take float16 as well as bfloat16.
     """
     tensors = {name: x for name, x in tensors.items() if x is not None}
     ref_name, ref = next(iter(tensors.items()))
@@ -50,10 +54,14 @@ def _check_compute(op: str, tensors: dict, shapes: dict) -> Optional[str]:
         if not _core.has_cuda_backend:
             return (f"{op}: {ref_name} is on {ref.device}: this build of treecp has no CUDA backend (it was built "
                     "without nvcc); CPU tensors, float32 or float64")
-        if ref.dtype != torch.bfloat16:
-            return f"{op}: {ref_name} has dtype {ref.dtype}; on CUDA treecp takes bfloat16"
+        if cuda_fp16 and ref.dtype not in _CUDA_ATTENTION_DTYPES:
+            return f"{op}: {ref_name} has dtype {ref.dtype}; on CUDA treecp takes bfloat16 or float16"
+        if not cuda_fp16 and ref.dtype != torch.bfloat16:
+            return (f"{op}: {ref_name} has dtype {ref.dtype}; on CUDA treecp takes bfloat16 for {op} (float16 for "
+                    "attention only)")
     elif ref.device.type != "cpu":
-        return f"{op}: {ref_name} is on {ref.device}; treecp runs on CPU (float32, float64) and CUDA (bfloat16) tensors"
+        return (f"{op}: {ref_name} is on {ref.device}; treecp runs on CPU (float32, float64) and CUDA (bfloat16; "
+                "float16 for attention) tensors")
     elif ref.dtype not in _CPU_DTYPES:
         return f"{op}: {ref_name} has dtype {ref.dtype}; on CPU treecp takes float32 or float64"
     for name, x in tensors.items():
@@ -135,7 +143,7 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
     if hkv == 0 or hq % hkv != 0:
         return f"{op}: k has {hkv} heads, which must divide q's {hq} heads (GQA)"
     p = _check_compute(op, {"q": q, "k": k, "v": v, "sink": sink},
-                       {"q": (n, hq, d), "k": (n, hkv, d), "v": (n, hkv, None), "sink": (hq,)})
+                       {"q": (n, hq, d), "k": (n, hkv, d), "v": (n, hkv, None), "sink": (hq,)}, cuda_fp16=True)
     if p:
         return p
     if q.device.type == "cuda":
@@ -173,7 +181,7 @@ def _(q, k, v, sink, key_id, scale):
 
 
 def _stat_dtype(q):
-    # LSE and gradients: float32 on CUDA (bf16 activations, fp32 statistics), the activations' dtype on CPU
+    # LSE: float32 on CUDA (bf16 or fp16 activations, fp32 statistics), the activations' dtype on CPU
     return torch.float32 if q.device.type == "cuda" else q.dtype
 
 
@@ -210,7 +218,7 @@ def _cuda_attention_forward(key, q, k, v, sink, scale):
     sink32 = sink.detach().float().contiguous() if sink is not None else None
     with _KeyStream(key, q.device):
         key._core.cuda_attention_forward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.device.index,
-                                         q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                         q.dtype == torch.float16, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                          sink32.data_ptr() if sink32 is not None else 0, y.data_ptr(), lse.data_ptr(),
                                          o_presink.data_ptr() if sink is not None else 0)
         if sink32 is not None:
@@ -225,7 +233,7 @@ def _cuda_attention_backward(key, q, k, v, sink, o, lse, dy, scale):
     sink32 = sink.float().contiguous() if sink is not None else None
     with _KeyStream(key, q.device):
         key._core.cuda_attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale, q.device.index,
-                                          q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                          q.dtype == torch.float16, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                           sink32.data_ptr() if sink32 is not None else 0, o.data_ptr(), lse.data_ptr(),
                                           dy.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                                           dsink.data_ptr() if sink is not None else 0)
@@ -238,7 +246,7 @@ def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tenso
     """The runtime's stateless backward: o is the output before the sink, lse the forward's."""
     key = key_of(key_id)
     if q.device.type == "cuda":
-        return _cuda_attention_backward(key, q, k, v, sink, o, lse, dy.contiguous(), scale)
+        return _cuda_attention_backward(key, q, k, v, sink, o, lse, dy.to(q.dtype).contiguous(), scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dsink = q.new_zeros(q.shape[1] if sink is not None else 0)
     key._core.attention_backward(q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale,
@@ -278,6 +286,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, key: Key, sink: Optional[Tensor] 
     Returns ``o [n, Hq, Dv]`` (the learned sink ``[Hq]``, if given, applied once) and ``lse [n, Hq]``, the
     natural log of the softmax denominator over the visible tokens (before the sink; no gradient flows
     through it). ``softmax_scale`` defaults to 1/sqrt(D). The sink's gradient is this rank's contribution.
+    q, k, v and sink share one dtype: float32 or float64 on CPU, bfloat16 or float16 on CUDA (head dims 64 or
+    128; fp32 LSE, softmax and accumulation either way, gradients in the inputs' dtype).
     """
     key = _key_argument("attention", key)
     if softmax_scale is None:

@@ -1,4 +1,5 @@
-// The one dispatch place: argument checks, then head dim -> kernel instantiation.
+// The one dispatch place: argument checks, then head dim -> kernel instantiation (each launcher then takes the
+// instantiation of the params' dtype).
 #include "core/error.hpp"
 #include "kernels/cuda/launch.hpp"
 
@@ -19,7 +20,10 @@ const detail::BwdWsConfig& bwd_ws_config(const DeviceTilePlan& plan, int32_t hkv
                                                          : detail::BwdWsConfig::kDefault;
 }
 
-void check_common(const char* who, int32_t hq, int32_t hkv, int32_t head_dim, float scale, const DeviceTilePlan& plan) {
+void check_common(const char* who, DType dtype, int32_t hq, int32_t hkv, int32_t head_dim, float scale,
+                  const DeviceTilePlan& plan) {
+  require(dtype == DType::kBf16 || dtype == DType::kF16, who, ": dtype must be kBf16 or kF16, got ",
+          static_cast<int>(dtype));
   require(hq >= 1 && hkv >= 1 && hq % hkv == 0, who, ": hq must be a positive multiple of hkv, got hq ", hq,
           " hkv ", hkv);
   require(hq / hkv == plan.group, who, ": the plan was built for group ", plan.group, " but hq/hkv is ", hq / hkv);
@@ -27,7 +31,7 @@ void check_common(const char* who, int32_t hq, int32_t hkv, int32_t head_dim, fl
   require(scale > 0.f, who, ": scale must be > 0, got ", scale);
 }
 
-// Strides of bf16 rows must keep 16-byte alignment for the vector copies.
+// Strides of 16-bit rows must keep 16-byte alignment for the vector copies.
 void check_aligned(const char* who, const char* name, const void* ptr, int64_t row_stride, int64_t head_stride) {
   require(ptr != nullptr, who, ": ", name, " is null");
   require(reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && row_stride % 8 == 0 && head_stride % 8 == 0, who, ": ", name,
@@ -53,7 +57,7 @@ size_t attention_forward_workspace_bytes() { return detail::fwd_ws_workspace_byt
 
 void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& plan, cudaStream_t stream) {
   const char* who = "attention_forward";
-  check_common(who, p.hq, p.hkv, p.head_dim, p.scale, plan);
+  check_common(who, p.dtype, p.hq, p.hkv, p.head_dim, p.scale, plan);
   if (plan.q_rows == 0) return;
   check_aligned(who, "q", p.q, p.q_row_stride, p.q_head_stride);
   if (plan.kv_rows > 0) {
@@ -97,7 +101,7 @@ void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& pl
 
 void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& plan, cudaStream_t stream) {
   const char* who = "attention_backward";
-  check_common(who, p.hq, p.hkv, p.head_dim, p.scale, plan);
+  check_common(who, p.dtype, p.hq, p.hkv, p.head_dim, p.scale, plan);
   if (plan.q_rows == 0 || plan.kv_rows == 0) return;
   check_aligned(who, "q", p.q, p.q_row_stride, p.q_head_stride);
   check_aligned(who, "k", p.k, p.k_row_stride, p.k_head_stride);

@@ -6,7 +6,8 @@
 // Contract (mirrors kernels/cpu): slices are in BUFFER coordinates: q rows index the Q buffer, k rows
 // the K/V buffer, so a stage (owned queries against a separate buffer of fetched KV rows) is the same
 // call. Layouts (element strides are int64 and free, the last dimension is contiguous):
-//   Q [q_rows, Hq, D]  K [kv_rows, Hkv, D]  V [kv_rows, Hkv, D]  O [q_rows, Hq, D]   bf16
+//   Q [q_rows, Hq, D]  K [kv_rows, Hkv, D]  V [kv_rows, Hkv, D]  O [q_rows, Hq, D]   bf16 or fp16 (`dtype`, one
+//   for all of them)
 //   LSE [q_rows, Hq] fp32, natural log of the softmax denominator over this call's keys.
 // A query row with no visible key gets LSE = -inf and O = 0. GQA: q head h reads kv head h / (Hq/Hkv).
 // Backward reads the COMPLETE O (or a ready Dsum) and LSE and ADDS into fp32 dQ, dK, dV, so stages of
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cuda/dtype.hpp"
 #include "kernels/cuda/tiles.hpp"
 #include "kernels/slice.hpp"
 
@@ -158,13 +160,15 @@ class DeviceTilePlan {
 // else kWgmma (head dim 64 backward: kMmaSync).
 enum class Mainloop : int32_t { kDefault = 0, kMmaSync = 1, kWgmma = 2, kWgmmaWs = 3 };
 
-using bf16_t = uint16_t;  // storage type on the host side of the interface (bit pattern of bf16)
+using bf16_t = uint16_t;  // storage type on the host side of the interface (bit pattern of bf16, or of fp16)
 
+// The params structs travel by value inside the kernels' arguments, so each `dtype` sits in a gap of its struct's
+// layout (here: beside a narrowed rows_per_warp) and the fields the kernels read keep their offsets.
 struct AttentionForwardParams {
-  const void* q = nullptr;  // bf16
+  const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  void* o = nullptr;     // bf16 out
+  void* o = nullptr;     // out, dtype
   float* lse = nullptr;  // fp32 out
   int64_t q_row_stride = 0, q_head_stride = 0;  // elements
   int64_t k_row_stride = 0, k_head_stride = 0;
@@ -175,7 +179,8 @@ struct AttentionForwardParams {
   float scale = 0.f;  // softmax scale, typically 1/sqrt(D)
   // Query rows per warp of the mma.sync forward main loop: 0 = the default (kFwdRowsPerWarp), 16 or 32
   // (kept selectable so the benchmark can measure both; docs/kernels.md says which wins and why).
-  int32_t rows_per_warp = 0;
+  int16_t rows_per_warp = 0;
+  DType dtype = DType::kBf16;  // of q, k, v and o
   using Mainloop = cuda::Mainloop;
   Mainloop mainloop = Mainloop::kDefault;
   // Optional device workspace of attention_forward_workspace_bytes() bytes. With it, the warp-specialised forward runs
@@ -194,14 +199,15 @@ struct AttentionForwardParams {
 size_t attention_forward_workspace_bytes();
 
 struct AttentionBackwardParams {
-  const void* q = nullptr;  // bf16
+  const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  const void* o = nullptr;   // bf16, the COMPLETE output; unused when dsum_ready
-  const void* d_o = nullptr;  // bf16, gradient of the complete output
+  const void* o = nullptr;   // the COMPLETE output; unused when dsum_ready
+  const void* d_o = nullptr;  // gradient of the complete output
   const float* lse = nullptr;  // complete LSE
   float* dsum = nullptr;  // [q_rows, Hq] contiguous fp32 workspace: rowsum(dO * O) (filled unless ready)
   bool dsum_ready = false;  // true: dsum already holds the value (e.g. from merge_sink_backward)
+  DType dtype = DType::kBf16;  // of q, k, v, o and d_o
   float* dq = nullptr;    // fp32 [q_rows, Hq, D], added into (atomics: many KV tiles per q row)
   float* dk = nullptr;    // fp32 [kv_rows, Hkv, D], added into (each KV tile owned by one block)
   float* dv = nullptr;
@@ -229,30 +235,32 @@ void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& 
 inline constexpr int kMaxMergeParts = 8;
 struct MergeSinkForwardParams {
   int32_t num_parts = 0;
-  const void* o_parts[kMaxMergeParts] = {};     // bf16 [rows, H, D]
+  DType dtype = DType::kBf16;                   // of o_parts, y and o_merged
+  const void* o_parts[kMaxMergeParts] = {};     // [rows, H, D]
   const float* lse_parts[kMaxMergeParts] = {};  // fp32 [rows, H]
   const float* sink = nullptr;                  // fp32 [H] or nullptr
-  void* y = nullptr;                            // bf16 out, after the sink
-  void* o_merged = nullptr;                     // optional bf16 out, before the sink
+  void* y = nullptr;                            // out, after the sink
+  void* o_merged = nullptr;                     // optional out, before the sink
   float* lse = nullptr;                         // fp32 out, merged (before the sink)
   int64_t rows = 0;
   int32_t heads = 0, head_dim = 0;
 };
-// Backward from g = dJ/dy. Writes, per row: d_o = w g (bf16: the gradient of the complete pre-sink
+// Backward from g = dJ/dy. Writes, per row: d_o = w g (dtype: the gradient of the complete pre-sink
 // output, which is what attention_backward takes as d_o), dsum = dot(d_o, o) - dJ/dL (ready for
 // attention_backward with dsum_ready = true: it folds the sink's LSE gradient into the softmax
 // backward), optional per-part gradients dJ/do_r = exp(L_r - L) d_o and
 // dJ/dL_r = exp(L_r - L) (dot(d_o, o_r - o) + dJ/dL), and ADDS dJ/da into d_sink[h].
 struct MergeSinkBackwardParams {
   int32_t num_parts = 0;
+  DType dtype = DType::kBf16;                  // of o_parts, g, d_o and d_o_parts
   const void* o_parts[kMaxMergeParts] = {};
   const float* lse_parts[kMaxMergeParts] = {};
   const float* sink = nullptr;
-  const void* g = nullptr;                     // bf16 dJ/dy
-  void* d_o = nullptr;                         // bf16 out; may be null (not written: without a sink it is g
+  const void* g = nullptr;                     // dJ/dy
+  void* d_o = nullptr;                         // out; may be null (not written: without a sink it is g
                                                // where a row has keys, and rows without keys read no d_o)
   float* dsum = nullptr;                       // fp32 out [rows, H]
-  void* d_o_parts[kMaxMergeParts] = {};        // optional bf16 outs
+  void* d_o_parts[kMaxMergeParts] = {};        // optional outs
   float* d_lse_parts[kMaxMergeParts] = {};     // optional fp32 outs
   float* d_sink = nullptr;                     // fp32 [H], added into (needed when sink != nullptr)
   int64_t rows = 0;

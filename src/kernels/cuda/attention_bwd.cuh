@@ -18,22 +18,23 @@ struct BwdShape {
   static constexpr int kKeys = kBwdBlockKeys;
   static constexpr int kWarps = kKeys / 16;
   static constexpr int kThreads = kWarps * 32;
-  // K, V, two stages of Q and dO (bf16), two of dS^T (bf16), two stages of LSE and Dsum (fp32)
+  // K, V, two stages of Q and dO (16-bit), two of dS^T (16-bit), two stages of LSE and Dsum (fp32)
   static constexpr int kSmemBytes = (2 * kKeys * D + 4 * kRows * D + 2 * kKeys * kRows) * 2 + 4 * kRows * 4;
 };
 
 // kAddDq = false drops the dQ reduction (wrong dQ): a timing-only variant the benchmark uses to
 // attribute backward time to the dQ atomics. The library launches kAddDq = true only.
-template <int D, bool kAddDq = true>
+template <int D, bool kAddDq = true, DType E = DType::kBf16>
 __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel(const BwdArgs args) {
   using S = BwdShape<D>;
+  using T = elem_t<E>;
   constexpr int BM = S::kRows, BN = S::kKeys;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  __nv_bfloat16* sV = sK + BN * D;
-  __nv_bfloat16* sQ = sV + BN * D;       // [2][BM][D]
-  __nv_bfloat16* sdO = sQ + 2 * BM * D;  // [2][BM][D]
-  __nv_bfloat16* sdS2 = sdO + 2 * BM * D; // [2][BN][BM], dS^T
+  T* sK = reinterpret_cast<T*>(smem_raw);
+  T* sV = sK + BN * D;
+  T* sQ = sV + BN * D;       // [2][BM][D]
+  T* sdO = sQ + 2 * BM * D;  // [2][BM][D]
+  T* sdS2 = sdO + 2 * BM * D; // [2][BN][BM], dS^T
   float* sLse = reinterpret_cast<float*>(sdS2 + 2 * BN * BM);  // [2][BM]
   float* sDsum = sLse + 2 * BM;                          // [2][BM]
 
@@ -48,15 +49,15 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tq = L.minor_tile_rows;  // tokens per query tile
   const int valid_rows = tq * G;
-  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
-  const auto* k = static_cast<const __nv_bfloat16*>(p.k);
-  const auto* v = static_cast<const __nv_bfloat16*>(p.v);
-  const auto* d_o = static_cast<const __nv_bfloat16*>(p.d_o);
+  const auto* q = static_cast<const T*>(p.q);
+  const auto* k = static_cast<const T*>(p.k);
+  const auto* v = static_cast<const T*>(p.v);
+  const auto* d_o = static_cast<const T*>(p.d_o);
 
-  load_tile_async<D, S::kThreads>(sK, BN, k, [&](int r) -> const __nv_bfloat16* {
+  load_tile_async<D, S::kThreads>(sK, BN, k, [&](int r) -> const T* {
     return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
   });
-  load_tile_async<D, S::kThreads>(sV, BN, v, [&](int r) -> const __nv_bfloat16* {
+  load_tile_async<D, S::kThreads>(sV, BN, v, [&](int r) -> const T* {
     return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
   });
   const int e_end = L.offsets[tile + 1];
@@ -65,10 +66,10 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
   auto load_q = [&](int qt, int stage) {
     const int t0 = qt * tq;
     auto ok = [&](int r) { return r < valid_rows && t0 + r / G < args.q_rows; };
-    load_tile_async<D, S::kThreads>(sQ + stage * BM * D, BM, q, [&](int r) -> const __nv_bfloat16* {
+    load_tile_async<D, S::kThreads>(sQ + stage * BM * D, BM, q, [&](int r) -> const T* {
       return ok(r) ? q + (t0 + r / G) * p.q_row_stride + (kvh * G + r % G) * p.q_head_stride : nullptr;
     });
-    load_tile_async<D, S::kThreads>(sdO + stage * BM * D, BM, d_o, [&](int r) -> const __nv_bfloat16* {
+    load_tile_async<D, S::kThreads>(sdO + stage * BM * D, BM, d_o, [&](int r) -> const T* {
       return ok(r) ? d_o + (t0 + r / G) * p.o_row_stride + (kvh * G + r % G) * p.o_head_stride : nullptr;
     });
     for (int r = threadIdx.x; r < BM; r += S::kThreads) {
@@ -96,13 +97,13 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const __nv_bfloat16* q_s = sQ + stage * BM * D;
-    const __nv_bfloat16* do_s = sdO + stage * BM * D;
+    const T* q_s = sQ + stage * BM * D;
+    const T* do_s = sdO + stage * BM * D;
     const float* lse_s = sLse + stage * BM;
     const float* dsum_s = sDsum + stage * BM;
     // Double-buffered with the Q/dO stage: a warp that runs ahead into the next step writes the other
     // buffer, so no barrier is needed after dQ (the next step's top barrier orders the rest).
-    __nv_bfloat16* sdS = sdS2 + stage * BN * BM;
+    T* sdS = sdS2 + stage * BN * BM;
     const TileEntry e = L.entries[cur.entry];
     const int t0 = cur.tile * tq;
 
@@ -118,8 +119,8 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
       for (int np = 0; np < BM / 16; ++np) {
         uint32_t b[4];
         ldmatrix_x4(b, smem_addr(q_s + swz<D>(np * 16 + lane % 8 + (lane / 16) * 8, kk * 16 + ((lane / 8) % 2) * 8)));
-        mma_bf16(st[2 * np], a, b[0], b[1]);
-        mma_bf16(st[2 * np + 1], a, b[2], b[3]);
+        mma_m16n8k16<E>(st[2 * np], a, b[0], b[1]);
+        mma_m16n8k16<E>(st[2 * np + 1], a, b[2], b[3]);
       }
     }
 
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
     bwd_p_tile<BM, false>(stf, vis, lse_s, sl2, lane);
     uint32_t pa[BM / 16][4];  // P^T as A operands (16 keys x 16 rows per k16 step)
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(stf, pa, kk);
+    for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM, E>(stf, pa, kk);
 
     // dP^T = V dO^T, then dS^T = P^T (dP^T - Dsum)
     float dpt[BM / 8][4];
@@ -144,8 +145,8 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
       for (int np = 0; np < BM / 16; ++np) {
         uint32_t b[4];
         ldmatrix_x4(b, smem_addr(do_s + swz<D>(np * 16 + lane % 8 + (lane / 16) * 8, kk * 16 + ((lane / 8) % 2) * 8)));
-        mma_bf16(dpt[2 * np], a, b[0], b[1]);
-        mma_bf16(dpt[2 * np + 1], a, b[2], b[3]);
+        mma_m16n8k16<E>(dpt[2 * np], a, b[0], b[1]);
+        mma_m16n8k16<E>(dpt[2 * np + 1], a, b[2], b[3]);
       }
     }
     auto& dptf = reinterpret_cast<float (&)[BM / 2]>(dpt);
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
     uint32_t da[BM / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
-      bwd_pack_a<BM>(dptf, da, kk);
+      bwd_pack_a<BM, E>(dptf, da, kk);
       // dS^T to shared memory for dQ: rows = keys, columns = packed query rows
       const int kr = warp * 16 + lane / 4, col = kk * 16 + 2 * (lane % 4);
       *reinterpret_cast<uint32_t*>(sdS + swz<BM>(kr, col)) = da[kk][0];
@@ -170,11 +171,11 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
         uint32_t b[4];
         const int r = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, c = dp * 16 + (lane / 16) * 8;
         ldmatrix_x4_trans(b, smem_addr(do_s + swz<D>(r, c)));
-        mma_bf16(dv[2 * dp], pa[kk], b[0], b[1]);
-        mma_bf16(dv[2 * dp + 1], pa[kk], b[2], b[3]);
+        mma_m16n8k16<E>(dv[2 * dp], pa[kk], b[0], b[1]);
+        mma_m16n8k16<E>(dv[2 * dp + 1], pa[kk], b[2], b[3]);
         ldmatrix_x4_trans(b, smem_addr(q_s + swz<D>(r, c)));
-        mma_bf16(dk[2 * dp], da[kk], b[0], b[1]);
-        mma_bf16(dk[2 * dp + 1], da[kk], b[2], b[3]);
+        mma_m16n8k16<E>(dk[2 * dp], da[kk], b[0], b[1]);
+        mma_m16n8k16<E>(dk[2 * dp + 1], da[kk], b[2], b[3]);
       }
     }
     __syncthreads();  // dS^T complete
@@ -196,8 +197,8 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
           uint32_t b[4];
           const int dcol = half * (D / 2) + dp * 16 + (lane / 16) * 8;
           ldmatrix_x4_trans(b, smem_addr(sK + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, dcol)));
-          mma_bf16(acc[2 * dp], a, b[0], b[1]);
-          mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+          mma_m16n8k16<E>(acc[2 * dp], a, b[0], b[1]);
+          mma_m16n8k16<E>(acc[2 * dp + 1], a, b[2], b[3]);
         }
       }
 #pragma unroll
@@ -222,14 +223,15 @@ __global__ void __launch_bounds__(BwdShape<D>::kThreads, 1) attention_bwd_kernel
                     L.major_start[tile + 1], kvh, lane);
 }
 
-template <int D, bool kAddDq = true>
+template <int D, bool kAddDq = true, DType E = DType::kBf16>
 void launch_bwd(const BwdArgs& a, cudaStream_t stream) {
   using S = BwdShape<D>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  check_cuda(cudaFuncSetAttribute(attention_bwd_kernel<D, kAddDq>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
+  check_cuda(cudaFuncSetAttribute(attention_bwd_kernel<D, kAddDq, E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  S::kSmemBytes),
              "attention_backward: shared memory limit");
-  attention_bwd_kernel<D, kAddDq><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
+  attention_bwd_kernel<D, kAddDq, E><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
   check_cuda(cudaGetLastError(), "attention_backward: launch");
 }
 

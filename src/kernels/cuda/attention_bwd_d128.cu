@@ -1,6 +1,8 @@
-// Backward kernel instantiated for head dim 128 (one translation unit per instantiation).
+// Backward kernel instantiated for head dim 128, bf16 and fp16 (one translation unit per head dim).
 #include "kernels/cuda/attention_bwd.cuh"
 
 namespace treecp::cuda::detail {
-void launch_bwd_d128(const BwdArgs& a, cudaStream_t stream) { launch_bwd<128>(a, stream); }
+void launch_bwd_d128(const BwdArgs& a, cudaStream_t stream) {
+  with_dtype(a.p.dtype, [&](auto e) { launch_bwd<128, true, decltype(e)::value>(a, stream); });
+}
 }  // namespace treecp::cuda::detail

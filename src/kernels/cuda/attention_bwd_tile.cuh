@@ -69,11 +69,11 @@ __device__ __forceinline__ void bwd_ds_tile(const float (&pt)[BM / 2], float (&d
     for (int c = 0; c < 4; ++c) dpt[4 * nb + c] = pt[4 * nb + c] * (dpt[4 * nb + c] - dsum[nb * 8 + 2 * (lane % 4) + (c & 1)]);
 }
 
-// A 16 x 16 k-step kk of a 16 x BM tile as bf16 A operands (the mma.sync / wgmma register A layout).
-template <int BM>
+// A 16 x 16 k-step kk of a 16 x BM tile as bf16 or fp16 A operands (the mma.sync / wgmma register A layout).
+template <int BM, DType E = DType::kBf16>
 __device__ __forceinline__ void bwd_pack_a(const float (&x)[BM / 2], uint32_t (&a)[BM / 16][4], int kk) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) a[kk][i] = pack_bf16(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
+  for (int i = 0; i < 4; ++i) a[kk][i] = pack2<E>(x[8 * kk + 2 * i], x[8 * kk + 2 * i + 1]);
 }
 
 // This block is the only writer of its KV tile: plain read-add-write of fp32 dK (times scale) and dV; a

@@ -28,7 +28,7 @@ struct BwdWgmmaShape {
   static constexpr int kRows = kBwdBlockRows;
   static constexpr int kKeys = kBwdBlockKeys;
   static constexpr int kThreads = 256;  // two warpgroups x 64 keys
-  // K, V; two stages of Q, dO (bf16) and of dS^T (bf16); two of LSE and Dsum (fp32); 1 KiB alignment
+  // K, V; two stages of Q, dO (16-bit) and of dS^T (16-bit); two of LSE and Dsum (fp32); 1 KiB alignment
   static constexpr int kSmemBytes = (2 * kKeys * D + 4 * kRows * D + 2 * kKeys * kRows) * 2 + 4 * kRows * 4 + 1024;
   static_assert(D == 128 && kRows == 64 && kKeys == 128, "wgmma backward: 128 keys x 64 rows, head dim 128");
 };
@@ -58,33 +58,33 @@ constexpr BwdLoads kBwdLoads = BwdLoads::kPerThread;  // the default, by measure
 // addresses are shared-memory byte addresses >> 4. kAccFirst = false: the first k step overwrites the
 // accumulators (no zeroing moves), true: they hold zeros already.
 // S^T = K Q^T and dP^T = V dO^T (two commit groups, in that order).
-template <int D, int BM, int BN, bool kAccFirst>
+template <int D, int BM, int BN, bool kAccFirst, DType E = DType::kBf16>
 __device__ __forceinline__ void bwd_issue_st_dpt(float (&st)[BM / 2], float (&dpt)[BM / 2], uint32_t k16, uint32_t v16,
                                                  uint32_t qs16, uint32_t dos16, int wg) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t off = (kk % 4) * 32;
-    wgmma_ss_m64n64k16<false, false>(st, wgmma_desc16<16, 1024>(k16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
+    wgmma_ss_m64n64k16<false, false, E>(st, wgmma_desc16<16, 1024>(k16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
                                      wgmma_desc16<16, 1024>(qs16 + ((kk / 4) * BM * 128 + off) / 16), kAccFirst || kk > 0);
   }
   wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t off = (kk % 4) * 32;
-    wgmma_ss_m64n64k16<false, false>(dpt, wgmma_desc16<16, 1024>(v16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
+    wgmma_ss_m64n64k16<false, false, E>(dpt, wgmma_desc16<16, 1024>(v16 + wg * 64 * 128 / 16 + ((kk / 4) * BN * 128 + off) / 16),
                                      wgmma_desc16<16, 1024>(dos16 + ((kk / 4) * BM * 128 + off) / 16), kAccFirst || kk > 0);
   }
   wgmma_commit();
 }
 
 // dS^T (keys x packed query rows, one BN-row panel) from this warp's 16 keys, packed into da on the way.
-template <int BM, int BN>
-__device__ __forceinline__ void bwd_store_dst(__nv_bfloat16* sds, const float (&dst)[BM / 2], uint32_t (&da)[BM / 16][4],
+template <int BM, int BN, DType E = DType::kBf16>
+__device__ __forceinline__ void bwd_store_dst(elem_t<E>* sds, const float (&dst)[BM / 2], uint32_t (&da)[BM / 16][4],
                                               int warp, int lane) {
 #pragma unroll
   for (int kk = 0; kk < BM / 16; ++kk) {
-    bwd_pack_a<BM>(dst, da, kk);
+    bwd_pack_a<BM, E>(dst, da, kk);
     const int kr = warp * 16 + lane / 4, col = kk * 16 + 2 * (lane % 4);
     *reinterpret_cast<uint32_t*>(sds + swz_panel(kr, col, BN)) = da[kk][0];
     *reinterpret_cast<uint32_t*>(sds + swz_panel(kr + 8, col, BN)) = da[kk][1];
@@ -96,7 +96,7 @@ __device__ __forceinline__ void bwd_store_dst(__nv_bfloat16* sds, const float (&
 // The step's softmax gradient, between the S^T / dP^T GEMMs (in flight, two groups) and dV / dK: the visibility
 // bits while they run; P^T = exp(S scale - LSE) once S^T is done, packed into pa; dS^T = P^T (dP^T - Dsum) once
 // dP^T is done, stored to the buffer sds() returns and packed into da. kLse2: lse holds LSE times log2 e.
-template <int BM, int BN, bool kLse2, class Sds>
+template <int BM, int BN, bool kLse2, DType E = DType::kBf16, class Sds>
 __device__ __forceinline__ void bwd_softmax_grad(const BwdArgs& args, const TileEntry& e, int t0, int G, int valid_rows,
                                                  int key_lo, uint32_t keys_ok, int warp, int lane, float sl2,
                                                  const float* lse, const float* dsum, float (&st)[BM / 2],
@@ -107,11 +107,11 @@ __device__ __forceinline__ void bwd_softmax_grad(const BwdArgs& args, const Tile
   wgmma_fence_operands(st);
   bwd_p_tile<BM, kLse2>(st, vis, lse, sl2, lane);  // 0 on pairs that are not visible
 #pragma unroll
-  for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM>(st, pa, kk);  // k16 step kk: query rows 16 kk .. +16
+  for (int kk = 0; kk < BM / 16; ++kk) bwd_pack_a<BM, E>(st, pa, kk);  // k16 step kk: query rows 16 kk .. +16
   wgmma_wait<0>();  // dP^T done
   wgmma_fence_operands(dpt);
   bwd_ds_tile<BM>(st, dpt, dsum, lane);
-  bwd_store_dst<BM, BN>(sds(), dpt, da, warp, lane);
+  bwd_store_dst<BM, BN, E>(sds(), dpt, da, warp, lane);
 }
 
 // Adds a step's scaled dQ (pend: this thread's 32 values of the warpgroup's 64 rows x 64 columns 64 wg ..) into
@@ -136,44 +136,46 @@ __device__ __forceinline__ void bwd_red_add_dq(const BwdArgs& args, float* dq, c
 }
 
 // dV += P^T dO and dK += dS^T Q: dO and Q are MN-major B operands (k16 step = 16 query rows); one group.
-template <int D, int BM>
+template <int D, int BM, DType E = DType::kBf16>
 __device__ __forceinline__ void bwd_issue_dvdk(float (&dv)[D / 2], float (&dk)[D / 2], const uint32_t (&pa)[BM / 16][4],
                                                const uint32_t (&da)[BM / 16][4], uint32_t qs16, uint32_t dos16) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < BM / 16; ++kk) {
-    wgmma_rs_trans_b<D>(dv, pa[kk], wgmma_desc16<BM * 128, 1024>(dos16 + kk * 16 * 128 / 16));
-    wgmma_rs_trans_b<D>(dk, da[kk], wgmma_desc16<BM * 128, 1024>(qs16 + kk * 16 * 128 / 16));
+    wgmma_rs_trans_b<D, E>(dv, pa[kk], wgmma_desc16<BM * 128, 1024>(dos16 + kk * 16 * 128 / 16));
+    wgmma_rs_trans_b<D, E>(dk, da[kk], wgmma_desc16<BM * 128, 1024>(qs16 + kk * 16 * 128 / 16));
   }
   wgmma_commit();
 }
 
 // dQ = dS K for head-dim columns 64 wg .. +64 of all BM rows: A = dS^T (keys x rows, MN-major), B = K (keys x
 // D, MN-major); k16 step kk = keys 16 kk .. +16; one group.
-template <int BN, bool kAccFirst>
+template <int BN, bool kAccFirst, DType E = DType::kBf16>
 __device__ __forceinline__ void bwd_issue_dq(float (&acc)[32], uint32_t dss16, uint32_t k16, int wg) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
-    wgmma_ss_m64n64k16<true, true>(acc, wgmma_desc16<BN * 128, 1024>(dss16 + kk * 16 * 128 / 16),
+    wgmma_ss_m64n64k16<true, true, E>(acc, wgmma_desc16<BN * 128, 1024>(dss16 + kk * 16 * 128 / 16),
                                    wgmma_desc16<BN * 128, 1024>(k16 + wg * BN * 128 / 16 + kk * 16 * 128 / 16),
                                    kAccFirst || kk > 0);
   wgmma_commit();
 }
 
 // kAddDq = false drops the dQ reduction (wrong dQ): timing-only, as in attention_bwd.cuh.
-template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap, BwdLoads kLoads = kBwdLoads>
+template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap, BwdLoads kLoads = kBwdLoads,
+          DType E = DType::kBf16>
 __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_wgmma_kernel(const BwdArgs args) {
   using S = BwdWgmmaShape<D>;
+  using T = elem_t<E>;
   constexpr int BM = S::kRows, BN = S::kKeys;
   constexpr bool kAccZero = kOverlap == BwdOverlap::kNone;  // accumulators zeroed by moves (the kNone form)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr));
-  __nv_bfloat16* sV = sK + BN * D;        // panels of BN rows
-  __nv_bfloat16* sQ = sV + BN * D;        // [2][BM x D panels]
-  __nv_bfloat16* sdO = sQ + 2 * BM * D;   // [2][BM x D panels]
-  __nv_bfloat16* sdS2 = sdO + 2 * BM * D; // [2][BN keys x BM rows, one panel]: dS^T
+  T* sK = reinterpret_cast<T*>(smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr));
+  T* sV = sK + BN * D;        // panels of BN rows
+  T* sQ = sV + BN * D;        // [2][BM x D panels]
+  T* sdO = sQ + 2 * BM * D;   // [2][BM x D panels]
+  T* sdS2 = sdO + 2 * BM * D; // [2][BN keys x BM rows, one panel]: dS^T
   float* sLse = reinterpret_cast<float*>(sdS2 + 2 * BN * BM);  // [2][BM]
   float* sDsum = sLse + 2 * BM;                                // [2][BM]
 
@@ -187,15 +189,15 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   const int wg = warp / 4;
   const int tq = L.minor_tile_rows;  // tokens per query tile
   const int valid_rows = tq * G;
-  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
-  const auto* k = static_cast<const __nv_bfloat16*>(p.k);
-  const auto* v = static_cast<const __nv_bfloat16*>(p.v);
-  const auto* d_o = static_cast<const __nv_bfloat16*>(p.d_o);
+  const auto* q = static_cast<const T*>(p.q);
+  const auto* k = static_cast<const T*>(p.k);
+  const auto* v = static_cast<const T*>(p.v);
+  const auto* d_o = static_cast<const T*>(p.d_o);
 
-  load_panel_async<D, S::kThreads>(sK, BN, k, [&](int r) -> const __nv_bfloat16* {
+  load_panel_async<D, S::kThreads>(sK, BN, k, [&](int r) -> const T* {
     return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
   });
-  load_panel_async<D, S::kThreads>(sV, BN, v, [&](int r) -> const __nv_bfloat16* {
+  load_panel_async<D, S::kThreads>(sV, BN, v, [&](int r) -> const T* {
     return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
   });
   const int e_end = L.offsets[tile + 1];
@@ -214,10 +216,10 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
       const int ld_row = threadIdx.x / kChunks, ld_chunk = threadIdx.x % kChunks;
       const uint32_t ld_smem = swz_panel(ld_row, ld_chunk * 8, BM);  // + j * kRowStep * 64 for row ld_row + j * kRowStep
       const int tok = t0 + ld_row / G, head = kvh * G + ld_row % G, tok_step = kRowStep / G;
-      const __nv_bfloat16* qs = q + static_cast<int64_t>(tok) * p.q_row_stride + head * p.q_head_stride + ld_chunk * 8;
-      const __nv_bfloat16* ds = d_o + static_cast<int64_t>(tok) * p.o_row_stride + head * p.o_head_stride + ld_chunk * 8;
-      __nv_bfloat16* qd = sQ + stage * BM * D + ld_smem;
-      __nv_bfloat16* dd = sdO + stage * BM * D + ld_smem;
+      const T* qs = q + static_cast<int64_t>(tok) * p.q_row_stride + head * p.q_head_stride + ld_chunk * 8;
+      const T* ds = d_o + static_cast<int64_t>(tok) * p.o_row_stride + head * p.o_head_stride + ld_chunk * 8;
+      T* qd = sQ + stage * BM * D + ld_smem;
+      T* dd = sdO + stage * BM * D + ld_smem;
 #pragma unroll
       for (int j = 0; j < kLoadIters; ++j) {
         const bool okj = ld_row + j * kRowStep < valid_rows && tok + j * tok_step < args.q_rows;
@@ -225,10 +227,10 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
         cp_async_16(dd + j * kRowStep * 64, okj ? ds + j * tok_step * p.o_row_stride : d_o, okj);
       }
     } else {
-      load_panel_async<D, S::kThreads>(sQ + stage * BM * D, BM, q, [&](int r) -> const __nv_bfloat16* {
+      load_panel_async<D, S::kThreads>(sQ + stage * BM * D, BM, q, [&](int r) -> const T* {
         return ok(r) ? q + (t0 + r / G) * p.q_row_stride + (kvh * G + r % G) * p.q_head_stride : nullptr;
       });
-      load_panel_async<D, S::kThreads>(sdO + stage * BM * D, BM, d_o, [&](int r) -> const __nv_bfloat16* {
+      load_panel_async<D, S::kThreads>(sdO + stage * BM * D, BM, d_o, [&](int r) -> const T* {
         return ok(r) ? d_o + (t0 + r / G) * p.o_row_stride + (kvh * G + r % G) * p.o_head_stride : nullptr;
       });
     }
@@ -295,7 +297,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
     const uint32_t qs16 = q16 + stage * kQStage16, dos16 = do16 + stage * kQStage16;
     const float* lse_s = sLse + stage * BM;
     const float* dsum_s = sDsum + stage * BM;
-    __nv_bfloat16* sdS = sdS2 + stage * BN * BM;
+    T* sdS = sdS2 + stage * BN * BM;
     const TileEntry e = L.entries[cur.entry];
     const int t0 = cur.tile * tq;
 
@@ -307,16 +309,16 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
 #pragma unroll
       for (int i = 0; i < BM / 2; ++i) st[i] = dpt[i] = 0.f;
     }
-    bwd_issue_st_dpt<D, BM, BN, kAccZero>(st, dpt, k16, v16, qs16, dos16, wg);
+    bwd_issue_st_dpt<D, BM, BN, kAccZero, E>(st, dpt, k16, v16, qs16, dos16, wg);
     if constexpr (kOverlap == BwdOverlap::kDkvDq) {
       add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
     }
 
     uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands
-    bwd_softmax_grad<BM, BN, false>(args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st, dpt,
-                                    [&] { return sdS; }, pa, da);
+    bwd_softmax_grad<BM, BN, false, E>(args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st,
+                                       dpt, [&] { return sdS; }, pa, da);
 
-    bwd_issue_dvdk<D, BM>(dv, dk, pa, da, qs16, dos16);
+    bwd_issue_dvdk<D, BM, E>(dv, dk, pa, da, qs16, dos16);
     if constexpr (kOverlap == BwdOverlap::kNone) {
       // dV / dK complete before the barrier: after it, a warpgroup that runs ahead prefetches the next
       // query tile into the Q / dO stage that the other one's dV / dK reads now hold (two stages)
@@ -334,7 +336,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
 #pragma unroll
       for (int i = 0; i < 32; ++i) acc[i] = 0.f;
     }
-    bwd_issue_dq<BN, kAccZero>(acc, ds16 + stage * kDsStage16, k16, wg);
+    bwd_issue_dq<BN, kAccZero, E>(acc, ds16 + stage * kDsStage16, k16, wg);
     wgmma_wait<0>();  // dQ (and, past kNone, dV / dK: groups retire in order)
     wgmma_fence_operands(acc);
     if constexpr (kOverlap != BwdOverlap::kNone) {
@@ -362,12 +364,13 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   bwd_store_dkdv<D>(args, dk, dv, key_lo, L.major_start[tile + 1], kvh, lane);
 }
 
-template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap, BwdLoads kLoads = kBwdLoads>
+template <int D, bool kAddDq = true, BwdOverlap kOverlap = kBwdOverlap, BwdLoads kLoads = kBwdLoads,
+          DType E = DType::kBf16>
 void launch_bwd_wgmma(const BwdArgs& a, cudaStream_t stream) {
   using S = BwdWgmmaShape<D>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  auto* kernel = attention_bwd_wgmma_kernel<D, kAddDq, kOverlap, kLoads>;
+  auto* kernel = attention_bwd_wgmma_kernel<D, kAddDq, kOverlap, kLoads, E>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "attention_backward: shared memory limit");
   kernel<<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);

@@ -50,7 +50,7 @@ static_assert(kBwsRows == 64 && kBwsKeys == 128, "ws backward: 128 keys x 64 row
 // kDqBufs (0: dQ by red.global.add, no buffer) fp32 dQ buffers of BM x D
 template <int kStages, int kDqBufs>
 constexpr int bwd_ws_smem() {
-  // K, V; per stage Q, dO (bf16) and LSE, Dsum (fp32); two dS^T buffers; the dQ buffers; per stage the step
+  // K, V; per stage Q, dO (16-bit) and LSE, Dsum (fp32); two dS^T buffers; the dQ buffers; per stage the step
   // (query tile, list entry); the barriers; 1 KiB alignment
   return (2 * kBwsKeys * kBwsD + 2 * kStages * kBwsRows * kBwsD + 2 * kBwsKeys * kBwsRows) * 2 +
          kDqBufs * kBwsRows * kBwsD * 4 + 2 * kStages * kBwsRows * 4 + 16 * kStages + 8 * (1 + 2 * kStages + 4) + 1024;
@@ -61,7 +61,7 @@ constexpr int bwd_ws_smem() {
 // reductions, instead of 16 red.global.add.v2.f32 per consumer thread (the profile of run 32 put 28% of the
 // consumer warps' stall samples on those reductions and on the registers they still read). Three Q/dO stages
 // with one dQ buffer (the shared-memory limit) measured slower than two and two (run 35).
-template <int kStages, int kDqBufs>
+template <int kStages, int kDqBufs, DType E = DType::kBf16>
 __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const __grid_constant__ BwdWsArgs w) {
   constexpr int D = kBwsD, BM = kBwsRows, BN = kBwsKeys;
   const BwdArgs& args = w.a;
@@ -256,27 +256,27 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(z + 16 * i), "r"(0) : "memory");
       fence_proxy_async_shared();  // the zeros -> the dQ wgmma
       named_barrier_sync(1, 256);  // dS^T complete (both consumer warpgroups)
-      bwd_issue_dq<BN, false>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
+      bwd_issue_dq<BN, false, E>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
       wgmma_wait<0>();
       wgmma_fence_operands(acc);
     } else {
       // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
       // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites
       float st[BM / 2], dpt[BM / 2];
-      bwd_issue_st_dpt<D, BM, BN, false>(st, dpt, k16, v16, qs16, dos16, wg);
+      bwd_issue_st_dpt<D, BM, BN, false, E>(st, dpt, k16, v16, qs16, dos16, wg);
       if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
 
       uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands (LSE staged in base-2 units)
-      bwd_softmax_grad<BM, BN, true>(
+      bwd_softmax_grad<BM, BN, true, E>(
           args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st, dpt,
-          [&] { return reinterpret_cast<__nv_bfloat16*>(base + (dsb - sK)); }, pa, da);
+          [&] { return reinterpret_cast<elem_t<E>*>(base + (dsb - sK)); }, pa, da);
 
-      bwd_issue_dvdk<D, BM>(dv, dk, pa, da, qs16, dos16);
+      bwd_issue_dvdk<D, BM, E>(dv, dk, pa, da, qs16, dos16);
       fence_proxy_async_shared();     // dS^T stores -> the dQ wgmma
       named_barrier_sync(1, 256);     // dS^T complete (both consumer warpgroups)
 
       // dQ = dS K (scaled below), head-dim columns 64 wg .. +64 of all BM rows
-      bwd_issue_dq<BN, false>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
+      bwd_issue_dq<BN, false, E>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
       wgmma_wait<0>();  // dQ, and dV / dK (groups retire in order)
       wgmma_fence_operands(acc);
       wgmma_fence_operands(dv);
@@ -342,9 +342,9 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   bwd_store_dkdv<D>(args, dk, dv, key_lo, k_end, kvh, lane);
 }
 
-template <int kStages, int kDqBufs>
+template <int kStages, int kDqBufs, DType E>
 void launch(const BwdWsArgs& w, int64_t blocks, cudaStream_t stream) {
-  auto* kernel = attention_bwd_ws_kernel<kStages, kDqBufs>;
+  auto* kernel = attention_bwd_ws_kernel<kStages, kDqBufs, E>;
   constexpr int smem = bwd_ws_smem<kStages, kDqBufs>();
   static_assert(smem <= 227 * 1024, "ws backward: shared memory");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -379,12 +379,12 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, const BwdWsConfig
   BwdWsArgs w;
   w.a = a;
   const auto box_rows = static_cast<uint32_t>(kBwsRows / a.group);
-  w.tq = tensor_map_d128(kWho, a.p.q, a.q_rows, a.p.hq, a.p.q_row_stride, a.p.q_head_stride,
+  w.tq = tensor_map_d128(kWho, a.p.dtype, a.p.q, a.q_rows, a.p.hq, a.p.q_row_stride, a.p.q_head_stride,
                          static_cast<uint32_t>(a.group), box_rows);
-  w.tdo = tensor_map_d128(kWho, a.p.d_o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
+  w.tdo = tensor_map_d128(kWho, a.p.dtype, a.p.d_o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
                           static_cast<uint32_t>(a.group), box_rows);
-  w.tk = tensor_map_d128(kWho, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kBwsKeys);
-  w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kBwsKeys);
+  w.tk = tensor_map_d128(kWho, a.p.dtype, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kBwsKeys);
+  w.tv = tensor_map_d128(kWho, a.p.dtype, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kBwsKeys);
   w.first_wave = config.walk == BwdWsWalk::kReversed  ? INT32_MAX
                  : config.walk == BwdWsWalk::kForward ? 0
                                                       : sm_count();
@@ -408,9 +408,9 @@ bool launch_bwd_ws_d128(const BwdArgs& a, cudaStream_t stream, const BwdWsConfig
                             a.p.dk_head_stride, 32, 1, 64);
       w.dkdv_tma = 1;
     }
-    launch<2, 2>(w, blocks, stream);
+    with_dtype(a.p.dtype, [&](auto e) { launch<2, 2, decltype(e)::value>(w, blocks, stream); });
   } else {
-    launch<2, 0>(w, blocks, stream);
+    with_dtype(a.p.dtype, [&](auto e) { launch<2, 0, decltype(e)::value>(w, blocks, stream); });
   }
   return true;
 }

@@ -26,15 +26,16 @@ struct FwdShape {
   static constexpr int kSmemBytes = (kRows + 4 * kKeys) * D * 2;  // Q + two stages of K and V
 };
 
-template <int D, int M>
+template <int D, int M, DType E = DType::kBf16>
 __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlocksPerSm)
     attention_fwd_kernel(const FwdArgs args) {
   using S = FwdShape<D, M>;
+  using T = elem_t<E>;
   constexpr int BM = S::kRows, BN = S::kKeys;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  __nv_bfloat16* sK = sQ + BM * D;
-  __nv_bfloat16* sV = sK + 2 * BN * D;
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * D;
+  T* sV = sK + 2 * BN * D;
 
   const AttentionForwardParams& p = args.p;
   const auto& L = args.lists;
@@ -46,12 +47,12 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
   const int t0 = tile * L.major_tile_rows;
   const int valid_rows = L.major_tile_rows * G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
-  const auto* k = static_cast<const __nv_bfloat16*>(p.k);
-  const auto* v = static_cast<const __nv_bfloat16*>(p.v);
+  const auto* q = static_cast<const T*>(p.q);
+  const auto* k = static_cast<const T*>(p.k);
+  const auto* v = static_cast<const T*>(p.v);
 
   // packed row r = (token t0 + r / G, q head kvh * G + r % G)
-  load_tile_async<D, S::kThreads>(sQ, BM, q, [&](int r) -> const __nv_bfloat16* {
+  load_tile_async<D, S::kThreads>(sQ, BM, q, [&](int r) -> const T* {
     const int t = t0 + r / G;
     if (r >= valid_rows || t >= args.q_rows) return nullptr;
     return q + t * p.q_row_stride + (kvh * G + r % G) * p.q_head_stride;
@@ -60,10 +61,10 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
   RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
   auto load_kv = [&](int kt, int stage) {
     const int k0 = L.minor_start[kt];  // BN rows from the tile's start, whatever its length
-    load_tile_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const __nv_bfloat16* {
+    load_tile_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const T* {
       return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
     });
-    load_tile_async<D, S::kThreads>(sV + stage * BN * D, BN, v, [&](int r) -> const __nv_bfloat16* {
+    load_tile_async<D, S::kThreads>(sV + stage * BN * D, BN, v, [&](int r) -> const T* {
       return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
     });
   };
@@ -104,8 +105,8 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
           ldmatrix_x4(qf[kk], smem_addr(sQ + swz<D>(warp * 16 + lane % 16, kk * 16 + (lane / 16) * 8)));
       }
     }
-    const __nv_bfloat16* k_s = sK + stage * BN * D;
-    const __nv_bfloat16* v_s = sV + stage * BN * D;
+    const T* k_s = sK + stage * BN * D;
+    const T* v_s = sV + stage * BN * D;
 
     // S = Q K^T for this warp's 16 M rows x BN keys
     float s[M][BN / 8][4];
@@ -130,8 +131,8 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
         ldmatrix_x4(b, smem_addr(k_s + swz<D>(np * 16 + lane % 8 + (lane / 16) * 8, kk * 16 + ((lane / 8) % 2) * 8)));
 #pragma unroll
         for (int f = 0; f < M; ++f) {
-          mma_bf16(s[f][2 * np], a[f], b[0], b[1]);
-          mma_bf16(s[f][2 * np + 1], a[f], b[2], b[3]);
+          mma_m16n8k16<E>(s[f][2 * np], a[f], b[0], b[1]);
+          mma_m16n8k16<E>(s[f][2 * np + 1], a[f], b[2], b[3]);
         }
       }
     }
@@ -196,10 +197,10 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
       uint32_t a[M][4];
 #pragma unroll
       for (int f = 0; f < M; ++f) {
-        a[f][0] = pack_bf16(s[f][2 * kk][0], s[f][2 * kk][1]);
-        a[f][1] = pack_bf16(s[f][2 * kk][2], s[f][2 * kk][3]);
-        a[f][2] = pack_bf16(s[f][2 * kk + 1][0], s[f][2 * kk + 1][1]);
-        a[f][3] = pack_bf16(s[f][2 * kk + 1][2], s[f][2 * kk + 1][3]);
+        a[f][0] = pack2<E>(s[f][2 * kk][0], s[f][2 * kk][1]);
+        a[f][1] = pack2<E>(s[f][2 * kk][2], s[f][2 * kk][3]);
+        a[f][2] = pack2<E>(s[f][2 * kk + 1][0], s[f][2 * kk + 1][1]);
+        a[f][3] = pack2<E>(s[f][2 * kk + 1][2], s[f][2 * kk + 1][3]);
       }
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
@@ -207,8 +208,8 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
         ldmatrix_x4_trans(b, smem_addr(v_s + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, dp * 16 + (lane / 16) * 8)));
 #pragma unroll
         for (int f = 0; f < M; ++f) {
-          mma_bf16(o[f][2 * dp], a[f], b[0], b[1]);
-          mma_bf16(o[f][2 * dp + 1], a[f], b[2], b[3]);
+          mma_m16n8k16<E>(o[f][2 * dp], a[f], b[0], b[1]);
+          mma_m16n8k16<E>(o[f][2 * dp + 1], a[f], b[2], b[3]);
         }
       }
     }
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
   }
   cp_async_wait<0>();
 
-  auto* out = static_cast<__nv_bfloat16*>(p.o);
+  auto* out = static_cast<T*>(p.o);
 #pragma unroll
   for (int f = 0; f < M; ++f)
 #pragma unroll
@@ -228,24 +229,24 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
       if (row[f][h] >= valid_rows || tok[f][h] >= args.q_rows) continue;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int head = kvh * G + row[f][h] % G;
-      __nv_bfloat16* dst = out + tok[f][h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
+      T* dst = out + tok[f][h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[f][j][2 * h] * inv, o[f][j][2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(dst + j * 8) = pack2<E>(o[f][j][2 * h] * inv, o[f][j][2 * h + 1] * inv);
       // natural-log LSE = max * ln 2 + ln(sum) with max kept in base-2 units
       if (lane % 4 == 0)
         p.lse[tok[f][h] * p.lse_row_stride + head * p.lse_head_stride] = sum > 0.f ? m[f][h] * kLn2 + logf(sum) : -INFINITY;
     }
 }
 
-template <int D, int M>
+template <int D, int M, DType E = DType::kBf16>
 void launch_fwd(const FwdArgs& a, cudaStream_t stream) {
   using S = FwdShape<D, M>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  check_cuda(cudaFuncSetAttribute(attention_fwd_kernel<D, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
+  check_cuda(cudaFuncSetAttribute(attention_fwd_kernel<D, M, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "attention_forward: shared memory limit");
-  attention_fwd_kernel<D, M><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
+  attention_fwd_kernel<D, M, E><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
   check_cuda(cudaGetLastError(), "attention_forward: launch");
 }
 

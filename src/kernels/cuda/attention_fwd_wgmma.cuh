@@ -2,7 +2,7 @@
 // results as attention_fwd.cuh (one block per (query tile, KV head), GQA packing, two-stage cp.async
 // K/V pipeline, online softmax in registers), but the two GEMMs run on wgmma:
 //   S = Q K^T   wgmma m64n64k16, Q and K read from shared memory through descriptors;
-//   O += P V    wgmma m64nDk16, P from registers (the accumulator layout packed to bf16), V from
+//   O += P V    wgmma m64nDk16, P from registers (the accumulator layout packed to bf16 or fp16), V from
 //               shared memory as an MN-major operand.
 // Two warpgroups x 64 packed rows = the 128-row query tile. Accumulators are spread over the 128
 // threads of a warpgroup (S: 32 fp32 per thread, O: D/2), against 32 rows of S and O per warp with
@@ -129,14 +129,14 @@ __device__ __forceinline__ bool fwd_tile_softmax(float (&s)[BN / 2], const FwdAr
 }
 
 // P as the A operands of O += P V: k16 step kk takes keys 16 kk .. +16 (accumulator blocks 2 kk, 2 kk + 1).
-template <int BN>
+template <int BN, DType E = DType::kBf16>
 __device__ __forceinline__ void fwd_pack_p(const float (&s)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
-    pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-    pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-    pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-    pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    pa[kk][0] = pack2<E>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack2<E>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2<E>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2<E>(s[8 * kk + 6], s[8 * kk + 7]);
   }
 }
 
@@ -147,14 +147,16 @@ __device__ __forceinline__ void fwd_pack_p(const float (&s)[BN / 2], uint32_t (&
 // So the tile is exponentiated against m[h] as it stands, without the max tree, its shuffles or O's rescale; when a
 // row's partial sum of P passes kHeldLimit (a score more than 16 above the offset, in base-2 units) the warp keeps the
 // raw scores and returns false, and the caller runs fwd_softmax_tile on them, which moves the offset. So P <= 2^16:
-// O and l keep all but 16 bits of the fp32 headroom they have under the running max (P <= 1).
-constexpr float kHeldLimit = 65536.f;  // 2^16
+// O and l keep all but 16 bits of the fp32 headroom they have under the running max (P <= 1). fp16 operands hold
+// at most 65504 (2^16 would round to inf), so there the limit is 2^15.
+template <DType E>
+constexpr float kHeldLimit = E == DType::kF16 ? 32768.f : 65536.f;  // 2^15, 2^16
 // On success P goes straight into the A operands of O += P V (pn, as fwd_pack_p) and l[h] grows by the rows' sums; on
 // failure s still holds the raw scores and pn, l are untouched. (P is packed here rather than copied back into s so
 // that both of the caller's paths write pn and no register copies join them.)
 // kEarlyPack (FwdWsSoftmax::kHeldEarlyPack, the default): P packed before the vote, so the packs need not wait for it
 // (the fallback packs again).
-template <int BN, bool kEarlyPack = false>
+template <int BN, bool kEarlyPack = false, DType E = DType::kBf16>
 __device__ __forceinline__ bool fwd_softmax_held(const float (&s)[BN / 2], const float (&m)[2], float (&l)[2],
                                                  float sl2, uint32_t (&pn)[BN / 16][4]) {
   float e[BN / 2], t[2];
@@ -173,9 +175,9 @@ __device__ __forceinline__ bool fwd_softmax_held(const float (&s)[BN / 2], const
       for (int i = 0; i < w; ++i) u[i] += u[i + w];
     t[h] = u[0];
   }
-  if constexpr (kEarlyPack) fwd_pack_p<BN>(e, pn);
-  if (!__all_sync(0xffffffffu, t[0] <= kHeldLimit && t[1] <= kHeldLimit)) return false;  // also catches inf
-  if constexpr (!kEarlyPack) fwd_pack_p<BN>(e, pn);
+  if constexpr (kEarlyPack) fwd_pack_p<BN, E>(e, pn);
+  if (!__all_sync(0xffffffffu, t[0] <= kHeldLimit<E> && t[1] <= kHeldLimit<E>)) return false;  // also catches inf
+  if constexpr (!kEarlyPack) fwd_pack_p<BN, E>(e, pn);
   l[0] += t[0];
   l[1] += t[1];
   return true;
@@ -184,15 +186,15 @@ __device__ __forceinline__ bool fwd_softmax_held(const float (&s)[BN / 2], const
 // A listed tile's P into pn: the held offset once `held` (every row of the warp has an offset; false at an item's
 // start), else, or where it does not hold, the online softmax, after which `held` is set once every row has an offset.
 // Returns whether O needs its rows rescaled by corrs (never on the held path).
-template <int BN, bool kEarlyPack = false>
+template <int BN, bool kEarlyPack = false, DType E = DType::kBf16>
 __device__ __forceinline__ bool fwd_tile_p_held(float (&s)[BN / 2], const FwdArgs& args, const RunCursor& cur, int lane,
                                                 const int (&tok)[2], float (&m)[2], float (&l)[2], float sl2,
                                                 float (&corrs)[2], bool& held, uint32_t (&pn)[BN / 16][4]) {
   fwd_tile_mask<BN>(s, args, cur, lane, tok);
-  if (held && fwd_softmax_held<BN, kEarlyPack>(s, m, l, sl2, pn)) return false;
+  if (held && fwd_softmax_held<BN, kEarlyPack, E>(s, m, l, sl2, pn)) return false;
   const bool rescale = fwd_softmax_tile<BN>(s, m, l, sl2, corrs);
   held = __all_sync(0xffffffffu, m[0] > -INFINITY && m[1] > -INFINITY);
-  fwd_pack_p<BN>(s, pn);
+  fwd_pack_p<BN, E>(s, pn);
   return rescale;
 }
 
@@ -209,33 +211,33 @@ __device__ __forceinline__ void fwd_rescale_o(float (&o)[D / 2], bool rescale, c
 
 // Issues O += P V for one tile: k16 step kk takes keys 16 kk .. +16 of the V stage at vs16 (its start
 // address >> 4); the caller fences before and commits / waits after.
-template <int D, int BN>
+template <int D, int BN, DType E = DType::kBf16>
 __device__ __forceinline__ void fwd_issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BN / 16][4], uint32_t vs16) {
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
-    wgmma_rs_trans_b<D>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
+    wgmma_rs_trans_b<D, E>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
 }
 
 // O += P V issued and waited for: O and P are the thread's again once it returns.
-template <int D, int BN>
+template <int D, int BN, DType E = DType::kBf16>
 __device__ __forceinline__ void fwd_pv_waited(float (&o)[D / 2], uint32_t (&pa)[BN / 16][4], uint32_t vs16) {
   wgmma_fence();
-  fwd_issue_pv<D, BN>(o, pa, vs16);
+  fwd_issue_pv<D, BN, E>(o, pa, vs16);
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operands(o);
   wgmma_fence_operands(pa);
 }
 
-// O / l in bf16 and the natural-log LSE = max ln 2 + ln(sum) (max in base-2 units); -inf and O = 0 for
+// O / l in the element type and the natural-log LSE = max ln 2 + ln(sum) (max in base-2 units); -inf and O = 0 for
 // a row that saw no key.
-template <int D>
+template <int D, DType E = DType::kBf16>
 __device__ __forceinline__ void fwd_store_o_lse(const FwdArgs& args, const float (&o)[D / 2], const float (&m)[2],
                                                 const float (&l)[2], const int (&row)[2], const int (&tok)[2],
                                                 int kvh, int lane) {
   const AttentionForwardParams& p = args.p;
   const int G = args.group, valid_rows = args.lists.major_tile_rows * G;
-  auto* out = static_cast<__nv_bfloat16*>(p.o);
+  auto* out = static_cast<elem_t<E>*>(p.o);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = l[h];
@@ -244,10 +246,10 @@ __device__ __forceinline__ void fwd_store_o_lse(const FwdArgs& args, const float
     if (row[h] >= valid_rows || tok[h] >= args.q_rows) continue;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     const int head = kvh * G + row[h] % G;
-    __nv_bfloat16* dst = out + tok[h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
+    elem_t<E>* dst = out + tok[h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(dst + j * 8) = pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + j * 8) = pack2<E>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
     if (lane % 4 == 0)
       p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = sum > 0.f ? m[h] * kLn2 + logf(sum) : -INFINITY;
   }
@@ -255,7 +257,7 @@ __device__ __forceinline__ void fwd_store_o_lse(const FwdArgs& args, const float
 
 // The persistent forward's epilogue in two parts, so that the LSE's global stores come after the proxy fence that
 // publishes the staged O (a fence waits for this thread's outstanding stores): the rows' sums over their quad, O / sum
-// as bf16 pairs into the panel tile at sO (as fwd_stage_o_lse), then the LSE.
+// as pairs of the element type into the panel tile at sO (as fwd_stage_o_lse), then the LSE.
 __device__ __forceinline__ void fwd_quad_sums(const float (&l)[2], float (&sum)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -264,8 +266,8 @@ __device__ __forceinline__ void fwd_quad_sums(const float (&l)[2], float (&sum)[
     sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
   }
 }
-// One of the thread's rows (h, packed row r, its quad's sum of P) as bf16 pairs O / sum into the panel tile at sO.
-template <int D>
+// One of the thread's rows (h, packed row r, its quad's sum of P) as element pairs O / sum into the panel tile at sO.
+template <int D, DType E = DType::kBf16>
 __device__ __forceinline__ void fwd_stage_o_row(const float (&o)[D / 2], int h, float sum, int r, int lane, uint32_t sO,
                                                 int BM) {
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
@@ -273,15 +275,15 @@ __device__ __forceinline__ void fwd_stage_o_row(const float (&o)[D / 2], int h, 
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
     const uint32_t addr = line + (j / 8) * BM * 128 + (((j % 8) ^ (r % 8)) << 4);
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pack_bf16(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv))
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(pack2<E>(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv))
                  : "memory");
   }
 }
-template <int D>
+template <int D, DType E = DType::kBf16>
 __device__ __forceinline__ void fwd_stage_o(const float (&o)[D / 2], const float (&sum)[2], const int (&row)[2], int lane,
                                             uint32_t sO, int BM) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) fwd_stage_o_row<D>(o, h, sum[h], row[h], lane, sO, BM);
+  for (int h = 0; h < 2; ++h) fwd_stage_o_row<D, E>(o, h, sum[h], row[h], lane, sO, BM);
 }
 __device__ __forceinline__ void fwd_store_lse(const FwdArgs& args, const float (&m)[2], const float (&sum)[2],
                                               const int (&row)[2], const int (&tok)[2], int kvh, int lane) {
@@ -295,9 +297,9 @@ __device__ __forceinline__ void fwd_store_lse(const FwdArgs& args, const float (
     }
 }
 
-// fwd_store_o_lse with O staged in shared memory instead: this thread's bf16 pairs of rows row[h] go into the panel
+// fwd_store_o_lse with O staged in shared memory instead: this thread's element pairs of rows row[h] go into the panel
 // tile at sO (panels of BM rows x 64 columns, 128-byte swizzle) for a TMA store; the LSE is written directly.
-template <int D>
+template <int D, DType E = DType::kBf16>
 __device__ __forceinline__ void fwd_stage_o_lse(const FwdArgs& args, const float (&o)[D / 2], const float (&m)[2],
                                                 const float (&l)[2], const int (&row)[2], const int (&tok)[2], int kvh,
                                                 int lane, uint32_t sO, int BM) {
@@ -309,7 +311,7 @@ __device__ __forceinline__ void fwd_stage_o_lse(const FwdArgs& args, const float
     float sum = l[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    fwd_stage_o_row<D>(o, h, sum, row[h], lane, sO, BM);
+    fwd_stage_o_row<D, E>(o, h, sum, row[h], lane, sO, BM);
     if (lane % 4 == 0 && row[h] < valid_rows && tok[h] < args.q_rows) {
       const int head = kvh * G + row[h] % G;
       p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = sum > 0.f ? m[h] * kLn2 + logf(sum) : -INFINITY;
@@ -317,15 +319,16 @@ __device__ __forceinline__ void fwd_stage_o_lse(const FwdArgs& args, const float
   }
 }
 
-template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads>
+template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads, DType E = DType::kBf16>
 __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::kBlocksPerSm)
     attention_fwd_wgmma_kernel(const FwdArgs args) {
   using S = FwdWgmmaShape<D>;
+  using T = elem_t<E>;
   constexpr bool kOne = kBarriers == FwdBarriers::kOne;
   constexpr int BM = S::kRows, BN = S::kKeys;
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(dynamic_smem_1024());
-  __nv_bfloat16* sK = sQ + BM * D;        // [2][BN x D panels]
-  __nv_bfloat16* sV = sK + 2 * BN * D;    // [2][BN x D panels]
+  T* sQ = reinterpret_cast<T*>(dynamic_smem_1024());
+  T* sK = sQ + BM * D;        // [2][BN x D panels]
+  T* sV = sK + 2 * BN * D;    // [2][BN x D panels]
 
   const AttentionForwardParams& p = args.p;
   const auto& L = args.lists;
@@ -336,12 +339,12 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
   const int valid_rows = L.major_tile_rows * G;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4;
-  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
-  const auto* k = static_cast<const __nv_bfloat16*>(p.k);
-  const auto* v = static_cast<const __nv_bfloat16*>(p.v);
+  const auto* q = static_cast<const T*>(p.q);
+  const auto* k = static_cast<const T*>(p.k);
+  const auto* v = static_cast<const T*>(p.v);
 
   // packed row r = (token t0 + r / G, q head kvh * G + r % G)
-  load_panel_async<D, S::kThreads>(sQ, BM, q, [&](int r) -> const __nv_bfloat16* {
+  load_panel_async<D, S::kThreads>(sQ, BM, q, [&](int r) -> const T* {
     const int t = t0 + r / G;
     if (r >= valid_rows || t >= args.q_rows) return nullptr;
     return q + t * p.q_row_stride + (kvh * G + r % G) * p.q_head_stride;
@@ -359,10 +362,10 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     const int k0 = L.minor_start[kt];  // BN rows from the tile's start, whatever its length
     if constexpr (kLoads == FwdLoads::kPerThread) {
       const int r0 = k0 + ld_row;
-      const __nv_bfloat16* ks = k + static_cast<int64_t>(r0) * p.k_row_stride + kvh * p.k_head_stride + ld_chunk * 8;
-      const __nv_bfloat16* vs = v + static_cast<int64_t>(r0) * p.v_row_stride + kvh * p.v_head_stride + ld_chunk * 8;
-      __nv_bfloat16* kd = sK + stage * BN * D + ld_smem;
-      __nv_bfloat16* vd = sV + stage * BN * D + ld_smem;
+      const T* ks = k + static_cast<int64_t>(r0) * p.k_row_stride + kvh * p.k_head_stride + ld_chunk * 8;
+      const T* vs = v + static_cast<int64_t>(r0) * p.v_row_stride + kvh * p.v_head_stride + ld_chunk * 8;
+      T* kd = sK + stage * BN * D + ld_smem;
+      T* vd = sV + stage * BN * D + ld_smem;
 #pragma unroll
       for (int j = 0; j < kLoadIters; ++j) {
         const bool ok = r0 + j * kRowStep < args.kv_rows;
@@ -370,10 +373,10 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
         cp_async_16(vd + j * kRowStep * 64, ok ? vs + j * kRowStep * p.v_row_stride : v, ok);
       }
     } else {
-      load_panel_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const __nv_bfloat16* {
+      load_panel_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const T* {
         return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
       });
-      load_panel_async<D, S::kThreads>(sV + stage * BN * D, BN, v, [&](int r) -> const __nv_bfloat16* {
+      load_panel_async<D, S::kThreads>(sV + stage * BN * D, BN, v, [&](int r) -> const T* {
         return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
       });
     }
@@ -427,7 +430,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
       const uint32_t off = (kk % 4) * 32;  // 16 columns = 32 bytes inside a 128-byte panel row
       const uint64_t da = wgmma_desc16<16, 1024>(q16 + ((kk / 4) * BM * 128 + off) / 16);
       const uint64_t db = wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + off) / 16);
-      wgmma_ss_m64n64k16<false, false>(s, da, db, !kOne || kk > 0);
+      wgmma_ss_m64n64k16<false, false, E>(s, da, db, !kOne || kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -437,22 +440,22 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     const bool rescale = fwd_tile_softmax<BN>(s, args, cur, lane, tok, m, l, sl2, corrs);
     fwd_rescale_o<D>(o, rescale, corrs);
     uint32_t pa[BN / 16][4];
-    fwd_pack_p<BN>(s, pa);
-    fwd_pv_waited<D, BN>(o, pa, vs16);
+    fwd_pack_p<BN, E>(s, pa);
+    fwd_pv_waited<D, BN, E>(o, pa, vs16);
     if constexpr (!kOne) __syncthreads();  // the next iteration's prefetch overwrites this stage
     cur = next;
   }
   cp_async_wait<0>();
 
-  fwd_store_o_lse<D>(args, o, m, l, row, tok, kvh, lane);
+  fwd_store_o_lse<D, E>(args, o, m, l, row, tok, kvh, lane);
 }
 
-template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads>
+template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads, DType E = DType::kBf16>
 void launch_fwd_wgmma(const FwdArgs& a, cudaStream_t stream) {
   using S = FwdWgmmaShape<D>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  auto* kernel = attention_fwd_wgmma_kernel<D, kBarriers, kLoads>;
+  auto* kernel = attention_fwd_wgmma_kernel<D, kBarriers, kLoads, E>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "attention_forward: shared memory limit");
   kernel<<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);

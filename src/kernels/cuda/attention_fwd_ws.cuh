@@ -84,7 +84,7 @@ __device__ __forceinline__ void fwd_ws_rows(int warp, int lane, int G, int first
 // in registers or the last S GEMM has retired) and one thread stores them with two TMA boxes, instead of 32
 // four-byte global stores per thread (8 rows x 16 bytes per warp instruction).
 // kTrace (bench only): stamps of the block's phases (FwdWsConfig::trace names them).
-template <bool kQReg, bool kOverlap, bool kTmaO = false, bool kTrace = false>
+template <bool kQReg, bool kOverlap, bool kTmaO = false, bool kTrace = false, DType E = DType::kBf16>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const __grid_constant__ FwdWsArgs w) {
   constexpr int D = kWsD, BM = kWsRows, BN = kWsKeys;
   unsigned long long* trace = kTrace ? w.trace + static_cast<size_t>(blockIdx.x) * kFwdTraceWords : nullptr;
@@ -183,14 +183,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;
       if constexpr (kQReg)
-        wgmma_rs_m64n64k16_kmajor(sc, qf[kk], wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + off) / 16), kk > 0);
+        wgmma_rs_m64n64k16_kmajor<E>(sc, qf[kk], wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + off) / 16), kk > 0);
       else
-        wgmma_ss_m64n64k16<false, false>(sc, wgmma_desc16<16, 1024>(q16 + ((kk / 4) * BM * 128 + off) / 16),
+        wgmma_ss_m64n64k16<false, false, E>(sc, wgmma_desc16<16, 1024>(q16 + ((kk / 4) * BM * 128 + off) / 16),
                                          wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + off) / 16), kk > 0);
     }
     wgmma_commit();
     if constexpr (kOverlap) {
-      if (n > 0) fwd_issue_pv<D, BN>(o, pa, prev_vs16);
+      if (n > 0) fwd_issue_pv<D, BN, E>(o, pa, prev_vs16);
       wgmma_commit();
       wgmma_wait<1>();  // S(n) only: P V(n - 1) stays in flight under the softmax
     } else {
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     float corrs[2];
     const bool rescale = fwd_tile_softmax<BN>(sc, args, cur, lane, tok, m, l, sl2, corrs);
     uint32_t pn[BN / 16][4];  // this tile's P
-    fwd_pack_p<BN>(sc, pn);
+    fwd_pack_p<BN, E>(sc, pn);
     if constexpr (kOverlap) {
       wgmma_wait<0>();  // P V(n - 1): O and the old P are free again
       wgmma_fence_operands(o);
@@ -223,13 +223,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
       cur = cur.next(L.entries, e_end);
       continue;
     }
-    fwd_pv_waited<D, BN>(o, pa, vs16);
+    fwd_pv_waited<D, BN, E>(o, pa, vs16);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty(s));  // this warp's reads of stage s are done
     cur = cur.next(L.entries, e_end);
   }
   if constexpr (kOverlap) {
-    if (n > 0) fwd_pv_waited<D, BN>(o, pa, prev_vs16);  // the last tile's P V
+    if (n > 0) fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);  // the last tile's P V
   }
   if (threadIdx.x == 0) {
     stamp(4);
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
   }
 
   if constexpr (kTmaO) {
-    fwd_stage_o_lse<D>(args, o, m, l, row, tok, kvh, lane, sQ, BM);
+    fwd_stage_o_lse<D, E>(args, o, m, l, row, tok, kvh, lane, sQ, BM);
     fence_proxy_async_shared();                    // the staged rows -> the TMA store (async proxy)
     named_barrier_sync(1 + wg, 128);               // this warpgroup's 64 rows are staged
     if (threadIdx.x % 128 == 0) {
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
         if (threadIdx.x == 0) trace[12] = globaltimer();
     }
   } else {
-    fwd_store_o_lse<D>(args, o, m, l, row, tok, kvh, lane);
+    fwd_store_o_lse<D, E>(args, o, m, l, row, tok, kvh, lane);
   }
 }
 
@@ -285,7 +285,7 @@ __device__ __forceinline__ void fwd_store_empty(const FwdArgs& args, const int (
   for (int h = 0; h < 2; ++h) {
     if (row[h] >= args.lists.major_tile_rows * G || tok[h] >= args.q_rows) continue;
     const int head = kvh * G + row[h] % G;
-    auto* dst = static_cast<__nv_bfloat16*>(p.o) + tok[h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
+    auto* dst = static_cast<uint16_t*>(p.o) + tok[h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < kWsD / 8; ++j) *reinterpret_cast<uint32_t*>(dst + j * 8) = 0u;
     if (lane % 4 == 0) p.lse[tok[h] * p.lse_row_stride + head * p.lse_head_stride] = -INFINITY;
@@ -299,7 +299,7 @@ constexpr int kWspSmem = (2 * kWsRows + 2 * kWsStages * kWsKeys) * kWsD * 2 + 8 
 // so that the read's L2 round trip is off the item boundary. Without it the item is read at the boundary.
 // kHeld (FwdWsConfig::softmax): 1, the held-offset softmax (fwd_tile_p_held) after each item's first step; 2 (the
 // default, kPersistent): with P packed before the guard's vote.
-template <bool kPrefetch, int kHeld = 0>
+template <bool kPrefetch, int kHeld = 0, DType E = DType::kBf16>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_kernel(const __grid_constant__ FwdWsArgs w) {
   constexpr int D = kWsD, BM = kWsRows, BN = kWsKeys;
   const FwdArgs& args = w.a;
@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
     named_barrier_sync(1 + wg, 128);
     float sum[2];
     fwd_quad_sums(l, sum);
-    fwd_stage_o<D>(o, sum, row, lane, sO, BM);
+    fwd_stage_o<D, E>(o, sum, row, lane, sO, BM);
     fence_proxy_async_shared();
     named_barrier_sync(1 + wg, 128);
     if (threadIdx.x % 128 == 0) {
@@ -440,7 +440,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
   uint32_t prev_vs16 = 0;
   auto flush = [&] {  // the pending P V, then the previous item's epilogue
     if (pending) {
-      fwd_pv_waited<D, BN>(o, pa, prev_vs16);
+      fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);
       __syncwarp();
       if (lane == 0) mbar_arrive(empty(prev_s));
       pending = false;
@@ -508,10 +508,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_rs_m64n64k16_kmajor(sc, qf[kk], wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + (kk % 4) * 32) / 16),
-                                  kk > 0);
+        wgmma_rs_m64n64k16_kmajor<E>(sc, qf[kk],
+                                     wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + (kk % 4) * 32) / 16), kk > 0);
       wgmma_commit();
-      if (!kFirst || pending) fwd_issue_pv<D, BN>(o, pa, prev_vs16);
+      if (!kFirst || pending) fwd_issue_pv<D, BN, E>(o, pa, prev_vs16);
       wgmma_commit();
       if constexpr (kPrefetch && kFirst) read_next(j);  // under the GEMMs; used at the next item's start
       wgmma_wait<1>();  // S(n) only: P V(n - 1), maybe the previous item's last, stays in flight under the softmax
@@ -520,10 +520,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       bool rescale;
       uint32_t pn[BN / 16][4];
       if constexpr (kHeld) {
-        rescale = fwd_tile_p_held<BN, kHeld == 2>(sc, args, cur, lane, tok, m, l, sl2, corrs, held, pn);
+        rescale = fwd_tile_p_held<BN, kHeld == 2, E>(sc, args, cur, lane, tok, m, l, sl2, corrs, held, pn);
       } else {
         rescale = fwd_tile_softmax<BN>(sc, args, cur, lane, tok, m, l, sl2, corrs);
-        fwd_pack_p<BN>(sc, pn);
+        fwd_pack_p<BN, E>(sc, pn);
       }
       wgmma_wait<0>();
       wgmma_fence_operands(o);
@@ -572,8 +572,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
 
 // Launches config C (FwdWsConfig's fields choose the kernel and its template arguments); false when the kernel does
 // not apply (launch_fwd_ws_d128 in launch.hpp says when). `trace`: C.trace's stamps; `counter`: C.persistent's
-// workspace.
-template <FwdWsConfig C>
+// workspace. E: the element type (a.p.dtype must be it).
+template <FwdWsConfig C, DType E = DType::kBf16>
 bool launch_fwd_ws(const FwdArgs& a, cudaStream_t stream, unsigned long long* trace, int* counter) {
   static_assert(!C.persistent || (C.q_in_registers && C.overlap && C.o_by_tma && !C.trace),
                 "the persistent forward holds Q in registers, overlaps, stores O by TMA and has no trace");
@@ -587,24 +587,24 @@ bool launch_fwd_ws(const FwdArgs& a, cudaStream_t stream, unsigned long long* tr
   w.a = a;
   w.trace = trace;
   w.counter = counter;
-  w.tq = tensor_map_d128(kWho, a.p.q, a.q_rows, a.p.hq, a.p.q_row_stride, a.p.q_head_stride, static_cast<uint32_t>(a.group),
+  w.tq = tensor_map_d128(kWho, E, a.p.q, a.q_rows, a.p.hq, a.p.q_row_stride, a.p.q_head_stride, static_cast<uint32_t>(a.group),
                     static_cast<uint32_t>(kWsRows / a.group));
-  w.tk = tensor_map_d128(kWho, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kWsKeys);
-  w.tv = tensor_map_d128(kWho, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kWsKeys);
+  w.tk = tensor_map_d128(kWho, E, a.p.k, a.kv_rows, a.p.hkv, a.p.k_row_stride, a.p.k_head_stride, 1, kWsKeys);
+  w.tv = tensor_map_d128(kWho, E, a.p.v, a.kv_rows, a.p.hkv, a.p.v_row_stride, a.p.v_head_stride, 1, kWsKeys);
   if constexpr (C.o_by_tma)
-    w.to = tensor_map_d128(kWho, a.p.o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
+    w.to = tensor_map_d128(kWho, E, a.p.o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
                            static_cast<uint32_t>(a.group), static_cast<uint32_t>(64 / a.group));
   if constexpr (C.persistent) {
     require(counter != nullptr, kWho, ": the persistent forward needs a counter");
     check_cuda(cudaMemsetAsync(counter, 0, sizeof(int), stream), "attention_forward (ws): zero the item counter");
-    auto* pk = attention_fwd_ws_persistent_kernel<C.prefetch, static_cast<int>(C.softmax)>;
+    auto* pk = attention_fwd_ws_persistent_kernel<C.prefetch, static_cast<int>(C.softmax), E>;
     check_cuda(cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, kWspSmem),
                "attention_forward (ws): shared memory limit");
     const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, sm_count()));
     pk<<<grid, kWsThreads, kWspSmem, stream>>>(w);
   } else {
     require(!C.trace || trace != nullptr, kWho, ": the traced forward needs a trace buffer");
-    auto* kernel = attention_fwd_ws_kernel<C.q_in_registers, C.overlap, C.o_by_tma, C.trace>;
+    auto* kernel = attention_fwd_ws_kernel<C.q_in_registers, C.overlap, C.o_by_tma, C.trace, E>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmem),
                "attention_forward (ws): shared memory limit");
     kernel<<<static_cast<unsigned>(blocks), kWsThreads, kWsSmem, stream>>>(w);

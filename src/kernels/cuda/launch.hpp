@@ -22,6 +22,7 @@ struct BwdArgs {
   int32_t q_rows, kv_rows, group;
 };
 
+// Each launcher takes the instantiation of the params' dtype (bf16 or fp16).
 void launch_fwd_d64(const FwdArgs& a, int rows_per_warp, cudaStream_t stream);
 void launch_fwd_d128(const FwdArgs& a, int rows_per_warp, cudaStream_t stream);
 void launch_fwd_wgmma_d64(const FwdArgs& a, cudaStream_t stream);
@@ -29,6 +30,7 @@ void launch_fwd_wgmma_d128(const FwdArgs& a, cudaStream_t stream);
 void launch_bwd_d64(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_d128(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_wgmma_d128(const BwdArgs& a, cudaStream_t stream);
+void launch_bwd_wgmma_d128_f16(const BwdArgs& a, cudaStream_t stream);  // its fp16 instantiation (a unit of its own)
 void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);
 // The warp-specialised TMA forward's configurations (attention_fwd_ws.cuh). Only kDefault and kPersistent are
 // compiled into the library (launch_fwd_ws_d128); the measured-and-rejected ones are instantiated by

@@ -1,13 +1,12 @@
 #include "kernels/cuda/memory.hpp"
 
-#include <cuda_bf16.h>
-
 #include <algorithm>
 #include <limits>
 #include <vector>
 
 #include "core/error.hpp"
 #include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/elem.cuh"
 
 namespace treecp::cuda {
 
@@ -165,15 +164,17 @@ __global__ void add_rows_kernel(const float* src, int64_t src_width, int64_t src
   }
 }
 
-__global__ void f32_to_bf16_kernel(const float* src, __nv_bfloat16* dst, int64_t n) {
+template <DType E>
+__global__ void f32_to_elem_kernel(const float* src, detail::elem_t<E>* dst, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = __float2bfloat16(src[i]);
+    dst[i] = detail::Elem<E>::from_float(src[i]);
 }
-__global__ void bf16_to_f32_kernel(const __nv_bfloat16* src, float* dst, int64_t n) {
+template <DType E>
+__global__ void elem_to_f32_kernel(const detail::elem_t<E>* src, float* dst, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = __bfloat162float(src[i]);
+    dst[i] = detail::Elem<E>::to_float(src[i]);
 }
 
 __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
@@ -183,13 +184,14 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// core/random.hpp's uniform_at, then round to nearest even bf16 (to_bf16 in runtime/cuda_backend.cpp).
-__global__ void fill_uniform_kernel(__nv_bfloat16* dst, int64_t n, uint64_t seed_mix, uint64_t first) {
+// core/random.hpp's uniform_at, then round to nearest even (to_bf16 / to_f16 in runtime/cuda_backend.cpp).
+template <DType E>
+__global__ void fill_uniform_kernel(detail::elem_t<E>* dst, int64_t n, uint64_t seed_mix, uint64_t first) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t bits = splitmix64(seed_mix ^ ((first + static_cast<uint64_t>(i)) * 0xD1B54A32D192ED03ULL));
     const double u = static_cast<double>(bits >> 11) * 0x1.0p-52 - 1.0;
-    dst[i] = __float2bfloat16_rn(static_cast<float>(u));
+    dst[i] = detail::Elem<E>::from_float(static_cast<float>(u));
   }
 }
 
@@ -198,7 +200,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void pack_rows_bf16(const uint16_t* src, int64_t src_width, const DeviceRowList& list, uint16_t* dst,
+void pack_rows_b16(const uint16_t* src, int64_t src_width, const DeviceRowList& list, uint16_t* dst,
                     int64_t dst_width, int64_t dst_col, cudaStream_t stream) {
   if (list.rows == 0 || src_width == 0) return;
   const bool vec = aligned16(src) && aligned16(dst) && src_width % 8 == 0 && dst_width % 8 == 0 && dst_col % 8 == 0;
@@ -216,29 +218,38 @@ void add_rows_f32(const float* src, int64_t src_width, int64_t src_col, int64_t 
   check_cuda(cudaGetLastError(), "add_rows: launch");
 }
 
-void f32_to_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {
+void f32_to_elem(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream, DType dtype) {
   if (n == 0) return;
-  f32_to_bf16_kernel<<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      src, reinterpret_cast<__nv_bfloat16*>(dst), n);
-  check_cuda(cudaGetLastError(), "f32_to_bf16: launch");
+  with_dtype(dtype, [&](auto e) {
+    constexpr DType E = decltype(e)::value;
+    f32_to_elem_kernel<E><<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        src, reinterpret_cast<detail::elem_t<E>*>(dst), n);
+  });
+  check_cuda(cudaGetLastError(), "f32_to_elem: launch");
 }
-void bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {
+void elem_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream, DType dtype) {
   if (n == 0) return;
-  bf16_to_f32_kernel<<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat16*>(src), dst, n);
-  check_cuda(cudaGetLastError(), "bf16_to_f32: launch");
+  with_dtype(dtype, [&](auto e) {
+    constexpr DType E = decltype(e)::value;
+    elem_to_f32_kernel<E><<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<const detail::elem_t<E>*>(src), dst, n);
+  });
+  check_cuda(cudaGetLastError(), "elem_to_f32: launch");
 }
 
-void fill_uniform_bf16(uint16_t* dst, int64_t n, uint64_t seed, uint64_t first, cudaStream_t stream) {
+void fill_uniform(uint16_t* dst, int64_t n, uint64_t seed, uint64_t first, cudaStream_t stream, DType dtype) {
   if (n == 0) return;
   // splitmix64(seed) on the host: the same function, so the device applies only the index part
   uint64_t x = seed + 0x9E3779B97F4A7C15ULL;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
   x ^= x >> 31;
-  fill_uniform_kernel<<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      reinterpret_cast<__nv_bfloat16*>(dst), n, x, first);
-  check_cuda(cudaGetLastError(), "fill_uniform_bf16: launch");
+  with_dtype(dtype, [&](auto e) {
+    constexpr DType E = decltype(e)::value;
+    fill_uniform_kernel<E><<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<detail::elem_t<E>*>(dst), n, x, first);
+  });
+  check_cuda(cudaGetLastError(), "fill_uniform: launch");
 }
 
 }  // namespace treecp::cuda

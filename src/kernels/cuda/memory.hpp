@@ -3,7 +3,7 @@
 //
 // Device memory for the runtime: a caching pool (cudaMalloc only while the pool grows; a step that
 // repeats the previous step's sizes allocates nothing) and the row-move kernels the CP protocol needs
-// (pack rows into a send buffer, add returned rows into an accumulator, bf16 <-> fp32).
+// (pack rows into a send buffer, add returned rows into an accumulator, bf16 or fp16 <-> fp32).
 //
 // The pool is stream-ordered for ONE stream, the way the runtime uses it: a block given back is handed out
 // again to work enqueued later on that stream, which runs after the block's last use. Work on another
@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+
+#include "kernels/cuda/dtype.hpp"
 
 namespace treecp::cuda {
 
@@ -65,22 +67,24 @@ struct DeviceRowList {
 // Builds the pairs on the host and copies them on `stream` (from pageable memory: no host wait).
 DeviceRowList upload_row_list(DevicePool& pool, const RowSpan* spans, size_t count, cudaStream_t stream);
 
-// dst[dst_row][dst_col, dst_col + src_width) = src[src_row][0, src_width), bf16, for every pair.
-// Widths and dst_col in elements; both rows 16-byte aligned (multiples of 8 elements) unless small.
-void pack_rows_bf16(const uint16_t* src, int64_t src_width, const DeviceRowList& list, uint16_t* dst,
+// dst[dst_row][dst_col, dst_col + src_width) = src[src_row][0, src_width), 16-bit elements (bf16 or fp16: a bit
+// copy), for every pair. Widths and dst_col in elements; both rows 16-byte aligned (multiples of 8 elements) unless
+// small.
+void pack_rows_b16(const uint16_t* src, int64_t src_width, const DeviceRowList& list, uint16_t* dst,
                     int64_t dst_width, int64_t dst_col, cudaStream_t stream);
 // dst[dst_row][0, cols) += src[src_row][src_col, src_col + cols), fp32, for every pair; pairs may share a dst
 // row (a row sent to several peers returns from each): the adds are atomic.
 void add_rows_f32(const float* src, int64_t src_width, int64_t src_col, int64_t cols, const DeviceRowList& list,
                   float* dst, cudaStream_t stream);
-// Element-wise conversions (n elements).
-void f32_to_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream);
-void bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
+// Element-wise conversions (n elements) between fp32 and bf16 or fp16 (round to nearest even).
+void f32_to_elem(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream, DType dtype = DType::kBf16);
+void elem_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream, DType dtype = DType::kBf16);
 
 }  // namespace treecp::cuda
 
 namespace treecp::cuda {
-// dst[i] = bf16(uniform_at(seed, first + i)) (core/random.hpp, the same bits as on the host), n elements:
-// inputs for runs and benchmarks made on the device, shard by shard.
-void fill_uniform_bf16(uint16_t* dst, int64_t n, uint64_t seed, uint64_t first, cudaStream_t stream);
+// dst[i] = uniform_at(seed, first + i) (core/random.hpp, the same bits as on the host) rounded to bf16 or fp16, n
+// elements: inputs for runs and benchmarks made on the device, shard by shard.
+void fill_uniform(uint16_t* dst, int64_t n, uint64_t seed, uint64_t first, cudaStream_t stream,
+                  DType dtype = DType::kBf16);
 }  // namespace treecp::cuda

@@ -1,12 +1,14 @@
 // Row-wise kernels: the fused merge + sink (forward, backward) and the backward preprocess
 // Dsum = rowsum(dO * O). Memory-bound; one warp per (row, head), lanes stride over the head dim.
-#include <cuda_bf16.h>
-
 #include "core/error.hpp"
+#include "kernels/cuda/elem.cuh"
 #include "kernels/cuda/launch.hpp"
 
 namespace treecp::cuda {
 namespace {
+
+using detail::Elem;
+using detail::elem_t;
 
 constexpr int kWarps = 8;        // rows of one head per block step
 constexpr int kRowsPerBlock = 64;  // one d_sink atomic per block and head
@@ -48,6 +50,7 @@ __device__ __forceinline__ float sink_weight(float lse, const float* sink, int h
   return expf(lse - (mx + logf(expf(lse - mx) + expf(a - mx))));
 }
 
+template <DType E>
 __global__ void merge_sink_fwd_kernel(const MergeSinkForwardParams p) {
   const int h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -61,13 +64,14 @@ __global__ void merge_sink_fwd_kernel(const MergeSinkForwardParams p) {
       const int64_t at = idx * p.head_dim + d;
       float o = 0.f;
       for (int r = 0; r < p.num_parts; ++r)
-        o += st.w[r] * __bfloat162float(static_cast<const __nv_bfloat16*>(p.o_parts[r])[at]);
-      static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16(w * o);
-      if (p.o_merged) static_cast<__nv_bfloat16*>(p.o_merged)[at] = __float2bfloat16(o);
+        o += st.w[r] * Elem<E>::to_float(static_cast<const elem_t<E>*>(p.o_parts[r])[at]);
+      static_cast<elem_t<E>*>(p.y)[at] = Elem<E>::from_float(w * o);
+      if (p.o_merged) static_cast<elem_t<E>*>(p.o_merged)[at] = Elem<E>::from_float(o);
     }
   }
 }
 
+template <DType E>
 __global__ void merge_sink_bwd_kernel(const MergeSinkBackwardParams p) {
   const int h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -84,8 +88,8 @@ __global__ void merge_sink_bwd_kernel(const MergeSinkBackwardParams p) {
       const int64_t at = idx * p.head_dim + d;
       float o = 0.f;
       for (int r = 0; r < p.num_parts; ++r)
-        o += st.w[r] * __bfloat162float(static_cast<const __nv_bfloat16*>(p.o_parts[r])[at]);
-      gdot += __bfloat162float(static_cast<const __nv_bfloat16*>(p.g)[at]) * o;
+        o += st.w[r] * Elem<E>::to_float(static_cast<const elem_t<E>*>(p.o_parts[r])[at]);
+      gdot += Elem<E>::to_float(static_cast<const elem_t<E>*>(p.g)[at]) * o;
     }
     gdot = warp_sum(gdot);
     const float dl_sink = p.sink ? w * (1.f - w) * gdot : 0.f;  // dJ/dL through the sink
@@ -98,16 +102,16 @@ __global__ void merge_sink_bwd_kernel(const MergeSinkBackwardParams p) {
       float o = 0.f;
 #pragma unroll
       for (int r = 0; r < kMaxMergeParts; ++r) {
-        orv[r] = r < p.num_parts ? __bfloat162float(static_cast<const __nv_bfloat16*>(p.o_parts[r])[at]) : 0.f;
+        orv[r] = r < p.num_parts ? Elem<E>::to_float(static_cast<const elem_t<E>*>(p.o_parts[r])[at]) : 0.f;
         o += st.w[r] * orv[r];
       }
-      const float g_o = w * __bfloat162float(static_cast<const __nv_bfloat16*>(p.g)[at]);
-      static_cast<__nv_bfloat16*>(p.d_o)[at] = __float2bfloat16(g_o);
+      const float g_o = w * Elem<E>::to_float(static_cast<const elem_t<E>*>(p.g)[at]);
+      static_cast<elem_t<E>*>(p.d_o)[at] = Elem<E>::from_float(g_o);
 #pragma unroll
       for (int r = 0; r < kMaxMergeParts; ++r) {
         if (r >= p.num_parts) break;
         part_dot[r] += g_o * (orv[r] - o);
-        if (p.d_o_parts[r]) static_cast<__nv_bfloat16*>(p.d_o_parts[r])[at] = __float2bfloat16(st.w[r] * g_o);
+        if (p.d_o_parts[r]) static_cast<elem_t<E>*>(p.d_o_parts[r])[at] = Elem<E>::from_float(st.w[r] * g_o);
       }
     }
     // dsum = dot(d_o, o) - dJ/dL = w dot(g, o) - dJ/dL
@@ -132,7 +136,7 @@ __global__ void merge_sink_bwd_kernel(const MergeSinkBackwardParams p) {
 // each (rows are 16-byte aligned, checked), so a warp covers 2 (D = 128) or 4 (D = 64) pairs at once
 // with no loop. The earlier form (one warp per pair, 2-byte loads, D/32 dependent steps) took 0.23 ms
 // for 40,960 x 32 pairs at D = 128 on an H200, this one 0.16 ms (docs/benchmarks-gpu.md, runs 22 and 24).
-template <int D>
+template <int D, DType E>
 __global__ void dsum_kernel(const detail::BwdArgs a) {
   constexpr int kLanes = D / 8;
   const AttentionBackwardParams& p = a.p;
@@ -144,13 +148,13 @@ __global__ void dsum_kernel(const detail::BwdArgs a) {
   float s = 0.f;
   if (ok) {
     const int64_t at = t * p.o_row_stride + h * p.o_head_stride + sub * 8;
-    const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.o) + at);
-    const uint4 gv = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.d_o) + at);
-    const auto* o2 = reinterpret_cast<const __nv_bfloat162*>(&ov);
-    const auto* g2 = reinterpret_cast<const __nv_bfloat162*>(&gv);
+    const uint4 ov = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.o) + at);
+    const uint4 gv = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.d_o) + at);
+    const auto* o2 = reinterpret_cast<const uint32_t*>(&ov);
+    const auto* g2 = reinterpret_cast<const uint32_t*>(&gv);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float2 of = __bfloat1622float2(o2[i]), gf = __bfloat1622float2(g2[i]);
+      const float2 of = Elem<E>::to_float2(o2[i]), gf = Elem<E>::to_float2(g2[i]);
       s = fmaf(of.x, gf.x, fmaf(of.y, gf.y, s));
     }
   }
@@ -170,27 +174,29 @@ __device__ __forceinline__ float group_sum(float x) {
   return x;
 }
 
+template <DType E>
 __device__ __forceinline__ void load8(const void* base, int64_t at, float (&x)[8]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(base) + at);
-  const auto* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+  const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + at);
+  const auto* h2 = reinterpret_cast<const uint32_t*>(&v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h2[i]);
+    const float2 f = Elem<E>::to_float2(h2[i]);
     x[2 * i] = f.x;
     x[2 * i + 1] = f.y;
   }
 }
+template <DType E>
 __device__ __forceinline__ void store8(void* base, int64_t at, const float (&x)[8], float scale) {
   uint4 v;
-  auto* h2 = reinterpret_cast<__nv_bfloat162*>(&v);
+  auto* h2 = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) h2[i] = __floats2bfloat162_rn(scale * x[2 * i], scale * x[2 * i + 1]);
-  *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(base) + at) = v;
+  for (int i = 0; i < 4; ++i) h2[i] = detail::pack2<E>(scale * x[2 * i], scale * x[2 * i + 1]);
+  *reinterpret_cast<uint4*>(static_cast<uint16_t*>(base) + at) = v;
 }
 
 constexpr int kVecThreads = 256;
 
-template <int L>
+template <int L, DType E>
 __global__ void merge_sink_fwd_vec_kernel(const MergeSinkForwardParams p) {
   const int h = blockIdx.y;
   const int group = threadIdx.x / L, sub = threadIdx.x % L;
@@ -206,16 +212,16 @@ __global__ void merge_sink_fwd_vec_kernel(const MergeSinkForwardParams p) {
     for (int r = 0; r < p.num_parts; ++r) {
       if (st.w[r] == 0.f) continue;  // a part with no key for this row (its O is 0)
       float x[8];
-      load8(p.o_parts[r], at, x);
+      load8<E>(p.o_parts[r], at, x);
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[i] = fmaf(st.w[r], x[i], o[i]);
     }
-    store8(p.y, at, o, w);
-    if (p.o_merged) store8(p.o_merged, at, o, 1.f);
+    store8<E>(p.y, at, o, w);
+    if (p.o_merged) store8<E>(p.o_merged, at, o, 1.f);
   }
 }
 
-template <int L>
+template <int L, DType E>
 __global__ void merge_sink_bwd_vec_kernel(const MergeSinkBackwardParams p) {
   const int h = blockIdx.y;
   const int group = threadIdx.x / L, sub = threadIdx.x % L;
@@ -237,11 +243,11 @@ __global__ void merge_sink_bwd_vec_kernel(const MergeSinkBackwardParams p) {
     if (ok) {
       st = merge_stats(p, idx);
       w = sink_weight(st.lse, p.sink, h);
-      load8(p.g, at, g);
+      load8<E>(p.g, at, g);
       for (int r = 0; r < p.num_parts; ++r) {
         if (st.w[r] == 0.f) continue;
         float x[8];
-        load8(p.o_parts[r], at, x);
+        load8<E>(p.o_parts[r], at, x);
 #pragma unroll
         for (int i = 0; i < 8; ++i) o[i] = fmaf(st.w[r], x[i], o[i]);
       }
@@ -252,7 +258,7 @@ __global__ void merge_sink_bwd_vec_kernel(const MergeSinkBackwardParams p) {
     gdot = group_sum<L>(gdot);
     const float dl_sink = p.sink ? w * (1.f - w) * gdot : 0.f;  // dJ/dL through the sink
     if (ok) {
-      if (p.d_o) store8(p.d_o, at, g, w);
+      if (p.d_o) store8<E>(p.d_o, at, g, w);
       if (sub == 0) {
         p.dsum[idx] = w * gdot - dl_sink;  // dot(d_o, o) - dJ/dL
         my_dsink -= dl_sink;               // dJ/da = -w (1 - w) dot(g, o)
@@ -261,12 +267,12 @@ __global__ void merge_sink_bwd_vec_kernel(const MergeSinkBackwardParams p) {
     if (any_part_grad) {
       for (int r = 0; r < p.num_parts; ++r) {
         float x[8] = {}, dot = 0.f;
-        if (ok) load8(p.o_parts[r], at, x);
+        if (ok) load8<E>(p.o_parts[r], at, x);
 #pragma unroll
         for (int i = 0; i < 8; ++i) dot = fmaf(w * g[i], x[i] - o[i], dot);
         dot = group_sum<L>(dot);
         if (!ok) continue;
-        if (p.d_o_parts[r]) store8(p.d_o_parts[r], at, g, st.w[r] * w);
+        if (p.d_o_parts[r]) store8<E>(p.d_o_parts[r], at, g, st.w[r] * w);
         if (sub == 0 && p.d_lse_parts[r]) p.d_lse_parts[r][idx] = st.w[r] * (dot + dl_sink);
       }
     }
@@ -298,6 +304,8 @@ void check_merge_params(const P& p, const char* who) {
   require(p.rows >= 0 && p.heads >= 1 && p.head_dim >= 1, who, ": rows, heads, head_dim must be positive");
   for (int r = 0; r < p.num_parts; ++r)
     require(p.o_parts[r] && p.lse_parts[r], who, ": part ", r, " needs o_parts and lse_parts");
+  require(p.dtype == DType::kBf16 || p.dtype == DType::kF16, who, ": dtype must be kBf16 or kF16, got ",
+          static_cast<int>(p.dtype));
 }
 
 }  // namespace
@@ -307,18 +315,21 @@ void merge_sink_forward(const MergeSinkForwardParams& p, cudaStream_t stream) {
   require(p.y && p.lse, "merge_sink_forward: y and lse are required");
   if (p.rows == 0) return;
   const dim3 grid(static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock), p.heads);
-  if (vec_ok(p) && aligned16(p.y) && aligned16(p.o_merged)) {
-    switch (p.head_dim / 8) {
-      case 1: merge_sink_fwd_vec_kernel<1><<<grid, kVecThreads, 0, stream>>>(p); break;
-      case 2: merge_sink_fwd_vec_kernel<2><<<grid, kVecThreads, 0, stream>>>(p); break;
-      case 4: merge_sink_fwd_vec_kernel<4><<<grid, kVecThreads, 0, stream>>>(p); break;
-      case 8: merge_sink_fwd_vec_kernel<8><<<grid, kVecThreads, 0, stream>>>(p); break;
-      case 16: merge_sink_fwd_vec_kernel<16><<<grid, kVecThreads, 0, stream>>>(p); break;
-      default: merge_sink_fwd_vec_kernel<32><<<grid, kVecThreads, 0, stream>>>(p); break;
+  with_dtype(p.dtype, [&](auto e) {
+    constexpr DType E = decltype(e)::value;
+    if (vec_ok(p) && aligned16(p.y) && aligned16(p.o_merged)) {
+      switch (p.head_dim / 8) {
+        case 1: merge_sink_fwd_vec_kernel<1, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        case 2: merge_sink_fwd_vec_kernel<2, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        case 4: merge_sink_fwd_vec_kernel<4, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        case 8: merge_sink_fwd_vec_kernel<8, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        case 16: merge_sink_fwd_vec_kernel<16, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        default: merge_sink_fwd_vec_kernel<32, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+      }
+    } else {
+      merge_sink_fwd_kernel<E><<<grid, kWarps * 32, 0, stream>>>(p);
     }
-  } else {
-    merge_sink_fwd_kernel<<<grid, kWarps * 32, 0, stream>>>(p);
-  }
+  });
   check_cuda(cudaGetLastError(), "merge_sink_forward: launch");
 }
 
@@ -330,19 +341,22 @@ void merge_sink_backward(const MergeSinkBackwardParams& p, cudaStream_t stream) 
   const dim3 grid(static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock), p.heads);
   bool vec = vec_ok(p) && aligned16(p.g) && aligned16(p.d_o);
   for (int r = 0; r < p.num_parts; ++r) vec = vec && aligned16(p.d_o_parts[r]);
-  if (vec) {
-    switch (p.head_dim / 8) {
-      case 1: merge_sink_bwd_vec_kernel<1><<<grid, kVecThreads, 0, stream>>>(p); break;
-      case 2: merge_sink_bwd_vec_kernel<2><<<grid, kVecThreads, 0, stream>>>(p); break;
-      case 4: merge_sink_bwd_vec_kernel<4><<<grid, kVecThreads, 0, stream>>>(p); break;
-      case 8: merge_sink_bwd_vec_kernel<8><<<grid, kVecThreads, 0, stream>>>(p); break;
-      case 16: merge_sink_bwd_vec_kernel<16><<<grid, kVecThreads, 0, stream>>>(p); break;
-      default: merge_sink_bwd_vec_kernel<32><<<grid, kVecThreads, 0, stream>>>(p); break;
+  require(vec || p.d_o, "merge_sink_backward: d_o is required where the vectorised kernel does not apply");
+  with_dtype(p.dtype, [&](auto e) {
+    constexpr DType E = decltype(e)::value;
+    if (vec) {
+      switch (p.head_dim / 8) {
+        case 1: merge_sink_bwd_vec_kernel<1, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        case 2: merge_sink_bwd_vec_kernel<2, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        case 4: merge_sink_bwd_vec_kernel<4, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        case 8: merge_sink_bwd_vec_kernel<8, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        case 16: merge_sink_bwd_vec_kernel<16, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+        default: merge_sink_bwd_vec_kernel<32, E><<<grid, kVecThreads, 0, stream>>>(p); break;
+      }
+    } else {
+      merge_sink_bwd_kernel<E><<<grid, kWarps * 32, 0, stream>>>(p);
     }
-  } else {
-    require(p.d_o, "merge_sink_backward: d_o is required where the vectorised kernel does not apply");
-    merge_sink_bwd_kernel<<<grid, kWarps * 32, 0, stream>>>(p);
-  }
+  });
   check_cuda(cudaGetLastError(), "merge_sink_backward: launch");
 }
 
@@ -351,8 +365,11 @@ void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream) {
   const int64_t pairs = static_cast<int64_t>(a.q_rows) * a.p.hq;
   if (pairs == 0) return;
   const int64_t threads = pairs * (a.p.head_dim / 8);
-  if (a.p.head_dim == 64) dsum_kernel<64><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(a);
-  else dsum_kernel<128><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(a);
+  with_dtype(a.p.dtype, [&](auto e) {
+    constexpr DType E = decltype(e)::value;
+    if (a.p.head_dim == 64) dsum_kernel<64, E><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(a);
+    else dsum_kernel<128, E><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(a);
+  });
   check_cuda(cudaGetLastError(), "attention_backward: dsum launch");
 }
 }  // namespace detail

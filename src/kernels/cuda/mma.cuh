@@ -1,20 +1,20 @@
 // Warp-level building blocks shared by the attention kernels: cp.async tile loads into a swizzled
-// shared-memory layout, ldmatrix fragment loads, the bf16 m16n8k16 tensor-core MMA, and the slice
-// visibility test. Fragment layouts follow the PTX ISA "mma.m16n8k16" figures:
+// shared-memory layout, ldmatrix fragment loads, the m16n8k16 tensor-core MMA on bf16 or fp16 operands (DType), and
+// the slice visibility test. Fragment layouts follow the PTX ISA "mma.m16n8k16" figures (the same for both types):
 //   C/D (16x8 fp32): c0,c1 at (row lane/4, col 2*(lane%4)+{0,1}); c2,c3 at row + 8.
-//   A (16x16 bf16): a0a1 (r, k), a2a3 (r+8, k), a4a5 (r, k+8), a6a7 (r+8, k+8), r = lane/4, k = 2*(lane%4).
-//   B (16x8 bf16):  b0b1 (k, n), b2b3 (k+8, n), k = 2*(lane%4), n = lane/4.
+//   A (16x16 16-bit): a0a1 (r, k), a2a3 (r+8, k), a4a5 (r, k+8), a6a7 (r+8, k+8), r = lane/4, k = 2*(lane%4).
+//   B (16x8 16-bit):  b0b1 (k, n), b2b3 (k+8, n), k = 2*(lane%4), n = lane/4.
 #pragma once
 
-#include <cuda_bf16.h>
 #include <cstdint>
 
 #include "kernels/cuda/attention.hpp"
+#include "kernels/cuda/elem.cuh"
 #include "kernels/cuda/visibility.hpp"
 
 namespace treecp::cuda::detail {
 
-// Shared-memory tiles are rows of `kCols` bf16 cut into 16-byte chunks; chunk c of row r is stored at
+// Shared-memory tiles are rows of `kCols` 16-bit elements cut into 16-byte chunks; chunk c of row r is stored at
 // chunk c ^ (r % 8), so the 8 rows an ldmatrix phase reads fall in 8 different bank groups.
 template <int kCols>
 __device__ __forceinline__ uint32_t swz(int row, int col) {
@@ -60,19 +60,19 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-// D = A * B + D, bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// D = A * B + D, bf16 or fp16 inputs, fp32 accumulators.
+template <DType E = DType::kBf16>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#define TREECP_MMA_M16N8K16(TYPE)                                                                       \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                                   \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                          \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+  if constexpr (E == DType::kF16) TREECP_MMA_M16N8K16("f16");
+  else TREECP_MMA_M16N8K16("bf16");
+#undef TREECP_MMA_M16N8K16
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // Fire-and-forget fp32 add of two adjacent floats (sm_90 vector reduction; 8-byte aligned).
 __device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
@@ -86,15 +86,15 @@ __device__ __forceinline__ void red_add_f32x2_if(bool pred, float* dst, float a,
                : "memory");
 }
 
-// Copies `rows` rows of kCols bf16 from global (row r at src_row(r), nullptr = zeros) into a swizzled
+// Copies `rows` rows of kCols 16-bit elements from global (row r at src_row(r), nullptr = zeros) into a swizzled
 // tile, 16 bytes per thread per step. `base` is any valid global address (unread, for zero rows).
-template <int kCols, int kThreads, class RowPtr>
-__device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, int rows, const __nv_bfloat16* base,
-                                                RowPtr src_row) {
+template <int kCols, int kThreads, class T, class RowPtr>
+__device__ __forceinline__ void load_tile_async(T* tile, int rows, const T* base, RowPtr src_row) {
+  static_assert(sizeof(T) == 2, "16-bit elements");
   constexpr int kChunks = kCols / 8;
   for (int i = threadIdx.x; i < rows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
-    const __nv_bfloat16* src = src_row(r);
+    const T* src = src_row(r);
     cp_async_16(tile + swz<kCols>(r, c * 8), src ? src + c * 8 : base, src != nullptr);
   }
 }

@@ -48,16 +48,21 @@ __device__ __forceinline__ void named_barrier_sync(int id, int count) {
 }
 
 // S += A B with A in registers and B K-major in shared memory; accumulate = false overwrites S.
+template <DType E = DType::kBf16>
 __device__ __forceinline__ void wgmma_rs_m64n64k16_kmajor(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
                                                           bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+#define TREECP_WGMMA(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)))
+  if constexpr (E == DType::kF16) TREECP_WGMMA("f16");
+  else TREECP_WGMMA("bf16");
+#undef TREECP_WGMMA
 }
 
 // The box at coordinates (c0 = column, c1 = head, c2 = row) of a 3-D tensor map into shared memory at dst;
@@ -110,9 +115,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
-// [rows, heads, 128] with element strides, elements of elem_bytes (bf16 or fp32); box = box_cols columns x
+// [rows, heads, 128] with element strides, elements of elem_bytes (bf16, fp16 or fp32); box = box_cols columns x
 // box_heads x box_rows with the 128-byte swizzle (box_cols x elem_bytes = 128: the panel layout of wgmma.cuh
-// for bf16). `who` names the caller in the error.
+// for 16-bit elements). `who` names the caller in the error.
 inline CUtensorMap tensor_map_3d(const char* who, CUtensorMapDataType type, int elem_bytes, const void* ptr, int64_t rows,
                                  int64_t heads, int64_t row_stride, int64_t head_stride, uint32_t box_cols,
                                  uint32_t box_heads, uint32_t box_rows) {
@@ -131,10 +136,11 @@ inline CUtensorMap tensor_map_3d(const char* who, CUtensorMapDataType type, int 
           box_rows);
   return m;
 }
-inline CUtensorMap tensor_map_d128(const char* who, const void* ptr, int64_t rows, int64_t heads, int64_t row_stride,
-                                   int64_t head_stride, uint32_t box_heads, uint32_t box_rows) {
-  return tensor_map_3d(who, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, ptr, rows, heads, row_stride, head_stride, 64, box_heads,
-                       box_rows);
+// A [rows, heads, 128] tensor of bf16 or fp16 elements in 64-column boxes (wgmma.cuh's panels).
+inline CUtensorMap tensor_map_d128(const char* who, DType dtype, const void* ptr, int64_t rows, int64_t heads,
+                                   int64_t row_stride, int64_t head_stride, uint32_t box_heads, uint32_t box_rows) {
+  return tensor_map_3d(who, dtype == DType::kF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                       ptr, rows, heads, row_stride, head_stride, 64, box_heads, box_rows);
 }
 
 }  // namespace treecp::cuda::detail
