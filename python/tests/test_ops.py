@@ -196,6 +196,23 @@ def test_torch_compile_fullgraph_traces_a_model():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_torch_compile_takes_a_second_key_through_the_same_code():
+    # A recompilation for another key must keep the key a constant of the graph (an int id became a SymInt that
+    # could not name its key: "unhashable type: non-nested SymInt" in the autograd setup).
+    step = torch.compile(lambda q, k, v, key: tt.attention(q, k, v, key)[0].square().sum(), fullgraph=True,
+                         backend="aot_eager")
+    gen = torch.Generator().manual_seed(11)
+    for parents, lengths in ROWS:
+        row = treecp.Row.from_segments(parents, lengths)
+        key = tt.plan(row)
+        q, k, v, _ = attention_inputs(row.tokens, 4, 2, 8, 8, torch.float64, gen)
+        leaves = [x.requires_grad_() for x in (q, k, v)]
+        got = torch.autograd.grad(step(*leaves, key), leaves)
+        o, _ = dense_attention(q, k, v, visibility_mask(row.parents, row.lengths, None))
+        for a, b in zip(got, torch.autograd.grad(o.square().sum(), leaves)):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_custom_ops_pass_torch_library_opcheck():
     row = treecp.Row.from_segments([-1, 0], [3, 2])
     key = tt.plan(row)

@@ -15,7 +15,7 @@ from ._checks import _check_tensor
 from ._comm import GroupCommunicator, collective_device
 
 # Keys by id: the custom ops take the key as an int, so that torch.compile sees only tensors and constants.
-_KEYS: "weakref.WeakValueDictionary[int, Key]" = weakref.WeakValueDictionary()
+_KEYS: "weakref.WeakValueDictionary[str, Key]" = weakref.WeakValueDictionary()
 _next_key_id = 0
 
 _PACKAGED_COSTS = {"default": "costs_default.json", "cpu": "costs_cpu.json"}
@@ -81,7 +81,10 @@ class Key:
         self._positions = torch.from_numpy(row.positions()).index_select(0, self.index)
         self._on_device: dict = {}
         self._gather_order: dict = {}
-        self.id = _next_key_id
+        # A string, not an int: the custom ops take it as an argument, and torch.compile turns an int argument
+        # that changes between compilations (a second key through the same code) into a SymInt, which cannot
+        # name a key; strings stay constants of the graph.
+        self.id = f"treecp-key-{_next_key_id}"
         _next_key_id += 1
         _KEYS[self.id] = self
 
@@ -219,7 +222,7 @@ class _Undispatch(torch.autograd.Function):
         return mine[:key.local_tokens], None
 
 
-def key_of(key_id: int) -> Key:
+def key_of(key_id: str) -> Key:
     key = _KEYS.get(key_id)
     if key is None:
         raise ValueError(f"key: no live treecp key with id {key_id} (it was garbage-collected)")

@@ -158,7 +158,7 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
 
 
 @torch.library.custom_op("treecp::attention", mutates_args=())
-def _attention_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], key_id: int,
+def _attention_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], key_id: str,
                   scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """(y, lse, o before the sink); the last is empty without a sink (y is that output then)."""
     key = key_of(key_id)
@@ -242,7 +242,7 @@ def _cuda_attention_backward(key, q, k, v, sink, o, lse, dy, scale):
 
 @torch.library.custom_op("treecp::attention_backward", mutates_args=())
 def _attention_backward_op(q: Tensor, k: Tensor, v: Tensor, sink: Optional[Tensor], o: Tensor, lse: Tensor,
-                           dy: Tensor, key_id: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                           dy: Tensor, key_id: str, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The runtime's stateless backward: o is the output before the sink, lse the forward's."""
     key = key_of(key_id)
     if q.device.type == "cuda":
@@ -368,7 +368,7 @@ def _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk):
 
 
 @torch.library.custom_op("treecp::gated_delta_rule", mutates_args=())
-def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: int, scale: float,
+def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: str, scale: float,
             chunk: int) -> Tensor:
     key = key_of(key_id)
     _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk))
@@ -386,7 +386,7 @@ def _(q, k, v, g, beta, key_id, scale, chunk):
 
 
 @torch.library.custom_op("treecp::gated_delta_rule_backward", mutates_args=())
-def _gdn_backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, dy: Tensor, key_id: int, scale: float,
+def _gdn_backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, dy: Tensor, key_id: str, scale: float,
                      chunk: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     key = key_of(key_id)
     if q.device.type == "cuda":
@@ -483,7 +483,7 @@ def _cuda_conv_backward(key, x, weight, bias, dy, silu):
 
 
 @torch.library.custom_op("treecp::short_conv", mutates_args=())
-def _conv_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], key_id: int, silu: bool) -> Tensor:
+def _conv_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], key_id: str, silu: bool) -> Tensor:
     key = key_of(key_id)
     _refuse(_conv_problem(key, x, weight, bias))
     if x.device.type == "cuda":
@@ -499,7 +499,7 @@ def _(x, weight, bias, key_id, silu):
 
 
 @torch.library.custom_op("treecp::short_conv_backward", mutates_args=())
-def _conv_backward_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], dy: Tensor, key_id: int,
+def _conv_backward_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], dy: Tensor, key_id: str,
                       silu: bool) -> tuple[Tensor, Tensor, Tensor]:
     key = key_of(key_id)
     if x.device.type == "cuda":
