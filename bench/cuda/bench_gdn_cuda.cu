@@ -2,8 +2,9 @@
 // (default 1) from zero states, H = 32, dk = dv = 128, bf16 inputs. For each gate: a check of the forward's first
 // 128 tokens of two heads against the CPU double recurrence, then forward and forward+backward timed with CUDA
 // events (3 warm-up calls, median of --reps) at 32 and at 16 state columns per scan block, with the scans' products
-// as register-blocked fp32 FMA and on tensor cores (GdnCudaParams::tensor_cores), the effective TFLOP/s, and the time
-// of each kernel in one forward and one backward (default columns, both kinds of scan products). Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
+// as register-blocked fp32 FMA and on tensor cores (GdnCudaParams::tensor_cores), and with prep's and the gradients'
+// products on bf16 tensor cores (GdnPrecision::bf16_tensor, fp32 scans), the effective TFLOP/s, and the time of each
+// kernel in one forward and one backward (default columns, each of the three paths). Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
 // FLOPs (gdn_chunk_flops): the chunked form's useful multiply-adds x 2 per (chunk of c tokens, head):
 //   P and C (lower triangles) 2 c^2 dk, the triangular solve for U and W c^2 (dk + dv), D = U - W S, Qst S and
 //   Rᵀ D 6 c dk dv, C D c^2 dv; the backward counted as twice the forward (forward+backward = 3x).
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
     const double fwd_flops = gdn_chunk_flops(runs, H, D, D);
     std::printf("GDN / KDA chunk kernels on %s: T = %lld in %d run(s), H = %d, dk = dv = %d, bf16 in, fp32 states\n",
                 prop.name, static_cast<long long>(T), docs, H, D);
-    std::printf("| gate | scan columns | scan products | check y (first 128 tokens, 2 heads) | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |\n");
+    std::printf("| gate | scan columns | products | check y (first 128 tokens, 2 heads) | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |\n");
     std::printf("|---|---|---|---|---|---|---|---|\n");
     std::vector<std::pair<std::string, std::map<std::string, double>>> breakdowns;
     for (const GdnGate gate : {GdnGate::Scalar, GdnGate::PerChannel}) {
@@ -189,10 +190,20 @@ int main(int argc, char** argv) {
         return std::sqrt(num / den);
       };
       const char* name = gate == GdnGate::Scalar ? "GDN (scalar)" : "KDA (per channel)";
-      for (const bool tensor : {false, true})
+      // The paths: {3xTF32 everywhere, bf16 chunk-parallel products}; neither = fp32 FMA everywhere.
+      struct Path {
+        bool tensor, bf16;
+        const char* label;
+      };
+      const Path paths[3] = {{false, false, "fp32 FMA"}, {true, false, "3xTF32 mma"}, {false, true, "bf16 mma prep+grads"}};
+      auto set_path = [&](const Path& x) {
+        p.tensor_cores = x.tensor;
+        p.precision = x.bf16 ? GdnPrecision::bf16_tensor : GdnPrecision::fp32;
+      };
+      for (const Path& path : paths)
         for (const int cols : {32, 16}) {
           p.scan_columns = cols;
-          p.tensor_cores = tensor;
+          set_path(path);
           const double err = check_y();
           const double t_fwd = time_ms(reps, forward), t_fb = time_ms(reps, fwd_bwd);
           // the gradients are finite
@@ -201,12 +212,12 @@ int main(int argc, char** argv) {
             for (float x : h) require(std::isfinite(x), "bench_gdn_cuda: a non-finite gradient");
           }
           std::printf("| %s | %d | %s | %.2e | %.3f | %.1f | %.3f | %.1f |\n", name, cols,
-                      tensor ? "3xTF32 mma" : "fp32 FMA", err, t_fwd, fwd_flops / t_fwd * 1e-9, t_fb,
+                      path.label, err, t_fwd, fwd_flops / t_fwd * 1e-9, t_fb,
                       3 * fwd_flops / t_fb * 1e-9);
         }
       p.scan_columns = 0;
-      for (const bool tensor : {false, true}) {
-        p.tensor_cores = tensor;
+      for (const Path& path : paths) {
+        set_path(path);
         TimedExec tx;
         cuda::detail::gdn_forward_on(tx, p, runs);
         auto fwd_parts = tx.collect();
@@ -215,7 +226,7 @@ int main(int argc, char** argv) {
         std::map<std::string, double> parts;
         for (auto& [k2, ms] : fwd_parts) parts["forward: " + k2] = ms;
         for (auto& [k2, ms] : bwd_parts) parts["backward: " + k2] = ms;
-        breakdowns.push_back({std::string(name) + (tensor ? ", mma scans" : ", fp32 scans"), parts});
+        breakdowns.push_back({std::string(name) + ", " + path.label, parts});
       }
       for (const void* ptr : {p.q, p.k, p.v, p.g, p.beta, static_cast<const void*>(p.y), static_cast<const void*>(p.workspace),
                               static_cast<const void*>(dy)})

@@ -151,6 +151,23 @@ TEST_P(GdnCuda, TensorCoreScans) {
   check_backward(dev, l, /*dy_f32=*/false);
 }
 
+// Prep's and the gradients' products on bf16 tensor cores (GdnPrecision::bf16_tensor) against the double recurrence
+// within the bf16 model's error (tests/common/gdn_cuda.hpp), ragged runs and a long run, bf16 and fp32 dy: the
+// fragments' positions and the staged panels' layout are checked here.
+TEST_P(GdnCuda, Bf16TensorCorePrepAndGradients) {
+  GpuDev dev;
+  Case c = ragged(108);
+  c.precision = GdnPrecision::bf16_tensor;
+  check_forward(dev, c, /*y_f32=*/true);
+  check_backward(dev, c, /*dy_f32=*/false);
+  check_summary(dev, c);
+  check_backward(dev, c, /*dy_f32=*/true);
+  Case l = long_run(109);
+  l.precision = GdnPrecision::bf16_tensor;
+  check_forward(dev, l, /*y_f32=*/false);
+  check_backward(dev, l, /*dy_f32=*/false);
+}
+
 TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {
   GpuDev dev;
   check_summary(dev, ragged(104));

@@ -25,6 +25,7 @@
 
 #if defined(__CUDACC__)
 #include "kernels/cuda/attention.hpp"  // check_cuda
+#include "kernels/cuda/mma.cuh"        // mma_bf16, pack_bf16
 #define TREECP_GDN_FN __device__ inline
 #define TREECP_GDN_HD __host__ __device__ inline
 #define TREECP_GDN_UNROLL _Pragma("unroll")
@@ -79,6 +80,13 @@ TREECP_GDN_HD uint16_t float_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
+
+// x rounded to bf16 (as float_to_bf16, back to float).
+TREECP_GDN_HD float gdn_round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+// How a chunk-parallel kernel computes its products (a template argument of prep and the gradients): register-blocked
+// fp32 FMA, 3xTF32 mma.sync (GdnCudaParams::tensor_cores) or bf16 mma.sync (GdnPrecision::bf16_tensor).
+enum GdnMath : int { kGdnFma = 0, kGdnTf32x3 = 1, kGdnBf16 = 2 };
 
 struct GdnChunkDesc {
   int64_t t;    // first token
@@ -158,9 +166,15 @@ TREECP_GDN_HD GdnView gdn_view(const float* p, int64_t rs, int64_t cs = 1) { ret
 TREECP_GDN_HD int gdn_panel_lda(bool tensor) { return tensor ? kGdnPanel + 4 : kGdnPanel + 1; }
 TREECP_GDN_HD int gdn_panel_ldb(int cols, bool tensor) { return tensor ? (cols + 31) / 32 * 32 + 8 : (cols | 1); }
 
-// Floats of shared memory gdn_block_product needs for outputs of at most `rows` x `cols` (either path).
+// The bf16 path's panels (gdn_block_bf16): rows of kGdnBf16Panel inner indices, bf16.
+constexpr int kGdnBf16Panel = 64;
+constexpr int kGdnBf16Ld = kGdnBf16Panel + 8;  // bf16 elements per staged row (36 words)
+
+// Floats of shared memory gdn_block_product needs for outputs of at most `rows` x `cols` (any path).
 TREECP_GDN_HD int64_t gdn_product_smem(int rows, int cols) {
-  return static_cast<int64_t>(rows) * gdn_panel_lda(true) + static_cast<int64_t>(kGdnPanel) * gdn_panel_ldb(cols, true);
+  const int64_t f32 = static_cast<int64_t>(rows) * gdn_panel_lda(true) + static_cast<int64_t>(kGdnPanel) * gdn_panel_ldb(cols, true);
+  const int64_t b16 = static_cast<int64_t>((rows + 15) / 16 * 16 + (cols + 7) / 8 * 8) * kGdnBf16Ld / 2;
+  return f32 > b16 ? f32 : b16;
 }
 
 // Copies the panel [0, rows) x [l0, l0 + kGdnPanel) of A (zeros past `inner`) to dst [rows][ld] when `a`, else the
@@ -266,9 +280,33 @@ TREECP_GDN_FN void gdn_mma_tf32x3(float (&c)[4], const GdnTerm& m, int r0, int c
 #endif
 }
 
+// c += the term's A[r0 .. r0 + 16)[k0 .. k0 + 16) B[k0 .. k0 + 16)[c0 .. c0 + 8) with both operands rounded to bf16
+// (zeros past rows, cols, len), fp32 accumulation: mma.sync m16n8k16 (fragments: mma.cuh). The host path sums each
+// lane's elements in order (the products of two bf16 values are exact in fp32; only the order of the adds differs).
+TREECP_GDN_FN void gdn_mma_bf16_term(float (&c)[4], const GdnTerm& m, int r0, int c0, int k0, int rows, int cols,
+                                     int lane) {
+  const int g = lane >> 2, q = lane & 3;
+  auto A = [&](int i, int k) { return i < rows && k < m.len ? m.s * m.A[i * m.ars + k * m.acs] : 0.f; };
+  auto B = [&](int k, int j) { return k < m.len && j < cols ? m.B[k * m.brs + j * m.bcs] : 0.f; };
+#if defined(__CUDA_ARCH__)
+  const int k = k0 + 2 * q;
+  const uint32_t a[4] = {pack_bf16(A(r0 + g, k), A(r0 + g, k + 1)), pack_bf16(A(r0 + g + 8, k), A(r0 + g + 8, k + 1)),
+                         pack_bf16(A(r0 + g, k + 8), A(r0 + g, k + 9)),
+                         pack_bf16(A(r0 + g + 8, k + 8), A(r0 + g + 8, k + 9))};
+  mma_bf16(c, a, pack_bf16(B(k, c0 + g), B(k + 1, c0 + g)), pack_bf16(B(k + 8, c0 + g), B(k + 9, c0 + g)));
+#else
+  for (int e = 0; e < 4; ++e) {
+    const int i = r0 + g + (e >> 1) * 8, j = c0 + 2 * q + (e & 1);
+    float acc = 0.f;
+    for (int k = k0; k < k0 + 16; ++k) acc += gdn_round_bf16(A(i, k)) * gdn_round_bf16(B(k, j));
+    c[e] += acc;
+  }
+#endif
+}
+
 // out(i, j, Σ_terms s A B) for a rows x cols output in 16 x 8 tiles, one warp a tile at a time (whole warps only:
-// threads past the last full warp idle); no barrier.
-template <int NT, class F>
+// threads past the last full warp idle), 3xTF32 or (kBf16) bf16 operands; no barrier.
+template <bool kBf16 = false, int NT, class F>
 TREECP_GDN_FN void gdn_warp_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
   const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
   const int mt = (rows + 15) / 16, nt = (cols + 7) / 8;
@@ -277,7 +315,11 @@ TREECP_GDN_FN void gdn_warp_product(int rows, int cols, const GdnTerm (&terms)[N
     const int r0 = (tile / nt) * 16, c0 = (tile % nt) * 8;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < NT; ++k)
-      for (int k0 = 0; k0 < terms[k].len; k0 += 8) gdn_mma_tf32x3(c, terms[k], r0, c0, k0, rows, cols, lane);
+      for (int k0 = 0; k0 < terms[k].len; k0 += kBf16 ? 16 : 8)
+        if constexpr (kBf16)
+          gdn_mma_bf16_term(c, terms[k], r0, c0, k0, rows, cols, lane);
+        else
+          gdn_mma_tf32x3(c, terms[k], r0, c0, k0, rows, cols, lane);
     for (int e = 0; e < 4; ++e) {
       const int i = r0 + g + (e >> 1) * 8, j = c0 + 2 * q + (e & 1);
       if (i < rows && j < cols) out(i, j, c[e]);
@@ -378,10 +420,176 @@ TREECP_GDN_FN void gdn_block_mma(int rows, int cols, int inner, const GdnView& A
   block_sync();  // outputs written before anyone reads them or restages over the panels
 }
 
-template <int TM, int TN, class F>
+// ---- the block product on bf16 tensor cores (GdnPrecision::bf16_tensor). Both operands are staged into shared memory
+// as bf16 with the inner index contiguous, A [16-rounded rows][kGdnBf16Ld] and B transposed [8-rounded cols][kGdnBf16Ld],
+// in panels of kGdnBf16Panel inner indices (one panel for inner <= 64: two barriers a product), so that every fragment
+// register (two consecutive inner indices) is one 32-bit shared load: row stride 36 words puts lanes 4g + q on bank
+// 4g + q. The copy reads 4 consecutive elements along whichever index the source has contiguous (one 16-byte fp32 or
+// 8-byte bf16 load where aligned), and each thread issues all its loads of a batch before its first store. Each warp
+// owns one 16-row band and up to kGdnBf16WarpTiles consecutive 8-column tiles of it: the A fragment is loaded once
+// per 16 inner indices for all of them.
+constexpr int kGdnBf16WarpTiles = 8;
+
+// Four source elements (x .. x + 3, l) (x_fast) or (x, l .. l + 3) as floats, zeros outside [0, extent) x [0, len);
+// element (x, l) is p[x * xs + l * ls]. `vec`: the four lie in range and one aligned vector holds them.
+TREECP_GDN_FN void gdn_load4(const GdnView& v, int64_t xs, int64_t ls, bool x_fast, bool vec, int x, int l, int extent,
+                             int len, float (&o)[4]) {
+  const int64_t at = x * xs + l * ls;
+  if (vec) {
+#if defined(__CUDA_ARCH__)
+    if (v.bf16) {
+      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(v.p) + at);
+      o[0] = __uint_as_float(u.x << 16); o[1] = __uint_as_float(u.x & 0xffff0000u);
+      o[2] = __uint_as_float(u.y << 16); o[3] = __uint_as_float(u.y & 0xffff0000u);
+    } else {
+      const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(v.p) + at);
+      o[0] = f.x; o[1] = f.y; o[2] = f.z; o[3] = f.w;
+    }
+    return;
+#endif
+  }
+  const int64_t step = x_fast ? xs : ls;
+  TREECP_GDN_UNROLL
+  for (int u = 0; u < 4; ++u) {
+    const bool in = x_fast ? (x + u < extent && l < len) : (x < extent && l + u < len);
+    const int64_t o1 = at + u * step;
+    o[u] = !in ? 0.f : v.bf16 ? bf16_to_float(static_cast<const uint16_t*>(v.p)[o1]) : static_cast<const float*>(v.p)[o1];
+  }
+}
+
+// dst[x][l] = bf16(A(x, l0 + l)) (a) or bf16(B(l0 + l, x)) for x < xn, l < ln (both multiples of 4; zeros at x >= extent
+// and at l0 + l >= inner), row stride kGdnBf16Ld.
+TREECP_GDN_FN void gdn_stage_bf16(uint16_t* dst, const GdnView& v, bool a, int extent, int xn, int l0, int inner, int ln,
+                                  int tid, int nthr) {
+  const int64_t xs = a ? v.rs : v.cs, ls = a ? v.cs : v.rs;
+  const bool x_fast = ls != 1 && xs == 1;
+  const int len = inner - l0;
+  const char* base = static_cast<const char*>(v.p) + l0 * ls * (v.bf16 ? 2 : 4);
+  const GdnView w{base, v.rs, v.cs, v.bf16};
+  const int64_t other = x_fast ? ls : xs;  // stride of the slow index: vectors stay aligned when it is a multiple of 4
+  const bool aligned = (reinterpret_cast<uintptr_t>(base) % (v.bf16 ? 8 : 16) == 0) && other % 4 == 0 &&
+                       (x_fast ? xs : ls) == 1;
+  // Groups of 4 along the contiguous index. Along l: consecutive threads take consecutive groups of a row (coalesced
+  // loads, 8-byte stores). Along x: 8 consecutive threads take 8 groups of x (128 contiguous bytes of fp32) at one l,
+  // the next 8 the next l, so that a warp's 2-byte stores of one x fall on 4 rows rather than 32 (4-way, not 16-way,
+  // bank conflicts).
+  const int fast_n = (x_fast ? xn : ln) / 4;
+  const int groups = x_fast ? (fast_n + 7) / 8 * 8 * ln : fast_n * xn;
+  constexpr int kBatch = 4;
+  for (int g0 = tid; g0 < groups; g0 += kBatch * nthr) {
+    float val[kBatch][4];
+    int xi[kBatch], li[kBatch];
+    bool ok[kBatch];
+    TREECP_GDN_UNROLL
+    for (int b = 0; b < kBatch; ++b) {
+      const int g = g0 + b * nthr;
+      if (x_fast) {
+        const int xg = g % 8 + g / (8 * ln) * 8;
+        xi[b] = xg * 4;
+        li[b] = g / 8 % ln;
+        ok[b] = g < groups && xg < fast_n;
+      } else {
+        xi[b] = g / fast_n;
+        li[b] = g % fast_n * 4;
+        ok[b] = g < groups;
+      }
+      if (ok[b]) {
+        const bool vec = aligned && (x_fast ? (xi[b] + 3 < extent && li[b] < len) : (xi[b] < extent && li[b] + 3 < len));
+        gdn_load4(w, xs, ls, x_fast, vec, xi[b], li[b], extent, len, val[b]);
+      }
+    }
+    TREECP_GDN_UNROLL
+    for (int b = 0; b < kBatch; ++b) {
+      if (!ok[b]) continue;
+      if (x_fast) {
+        TREECP_GDN_UNROLL
+        for (int u = 0; u < 4; ++u) dst[(xi[b] + u) * kGdnBf16Ld + li[b]] = float_to_bf16(val[b][u]);
+      } else {
+        uint16_t* d = dst + xi[b] * kGdnBf16Ld + li[b];
+#if defined(__CUDA_ARCH__)
+        *reinterpret_cast<uint2*>(d) = make_uint2(pack_bf16(val[b][0], val[b][1]), pack_bf16(val[b][2], val[b][3]));
+#else
+        for (int u = 0; u < 4; ++u) d[u] = float_to_bf16(val[b][u]);
+#endif
+      }
+    }
+  }
+}
+
+template <class F>
+TREECP_GDN_FN void gdn_block_bf16(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem, int tid,
+                                  int nthr, F&& out) {
+  const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
+  const int g = lane >> 2, q = lane & 3;
+  const int mt = (rows + 15) / 16, nt = (cols + 7) / 8;
+  int per = (mt * nt + warps - 1) / warps;  // tiles a warp: one round of warps where they fit
+  per = per < 1 ? 1 : per > kGdnBf16WarpTiles ? kGdnBf16WarpTiles : per;
+  const int groups = (nt + per - 1) / per, units = mt * groups;
+  uint16_t* As = reinterpret_cast<uint16_t*>(smem);  // [mt * 16][kGdnBf16Ld]
+  uint16_t* Bs = As + mt * 16 * kGdnBf16Ld;          // [nt * 8][kGdnBf16Ld]
+  for (int base = 0; base < units; base += warps) {
+    const int unit = base + warp;
+    const bool mine = warp < warps && unit < units;
+    const int m0 = (mine ? unit / groups : 0) * 16, n0 = (mine ? unit % groups : 0) * per;  // row, first 8-column tile
+    float c[kGdnBf16WarpTiles][4];
+    TREECP_GDN_UNROLL
+    for (int t = 0; t < kGdnBf16WarpTiles; ++t)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) c[t][e] = 0.f;
+    for (int l0 = 0; l0 < inner; l0 += kGdnBf16Panel) {
+      const int ln = ((inner - l0 < kGdnBf16Panel ? inner - l0 : kGdnBf16Panel) + 15) / 16 * 16;
+      block_sync();  // the previous panel (or the caller's writes of the operands) done
+      gdn_stage_bf16(As, A, true, rows, mt * 16, l0, inner, ln, tid, nthr);
+      gdn_stage_bf16(Bs, B, false, cols, nt * 8, l0, inner, ln, tid, nthr);
+      block_sync();
+      if (!mine) continue;
+      for (int k0 = 0; k0 < ln; k0 += 16) {
+#if defined(__CUDA_ARCH__)
+        const uint16_t* ar = As + (m0 + g) * kGdnBf16Ld + k0 + 2 * q;
+        const uint32_t af[4] = {*reinterpret_cast<const uint32_t*>(ar),
+                                *reinterpret_cast<const uint32_t*>(ar + 8 * kGdnBf16Ld),
+                                *reinterpret_cast<const uint32_t*>(ar + 8),
+                                *reinterpret_cast<const uint32_t*>(ar + 8 * kGdnBf16Ld + 8)};
+        TREECP_GDN_UNROLL
+        for (int t = 0; t < kGdnBf16WarpTiles; ++t) {
+          if (t >= per || n0 + t >= nt) break;
+          const uint16_t* br = Bs + ((n0 + t) * 8 + g) * kGdnBf16Ld + k0 + 2 * q;
+          mma_bf16(c[t], af, *reinterpret_cast<const uint32_t*>(br), *reinterpret_cast<const uint32_t*>(br + 8));
+        }
+#else
+        for (int t = 0; t < per && n0 + t < nt; ++t)
+          for (int e = 0; e < 4; ++e) {
+            const int i = m0 + g + (e >> 1) * 8, j = (n0 + t) * 8 + 2 * q + (e & 1);
+            float acc = 0.f;
+            for (int k = k0; k < k0 + 16; ++k)
+              acc += bf16_to_float(As[i * kGdnBf16Ld + k]) * bf16_to_float(Bs[j * kGdnBf16Ld + k]);
+            c[t][e] += acc;
+          }
+#endif
+      }
+    }
+    if (!mine) continue;
+    TREECP_GDN_UNROLL
+    for (int t = 0; t < kGdnBf16WarpTiles; ++t) {
+      if (t >= per || n0 + t >= nt) break;
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = m0 + g + (e >> 1) * 8, j = (n0 + t) * 8 + 2 * q + (e & 1);
+        if (i < rows && j < cols) out(i, j, c[t][e]);
+      }
+    }
+  }
+  block_sync();  // outputs written before anyone reads them or restages over the panels
+}
+
+// The block product on kMath's arithmetic (GdnMath).
+template <int kMath, int TM, int TN, class F>
 TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem,
-                                     int tid, int nthr, bool tensor, F&& out) {
-  if (tensor) {
+                                     int tid, int nthr, F&& out) {
+  if constexpr (kMath == kGdnBf16) {
+    gdn_block_bf16(rows, cols, inner, A, B, smem, tid, nthr, out);
+    return;
+  } else if constexpr (kMath == kGdnTf32x3) {
     gdn_block_mma(rows, cols, inner, A, B, smem, tid, nthr, out);
     return;
   }
@@ -575,13 +783,12 @@ TREECP_GDN_FN void gdn_load_rows_bf16(float* dst, int ld, const uint16_t* src, i
   }
 }
 
-// out(i, j, Σ_terms s A B) over operands in shared memory with any strides, register-blocked (GdnRegTile) or on
-// tensor cores; no barrier.
-template <int TM, int TN, int NT, class F>
-TREECP_GDN_FN void gdn_smem_product(int rows, int cols, bool tensor, const GdnTerm (&terms)[NT], int tid, int nthr,
-                                    F&& out) {
-  if (tensor) {
-    gdn_warp_product(rows, cols, terms, tid, nthr, out);
+// out(i, j, Σ_terms s A B) over operands in shared memory with any strides, on kMath's arithmetic (GdnMath:
+// register-blocked as GdnRegTile, or on tensor cores); no barrier.
+template <int kMath, int TM, int TN, int NT, class F>
+TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
+  if constexpr (kMath != kGdnFma) {
+    gdn_warp_product<kMath == kGdnBf16>(rows, cols, terms, tid, nthr, out);
     return;
   }
   const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
@@ -606,7 +813,7 @@ struct GdnPrepArgs {
   float* cache;
   GdnBlock blk;
 };
-template <bool kTensor>  // the block products on tensor cores
+template <int kMath>  // the products' arithmetic (GdnMath)
 struct GdnPrepKernel {
   using Args = GdnPrepArgs;
   static constexpr const char* kName = "gdn prep";
@@ -678,12 +885,12 @@ struct GdnPrepKernel {
     // A scalar gate's decay is one factor per pair: P and C are the products K Kᵀ and Q Kᵀ, scaled.
     if (scalar) {
       const GdnTerm kk[1] = {{Ks, ld, 1, Ks, 1, ld, dk, 1.f}}, qk[1] = {{Qs, ld, 1, Ks, 1, ld, dk, 1.f}};
-      gdn_smem_product<4, 4>(n, n, kTensor, kk, tid, nthr, [&](int i, int j, float acc) {
+      gdn_smem_product<kMath, 4, 4>(n, n, kk, tid, nthr, [&](int i, int j, float acc) {
         const float p = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
         P[i * kGdnChunk + j] = p;
         Ps[i * lc + j] = p;
       });
-      gdn_smem_product<4, 4>(n, n, kTensor, qk, tid, nthr, [&](int i, int j, float acc) {
+      gdn_smem_product<kMath, 4, 4>(n, n, qk, tid, nthr, [&](int i, int j, float acc) {
         C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
       });
     } else {
@@ -733,9 +940,9 @@ struct GdnPrepKernel {
       Tb[i * lc + j] *= bs[j];
     }
     const GdnView tb = gdn_view(Tb, lc);
-    gdn_block_product<4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr,
                             [&](int i, int e, float acc) { c[a.blk.U + i * dv + e] = acc; });
-    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(c + a.blk.Kst, dk), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, n, tb, gdn_view(c + a.blk.Kst, dk), panels, tid, nthr,
                             [&](int i, int d, float acc) { c[a.blk.W + i * dk + d] = acc; });
   }
 };
@@ -1182,7 +1389,7 @@ struct GdnGradArgs {
   float* dg;
   float* dbeta;
 };
-template <bool kTensor>  // the block products on tensor cores
+template <int kMath>  // the products' arithmetic (GdnMath)
 struct GdnGradKernel {
   using Args = GdnGradArgs;
   static constexpr const char* kName = "gdn gradients";
@@ -1234,21 +1441,21 @@ struct GdnGradKernel {
         Ex[i * kGdnChunk + j] = j <= i ? expf(G[i * dk] - G[j * dk]) : 0.f;
       }
     // dC = scale dY Dᵀ (j <= i); dW = -dD S0ᵀ (into rr)
-    gdn_block_product<4, 4>(n, n, dv, dyv, gdn_view(D, dv).t(), panels, tid, nthr, kTensor, [&](int i, int j, float acc) {
+    gdn_block_product<kMath, 4, 4>(n, n, dv, dyv, gdn_view(D, dv).t(), panels, tid, nthr, [&](int i, int j, float acc) {
       dC[i * l64 + j] = j <= i ? a.scale * acc : 0.f;
     });
-    gdn_block_product<4, 8>(n, dk, dv, gdn_view(dD, dv), gdn_view(S0, dv).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, dv, gdn_view(dD, dv), gdn_view(S0, dv).t(), panels, tid, nthr,
                             [&](int i, int d, float acc) { rr[i * dk + d] = -acc; });
     // Lᵀ [dX | dZ] = [dU | dW]: [dX | dZ] = L⁻ᵀ [dD | dW]
     const GdnView lit = gdn_view(Ti, l64).t();
-    gdn_block_product<4, 8>(n, dv, n, lit, gdn_view(dD, dv), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dv, n, lit, gdn_view(dD, dv), panels, tid, nthr,
                             [&](int i, int e, float acc) { dX[i * dv + e] = acc; });
-    gdn_block_product<4, 8>(n, dk, n, lit, gdn_view(rr, dk), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, n, lit, gdn_view(rr, dk), panels, tid, nthr,
                             [&](int i, int d, float acc) { dZ[i * dk + d] = acc; });
     // dL[i][j] = -(dX_i · U_j + dZ_i · W_j), j < i (the gradient of L = I + diag(β) P below the diagonal)
-    gdn_block_product<4, 4>(n, n, dv, gdn_view(dX, dv), gdn_view(U, dv).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 4>(n, n, dv, gdn_view(dX, dv), gdn_view(U, dv).t(), panels, tid, nthr,
                             [&](int i, int j, float acc) { dL[i * l64 + j] = j < i ? -acc : 0.f; });
-    gdn_block_product<4, 4>(n, n, dk, gdn_view(dZ, dk), gdn_view(W, dk).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 4>(n, n, dk, gdn_view(dZ, dk), gdn_view(W, dk).t(), panels, tid, nthr,
                             [&](int i, int j, float acc) {
                               if (j < i) dL[i * l64 + j] -= acc;
                             });
@@ -1266,9 +1473,9 @@ struct GdnGradKernel {
         a.dv[((t + i) * H + h) * dv + e] += bs[i] * dX[idx];
       }
     // scale dY S0ᵀ (into dGm) and D dSeᵀ (into rr): q's and R's gradients through the state terms
-    gdn_block_product<4, 8>(n, dk, dv, dyv, gdn_view(S0, dv).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, dv, dyv, gdn_view(S0, dv).t(), panels, tid, nthr,
                             [&](int i, int d, float acc) { dGm[i * dk + d] = a.scale * acc; });
-    gdn_block_product<4, 8>(n, dk, dv, gdn_view(D, dv), gdn_view(dSe, dv).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, dv, gdn_view(D, dv), gdn_view(dSe, dv).t(), panels, tid, nthr,
                             [&](int i, int d, float acc) { rr[i * dk + d] = acc; });
     // q, k and the cumulative gate of (token i, channel d): the state terms, then the pairs (i, j), j <= i, with i
     // the later token (dq, dk and dG through k_j e^{G_i - G_j}) and the pairs (m, i), m >= i, with i the earlier.
@@ -1301,10 +1508,10 @@ struct GdnGradKernel {
       float* pq = c + a.blk.pq;
       float* pk = c + a.blk.pk;
       float* pt = c + a.blk.pt;
-      gdn_block_product<4, 8>(n, dk, n, a1, kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
-      gdn_block_product<4, 8>(n, dk, n, a2, kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
-      gdn_block_product<4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
-      gdn_block_product<4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) {
+      gdn_block_product<kMath, 4, 8>(n, dk, n, a1, kr, panels, tid, nthr, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
+      gdn_block_product<kMath, 4, 8>(n, dk, n, a2, kr, panels, tid, nthr, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
+      gdn_block_product<kMath, 4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
+      gdn_block_product<kMath, 4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr, [&](int i, int d, float acc) {
         finish(i, d, pq[i * dk + d], pk[i * dk + d], acc + pt[i * dk + d]);
       });
     } else {
@@ -1422,6 +1629,8 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
   require(p.gate == GdnGate::Scalar || p.gate == GdnGate::PerChannel, "gdn (cuda): unknown gate kind");
   require(p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32,
           "gdn (cuda): scan_columns must be 0 (default), 16 or 32, got ", p.scan_columns);
+  require(p.precision == GdnPrecision::fp32 || p.precision == GdnPrecision::bf16_tensor,
+          "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (size_t r = 0; r < runs.size(); ++r) {
     const GdnCudaRun& run = runs[r];
@@ -1482,6 +1691,21 @@ struct GdnSchedule {
 };
 
 // Launches K<true> (tensor-core products) or K<false>: each path is its own kernel with its own registers.
+// The chunk-parallel kernels' arithmetic for p (GdnMath).
+inline int gdn_chunk_math(const GdnCudaParams& p) {
+  return p.precision == GdnPrecision::bf16_tensor ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma;
+}
+// Launches K<kGdnBf16>, K<kGdnTf32x3> or K<kGdnFma>.
+template <template <int> class K, class X>
+void gdn_launch_math(X& x, int math, int64_t blocks, const typename K<kGdnFma>::Args& a) {
+  if (math == kGdnBf16)
+    x.template launch<K<kGdnBf16>>(blocks, a);
+  else if (math == kGdnTf32x3)
+    x.template launch<K<kGdnTf32x3>>(blocks, a);
+  else
+    x.template launch<K<kGdnFma>>(blocks, a);
+}
+
 template <template <bool> class K, class X>
 void gdn_launch(X& x, bool tensor, int64_t blocks, const typename K<false>::Args& a) {
   if (tensor)
@@ -1499,7 +1723,7 @@ inline GdnInputs gdn_inputs(const GdnCudaParams& p) {
 template <class X>
 void gdn_prep_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   if (s.chunks.empty()) return;
-  gdn_launch<GdnPrepKernel>(x, p.tensor_cores, static_cast<int64_t>(s.chunks.size()) * p.heads,
+  gdn_launch_math<GdnPrepKernel>(x, gdn_chunk_math(p), static_cast<int64_t>(s.chunks.size()) * p.heads,
                             GdnPrepArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk});
 }
 
@@ -1596,7 +1820,7 @@ void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>
                        p.y_f32, p.scale,
                        g.d_state_out, g.d_state_in});
   if (g.any() && !s.chunks.empty())
-    gdn_launch<GdnGradKernel>(x, p.tensor_cores, static_cast<int64_t>(s.chunks.size()) * p.heads,
+    gdn_launch_math<GdnGradKernel>(x, gdn_chunk_math(p), static_cast<int64_t>(s.chunks.size()) * p.heads,
                                      GdnGradArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk, g.dy, p.y_f32,
                                                  p.scale, g.dq, g.dk, g.dv, g.dg, g.dbeta});
 }

@@ -9,6 +9,9 @@
 
 namespace treecp::cuda {
 
+// Arithmetic of the chunk-parallel products (GdnCudaParams::precision).
+enum class GdnPrecision : int32_t { fp32 = 0, bf16_tensor = 1 };
+
 // One run of consecutive tokens [t0, t1) of every head, as kernels/cpu's gdn_* calls take one, with its
 // initial state (slot `in_slot` of GdnCudaParams::state_in, -1 = zero) and where its final state goes
 // (slot `out_slot` of state_out, -1 = not written). Runs of one call must not overlap.
@@ -43,6 +46,11 @@ struct GdnCudaParams {
   // products summed, which keeps fp32-level accuracy); false = register-blocked fp32 FMA. Off by default until
   // measured on a GPU.
   bool tensor_cores = false;
+  // The chunk-parallel kernels' products (prep's and the gradients'): fp32 (as tensor_cores says) or bf16_tensor,
+  // mma.sync m16n8k16 on operands rounded to bf16 (inputs already are; intermediates such as L⁻¹ diag(β), Kst, D and
+  // the chunk-start state are rounded where they enter a product) with fp32 accumulation, as FLA's chunk kernels do.
+  // The scans keep fp32 states and products either way. fp32 by default until measured on a GPU.
+  GdnPrecision precision = GdnPrecision::fp32;
   // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
   // backward the chunk-start states and their gradients).
   void* workspace = nullptr;
