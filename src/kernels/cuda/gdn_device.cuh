@@ -801,6 +801,60 @@ TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[N
   }
 }
 
+// ---- L⁻¹ of L = I + diag(β) P (P strictly lower, n <= 64 rows) into X (row stride ldx), all in shared memory, in
+// 16 x 16 blocks: each diagonal block by forward substitution (one (block, column) a thread, chains of at most 16 rows
+// of at most 15 terms), then the blocks below the diagonal one sub-diagonal at a time, d = i - j = 1, 2, 3:
+//   X_ij = -X_ii Σ_{k=j}^{i-1} L_ik X_kj,  L_ik = diag(β_i) P_ik (k < i)
+// as two small products (T_ij = Σ_k L_ik X_kj into `scratch` [3][16][17], then -X_ii T_ij), each element one thread's
+// sum: 2 barriers a sub-diagonal, 7 in all. Entries above the diagonal are zero.
+constexpr int kGdnInvBlock = 16;
+TREECP_GDN_FN void gdn_block_inverse(const float* P, int lp, const float* beta, int n, float* X, int ldx, float* scratch,
+                                     int tid, int nthr) {
+  constexpr int B = kGdnInvBlock, lt = B + 1;
+  const int nb = (n + B - 1) / B;
+  for (int task = tid; task < nb * B; task += nthr) {
+    const int kb = task / B, col = task;  // column col of diagonal block kb
+    if (col >= n) continue;
+    const int end = (kb + 1) * B < n ? (kb + 1) * B : n;
+    for (int i = 0; i < col; ++i) X[i * ldx + col] = 0.f;
+    for (int i = col; i < end; ++i) {
+      const float* p = P + i * lp;
+      float x[2] = {0.f, 0.f};  // two partial sums: half the chain of dependent adds
+      int j = col;
+      for (; j + 2 <= i; j += 2) {
+        x[0] += p[j] * X[j * ldx + col];
+        x[1] += p[j + 1] * X[(j + 1) * ldx + col];
+      }
+      if (j < i) x[0] += p[j] * X[j * ldx + col];
+      X[i * ldx + col] = (i == col ? 1.f : 0.f) - beta[i] * (x[0] + x[1]);
+    }
+  }
+  block_sync();
+  for (int d = 1; d < nb; ++d) {
+    const int blocks = nb - d;  // (i, j) = (j + d, j), j < blocks
+    for (int idx = tid; idx < blocks * B * B; idx += nthr) {
+      const int j = idx / (B * B), r = idx / B % B, cc = idx % B;
+      const int row = (j + d) * B + r, col = j * B + cc;
+      if (row >= n) continue;
+      const float* p = P + row * lp;
+      float acc = 0.f;
+      for (int k = j * B; k < (j + d) * B; ++k) acc += p[k] * X[k * ldx + col];
+      scratch[(j * B + r) * lt + cc] = beta[row] * acc;
+    }
+    block_sync();
+    for (int idx = tid; idx < blocks * B * B; idx += nthr) {
+      const int j = idx / (B * B), r = idx / B % B, cc = idx % B;
+      const int i0 = (j + d) * B, row = i0 + r, col = j * B + cc;
+      if (row >= n) continue;
+      const float* xi = X + row * ldx + i0;
+      float acc = 0.f;
+      for (int m = 0; m <= r; ++m) acc += xi[m] * scratch[(j * B + m) * lt + cc];  // X_ii lower triangular
+      X[row * ldx + col] = -acc;
+    }
+    block_sync();
+  }
+}
+
 // ---- prep: one block per (chunk, head). The chunk's keys and queries (and a per-channel gate) are read from
 // global once, widened into shared memory [64][max(dk, dv) + 1] (rows padded to an odd stride, so that a warp's
 // threads reading one column of several rows hit distinct banks); every later step reads them there: the
@@ -916,24 +970,10 @@ struct GdnPrepKernel {
       }
     }
     block_sync();
-    // L⁻¹ by forward substitution on the identity, one column per thread: row i = e_i - β_i Σ_{j<i} P[i][j] row j
-    // (rows above the column are zero). The chunk's solve is then two products, U = L⁻¹ diag(β) V and
-    // W = L⁻¹ diag(β) Kst.
-    // Four partial sums, so that the chain of dependent adds per row is a quarter as long.
-    for (int col = tid; col < n; col += nthr) {
-      for (int i = 0; i < col; ++i) Tb[i * lc + col] = 0.f;
-      for (int i = col; i < n; ++i) {
-        const float* p = Ps + i * lc;
-        float x[4] = {0.f, 0.f, 0.f, 0.f};
-        int j = col;
-        for (; j + 4 <= i; j += 4)
-          TREECP_GDN_UNROLL
-          for (int k = 0; k < 4; ++k) x[k] += p[j + k] * Tb[(j + k) * lc + col];
-        for (; j < i; ++j) x[0] += p[j] * Tb[j * lc + col];
-        Tb[i * lc + col] = (i == col ? 1.f : 0.f) - bs[i] * ((x[0] + x[1]) + (x[2] + x[3]));
-      }
-    }
-    block_sync();
+    // L⁻¹ (L = I + diag(β) P) in 16 x 16 blocks, so that every step keeps most threads busy (one column a thread over
+    // all 64 rows left 3 of 4 idle on a chain of ~2 k dependent FMA): gdn_block_inverse. The chunk's solve is then
+    // two products, U = L⁻¹ diag(β) V and W = L⁻¹ diag(β) Kst.
+    gdn_block_inverse(Ps, lc, bs, n, Tb, lc, panels, tid, nthr);  // ends on a barrier
     for (int idx = tid; idx < n * n; idx += nthr) {
       const int i = idx / n, j = idx % n;
       Ti[i * kGdnChunk + j] = Tb[i * lc + j];
