@@ -219,6 +219,25 @@ TEST(GdnCudaEmulatedLaunch, Bf16TensorCorePrepAndGradients) {
   check_backward(dev, d, /*dy_f32=*/false);
 }
 
+// The split forward (GdnCudaParams::split_forward: the saving scan, then the chunk-parallel output kernel) on each
+// arithmetic, partial chunks and tiles (dk 40, dv 72), y bf16 and fp32, and the summary (which it leaves as it was).
+TEST(GdnCudaEmulatedLaunch, SplitForward) {
+  EmulatedDev dev;
+  for (const GdnPrecision precision : {GdnPrecision::fp32, GdnPrecision::bf16_tensor}) {
+    Case a(ragged_tokens(1), 1, 40, 72, GdnGate::PerChannel, ragged_runs(1), 4, 40);
+    a.precision = precision;
+    a.split_forward = true;
+    check_forward(dev, a, /*y_f32=*/false);
+    check_forward(dev, a, /*y_f32=*/true);
+    check_summary(dev, a);
+  }
+  Case b(200, 2, 128, 128, GdnGate::Scalar, {{0, 200, 0, 0}}, 1, 41);
+  b.split_forward = true;
+  b.tensor_cores = true;
+  dev.x.threads = 256;
+  check_forward(dev, b, /*y_f32=*/true);
+}
+
 TEST(GdnCudaEmulatedAlgebra, ComposeIsAssociativeAndAppliesMatchTheCpu) {
   EmulatedDev dev;
   check_algebra(dev, 64, 64, 2, 21);

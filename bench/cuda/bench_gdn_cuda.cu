@@ -190,15 +190,20 @@ int main(int argc, char** argv) {
         return std::sqrt(num / den);
       };
       const char* name = gate == GdnGate::Scalar ? "GDN (scalar)" : "KDA (per channel)";
-      // The paths: {3xTF32 everywhere, bf16 chunk-parallel products}; neither = fp32 FMA everywhere.
+      // The paths: 3xTF32 everywhere, bf16 chunk-parallel products, the split forward; none = fp32 FMA everywhere.
       struct Path {
-        bool tensor, bf16;
+        bool tensor, bf16, split;
         const char* label;
       };
-      const Path paths[3] = {{false, false, "fp32 FMA"}, {true, false, "3xTF32 mma"}, {false, true, "bf16 mma prep+grads"}};
+      const Path paths[5] = {{false, false, false, "fp32 FMA"},
+                             {true, false, false, "3xTF32 mma"},
+                             {false, true, false, "bf16 mma prep+grads"},
+                             {false, false, true, "fp32 FMA, split forward"},
+                             {false, true, true, "bf16 mma, split forward"}};
       auto set_path = [&](const Path& x) {
         p.tensor_cores = x.tensor;
         p.precision = x.bf16 ? GdnPrecision::bf16_tensor : GdnPrecision::fp32;
+        p.split_forward = x.split;
       };
       for (const Path& path : paths)
         for (const int cols : {32, 16}) {

@@ -85,6 +85,7 @@ struct Case {
   int32_t scan_columns = 0;                   // GdnCudaParams::scan_columns
   bool tensor_cores = false;                  // GdnCudaParams::tensor_cores
   GdnPrecision precision = GdnPrecision::fp32;  // GdnCudaParams::precision
+  bool split_forward = false;                   // GdnCudaParams::split_forward
   bool bf16() const { return precision == GdnPrecision::bf16_tensor; }
   int64_t ssz() const { return static_cast<int64_t>(dk) * dv; }
 
@@ -177,6 +178,7 @@ GdnCudaParams device_params(Dev& dev, const Case& c, bool backward) {
   p.scan_columns = c.scan_columns;
   p.tensor_cores = c.tensor_cores;
   p.precision = c.precision;
+  p.split_forward = c.split_forward;
   p.state_in = dev.put(std::vector<float>(c.state_in.begin(), c.state_in.end()));
   p.workspace_bytes = dev.workspace_bytes(p, c.runs, backward);
   p.workspace = dev.workspace(p.workspace_bytes);

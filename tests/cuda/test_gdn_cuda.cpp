@@ -168,6 +168,23 @@ TEST_P(GdnCuda, Bf16TensorCorePrepAndGradients) {
   check_backward(dev, l, /*dy_f32=*/false);
 }
 
+// The split forward (GdnCudaParams::split_forward: the saving scan, then the chunk-parallel output kernel) on the
+// fp32 and the bf16 arithmetic, ragged runs and a long run.
+TEST_P(GdnCuda, SplitForward) {
+  GpuDev dev;
+  for (const GdnPrecision precision : {GdnPrecision::fp32, GdnPrecision::bf16_tensor}) {
+    Case c = ragged(110);
+    c.precision = precision;
+    c.split_forward = true;
+    check_forward(dev, c, /*y_f32=*/false);
+    check_forward(dev, c, /*y_f32=*/true);
+    Case l = long_run(111);
+    l.precision = precision;
+    l.split_forward = true;
+    check_forward(dev, l, /*y_f32=*/true);
+  }
+}
+
 TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {
   GpuDev dev;
   check_summary(dev, ragged(104));

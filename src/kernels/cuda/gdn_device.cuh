@@ -105,15 +105,18 @@ struct GdnBlock {
   int64_t P = 0, C = 0;                           // [64][64]: P[i][j] (j < i), C[i][j] (j <= i)
   int64_t Ti = 0;                                 // [64][64]: L⁻¹, L = I + diag(β) P (unit lower triangular)
   int64_t egl = 0;                                // [dk]
+  // the split forward and the backward
+  int64_t S0 = 0, D = 0;  // [dk][dv]: the state at the chunk start; [64][dv]: D = U - W S0
   // backward only
-  int64_t S0 = 0, dSe = 0;       // [dk][dv]: the state at the chunk start, dL/dS at the chunk end
-  int64_t D = 0, dD = 0, dX = 0;  // [64][dv]
+  int64_t dSe = 0;               // [dk][dv]: dL/dS at the chunk end
+  int64_t dD = 0, dX = 0;        // [64][dv]
   int64_t dZ = 0, dGm = 0, rr = 0;  // [64][dk]
   int64_t dL = 0, dC = 0;        // [64][64]
   int64_t pq = 0, pk = 0, pt = 0;  // [64][dk]: the scalar gate's pair sums (gdn gradients)
   int64_t size = 0;
 
-  static GdnBlock make(int dk, int dv, bool backward) {
+  // `states`: S0 and D (the split forward's output kernel reads them; the backward always has them).
+  static GdnBlock make(int dk, int dv, bool backward, bool states = false) {
     GdnBlock b;
     int64_t at = 0;
     auto take = [&](int64_t n) {
@@ -126,9 +129,13 @@ struct GdnBlock {
     b.U = take(c * dv);
     b.P = take(c * c); b.C = take(c * c); b.Ti = take(c * c);
     b.egl = take(dk);
+    if (backward || states) {
+      b.S0 = take(int64_t{dk} * dv);
+      b.D = take(c * dv);
+    }
     if (backward) {
-      b.S0 = take(int64_t{dk} * dv); b.dSe = take(int64_t{dk} * dv);
-      b.D = take(c * dv); b.dD = take(c * dv); b.dX = take(c * dv);
+      b.dSe = take(int64_t{dk} * dv);
+      b.dD = take(c * dv); b.dX = take(c * dv);
       b.dZ = take(c * dk); b.dGm = take(c * dk); b.rr = take(c * dk);
       b.dL = take(c * c); b.dC = take(c * c);
       b.pq = take(c * dk); b.pk = take(c * dk); b.pt = take(c * dk);
@@ -1599,6 +1606,45 @@ struct GdnGradKernel {
   }
 };
 
+// ---- output of the split forward (GdnCudaParams::split_forward): one block per (chunk, head),
+// Y = scale (Qst S0 + C D) from the cache (prep's Qst and C, the saving scan's S0 and D) as two block products on the
+// chunk-parallel arithmetic; the first one's result waits in shared memory [64][dv] for the second. C is zero above
+// the diagonal, so its n columns sum j <= i.
+struct GdnOutArgs {
+  const GdnChunkDesc* chunks;
+  const float* cache;
+  GdnBlock blk;
+  int32_t heads, dk, dv;
+  void* y;
+  bool y_f32;
+  float scale;
+};
+template <int kMath>  // the products' arithmetic (GdnMath)
+struct GdnOutKernel {
+  using Args = GdnOutArgs;
+  static constexpr const char* kName = "gdn output";
+  static size_t smem_bytes(const Args& a) {
+    return static_cast<size_t>(int64_t{kGdnChunk} * a.dv + gdn_product_smem(kGdnChunk, a.dv)) * sizeof(float);
+  }
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int H = a.heads, dk = a.dk, dv = a.dv;
+    const int64_t chunk = block / H;
+    const int h = static_cast<int>(block % H);
+    const GdnChunkDesc cd = a.chunks[chunk];
+    const int n = cd.len;
+    const float* c = a.cache + (chunk * H + h) * a.blk.size;
+    float* Ys = smem;                               // [64][dv]
+    float* panels = smem + int64_t{kGdnChunk} * dv;
+    gdn_block_product<kMath, 4, 8>(n, dv, dk, gdn_view(c + a.blk.Qst, dk), gdn_view(c + a.blk.S0, dv), panels, tid,
+                                   nthr, [&](int i, int e, float acc) { Ys[i * dv + e] = acc; });
+    const int64_t y0 = (cd.t * H + h) * static_cast<int64_t>(dv), y_row = static_cast<int64_t>(H) * dv;
+    gdn_block_product<kMath, 4, 8>(n, dv, n, gdn_view(c + a.blk.C, kGdnChunk), gdn_view(c + a.blk.D, dv), panels, tid,
+                                   nthr, [&](int i, int e, float acc) {
+                                     store_out(a.y, a.y_f32, y0 + i * y_row + e, a.scale * (Ys[i * dv + e] + acc));
+                                   });
+  }
+};
+
 // ---- out[b] = op(A[b]) B[b] + add[b]: one block per (item b, output row i); the block copies row i of op(A) to
 // shared memory before writing row i of out, so out may alias A (not transposed) and add, never B.
 struct GdnRowMatArgs {
@@ -1704,7 +1750,7 @@ struct GdnSchedule {
       }
       runs.push_back(d);
     }
-    blk = GdnBlock::make(p.dk, p.dv, backward);
+    blk = GdnBlock::make(p.dk, p.dv, backward, p.split_forward);
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     runs_at = align(chunks.size() * sizeof(GdnChunkDesc));
     cache_at = runs_at + align(runs.size() * sizeof(GdnRunDesc));
@@ -1816,8 +1862,17 @@ void gdn_forward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>&
   GdnScanArgs a = gdn_scan_args(p, s, p.dv);
   a.state_in = p.state_in;
   a.state_out = p.state_out;
-  a.y = p.y;
+  if (!p.split_forward) {
+    a.y = p.y;
+    gdn_scan_on(x, p, s, a);
+    return;
+  }
+  a.save = p.y != nullptr;  // S0 and D for the output kernel
   gdn_scan_on(x, p, s, a);
+  if (p.y && !s.chunks.empty())
+    gdn_launch_math<GdnOutKernel>(x, gdn_chunk_math(p), static_cast<int64_t>(s.chunks.size()) * p.heads,
+                                  GdnOutArgs{s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, p.y, p.y_f32,
+                                             p.scale});
 }
 
 template <class X>

@@ -51,6 +51,11 @@ struct GdnCudaParams {
   // the chunk-start state are rounded where they enter a product) with fp32 accumulation, as FLA's chunk kernels do.
   // The scans keep fp32 states and products either way. fp32 by default until measured on a GPU.
   GdnPrecision precision = GdnPrecision::fp32;
+  // The forward split as FLA splits it: the scan only carries the state, storing each chunk's start state S0 and
+  // D = U - W S0 in the workspace (the backward's saving scan), and a chunk-parallel kernel computes
+  // Y = scale (Qst S0 + C D) on the products' arithmetic above. The forward's workspace grows by (dk + 64) dv fp32 a
+  // (chunk, head): 2.0 GB at T = 40,960, H = 32, dk = dv = 128. Off by default until measured.
+  bool split_forward = false;
   // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
   // backward the chunk-start states and their gradients).
   void* workspace = nullptr;
