@@ -219,6 +219,24 @@ TEST(GdnCudaEmulatedLaunch, Bf16TensorCorePrepAndGradients) {
   check_backward(dev, d, /*dy_f32=*/false);
 }
 
+// The scans' products on bf16 mma too (GdnPrecision::bf16_tensor_scans), within the same model: 32 columns, and 16
+// with partial 16 x 8 tiles (dv 72, the summary's dk 40, chunks of 37 and 6 rows); the split forward on it.
+TEST(GdnCudaEmulatedLaunch, Bf16TensorCoreScans) {
+  EmulatedDev dev;
+  Case a(ragged_tokens(1), 1, 64, 64, GdnGate::Scalar, ragged_runs(1), 4, 42);
+  a.precision = GdnPrecision::bf16_tensor_scans;
+  check_forward(dev, a, /*y_f32=*/true);
+  check_backward(dev, a, /*dy_f32=*/false);
+  Case b(ragged_tokens(1), 1, 40, 72, GdnGate::PerChannel, ragged_runs(1), 4, 43);
+  b.precision = GdnPrecision::bf16_tensor_scans;
+  b.scan_columns = 16;
+  check_forward(dev, b, /*y_f32=*/false);
+  check_backward(dev, b, /*dy_f32=*/true);
+  check_summary(dev, b);
+  b.split_forward = true;
+  check_forward(dev, b, /*y_f32=*/true);
+}
+
 // The split forward (GdnCudaParams::split_forward: the saving scan, then the chunk-parallel output kernel) on each
 // arithmetic, partial chunks and tiles (dk 40, dv 72), y bf16 and fp32, and the summary (which it leaves as it was).
 TEST(GdnCudaEmulatedLaunch, SplitForward) {

@@ -3,8 +3,9 @@
 // 128 tokens of two heads against the CPU double recurrence, then forward and forward+backward timed with CUDA
 // events (3 warm-up calls, median of --reps) at 32 and at 16 state columns per scan block, with the scans' products
 // as register-blocked fp32 FMA and on tensor cores (GdnCudaParams::tensor_cores), and with prep's and the gradients'
-// products on bf16 tensor cores (GdnPrecision::bf16_tensor, fp32 scans), the effective TFLOP/s, and the time of each
-// kernel in one forward and one backward (default columns, each of the three paths). Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
+// products on bf16 tensor cores (GdnPrecision::bf16_tensor; bf16_tensor_scans: the scans too), with the split forward
+// (GdnCudaParams::split_forward), the effective TFLOP/s, and the time of each kernel in one forward and one backward
+// (default columns, each path). Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
 // FLOPs (gdn_chunk_flops): the chunked form's useful multiply-adds x 2 per (chunk of c tokens, head):
 //   P and C (lower triangles) 2 c^2 dk, the triangular solve for U and W c^2 (dk + dv), D = U - W S, Qst S and
 //   Rᵀ D 6 c dk dv, C D c^2 dv; the backward counted as twice the forward (forward+backward = 3x).
@@ -190,19 +191,24 @@ int main(int argc, char** argv) {
         return std::sqrt(num / den);
       };
       const char* name = gate == GdnGate::Scalar ? "GDN (scalar)" : "KDA (per channel)";
-      // The paths: 3xTF32 everywhere, bf16 chunk-parallel products, the split forward; none = fp32 FMA everywhere.
+      // The paths: 3xTF32 everywhere, bf16 products (prep and gradients, or everywhere), the split forward.
       struct Path {
-        bool tensor, bf16, split;
+        bool tensor;
+        GdnPrecision precision;
+        bool split;
         const char* label;
       };
-      const Path paths[5] = {{false, false, false, "fp32 FMA"},
-                             {true, false, false, "3xTF32 mma"},
-                             {false, true, false, "bf16 mma prep+grads"},
-                             {false, false, true, "fp32 FMA, split forward"},
-                             {false, true, true, "bf16 mma, split forward"}};
+      constexpr GdnPrecision f32 = GdnPrecision::fp32, b16 = GdnPrecision::bf16_tensor,
+                             b16s = GdnPrecision::bf16_tensor_scans;
+      const Path paths[6] = {{false, f32, false, "fp32 FMA"},
+                             {true, f32, false, "3xTF32 mma"},
+                             {false, b16, false, "bf16 mma prep+grads"},
+                             {false, f32, true, "fp32 FMA, split forward"},
+                             {false, b16, true, "bf16 mma prep+grads, split fwd"},
+                             {false, b16s, true, "bf16 mma all, split fwd"}};
       auto set_path = [&](const Path& x) {
         p.tensor_cores = x.tensor;
-        p.precision = x.bf16 ? GdnPrecision::bf16_tensor : GdnPrecision::fp32;
+        p.precision = x.precision;
         p.split_forward = x.split;
       };
       for (const Path& path : paths)

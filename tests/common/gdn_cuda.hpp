@@ -86,7 +86,7 @@ struct Case {
   bool tensor_cores = false;                  // GdnCudaParams::tensor_cores
   GdnPrecision precision = GdnPrecision::fp32;  // GdnCudaParams::precision
   bool split_forward = false;                   // GdnCudaParams::split_forward
-  bool bf16() const { return precision == GdnPrecision::bf16_tensor; }
+  bool bf16() const { return precision != GdnPrecision::fp32; }
   int64_t ssz() const { return static_cast<int64_t>(dk) * dv; }
 
   Case(int64_t S_, int H_, int dk_, int dv_, GdnGate gate_, std::vector<GdnCudaRun> runs_, int slots_, uint64_t seed)

@@ -168,6 +168,26 @@ TEST_P(GdnCuda, Bf16TensorCorePrepAndGradients) {
   check_backward(dev, l, /*dy_f32=*/false);
 }
 
+// The scans' products on bf16 mma too (GdnPrecision::bf16_tensor_scans) at 32 and 16 columns, ragged runs and a long
+// run, and the split forward on it.
+TEST_P(GdnCuda, Bf16TensorCoreScans) {
+  GpuDev dev;
+  Case c = ragged(112);
+  c.precision = GdnPrecision::bf16_tensor_scans;
+  check_forward(dev, c, /*y_f32=*/true);
+  check_backward(dev, c, /*dy_f32=*/false);
+  check_summary(dev, c);
+  c.scan_columns = 16;
+  check_forward(dev, c, /*y_f32=*/false);
+  check_backward(dev, c, /*dy_f32=*/true);
+  Case l = long_run(113);
+  l.precision = GdnPrecision::bf16_tensor_scans;
+  check_forward(dev, l, /*y_f32=*/true);
+  check_backward(dev, l, /*dy_f32=*/false);
+  l.split_forward = true;
+  check_forward(dev, l, /*y_f32=*/false);
+}
+
 // The split forward (GdnCudaParams::split_forward: the saving scan, then the chunk-parallel output kernel) on the
 // fp32 and the bf16 arithmetic, ragged runs and a long run.
 TEST_P(GdnCuda, SplitForward) {

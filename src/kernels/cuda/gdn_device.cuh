@@ -713,13 +713,13 @@ TREECP_GDN_FN void gdn_vec_product(int rows, int cols, const GdnTerm (&terms)[NT
 }
 
 // The scans' products: rows (64 tokens, or dk state rows) x tc state columns, tiles sized for about one per thread
-// at the GPU's 256 threads (4 x 4 for dk x 32, 4 x 2 for 64 x 32; half at 16 columns); on tensor cores with
-// `tensor`.
-template <int NT, class F>
-TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, bool tensor, const GdnTerm (&terms)[NT], int tid,
-                                    int nthr, F&& out) {
-  if (tensor) {
-    gdn_warp_product(rows, cols, terms, tid, nthr, out);
+// at the GPU's 256 threads (4 x 4 for dk x 32, 4 x 2 for 64 x 32; half at 16 columns); on tensor cores (3xTF32 or
+// bf16 fragments read from the fp32 operands) as kMath says.
+template <int kMath, int NT, class F>
+TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, const GdnTerm (&terms)[NT], int tid, int nthr,
+                                    F&& out) {
+  if constexpr (kMath != kGdnFma) {
+    gdn_warp_product<kMath == kGdnBf16>(rows, cols, terms, tid, nthr, out);
   } else if (tc > 16) {
     if (rows > kGdnChunk)
       gdn_vec_product<4, 4>(rows, cols, terms, tid, nthr, out);
@@ -1119,7 +1119,7 @@ struct GdnScanArgs {
   bool y_f32;
   float scale;
 };
-template <bool kTensor>  // the products on tensor cores (GdnCudaParams::tensor_cores)
+template <int kMath>  // the products' arithmetic (GdnMath)
 struct GdnScanKernel {
   using Args = GdnScanArgs;
   static constexpr const char* kName = "gdn scan";
@@ -1209,7 +1209,7 @@ struct GdnScanKernel {
         }
       // D = U - W S
       const GdnTerm ws[1] = {{Wb, ldr, 1, S, ls, 1, dk, 1.f}};
-      gdn_scan_product(n, tw, tc, kTensor, ws, tid, nthr, [&](int i, int e, float acc) {
+      gdn_scan_product<kMath>(n, tw, tc, ws, tid, nthr, [&](int i, int e, float acc) {
         const float x = (a.use_u ? Us[i * ls + e] : 0.f) - acc;
         Ds[i * ls + e] = x;
         if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
@@ -1223,7 +1223,7 @@ struct GdnScanKernel {
       if (a.y) {
         // Y = scale ((e^G ⊙ Q) S + C D); C is zero above the diagonal within the chunk, so its n columns sum j <= i.
         const GdnTerm qc[2] = {{Qb, ldr, 1, S, ls, 1, dk, 1.f}, {Cb, lc, 1, Ds, ls, 1, n, 1.f}};
-        gdn_scan_product(n, tw, tc, kTensor, qc, tid, nthr, [&](int i, int e, float acc) {
+        gdn_scan_product<kMath>(n, tw, tc, qc, tid, nthr, [&](int i, int e, float acc) {
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
                     a.scale * acc);
         });
@@ -1236,7 +1236,7 @@ struct GdnScanKernel {
       issue_qc(ci + 1);
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
       const GdnTerm upd[1] = {{Rb, 1, ldt, Ds, ls, 1, n, 1.f}};
-      gdn_scan_product(dk, tw, tc, kTensor, upd, tid, nthr, [&](int d, int e, float acc) {
+      gdn_scan_product<kMath>(dk, tw, tc, upd, tid, nthr, [&](int d, int e, float acc) {
         S[d * ls + e] = S[d * ls + e] * eg[d] + acc;
       });
     }
@@ -1270,7 +1270,7 @@ struct GdnBwdScanArgs {
   const float* d_state_out;  // by out_slot
   float* d_state_in;         // by in_slot
 };
-template <bool kTensor>  // the products on tensor cores
+template <int kMath>  // the products' arithmetic (GdnMath)
 struct GdnBwdScanKernel {
   using Args = GdnBwdScanArgs;
   static constexpr const char* kName = "gdn backward scan";
@@ -1387,7 +1387,7 @@ struct GdnBwdScanKernel {
       }
       // dD = scale Cᵀ dY + R dS (Cᵀ is zero below the diagonal: the sum over all n rows of C is Σ_{m>=i})
       const GdnTerm cr[2] = {{Cb, 1, lc, dYs, ls, 1, n, a.scale}, {Rb, ldr, 1, dS, ls, 1, dk, 1.f}};
-      gdn_scan_product(n, tw, tc, kTensor, cr, tid, nthr, [&](int i, int e, float acc) {
+      gdn_scan_product<kMath>(n, tw, tc, cr, tid, nthr, [&](int i, int e, float acc) {
         dDs[i * ls + e] = acc;
         c[a.blk.dD + i * dv + e0 + e] = acc;
       });
@@ -1403,7 +1403,7 @@ struct GdnBwdScanKernel {
       if (ci > 0 && !alias) finish_dy(ci - 1);  // into the buffer chunk ci + 1 read; visible at the next barrier
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
       const GdnTerm qw[2] = {{Qb, 1, ldt, dYs, ls, 1, n, a.scale}, {Wb, 1, ldt, dDs, ls, 1, n, -1.f}};
-      gdn_scan_product(dk, tw, tc, kTensor, qw, tid, nthr, [&](int d, int e, float acc) {
+      gdn_scan_product<kMath>(dk, tw, tc, qw, tid, nthr, [&](int d, int e, float acc) {
         dS[d * ls + e] = eg[d] * dS[d * ls + e] + acc;
       });
     }
@@ -1715,7 +1715,8 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
   require(p.gate == GdnGate::Scalar || p.gate == GdnGate::PerChannel, "gdn (cuda): unknown gate kind");
   require(p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32,
           "gdn (cuda): scan_columns must be 0 (default), 16 or 32, got ", p.scan_columns);
-  require(p.precision == GdnPrecision::fp32 || p.precision == GdnPrecision::bf16_tensor,
+  require(p.precision == GdnPrecision::fp32 || p.precision == GdnPrecision::bf16_tensor ||
+              p.precision == GdnPrecision::bf16_tensor_scans,
           "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -1777,9 +1778,12 @@ struct GdnSchedule {
 };
 
 // Launches K<true> (tensor-core products) or K<false>: each path is its own kernel with its own registers.
-// The chunk-parallel kernels' arithmetic for p (GdnMath).
+// The chunk-parallel kernels' arithmetic for p (GdnMath), and the scans'.
 inline int gdn_chunk_math(const GdnCudaParams& p) {
-  return p.precision == GdnPrecision::bf16_tensor ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma;
+  return p.precision != GdnPrecision::fp32 ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma;
+}
+inline int gdn_scan_math(const GdnCudaParams& p) {
+  return p.precision == GdnPrecision::bf16_tensor_scans ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma;
 }
 // Launches K<kGdnBf16>, K<kGdnTf32x3> or K<kGdnFma>.
 template <template <int> class K, class X>
@@ -1790,14 +1794,6 @@ void gdn_launch_math(X& x, int math, int64_t blocks, const typename K<kGdnFma>::
     x.template launch<K<kGdnTf32x3>>(blocks, a);
   else
     x.template launch<K<kGdnFma>>(blocks, a);
-}
-
-template <template <bool> class K, class X>
-void gdn_launch(X& x, bool tensor, int64_t blocks, const typename K<false>::Args& a) {
-  if (tensor)
-    x.template launch<K<true>>(blocks, a);
-  else
-    x.template launch<K<false>>(blocks, a);
 }
 
 inline GdnInputs gdn_inputs(const GdnCudaParams& p) {
@@ -1835,7 +1831,7 @@ inline GdnScanArgs gdn_scan_args(const GdnCudaParams& p, const GdnSchedule& s, i
 template <class X>
 void gdn_scan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnScanArgs& a) {
   if (s.runs.empty()) return;
-  gdn_launch<GdnScanKernel>(x, p.tensor_cores, static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(a.width, a.tile),
+  gdn_launch_math<GdnScanKernel>(x, gdn_scan_math(p), static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(a.width, a.tile),
                             a);
 }
 
@@ -1909,8 +1905,8 @@ void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>
   a.save = true;
   gdn_scan_on(x, p, s, a);
   if (!s.runs.empty())
-    gdn_launch<GdnBwdScanKernel>(
-        x, p.tensor_cores, static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(p.dv, gdn_scan_tile(p)),
+    gdn_launch_math<GdnBwdScanKernel>(
+        x, gdn_scan_math(p), static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(p.dv, gdn_scan_tile(p)),
         GdnBwdScanArgs{s.dev_runs(p), s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, gdn_scan_tile(p), g.dy,
                        p.y_f32, p.scale,
                        g.d_state_out, g.d_state_in});
