@@ -177,10 +177,16 @@ TREECP_GDN_HD int gdn_panel_ldb(int cols, bool tensor) { return tensor ? (cols +
 constexpr int kGdnBf16Panel = 64;
 constexpr int kGdnBf16Ld = kGdnBf16Panel + 8;  // bf16 elements per staged row (36 words)
 
+// The bf16 path's panels in floats, and the row stride of its result tile [16-rounded rows][ld] fp32.
+TREECP_GDN_HD int64_t gdn_bf16_panel_floats(int rows, int cols) {
+  return static_cast<int64_t>((rows + 15) / 16 * 16 + (cols + 7) / 8 * 8) * kGdnBf16Ld / 2;
+}
+TREECP_GDN_HD int gdn_bf16_tile_ld(int cols) { return (cols + 7) / 8 * 8 + 4; }
+
 // Floats of shared memory gdn_block_product needs for outputs of at most `rows` x `cols` (any path).
 TREECP_GDN_HD int64_t gdn_product_smem(int rows, int cols) {
   const int64_t f32 = static_cast<int64_t>(rows) * gdn_panel_lda(true) + static_cast<int64_t>(kGdnPanel) * gdn_panel_ldb(cols, true);
-  const int64_t b16 = static_cast<int64_t>((rows + 15) / 16 * 16 + (cols + 7) / 8 * 8) * kGdnBf16Ld / 2;
+  const int64_t b16 = gdn_bf16_panel_floats(rows, cols) + static_cast<int64_t>((rows + 15) / 16 * 16) * gdn_bf16_tile_ld(cols);
   return f32 > b16 ? f32 : b16;
 }
 
@@ -534,6 +540,8 @@ TREECP_GDN_FN void gdn_block_bf16(int rows, int cols, int inner, const GdnView& 
   const int groups = (nt + per - 1) / per, units = mt * groups;
   uint16_t* As = reinterpret_cast<uint16_t*>(smem);  // [mt * 16][kGdnBf16Ld]
   uint16_t* Bs = As + mt * 16 * kGdnBf16Ld;          // [nt * 8][kGdnBf16Ld]
+  float* tile = smem + gdn_bf16_panel_floats(rows, cols);  // [mt * 16][ld]: the result, for the epilogue
+  const int ld = gdn_bf16_tile_ld(cols);
   for (int base = 0; base < units; base += warps) {
     const int unit = base + warp;
     const bool mine = warp < warps && unit < units;
@@ -580,13 +588,18 @@ TREECP_GDN_FN void gdn_block_bf16(int rows, int cols, int inner, const GdnView& 
     for (int t = 0; t < kGdnBf16WarpTiles; ++t) {
       if (t >= per || n0 + t >= nt) break;
       TREECP_GDN_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int i = m0 + g + (e >> 1) * 8, j = (n0 + t) * 8 + 2 * q + (e & 1);
-        if (i < rows && j < cols) out(i, j, c[t][e]);
-      }
+      for (int e = 0; e < 4; ++e) tile[(m0 + g + (e >> 1) * 8) * ld + (n0 + t) * 8 + 2 * q + (e & 1)] = c[t][e];
     }
   }
-  block_sync();  // outputs written before anyone reads them or restages over the panels
+  block_sync();
+  // The epilogue from shared memory, consecutive threads on consecutive columns: one instance of `out` (not one per
+  // accumulator register: the gradients' epilogues unrolled 32 times took 234 registers) and coalesced global
+  // accesses inside it.
+  for (int idx = tid; idx < rows * cols; idx += nthr) {
+    const int i = idx / cols, j = idx % cols;
+    out(i, j, tile[i * ld + j]);
+  }
+  block_sync();  // outputs written before anyone reads them or restages over the panels and the tile
 }
 
 // The block product on kMath's arithmetic (GdnMath).
@@ -1419,6 +1432,28 @@ struct GdnBwdScanKernel {
   }
 };
 
+// out(r, Σ_{m < len} term(r, m)) for rows r < rows: each row's sum in kGdnSumParts interleaved parts, one thread each
+// (consecutive threads on consecutive m, so the loads coalesce, and each thread's chain of loads is a quarter of the
+// row), the parts added through `scratch` [rows * kGdnSumParts]. Every thread must call it (two barriers).
+constexpr int kGdnSumParts = 4;
+template <class T, class F>
+TREECP_GDN_FN void gdn_row_sums(int rows, int len, T&& term, float* scratch, int tid, int nthr, F&& out) {
+  for (int task = tid; task < rows * kGdnSumParts; task += nthr) {
+    const int r = task / kGdnSumParts;
+    float acc = 0.f;
+    for (int m = task % kGdnSumParts; m < len; m += kGdnSumParts) acc += term(r, m);
+    scratch[task] = acc;
+  }
+  block_sync();
+  for (int r = tid; r < rows; r += nthr) {
+    float sum = 0.f;
+    TREECP_GDN_UNROLL
+    for (int q = 0; q < kGdnSumParts; ++q) sum += scratch[r * kGdnSumParts + q];
+    out(r, sum);
+  }
+  block_sync();  // scratch free again
+}
+
 // ---- gradients: one block per (chunk, head), all of dk and dv, from S0, dSe, D and dD in the cache. The chunk
 // products are block products; each token's gradients are one block's (runs do not overlap): plain adds, no
 // atomics. Shared: beta [64], for the scalar gate its pair decays [64][64], and the products' panels.
@@ -1440,6 +1475,9 @@ template <int kMath>  // the products' arithmetic (GdnMath)
 struct GdnGradKernel {
   using Args = GdnGradArgs;
   static constexpr const char* kName = "gdn gradients";
+  // Two blocks an SM (at most 128 registers a thread; shared memory allows two at dk = dv = 128): the bf16 path would
+  // take 189 and run one block of 8 warps an SM, too few to cover each staged panel's latency.
+  static constexpr int kMinBlocks = 2;
   static size_t smem_bytes(const Args& a) {
     const int widest = std::max(std::max(a.in.dk, a.in.dv), kGdnChunk);
     return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0) + gdn_product_smem(kGdnChunk, widest)) *
@@ -1506,14 +1544,16 @@ struct GdnGradKernel {
                             [&](int i, int j, float acc) {
                               if (j < i) dL[i * l64 + j] -= acc;
                             });
-    // beta and v: X = diag(β) V, Z = diag(β) Kst, L = I + diag(β) P
-    for (int i = tid; i < n; i += nthr) {
-      float db = 0.f;
-      for (int j = 0; j < i; ++j) db += dL[i * kGdnChunk + j] * P[i * kGdnChunk + j];
-      for (int e = 0; e < dv; ++e) db += dX[i * dv + e] * a.in.vv(t + i, h, e);
-      for (int d = 0; d < dk; ++d) db += dZ[i * dk + d] * Kst[i * dk + d];
-      if (a.dbeta) a.dbeta[(t + i) * H + h] += db;
-    }
+    // beta and v: X = diag(β) V, Z = diag(β) Kst, L = I + diag(β) P; dbeta_i sums over [j < i | dv | dk]
+    if (a.dbeta)
+      gdn_row_sums(
+          n, kGdnChunk + dv + dk,
+          [&](int i, int m) {
+            if (m < kGdnChunk) return m < i ? dL[i * kGdnChunk + m] * P[i * kGdnChunk + m] : 0.f;
+            if (m < kGdnChunk + dv) return dX[i * dv + m - kGdnChunk] * a.in.vv(t + i, h, m - kGdnChunk);
+            return dZ[i * dk + m - kGdnChunk - dv] * Kst[i * dk + m - kGdnChunk - dv];
+          },
+          panels, tid, nthr, [&](int i, float db) { a.dbeta[(t + i) * H + h] += db; });
     if (a.dv)
       for (int idx = tid; idx < n * dv; idx += nthr) {
         const int i = idx / dv, e = idx % dv;
@@ -1581,28 +1621,25 @@ struct GdnGradKernel {
       }
     }
     block_sync();
-    // G_i = Σ_{s<=i} g_s: dg_s = Σ_{i>=s} dG_i, the last row also taking R's and the start state's decay.
-    for (int d = tid; d < dk; d += nthr) {
-      float extra = 0.f, ss = 0.f;
-      for (int i = 0; i < n; ++i) extra += rr[i * dk + d];
-      for (int e = 0; e < dv; ++e) ss += dSe[d * dv + e] * S0[d * dv + e];
-      extra += egl[d] * ss;
-      float acc = extra;
-      for (int i = n - 1; i >= 0; --i) {
-        acc += dGm[i * dk + d];
-        if (a.in.scalar_gate)
-          dGm[i * dk + d] = acc;
-        else if (a.dg)
-          a.dg[((t + i) * H + h) * dk + d] += acc;
-      }
-    }
-    block_sync();
+    // G_i = Σ_{s<=i} g_s: dg_s = Σ_{i>=s} dG_i, the last row also taking R's and the start state's decay
+    // (extra_d = Σ_i rr[i][d] + e^{G_last,d} Σ_e dSe[d][e] S0[d][e], summed over [n | dv]).
+    gdn_row_sums(
+        dk, n + dv,
+        [&](int d, int m) { return m < n ? rr[m * dk + d] : egl[d] * (dSe[d * dv + m - n] * S0[d * dv + m - n]); },
+        panels, tid, nthr, [&](int d, float extra) {
+          float acc = extra;
+          for (int i = n - 1; i >= 0; --i) {
+            acc += dGm[i * dk + d];
+            if (a.in.scalar_gate)
+              dGm[i * dk + d] = acc;
+            else if (a.dg)
+              a.dg[((t + i) * H + h) * dk + d] += acc;
+          }
+        });
     if (a.in.scalar_gate && a.dg)  // a scalar gate sums its channels
-      for (int i = tid; i < n; i += nthr) {
-        float s = 0.f;
-        for (int d = 0; d < dk; ++d) s += dGm[i * dk + d];
-        a.dg[(t + i) * H + h] += s;
-      }
+      gdn_row_sums(
+          n, dk, [&](int i, int d) { return dGm[i * dk + d]; }, panels, tid, nthr,
+          [&](int i, float sum) { a.dg[(t + i) * H + h] += sum; });
   }
 };
 
@@ -1683,6 +1720,12 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_kernel(const typename K::Args
   extern __shared__ float gdn_smem[];
   K::run(a, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), gdn_smem);
 }
+// The same for a body that sets kMinBlocks: the registers a thread may take so that that many blocks fit an SM.
+template <class K>
+__global__ void __launch_bounds__(kGdnThreads, K::kMinBlocks) gdn_kernel_bounded(const typename K::Args a) {
+  extern __shared__ float gdn_smem[];
+  K::run(a, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), gdn_smem);
+}
 
 struct GdnDeviceExec {
   cudaStream_t stream;
@@ -1690,10 +1733,16 @@ struct GdnDeviceExec {
   void launch(int64_t blocks, const typename K::Args& a) {
     require(blocks > 0 && blocks <= 0x7fffffff, K::kName, ": ", blocks, " blocks do not fit one grid");
     const size_t smem = K::smem_bytes(a);
+    auto* kernel = [] {
+      if constexpr (requires { K::kMinBlocks; })
+        return gdn_kernel_bounded<K>;
+      else
+        return gdn_kernel<K>;
+    }();
     if (smem > 48 * 1024)  // above the default limit a kernel must opt in (up to 227 KiB on sm_90)
-      check_cuda(cudaFuncSetAttribute(gdn_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                  K::kName);
-    gdn_kernel<K><<<static_cast<unsigned>(blocks), kGdnThreads, smem, stream>>>(a);
+    kernel<<<static_cast<unsigned>(blocks), kGdnThreads, smem, stream>>>(a);
     check_cuda(cudaGetLastError(), K::kName);
   }
   // From pageable host memory: the call returns once the bytes are staged, so `src` may go right after.
