@@ -1,15 +1,17 @@
 // Internal: the GDN/KDA chunk kernels' bodies and the host code that schedules them, written once for two
 // executors: gdn.cu (nvcc: each body becomes a __global__ kernel) and tests/test_gdn_cuda_emulated.cpp (the host
 // compiler: each block's threads are std::threads and block_sync() a std::barrier), so the CPU suite runs the very
-// code the GPU runs. Bodies use only block-wide barriers, shared and global memory and, on the tensor-core path, the
-// warp's mma.sync behind gdn_mma_tf32x3 (whose host path computes each lane's results itself); they take (block,
-// thread, threads) as arguments. Math of kernels/cpu/gdn.hpp; the plan is in docs/kernels.md.
+// code the GPU runs. Bodies use only block-wide barriers, shared and global memory and, on the tensor-core paths, the
+// warp's mma.sync behind gdn_mma_tf32x3, gdn_mma_bf16_term and gdn_block_bf16 (whose host paths compute each lane's
+// results themselves); they take (block, thread, threads) as arguments. Math of kernels/cpu/gdn.hpp; the plan is in
+// docs/kernels.md.
 //
 // Per (chunk, head) of c <= 64 tokens, G_i = Σ_{t<=i} g_t (per key channel; the scalar gate broadcasts):
 //   prep:   Qst = e^G ⊙ Q, Kst = e^G ⊙ K, R = e^{G_last - G} ⊙ K, P (j < i) and C (j <= i) pair matrices,
 //           L⁻¹ (L = I + diag(β) P) by forward substitution, U = L⁻¹ diag(β) V, W = L⁻¹ diag(β) Kst, egl = e^{G_last}
 //   scan:   per (run, head, 32 or 16 state columns), chunks in order: D = U - W S; Y = scale (Qst S + C D);
-//           S <- diag(egl) S + Rᵀ D
+//           S <- diag(egl) S + Rᵀ D (the split forward and the backward: no Y, S0 and D stored instead)
+//   output: (split forward) per (chunk, head): Y = scale (Qst S0 + C D)
 //   bwd scan: chunks in reverse: dD = scale Cᵀ dY + R dS; dS <- diag(egl) dS + scale Qstᵀ dY - Wᵀ dD
 //   grads:  per (chunk, head), from the chunk-start state S0 and dS at the chunk end: kernels/cpu's chunk backward
 #pragma once
