@@ -195,19 +195,28 @@ TREECP_GDN_HD int64_t gdn_product_smem(int rows, int cols) {
 // Copies the panel [0, rows) x [l0, l0 + kGdnPanel) of A (zeros past `inner`) to dst [rows][ld] when `a`, else the
 // panel [l0, l0 + kGdnPanel) x [0, cols) of B to dst [kGdnPanel][ld]; the index along which the source is
 // contiguous varies fastest across threads.
+// A thread issues the loads of kGdnStageBatch elements before it stores the first (a store waits for its load, and
+// one load at a time was a memory round trip per element).
+constexpr int kGdnStageBatch = 4;
 TREECP_GDN_FN void gdn_stage_panel(float* dst, int ld, const GdnView& v, bool a, int extent, int l0, int inner, int tid,
                                    int nthr) {
   const bool inner_fast = a ? v.cs == 1 : v.rs == 1;
   const int total = extent * kGdnPanel;
-  for (int idx = tid; idx < total; idx += nthr) {
-    const int x = inner_fast ? idx / kGdnPanel : idx % extent;  // the row of A or the column of B
-    const int l = inner_fast ? idx % kGdnPanel : idx / extent;
-    const bool in = l0 + l < inner;
-    const float val = in ? (a ? v.at(x, l0 + l) : v.at(l0 + l, x)) : 0.f;
-    if (a)
-      dst[x * ld + l] = val;
-    else
-      dst[l * ld + x] = val;
+  for (int base = tid; base < total; base += kGdnStageBatch * nthr) {
+    float val[kGdnStageBatch];
+    int at[kGdnStageBatch];
+    TREECP_GDN_UNROLL
+    for (int b = 0; b < kGdnStageBatch; ++b) {
+      const int idx = base + b * nthr;
+      const int x = inner_fast ? idx / kGdnPanel : idx % extent;  // the row of A or the column of B
+      const int l = inner_fast ? idx % kGdnPanel : idx / extent;
+      const bool in = idx < total && l0 + l < inner;
+      val[b] = in ? (a ? v.at(x, l0 + l) : v.at(l0 + l, x)) : 0.f;
+      at[b] = idx < total ? (a ? x * ld + l : l * ld + x) : -1;
+    }
+    TREECP_GDN_UNROLL
+    for (int b = 0; b < kGdnStageBatch; ++b)
+      if (at[b] >= 0) dst[at[b]] = val[b];
   }
 }
 
