@@ -109,6 +109,7 @@ struct GdnBlock {
   int64_t egl = 0;                                // [dk]
   // the split forward and the backward
   int64_t S0 = 0, D = 0;  // [dk][dv]: the state at the chunk start; [64][dv]: D = U - W S0
+  bool states_bf16 = false;  // S0 and D stored as bf16 (the split forward on bf16 products), half the floats
   // backward only
   int64_t dSe = 0;               // [dk][dv]: dL/dS at the chunk end
   int64_t dD = 0, dX = 0;        // [64][dv]
@@ -117,8 +118,9 @@ struct GdnBlock {
   int64_t pq = 0, pk = 0, pt = 0;  // [64][dk]: the scalar gate's pair sums (gdn gradients)
   int64_t size = 0;
 
-  // `states`: S0 and D (the split forward's output kernel reads them; the backward always has them).
-  static GdnBlock make(int dk, int dv, bool backward, bool states = false) {
+  // `states`: S0 and D (the split forward's output kernel reads them; the backward always has them, in fp32), as
+  // bf16 with `bf16`.
+  static GdnBlock make(int dk, int dv, bool backward, bool states = false, bool bf16 = false) {
     GdnBlock b;
     int64_t at = 0;
     auto take = [&](int64_t n) {
@@ -132,8 +134,10 @@ struct GdnBlock {
     b.P = take(c * c); b.C = take(c * c); b.Ti = take(c * c);
     b.egl = take(dk);
     if (backward || states) {
-      b.S0 = take(int64_t{dk} * dv);
-      b.D = take(c * dv);
+      b.states_bf16 = !backward && bf16;
+      const int64_t per = b.states_bf16 ? 2 : 1;  // elements a float holds
+      b.S0 = take((int64_t{dk} * dv + per - 1) / per);
+      b.D = take((c * dv + per - 1) / per);
     }
     if (backward) {
       b.dSe = take(int64_t{dk} * dv);
@@ -1084,6 +1088,14 @@ TREECP_GDN_FN void stage_rows_async(float* dst, const float* src, int n, int col
   gdn_stage_async(dst, src, n, cols * 4, int64_t{src_ld} * 4, ld * 4, tid, nthr);
 }
 
+// Element `at` of a saved chunk matrix (S0, D) in fp32 or bf16.
+TREECP_GDN_FN void gdn_store_state(float* base, bool bf16, int64_t at, float x) {
+  if (bf16)
+    reinterpret_cast<uint16_t*>(base)[at] = float_to_bf16(x);
+  else
+    base[at] = x;
+}
+
 // Blocks of `tile` state columns over `width` (the scans' grid: per run and head).
 TREECP_GDN_HD int64_t gdn_scan_tiles(int width, int tile) { return (width + tile - 1) / tile; }
 
@@ -1138,7 +1150,8 @@ struct GdnScanArgs {
   bool identity_init;     // S_in = I (dk x dk) instead of state_in
   const float* state_in;  // [slot][H][dk][width], by in_slot; null or -1 = zero
   float* state_out;       // by out_slot; null = not written
-  bool save;              // backward: the chunk-start states and D into the cache
+  bool save;              // the chunk-start states and D into the cache (the backward, the split forward)
+  bool save_bf16;         // ... as bf16 (GdnBlock::states_bf16: the bf16 output kernel rounds them so anyway)
   void* y;                // null = not written
   bool y_f32;
   float scale;
@@ -1229,14 +1242,14 @@ struct GdnScanKernel {
       if (a.save)
         for (int idx = tid; idx < dk * tc; idx += nthr) {
           const int d = idx / tc, e = idx % tc;
-          if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[d * ls + e];
+          if (e < tw) gdn_store_state(c + a.blk.S0, a.save_bf16, d * dv + e0 + e, S[d * ls + e]);
         }
       // D = U - W S
       const GdnTerm ws[1] = {{Wb, ldr, 1, S, ls, 1, dk, 1.f}};
       gdn_scan_product<kMath>(n, tw, tc, ws, tid, nthr, [&](int i, int e, float acc) {
         const float x = (a.use_u ? Us[i * ls + e] : 0.f) - acc;
         Ds[i * ls + e] = x;
-        if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
+        if (a.save) gdn_store_state(c + a.blk.D, a.save_bf16, i * dv + e0 + e, x);
       });
       if (!alias) gdn_async_wait<1>();  // Qst and C landed (R may still be in flight)
       block_sync();                     // D complete; W and U read
@@ -1683,11 +1696,12 @@ struct GdnOutKernel {
     const float* c = a.cache + (chunk * H + h) * a.blk.size;
     float* Ys = smem;                               // [64][dv]
     float* panels = smem + int64_t{kGdnChunk} * dv;
-    gdn_block_product<kMath, 4, 8>(n, dv, dk, gdn_view(c + a.blk.Qst, dk), gdn_view(c + a.blk.S0, dv), panels, tid,
-                                   nthr, [&](int i, int e, float acc) { Ys[i * dv + e] = acc; });
+    const bool b16 = a.blk.states_bf16;
+    gdn_block_product<kMath, 4, 8>(n, dv, dk, gdn_view(c + a.blk.Qst, dk), GdnView{c + a.blk.S0, dv, 1, b16}, panels,
+                                   tid, nthr, [&](int i, int e, float acc) { Ys[i * dv + e] = acc; });
     const int64_t y0 = (cd.t * H + h) * static_cast<int64_t>(dv), y_row = static_cast<int64_t>(H) * dv;
-    gdn_block_product<kMath, 4, 8>(n, dv, n, gdn_view(c + a.blk.C, kGdnChunk), gdn_view(c + a.blk.D, dv), panels, tid,
-                                   nthr, [&](int i, int e, float acc) {
+    gdn_block_product<kMath, 4, 8>(n, dv, n, gdn_view(c + a.blk.C, kGdnChunk), GdnView{c + a.blk.D, dv, 1, b16}, panels,
+                                   tid, nthr, [&](int i, int e, float acc) {
                                      store_out(a.y, a.y_f32, y0 + i * y_row + e, a.scale * (Ys[i * dv + e] + acc));
                                    });
   }
@@ -1811,7 +1825,7 @@ struct GdnSchedule {
       }
       runs.push_back(d);
     }
-    blk = GdnBlock::make(p.dk, p.dv, backward, p.split_forward);
+    blk = GdnBlock::make(p.dk, p.dv, backward, p.split_forward, p.precision != GdnPrecision::fp32);
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     runs_at = align(chunks.size() * sizeof(GdnChunkDesc));
     cache_at = runs_at + align(runs.size() * sizeof(GdnRunDesc));
@@ -1924,6 +1938,7 @@ void gdn_forward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>&
     return;
   }
   a.save = p.y != nullptr;  // S0 and D for the output kernel
+  a.save_bf16 = s.blk.states_bf16;
   gdn_scan_on(x, p, s, a);
   if (p.y && !s.chunks.empty())
     gdn_launch_math<GdnOutKernel>(x, gdn_chunk_math(p), static_cast<int64_t>(s.chunks.size()) * p.heads,

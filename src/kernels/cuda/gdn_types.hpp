@@ -55,8 +55,9 @@ struct GdnCudaParams {
   GdnPrecision precision = GdnPrecision::fp32;
   // The forward split as FLA splits it: the scan only carries the state, storing each chunk's start state S0 and
   // D = U - W S0 in the workspace (the backward's saving scan), and a chunk-parallel kernel computes
-  // Y = scale (Qst S0 + C D) on the products' arithmetic above. The forward's workspace grows by (dk + 64) dv fp32 a
-  // (chunk, head): 2.0 GB at T = 40,960, H = 32, dk = dv = 128. Off by default until measured.
+  // Y = scale (Qst S0 + C D) on the products' arithmetic above. The forward's workspace grows by (dk + 64) dv values a
+  // (chunk, head), fp32, or bf16 with a bf16 precision (which rounds them so as product operands anyway): 2.0 GB or
+  // 1.0 GB at T = 40,960, H = 32, dk = dv = 128. Off by default until measured.
   bool split_forward = false;
   // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
   // backward the chunk-start states and their gradients).
