@@ -237,7 +237,9 @@ int main(int argc, char** argv) {
         std::map<std::string, double> parts;
         for (auto& [k2, ms] : fwd_parts) parts["forward: " + k2] = ms;
         for (auto& [k2, ms] : bwd_parts) parts["backward: " + k2] = ms;
-        breakdowns.push_back({std::string(name) + ", " + path.label, parts});
+        char ws[64];  // the forward's workspace on this path (the split forward keeps S0 and D)
+        std::snprintf(ws, sizeof(ws), " (fwd workspace %.2f GB)", gdn_workspace_bytes(p, runs, false) * 1e-9);
+        breakdowns.push_back({std::string(name) + ", " + path.label + ws, parts});
       }
       for (const void* ptr : {p.q, p.k, p.v, p.g, p.beta, static_cast<const void*>(p.y), static_cast<const void*>(p.workspace),
                               static_cast<const void*>(dy)})
@@ -246,7 +248,7 @@ int main(int argc, char** argv) {
     }
     std::printf("\nper kernel, one call each (ms):\n");
     for (auto& [name, parts] : breakdowns)
-      for (auto& [k2, ms] : parts) std::printf("  %-30s %-30s %8.3f\n", name.c_str(), k2.c_str(), ms);
+      for (auto& [k2, ms] : parts) std::printf("  %-62s %-30s %8.3f\n", name.c_str(), k2.c_str(), ms);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gdn_cuda: %s\n", e.what());
     return 1;
