@@ -799,19 +799,30 @@ TREECP_GDN_FN void store_out(void* p, bool f32, int64_t at, float x) {
 TREECP_GDN_FN void gdn_load_rows_bf16(float* dst, int ld, const uint16_t* src, int64_t src_ld, int n, int w, int tid,
                                       int nthr) {
   if ((w % 4 == 0) && (src_ld % 4 == 0) && reinterpret_cast<uintptr_t>(src) % 8 == 0) {
-    const int q = w / 4;
-    for (int idx = tid; idx < n * q; idx += nthr) {
-      const int i = idx / q, j = (idx % q) * 4;
-      uint16_t v[4];
-#if defined(__CUDA_ARCH__)
-      const uint2 x = *reinterpret_cast<const uint2*>(src + i * src_ld + j);
-      v[0] = static_cast<uint16_t>(x.x & 0xffffu); v[1] = static_cast<uint16_t>(x.x >> 16);
-      v[2] = static_cast<uint16_t>(x.y & 0xffffu); v[3] = static_cast<uint16_t>(x.y >> 16);
-#else
-      std::memcpy(v, src + i * src_ld + j, sizeof(v));
-#endif
+    const int q = w / 4, total = n * q;
+    for (int base = tid; base < total; base += kGdnStageBatch * nthr) {  // a batch's loads before its first store
+      uint16_t v[kGdnStageBatch][4];
       TREECP_GDN_UNROLL
-      for (int x = 0; x < 4; ++x) dst[i * ld + j + x] = bf16_to_float(v[x]);
+      for (int b = 0; b < kGdnStageBatch; ++b) {
+        const int idx = base + b * nthr;
+        if (idx >= total) break;
+        const int i = idx / q, j = (idx % q) * 4;
+#if defined(__CUDA_ARCH__)
+        const uint2 x = *reinterpret_cast<const uint2*>(src + i * src_ld + j);
+        v[b][0] = static_cast<uint16_t>(x.x & 0xffffu); v[b][1] = static_cast<uint16_t>(x.x >> 16);
+        v[b][2] = static_cast<uint16_t>(x.y & 0xffffu); v[b][3] = static_cast<uint16_t>(x.y >> 16);
+#else
+        std::memcpy(v[b], src + i * src_ld + j, sizeof(v[b]));
+#endif
+      }
+      TREECP_GDN_UNROLL
+      for (int b = 0; b < kGdnStageBatch; ++b) {
+        const int idx = base + b * nthr;
+        if (idx >= total) break;
+        const int i = idx / q, j = (idx % q) * 4;
+        TREECP_GDN_UNROLL
+        for (int x = 0; x < 4; ++x) dst[i * ld + j + x] = bf16_to_float(v[b][x]);
+      }
     }
   } else {
     for (int idx = tid; idx < n * w; idx += nthr) dst[(idx / w) * ld + idx % w] = bf16_to_float(src[(idx / w) * src_ld + idx % w]);
@@ -1543,11 +1554,16 @@ struct GdnGradKernel {
     const int64_t dy_row = static_cast<int64_t>(H) * dv;
     const GdnView dyv = a.dy_f32 ? GdnView{static_cast<const float*>(a.dy) + dy0, dy_row, 1, false}
                                  : GdnView{static_cast<const uint16_t*>(a.dy) + dy0, dy_row, 1, true};
-    for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
+    float* gs = panels;  // [64]: the scalar gate's cumulative sums, until the first product
+    for (int i = tid; i < n; i += nthr) {
+      bs[i] = a.in.b(t + i, h);
+      if (scalar) gs[i] = G[i * dk];
+    }
+    block_sync();
     if (scalar)
       for (int idx = tid; idx < n * n; idx += nthr) {
         const int i = idx / n, j = idx % n;
-        Ex[i * kGdnChunk + j] = j <= i ? expf(G[i * dk] - G[j * dk]) : 0.f;
+        Ex[i * kGdnChunk + j] = j <= i ? expf(gs[i] - gs[j]) : 0.f;
       }
     // dC = scale dY Dᵀ (j <= i); dW = -dD S0ᵀ (into rr)
     gdn_block_product<kMath, 4, 4>(n, n, dv, dyv, gdn_view(D, dv).t(), panels, tid, nthr, [&](int i, int j, float acc) {
