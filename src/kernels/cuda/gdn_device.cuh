@@ -1594,10 +1594,23 @@ struct GdnGradKernel {
             return dZ[i * dk + m - kGdnChunk - dv] * Kst[i * dk + m - kGdnChunk - dv];
           },
           panels, tid, nthr, [&](int i, float db) { a.dbeta[(t + i) * H + h] += db; });
-    if (a.dv)
-      for (int idx = tid; idx < n * dv; idx += nthr) {
-        const int i = idx / dv, e = idx % dv;
-        a.dv[((t + i) * H + h) * dv + e] += bs[i] * dX[idx];
+    if (a.dv)  // dv += diag(β) dX, a batch's loads issued before its stores (which the compiler cannot reorder)
+      for (int base = tid; base < n * dv; base += kGdnStageBatch * nthr) {
+        float add[kGdnStageBatch], old[kGdnStageBatch];
+        int64_t at[kGdnStageBatch];
+        TREECP_GDN_UNROLL
+        for (int b = 0; b < kGdnStageBatch; ++b) {
+          const int idx = base + b * nthr;
+          at[b] = -1;
+          if (idx >= n * dv) continue;
+          const int i = idx / dv, e = idx % dv;
+          at[b] = ((t + i) * H + h) * dv + e;
+          add[b] = bs[i] * dX[idx];
+          old[b] = a.dv[at[b]];
+        }
+        TREECP_GDN_UNROLL
+        for (int b = 0; b < kGdnStageBatch; ++b)
+          if (at[b] >= 0) a.dv[at[b]] = old[b] + add[b];
       }
     // scale dY S0ᵀ (into dGm) and D dSeᵀ (into rr): q's and R's gradients through the state terms
     gdn_block_product<kMath, 4, 8>(n, dk, dv, dyv, gdn_view(S0, dv).t(), panels, tid, nthr,
