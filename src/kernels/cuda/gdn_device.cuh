@@ -1618,21 +1618,45 @@ struct GdnGradKernel {
     gdn_block_product<kMath, 4, 8>(n, dk, dv, gdn_view(D, dv), gdn_view(dSe, dv).t(), panels, tid, nthr,
                             [&](int i, int d, float acc) { rr[i * dk + d] = acc; });
     // q, k and the cumulative gate of (token i, channel d): the state terms, then the pairs (i, j), j <= i, with i
-    // the later token (dq, dk and dG through k_j e^{G_i - G_j}) and the pairs (m, i), m >= i, with i the earlier.
-    // dqv = dGm, dr = rr on entry; dG and dr R on return.
-    auto finish = [&](int i, int d, float x1, float x2, float y) {
-      const float dqv = dGm[i * dk + d], dr = rr[i * dk + d];
-      const float gi = G[i * dk + d], gl = G[(n - 1) * dk + d];
-      const float eg = expf(gi), er = expf(gl - gi);
-      const float dkst = bs[i] * dZ[i * dk + d];
-      const float qi = a.in.qk(a.in.q, t + i, h, d), ki = a.in.qk(a.in.k, t + i, h, d);
-      const float dq = eg * dqv + x1;
-      const float dkk = er * dr + eg * dkst + x2 + y;
-      const float dG = dqv * Qst[i * dk + d] - dr * R[i * dk + d] + dkst * Kst[i * dk + d] + ki * x2 + qi * x1 - y * ki;
-      if (a.dq) a.dq[((t + i) * H + h) * dk + d] += dq;
-      if (a.dk) a.dk[((t + i) * H + h) * dk + d] += dkk;
-      dGm[i * dk + d] = dG;
-      rr[i * dk + d] = dr * R[i * dk + d];
+    // the later token (dq, dk and dG through k_j e^{G_i - G_j}: x1 = pq, x2 = pk) and the pairs (m, i), m >= i, with
+    // i the earlier (y = pt). dqv = dGm, dr = rr on entry; dG and dr R on return. A thread takes kGdnStageBatch
+    // elements at a time and issues all their loads before its first store (the stores may alias the next element's
+    // loads as far as the compiler knows: a round trip an element otherwise).
+    float* pq = c + a.blk.pq;
+    float* pk = c + a.blk.pk;
+    float* pt = c + a.blk.pt;
+    auto finish_all = [&] {
+      constexpr int B = kGdnStageBatch;
+      for (int base = tid; base < n * dk; base += B * nthr) {
+        float dqv[B], dr[B], gi[B], gl[B], dz[B], qi[B], ki[B], qs[B], r[B], ks[B], x1[B], x2[B], y[B], oq[B], ok[B];
+        TREECP_GDN_UNROLL
+        for (int b = 0; b < B; ++b) {
+          const int idx = base + b * nthr;
+          if (idx >= n * dk) break;
+          const int i = idx / dk, d = idx % dk;
+          const int64_t o = ((t + i) * H + h) * dk + d;
+          dqv[b] = dGm[idx]; dr[b] = rr[idx]; gi[b] = G[idx]; gl[b] = G[(n - 1) * dk + d]; dz[b] = bs[i] * dZ[idx];
+          qi[b] = a.in.qk(a.in.q, t + i, h, d); ki[b] = a.in.qk(a.in.k, t + i, h, d);
+          qs[b] = Qst[idx]; r[b] = R[idx]; ks[b] = Kst[idx]; x1[b] = pq[idx]; x2[b] = pk[idx]; y[b] = pt[idx];
+          oq[b] = a.dq ? a.dq[o] : 0.f;
+          ok[b] = a.dk ? a.dk[o] : 0.f;
+        }
+        TREECP_GDN_UNROLL
+        for (int b = 0; b < B; ++b) {
+          const int idx = base + b * nthr;
+          if (idx >= n * dk) break;
+          const int i = idx / dk, d = idx % dk;
+          const int64_t o = ((t + i) * H + h) * dk + d;
+          const float eg = expf(gi[b]), er = expf(gl[b] - gi[b]);
+          const float dq = eg * dqv[b] + x1[b];
+          const float dkk = er * dr[b] + eg * dz[b] + x2[b] + y[b];
+          const float dG = dqv[b] * qs[b] - dr[b] * r[b] + dz[b] * ks[b] + ki[b] * x2[b] + qi[b] * x1[b] - y[b] * ki[b];
+          if (a.dq) a.dq[o] = oq[b] + dq;
+          if (a.dk) a.dk[o] = ok[b] + dkk;
+          dGm[idx] = dG;
+          rr[idx] = dr[b] * r[b];
+        }
+      }
     };
     if (scalar) {
       // The pair decay is one factor: with A1 = dC ⊙ Ex and A2 = diag(β) dL ⊙ Ex (j < i), the pair sums are
@@ -1645,15 +1669,11 @@ struct GdnGradKernel {
       }
       const GdnView kr = a.in.rows(a.in.k, t, h, dk), qr = a.in.rows(a.in.q, t, h, dk);
       const GdnView a1 = gdn_view(dC, l64), a2 = gdn_view(dL, l64);
-      float* pq = c + a.blk.pq;
-      float* pk = c + a.blk.pk;
-      float* pt = c + a.blk.pt;
       gdn_block_product<kMath, 4, 8>(n, dk, n, a1, kr, panels, tid, nthr, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
       gdn_block_product<kMath, 4, 8>(n, dk, n, a2, kr, panels, tid, nthr, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
       gdn_block_product<kMath, 4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
-      gdn_block_product<kMath, 4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr, [&](int i, int d, float acc) {
-        finish(i, d, pq[i * dk + d], pk[i * dk + d], acc + pt[i * dk + d]);
-      });
+      gdn_block_product<kMath, 4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr,
+                                     [&](int i, int d, float acc) { pt[i * dk + d] += acc; });
     } else {
       // Per-channel decays: each (token, channel) gathers its pairs, e^{G_i - G_j} per pair.
       for (int idx = tid; idx < n * dk; idx += nthr) {
@@ -1670,9 +1690,13 @@ struct GdnGradKernel {
           const float dp = m > i ? bs[m] * dL[m * l64 + i] : 0.f;
           y += (dp * a.in.qk(a.in.k, t + m, h, d) + dC[m * l64 + i] * a.in.qk(a.in.q, t + m, h, d)) * ex;
         }
-        finish(i, d, x1, x2, y);
+        pq[idx] = x1;
+        pk[idx] = x2;
+        pt[idx] = y;
       }
+      block_sync();
     }
+    finish_all();
     block_sync();
     // G_i = Σ_{s<=i} g_s: dg_s = Σ_{i>=s} dG_i, the last row also taking R's and the start state's decay
     // (extra_d = Σ_i rr[i][d] + e^{G_last,d} Σ_e dSe[d][e] S0[d][e], summed over [n | dv]).
