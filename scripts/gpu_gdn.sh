@@ -36,8 +36,8 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 
 if [ -z "${SKIP_SANITIZER:-}" ] && command -v compute-sanitizer >/dev/null; then
-  step "compute-sanitizer (memcheck, racecheck, initcheck) on the 64-dim ragged cases (tensor-core scans included) and the algebra"
-  filter='Shapes/GdnCuda.ForwardMatchesTheRecurrence/kda_dk64_dv64:Shapes/GdnCuda.TensorCoreScans/gdn_dk64_dv64:Shapes/GdnCuda.BackwardMatchesTheRecurrence/gdn_dk64_dv64:Shapes/GdnCuda.SummaryAppliedEqualsTheForward/kda_dk48_dv80:GdnCudaAlgebra.*:GdnCudaCP.SteadyStateAllocatesNothing'
+  step "compute-sanitizer (memcheck, racecheck, initcheck) on the 64-dim ragged cases (tensor-core scans and the bf16 path included) and the algebra"
+  filter='Shapes/GdnCuda.ForwardMatchesTheRecurrence/kda_dk64_dv64:Shapes/GdnCuda.TensorCoreScans/gdn_dk64_dv64:Shapes/GdnCuda.Bf16TensorCorePrepAndGradients/kda_dk48_dv80:Shapes/GdnCuda.BackwardMatchesTheRecurrence/gdn_dk64_dv64:Shapes/GdnCuda.SummaryAppliedEqualsTheForward/kda_dk48_dv80:GdnCudaAlgebra.*:GdnCudaCP.SteadyStateAllocatesNothing'
   for tool in memcheck racecheck initcheck; do
     compute-sanitizer --tool "$tool" --error-exitcode 3 "$tests" --gtest_filter="$filter" >"$out/sanitizer_$tool.log" 2>&1
     rc=$?

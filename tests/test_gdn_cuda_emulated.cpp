@@ -197,6 +197,65 @@ TEST(GdnCudaEmulatedLaunch, TensorCoreScans) {
   check_summary(dev, b);
 }
 
+// Prep's and the gradients' products on bf16 tensor cores (GdnPrecision::bf16_tensor: the host path of the bf16 mma,
+// operands rounded as the device rounds them) against the double recurrence, within the bf16 model's error: both
+// gates, the 64-row panels with partial 16 x 8 tiles (dv 72, dk 40, chunks of 37 and 6 rows), inner sizes past one
+// panel (dk 128), fp32 and bf16 dy; and at the GPU's 256 threads.
+TEST(GdnCudaEmulatedLaunch, Bf16TensorCorePrepAndGradients) {
+  EmulatedDev dev;
+  Case a(ragged_tokens(1), 1, 64, 64, GdnGate::Scalar, ragged_runs(1), 4, 37);
+  a.precision = GdnPrecision::bf16_tensor;
+  check_forward(dev, a, /*y_f32=*/true);
+  check_backward(dev, a, /*dy_f32=*/false);
+  Case b(ragged_tokens(1), 1, 40, 72, GdnGate::PerChannel, ragged_runs(1), 4, 38);
+  b.precision = GdnPrecision::bf16_tensor;
+  check_forward(dev, b, /*y_f32=*/false);
+  check_backward(dev, b, /*dy_f32=*/true);
+  check_summary(dev, b);
+  Case d(200, 1, 128, 128, GdnGate::Scalar, {{0, 200, 0, 0}}, 1, 39);
+  d.precision = GdnPrecision::bf16_tensor;
+  dev.x.threads = 256;
+  check_forward(dev, d, /*y_f32=*/true);
+  check_backward(dev, d, /*dy_f32=*/false);
+}
+
+// The scans' products on bf16 mma too (GdnPrecision::bf16_tensor_scans), within the same model: 32 columns, and 16
+// with partial 16 x 8 tiles (dv 72, the summary's dk 40, chunks of 37 and 6 rows); the split forward on it.
+TEST(GdnCudaEmulatedLaunch, Bf16TensorCoreScans) {
+  EmulatedDev dev;
+  Case a(ragged_tokens(1), 1, 64, 64, GdnGate::Scalar, ragged_runs(1), 4, 42);
+  a.precision = GdnPrecision::bf16_tensor_scans;
+  check_forward(dev, a, /*y_f32=*/true);
+  check_backward(dev, a, /*dy_f32=*/false);
+  Case b(ragged_tokens(1), 1, 40, 72, GdnGate::PerChannel, ragged_runs(1), 4, 43);
+  b.precision = GdnPrecision::bf16_tensor_scans;
+  b.scan_columns = 16;
+  check_forward(dev, b, /*y_f32=*/false);
+  check_backward(dev, b, /*dy_f32=*/true);
+  check_summary(dev, b);
+  b.split_forward = true;
+  check_forward(dev, b, /*y_f32=*/true);
+}
+
+// The split forward (GdnCudaParams::split_forward: the saving scan, then the chunk-parallel output kernel) on each
+// arithmetic, partial chunks and tiles (dk 40, dv 72), y bf16 and fp32, and the summary (which it leaves as it was).
+TEST(GdnCudaEmulatedLaunch, SplitForward) {
+  EmulatedDev dev;
+  for (const GdnPrecision precision : {GdnPrecision::fp32, GdnPrecision::bf16_tensor}) {
+    Case a(ragged_tokens(1), 1, 40, 72, GdnGate::PerChannel, ragged_runs(1), 4, 40);
+    a.precision = precision;
+    a.split_forward = true;
+    check_forward(dev, a, /*y_f32=*/false);
+    check_forward(dev, a, /*y_f32=*/true);
+    check_summary(dev, a);
+  }
+  Case b(200, 2, 128, 128, GdnGate::Scalar, {{0, 200, 0, 0}}, 1, 41);
+  b.split_forward = true;
+  b.tensor_cores = true;
+  dev.x.threads = 256;
+  check_forward(dev, b, /*y_f32=*/true);
+}
+
 TEST(GdnCudaEmulatedAlgebra, ComposeIsAssociativeAndAppliesMatchTheCpu) {
   EmulatedDev dev;
   check_algebra(dev, 64, 64, 2, 21);
@@ -226,6 +285,9 @@ TEST(GdnCudaEmulatedChecks, BadArgumentsAreNamed) {
   p.dk = 64;
   p.scan_columns = 8;
   EXPECT_NE(message({{0, 5}}).find("scan_columns"), std::string::npos);
+  p.scan_columns = 0;
+  p.precision = static_cast<GdnPrecision>(7);
+  EXPECT_NE(message({{0, 5}}).find("precision"), std::string::npos);
 }
 
 // ---- the layer's small kernels

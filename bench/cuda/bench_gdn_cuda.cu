@@ -2,8 +2,10 @@
 // (default 1) from zero states, H = 32, dk = dv = 128, bf16 inputs. For each gate: a check of the forward's first
 // 128 tokens of two heads against the CPU double recurrence, then forward and forward+backward timed with CUDA
 // events (3 warm-up calls, median of --reps) at 32 and at 16 state columns per scan block, with the scans' products
-// as register-blocked fp32 FMA and on tensor cores (GdnCudaParams::tensor_cores), the effective TFLOP/s, and the time
-// of each kernel in one forward and one backward (default columns, both kinds of scan products). Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
+// as register-blocked fp32 FMA and on tensor cores (GdnCudaParams::tensor_cores), and with prep's and the gradients'
+// products on bf16 tensor cores (GdnPrecision::bf16_tensor; bf16_tensor_scans: the scans too), with the split forward
+// (GdnCudaParams::split_forward), the effective TFLOP/s, and the time of each kernel in one forward and one backward
+// (default columns, each path). Forward+backward includes zeroing the fp32 gradients (the contract adds into them).
 // FLOPs (gdn_chunk_flops): the chunked form's useful multiply-adds x 2 per (chunk of c tokens, head):
 //   P and C (lower triangles) 2 c^2 dk, the triangular solve for U and W c^2 (dk + dv), D = U - W S, Qst S and
 //   Rᵀ D 6 c dk dv, C D c^2 dv; the backward counted as twice the forward (forward+backward = 3x).
@@ -121,7 +123,7 @@ int main(int argc, char** argv) {
     const double fwd_flops = gdn_chunk_flops(runs, H, D, D);
     std::printf("GDN / KDA chunk kernels on %s: T = %lld in %d run(s), H = %d, dk = dv = %d, bf16 in, fp32 states\n",
                 prop.name, static_cast<long long>(T), docs, H, D);
-    std::printf("| gate | scan columns | scan products | check y (first 128 tokens, 2 heads) | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |\n");
+    std::printf("| gate | scan columns | products | check y (first 128 tokens, 2 heads) | forward ms | TFLOP/s | fwd+bwd ms | TFLOP/s |\n");
     std::printf("|---|---|---|---|---|---|---|---|\n");
     std::vector<std::pair<std::string, std::map<std::string, double>>> breakdowns;
     for (const GdnGate gate : {GdnGate::Scalar, GdnGate::PerChannel}) {
@@ -189,10 +191,30 @@ int main(int argc, char** argv) {
         return std::sqrt(num / den);
       };
       const char* name = gate == GdnGate::Scalar ? "GDN (scalar)" : "KDA (per channel)";
-      for (const bool tensor : {false, true})
+      // The paths: 3xTF32 everywhere, bf16 products (prep and gradients, or everywhere), the split forward.
+      struct Path {
+        bool tensor;
+        GdnPrecision precision;
+        bool split;
+        const char* label;
+      };
+      constexpr GdnPrecision f32 = GdnPrecision::fp32, b16 = GdnPrecision::bf16_tensor,
+                             b16s = GdnPrecision::bf16_tensor_scans;
+      const Path paths[6] = {{false, f32, false, "fp32 FMA"},
+                             {true, f32, false, "3xTF32 mma"},
+                             {false, b16, false, "bf16 mma prep+grads"},
+                             {false, f32, true, "fp32 FMA, split forward"},
+                             {false, b16, true, "bf16 mma prep+grads, split fwd"},
+                             {false, b16s, true, "bf16 mma all, split fwd"}};
+      auto set_path = [&](const Path& x) {
+        p.tensor_cores = x.tensor;
+        p.precision = x.precision;
+        p.split_forward = x.split;
+      };
+      for (const Path& path : paths)
         for (const int cols : {32, 16}) {
           p.scan_columns = cols;
-          p.tensor_cores = tensor;
+          set_path(path);
           const double err = check_y();
           const double t_fwd = time_ms(reps, forward), t_fb = time_ms(reps, fwd_bwd);
           // the gradients are finite
@@ -201,12 +223,12 @@ int main(int argc, char** argv) {
             for (float x : h) require(std::isfinite(x), "bench_gdn_cuda: a non-finite gradient");
           }
           std::printf("| %s | %d | %s | %.2e | %.3f | %.1f | %.3f | %.1f |\n", name, cols,
-                      tensor ? "3xTF32 mma" : "fp32 FMA", err, t_fwd, fwd_flops / t_fwd * 1e-9, t_fb,
+                      path.label, err, t_fwd, fwd_flops / t_fwd * 1e-9, t_fb,
                       3 * fwd_flops / t_fb * 1e-9);
         }
       p.scan_columns = 0;
-      for (const bool tensor : {false, true}) {
-        p.tensor_cores = tensor;
+      for (const Path& path : paths) {
+        set_path(path);
         TimedExec tx;
         cuda::detail::gdn_forward_on(tx, p, runs);
         auto fwd_parts = tx.collect();
@@ -215,7 +237,9 @@ int main(int argc, char** argv) {
         std::map<std::string, double> parts;
         for (auto& [k2, ms] : fwd_parts) parts["forward: " + k2] = ms;
         for (auto& [k2, ms] : bwd_parts) parts["backward: " + k2] = ms;
-        breakdowns.push_back({std::string(name) + (tensor ? ", mma scans" : ", fp32 scans"), parts});
+        char ws[64];  // the forward's workspace on this path (the split forward keeps S0 and D)
+        std::snprintf(ws, sizeof(ws), " (fwd workspace %.2f GB)", gdn_workspace_bytes(p, runs, false) * 1e-9);
+        breakdowns.push_back({std::string(name) + ", " + path.label + ws, parts});
       }
       for (const void* ptr : {p.q, p.k, p.v, p.g, p.beta, static_cast<const void*>(p.y), static_cast<const void*>(p.workspace),
                               static_cast<const void*>(dy)})
@@ -224,7 +248,7 @@ int main(int argc, char** argv) {
     }
     std::printf("\nper kernel, one call each (ms):\n");
     for (auto& [name, parts] : breakdowns)
-      for (auto& [k2, ms] : parts) std::printf("  %-30s %-30s %8.3f\n", name.c_str(), k2.c_str(), ms);
+      for (auto& [k2, ms] : parts) std::printf("  %-62s %-30s %8.3f\n", name.c_str(), k2.c_str(), ms);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gdn_cuda: %s\n", e.what());
     return 1;

@@ -100,6 +100,24 @@ class GdnCuda : public ::testing::TestWithParam<Shape> {
     const Shape s = GetParam();
     return Case(4000, 2, s.dk, s.dv, s.gate, {{0, 4000, 0, 0}}, 1, seed);
   }
+  // Every call on one path (`path` sets it on a case): ragged runs at 32 columns (forward, backward, summary) and at
+  // 16 (y bf16, dy fp32), and a long run.
+  template <class F>
+  void check_path(uint64_t seed, F&& path) const {
+    GpuDev dev;
+    Case c = ragged(seed);
+    path(c);
+    check_forward(dev, c, /*y_f32=*/true);
+    check_backward(dev, c, /*dy_f32=*/false);
+    check_summary(dev, c);
+    c.scan_columns = 16;
+    check_forward(dev, c, /*y_f32=*/false);
+    check_backward(dev, c, /*dy_f32=*/true);
+    Case l = long_run(seed + 1);
+    path(l);
+    check_forward(dev, l, /*y_f32=*/true);
+    check_backward(dev, l, /*dy_f32=*/false);
+  }
 };
 
 TEST_P(GdnCuda, ForwardMatchesTheRecurrence) {
@@ -136,19 +154,38 @@ TEST_P(GdnCuda, SixteenScanColumns) {
 // gradients) under the same fp32 tolerances, at 32 and 16 columns, ragged runs and a long run: the GPU is where the
 // operand fragments' positions are checked.
 TEST_P(GdnCuda, TensorCoreScans) {
+  check_path(106, [](Case& c) { c.tensor_cores = true; });
+}
+
+// Prep's and the gradients' products on bf16 tensor cores (GdnPrecision::bf16_tensor) against the double recurrence
+// within the bf16 model's error (tests/common/gdn_cuda.hpp): the fragments' positions and the staged panels' layout
+// are checked here.
+TEST_P(GdnCuda, Bf16TensorCorePrepAndGradients) {
+  check_path(108, [](Case& c) { c.precision = GdnPrecision::bf16_tensor; });
+}
+
+// The scans' products on bf16 mma too (GdnPrecision::bf16_tensor_scans).
+TEST_P(GdnCuda, Bf16TensorCoreScans) {
+  check_path(112, [](Case& c) { c.precision = GdnPrecision::bf16_tensor_scans; });
+}
+
+// The split forward (GdnCudaParams::split_forward: the saving scan, then the chunk-parallel output kernel) on each
+// precision over ragged runs, and a long run on bf16 (its states stored as bf16; one long run: the CPU references
+// of 4,000 tokens take seconds a case).
+TEST_P(GdnCuda, SplitForward) {
   GpuDev dev;
-  Case c = ragged(106);
-  c.tensor_cores = true;
-  check_forward(dev, c, /*y_f32=*/true);
-  check_backward(dev, c, /*dy_f32=*/false);
-  check_summary(dev, c);
-  c.scan_columns = 16;
-  check_forward(dev, c, /*y_f32=*/false);
-  check_backward(dev, c, /*dy_f32=*/true);
-  Case l = long_run(107);
-  l.tensor_cores = true;
+  for (const GdnPrecision precision :
+       {GdnPrecision::fp32, GdnPrecision::bf16_tensor, GdnPrecision::bf16_tensor_scans}) {
+    Case c = ragged(110);
+    c.precision = precision;
+    c.split_forward = true;
+    check_forward(dev, c, /*y_f32=*/false);
+    check_forward(dev, c, /*y_f32=*/true);
+  }
+  Case l = long_run(111);
+  l.precision = GdnPrecision::bf16_tensor;
+  l.split_forward = true;
   check_forward(dev, l, /*y_f32=*/true);
-  check_backward(dev, l, /*dy_f32=*/false);
 }
 
 TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {

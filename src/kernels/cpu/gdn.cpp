@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cpu/bf16_product.hpp"
 
 namespace treecp {
 namespace {
@@ -52,7 +53,7 @@ struct Chunk {
 
   // e^{G_i[d] - G_j[d]}, j <= i (never above 1 for non-positive gates: no overflow).
   T decay(int i, int j, int d) const {
-    return scalar ? std::exp(G[i * dk] - G[j * dk]) : dec[(static_cast<size_t>(i) * c + j) * dk + d];
+    return scalar ? T(std::exp(G[i * dk] - G[j * dk])) : dec[(static_cast<size_t>(i) * c + j) * dk + d];
   }
 
   void prepare(const HeadView<T>& hv, int64_t t, int len, bool with_q) {
@@ -642,5 +643,6 @@ void l2norm_backward(const T* x, const T* dy, int64_t groups, int dim, T* dx) {
 
 TREECP_GDN_INSTANTIATE(float)
 TREECP_GDN_INSTANTIATE(double)
+TREECP_GDN_INSTANTIATE(Bf16Product)  // the error model of the CUDA kernels' bf16 tensor-core path
 
 }  // namespace treecp

@@ -1,15 +1,17 @@
 // Internal: the GDN/KDA chunk kernels' bodies and the host code that schedules them, written once for two
 // executors: gdn.cu (nvcc: each body becomes a __global__ kernel) and tests/test_gdn_cuda_emulated.cpp (the host
 // compiler: each block's threads are std::threads and block_sync() a std::barrier), so the CPU suite runs the very
-// code the GPU runs. Bodies use only block-wide barriers, shared and global memory and, on the tensor-core path, the
-// warp's mma.sync behind gdn_mma_tf32x3 (whose host path computes each lane's results itself); they take (block,
-// thread, threads) as arguments. Math of kernels/cpu/gdn.hpp; the plan is in docs/kernels.md.
+// code the GPU runs. Bodies use only block-wide barriers, shared and global memory and, on the tensor-core paths, the
+// warp's mma.sync behind gdn_mma_tf32x3, gdn_mma_bf16_term and gdn_block_bf16 (whose host paths compute each lane's
+// results themselves); they take (block, thread, threads) as arguments. Math of kernels/cpu/gdn.hpp; the plan is in
+// docs/kernels.md.
 //
 // Per (chunk, head) of c <= 64 tokens, G_i = Σ_{t<=i} g_t (per key channel; the scalar gate broadcasts):
 //   prep:   Qst = e^G ⊙ Q, Kst = e^G ⊙ K, R = e^{G_last - G} ⊙ K, P (j < i) and C (j <= i) pair matrices,
 //           L⁻¹ (L = I + diag(β) P) by forward substitution, U = L⁻¹ diag(β) V, W = L⁻¹ diag(β) Kst, egl = e^{G_last}
 //   scan:   per (run, head, 32 or 16 state columns), chunks in order: D = U - W S; Y = scale (Qst S + C D);
-//           S <- diag(egl) S + Rᵀ D
+//           S <- diag(egl) S + Rᵀ D (the split forward and the backward: no Y, S0 and D stored instead)
+//   output: (split forward) per (chunk, head): Y = scale (Qst S0 + C D)
 //   bwd scan: chunks in reverse: dD = scale Cᵀ dY + R dS; dS <- diag(egl) dS + scale Qstᵀ dY - Wᵀ dD
 //   grads:  per (chunk, head), from the chunk-start state S0 and dS at the chunk end: kernels/cpu's chunk backward
 #pragma once
@@ -25,6 +27,7 @@
 
 #if defined(__CUDACC__)
 #include "kernels/cuda/attention.hpp"  // check_cuda
+#include "kernels/cuda/mma.cuh"        // mma_m16n8k16, pack2 (bf16 by default)
 #define TREECP_GDN_FN __device__ inline
 #define TREECP_GDN_HD __host__ __device__ inline
 #define TREECP_GDN_UNROLL _Pragma("unroll")
@@ -80,6 +83,13 @@ TREECP_GDN_HD uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// x rounded to bf16 (as float_to_bf16, back to float).
+TREECP_GDN_HD float gdn_round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+// How a chunk-parallel kernel computes its products (a template argument of prep and the gradients): register-blocked
+// fp32 FMA, 3xTF32 mma.sync (GdnCudaParams::tensor_cores) or bf16 mma.sync (GdnPrecision::bf16_tensor).
+enum GdnMath : int { kGdnFma = 0, kGdnTf32x3 = 1, kGdnBf16 = 2 };
+
 struct GdnChunkDesc {
   int64_t t;    // first token
   int32_t len;  // tokens, 1..64
@@ -97,15 +107,20 @@ struct GdnBlock {
   int64_t P = 0, C = 0;                           // [64][64]: P[i][j] (j < i), C[i][j] (j <= i)
   int64_t Ti = 0;                                 // [64][64]: L⁻¹, L = I + diag(β) P (unit lower triangular)
   int64_t egl = 0;                                // [dk]
+  // the split forward and the backward
+  int64_t S0 = 0, D = 0;  // [dk][dv]: the state at the chunk start; [64][dv]: D = U - W S0
+  bool states_bf16 = false;  // S0 and D stored as bf16 (the split forward on bf16 products), half the floats
   // backward only
-  int64_t S0 = 0, dSe = 0;       // [dk][dv]: the state at the chunk start, dL/dS at the chunk end
-  int64_t D = 0, dD = 0, dX = 0;  // [64][dv]
+  int64_t dSe = 0;               // [dk][dv]: dL/dS at the chunk end
+  int64_t dD = 0, dX = 0;        // [64][dv]
   int64_t dZ = 0, dGm = 0, rr = 0;  // [64][dk]
   int64_t dL = 0, dC = 0;        // [64][64]
   int64_t pq = 0, pk = 0, pt = 0;  // [64][dk]: the scalar gate's pair sums (gdn gradients)
   int64_t size = 0;
 
-  static GdnBlock make(int dk, int dv, bool backward) {
+  // `states`: S0 and D (the split forward's output kernel reads them; the backward always has them, in fp32), as
+  // bf16 with `bf16`.
+  static GdnBlock make(int dk, int dv, bool backward, bool states = false, bool bf16 = false) {
     GdnBlock b;
     int64_t at = 0;
     auto take = [&](int64_t n) {
@@ -118,9 +133,15 @@ struct GdnBlock {
     b.U = take(c * dv);
     b.P = take(c * c); b.C = take(c * c); b.Ti = take(c * c);
     b.egl = take(dk);
+    if (backward || states) {
+      b.states_bf16 = !backward && bf16;
+      const int64_t per = b.states_bf16 ? 2 : 1;  // elements a float holds
+      b.S0 = take((int64_t{dk} * dv + per - 1) / per);
+      b.D = take((c * dv + per - 1) / per);
+    }
     if (backward) {
-      b.S0 = take(int64_t{dk} * dv); b.dSe = take(int64_t{dk} * dv);
-      b.D = take(c * dv); b.dD = take(c * dv); b.dX = take(c * dv);
+      b.dSe = take(int64_t{dk} * dv);
+      b.dD = take(c * dv); b.dX = take(c * dv);
       b.dZ = take(c * dk); b.dGm = take(c * dk); b.rr = take(c * dk);
       b.dL = take(c * c); b.dC = take(c * c);
       b.pq = take(c * dk); b.pk = take(c * dk); b.pt = take(c * dk);
@@ -158,27 +179,48 @@ TREECP_GDN_HD GdnView gdn_view(const float* p, int64_t rs, int64_t cs = 1) { ret
 TREECP_GDN_HD int gdn_panel_lda(bool tensor) { return tensor ? kGdnPanel + 4 : kGdnPanel + 1; }
 TREECP_GDN_HD int gdn_panel_ldb(int cols, bool tensor) { return tensor ? (cols + 31) / 32 * 32 + 8 : (cols | 1); }
 
-// Floats of shared memory gdn_block_product needs for outputs of at most `rows` x `cols` (either path).
+// The bf16 path's panels (gdn_block_bf16): rows of kGdnBf16Panel inner indices, bf16.
+constexpr int kGdnBf16Panel = 64;
+constexpr int kGdnBf16Ld = kGdnBf16Panel + 8;  // bf16 elements per staged row (36 words)
+
+// The bf16 path's panels in floats, and the row stride of its result tile [16-rounded rows][ld] fp32.
+TREECP_GDN_HD int64_t gdn_bf16_panel_floats(int rows, int cols) {
+  return static_cast<int64_t>((rows + 15) / 16 * 16 + (cols + 7) / 8 * 8) * kGdnBf16Ld / 2;
+}
+TREECP_GDN_HD int gdn_bf16_tile_ld(int cols) { return (cols + 7) / 8 * 8 + 4; }
+
+// Floats of shared memory gdn_block_product needs for outputs of at most `rows` x `cols` (any path).
 TREECP_GDN_HD int64_t gdn_product_smem(int rows, int cols) {
-  return static_cast<int64_t>(rows) * gdn_panel_lda(true) + static_cast<int64_t>(kGdnPanel) * gdn_panel_ldb(cols, true);
+  const int64_t f32 = static_cast<int64_t>(rows) * gdn_panel_lda(true) + static_cast<int64_t>(kGdnPanel) * gdn_panel_ldb(cols, true);
+  const int64_t b16 = gdn_bf16_panel_floats(rows, cols) + static_cast<int64_t>((rows + 15) / 16 * 16) * gdn_bf16_tile_ld(cols);
+  return f32 > b16 ? f32 : b16;
 }
 
 // Copies the panel [0, rows) x [l0, l0 + kGdnPanel) of A (zeros past `inner`) to dst [rows][ld] when `a`, else the
 // panel [l0, l0 + kGdnPanel) x [0, cols) of B to dst [kGdnPanel][ld]; the index along which the source is
 // contiguous varies fastest across threads.
+// A thread issues the loads of kGdnStageBatch elements before it stores the first (a store waits for its load, and
+// one load at a time was a memory round trip per element).
+constexpr int kGdnStageBatch = 4;
 TREECP_GDN_FN void gdn_stage_panel(float* dst, int ld, const GdnView& v, bool a, int extent, int l0, int inner, int tid,
                                    int nthr) {
   const bool inner_fast = a ? v.cs == 1 : v.rs == 1;
   const int total = extent * kGdnPanel;
-  for (int idx = tid; idx < total; idx += nthr) {
-    const int x = inner_fast ? idx / kGdnPanel : idx % extent;  // the row of A or the column of B
-    const int l = inner_fast ? idx % kGdnPanel : idx / extent;
-    const bool in = l0 + l < inner;
-    const float val = in ? (a ? v.at(x, l0 + l) : v.at(l0 + l, x)) : 0.f;
-    if (a)
-      dst[x * ld + l] = val;
-    else
-      dst[l * ld + x] = val;
+  for (int base = tid; base < total; base += kGdnStageBatch * nthr) {
+    float val[kGdnStageBatch];
+    int at[kGdnStageBatch];
+    TREECP_GDN_UNROLL
+    for (int b = 0; b < kGdnStageBatch; ++b) {
+      const int idx = base + b * nthr;
+      const int x = inner_fast ? idx / kGdnPanel : idx % extent;  // the row of A or the column of B
+      const int l = inner_fast ? idx % kGdnPanel : idx / extent;
+      const bool in = idx < total && l0 + l < inner;
+      val[b] = in ? (a ? v.at(x, l0 + l) : v.at(l0 + l, x)) : 0.f;
+      at[b] = idx < total ? (a ? x * ld + l : l * ld + x) : -1;
+    }
+    TREECP_GDN_UNROLL
+    for (int b = 0; b < kGdnStageBatch; ++b)
+      if (at[b] >= 0) dst[at[b]] = val[b];
   }
 }
 
@@ -266,9 +308,33 @@ TREECP_GDN_FN void gdn_mma_tf32x3(float (&c)[4], const GdnTerm& m, int r0, int c
 #endif
 }
 
+// c += the term's A[r0 .. r0 + 16)[k0 .. k0 + 16) B[k0 .. k0 + 16)[c0 .. c0 + 8) with both operands rounded to bf16
+// (zeros past rows, cols, len), fp32 accumulation: mma.sync m16n8k16 (fragments: mma.cuh). The host path sums each
+// lane's elements in order (the products of two bf16 values are exact in fp32; only the order of the adds differs).
+TREECP_GDN_FN void gdn_mma_bf16_term(float (&c)[4], const GdnTerm& m, int r0, int c0, int k0, int rows, int cols,
+                                     int lane) {
+  const int g = lane >> 2, q = lane & 3;
+  auto A = [&](int i, int k) { return i < rows && k < m.len ? m.s * m.A[i * m.ars + k * m.acs] : 0.f; };
+  auto B = [&](int k, int j) { return k < m.len && j < cols ? m.B[k * m.brs + j * m.bcs] : 0.f; };
+#if defined(__CUDA_ARCH__)
+  const int k = k0 + 2 * q;
+  const uint32_t a[4] = {pack2(A(r0 + g, k), A(r0 + g, k + 1)), pack2(A(r0 + g + 8, k), A(r0 + g + 8, k + 1)),
+                         pack2(A(r0 + g, k + 8), A(r0 + g, k + 9)),
+                         pack2(A(r0 + g + 8, k + 8), A(r0 + g + 8, k + 9))};
+  mma_m16n8k16(c, a, pack2(B(k, c0 + g), B(k + 1, c0 + g)), pack2(B(k + 8, c0 + g), B(k + 9, c0 + g)));
+#else
+  for (int e = 0; e < 4; ++e) {
+    const int i = r0 + g + (e >> 1) * 8, j = c0 + 2 * q + (e & 1);
+    float acc = 0.f;
+    for (int k = k0; k < k0 + 16; ++k) acc += gdn_round_bf16(A(i, k)) * gdn_round_bf16(B(k, j));
+    c[e] += acc;
+  }
+#endif
+}
+
 // out(i, j, Σ_terms s A B) for a rows x cols output in 16 x 8 tiles, one warp a tile at a time (whole warps only:
-// threads past the last full warp idle); no barrier.
-template <int NT, class F>
+// threads past the last full warp idle), 3xTF32 or (kBf16) bf16 operands; no barrier.
+template <bool kBf16 = false, int NT, class F>
 TREECP_GDN_FN void gdn_warp_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
   const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
   const int mt = (rows + 15) / 16, nt = (cols + 7) / 8;
@@ -277,7 +343,11 @@ TREECP_GDN_FN void gdn_warp_product(int rows, int cols, const GdnTerm (&terms)[N
     const int r0 = (tile / nt) * 16, c0 = (tile % nt) * 8;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < NT; ++k)
-      for (int k0 = 0; k0 < terms[k].len; k0 += 8) gdn_mma_tf32x3(c, terms[k], r0, c0, k0, rows, cols, lane);
+      for (int k0 = 0; k0 < terms[k].len; k0 += kBf16 ? 16 : 8)
+        if constexpr (kBf16)
+          gdn_mma_bf16_term(c, terms[k], r0, c0, k0, rows, cols, lane);
+        else
+          gdn_mma_tf32x3(c, terms[k], r0, c0, k0, rows, cols, lane);
     for (int e = 0; e < 4; ++e) {
       const int i = r0 + g + (e >> 1) * 8, j = c0 + 2 * q + (e & 1);
       if (i < rows && j < cols) out(i, j, c[e]);
@@ -378,10 +448,183 @@ TREECP_GDN_FN void gdn_block_mma(int rows, int cols, int inner, const GdnView& A
   block_sync();  // outputs written before anyone reads them or restages over the panels
 }
 
-template <int TM, int TN, class F>
+// ---- the block product on bf16 tensor cores (GdnPrecision::bf16_tensor). Both operands are staged into shared memory
+// as bf16 with the inner index contiguous, A [16-rounded rows][kGdnBf16Ld] and B transposed [8-rounded cols][kGdnBf16Ld],
+// in panels of kGdnBf16Panel inner indices (one panel for inner <= 64: two barriers a product), so that every fragment
+// register (two consecutive inner indices) is one 32-bit shared load: row stride 36 words puts lanes 4g + q on bank
+// 4g + q. The copy reads 4 consecutive elements along whichever index the source has contiguous (one 16-byte fp32 or
+// 8-byte bf16 load where aligned), and each thread issues all its loads of a batch before its first store. Each warp
+// owns one 16-row band and up to kGdnBf16WarpTiles consecutive 8-column tiles of it: the A fragment is loaded once
+// per 16 inner indices for all of them.
+constexpr int kGdnBf16WarpTiles = 8;
+
+// Four source elements (x .. x + 3, l) (x_fast) or (x, l .. l + 3) as floats, zeros outside [0, extent) x [0, len);
+// element (x, l) is p[x * xs + l * ls]. `vec`: the four lie in range and one aligned vector holds them.
+TREECP_GDN_FN void gdn_load4(const GdnView& v, int64_t xs, int64_t ls, bool x_fast, bool vec, int x, int l, int extent,
+                             int len, float (&o)[4]) {
+  const int64_t at = x * xs + l * ls;
+  if (vec) {
+#if defined(__CUDA_ARCH__)
+    if (v.bf16) {
+      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(v.p) + at);
+      o[0] = __uint_as_float(u.x << 16); o[1] = __uint_as_float(u.x & 0xffff0000u);
+      o[2] = __uint_as_float(u.y << 16); o[3] = __uint_as_float(u.y & 0xffff0000u);
+    } else {
+      const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(v.p) + at);
+      o[0] = f.x; o[1] = f.y; o[2] = f.z; o[3] = f.w;
+    }
+    return;
+#endif
+  }
+  const int64_t step = x_fast ? xs : ls;
+  TREECP_GDN_UNROLL
+  for (int u = 0; u < 4; ++u) {
+    const bool in = x_fast ? (x + u < extent && l < len) : (x < extent && l + u < len);
+    const int64_t o1 = at + u * step;
+    o[u] = !in ? 0.f : v.bf16 ? bf16_to_float(static_cast<const uint16_t*>(v.p)[o1]) : static_cast<const float*>(v.p)[o1];
+  }
+}
+
+// dst[x][l] = bf16(A(x, l0 + l)) (a) or bf16(B(l0 + l, x)) for x < xn, l < ln (both multiples of 4; zeros at x >= extent
+// and at l0 + l >= inner), row stride kGdnBf16Ld.
+TREECP_GDN_FN void gdn_stage_bf16(uint16_t* dst, const GdnView& v, bool a, int extent, int xn, int l0, int inner, int ln,
+                                  int tid, int nthr) {
+  const int64_t xs = a ? v.rs : v.cs, ls = a ? v.cs : v.rs;
+  const bool x_fast = ls != 1 && xs == 1;
+  const int len = inner - l0;
+  const char* base = static_cast<const char*>(v.p) + l0 * ls * (v.bf16 ? 2 : 4);
+  const GdnView w{base, v.rs, v.cs, v.bf16};
+  const int64_t other = x_fast ? ls : xs;  // stride of the slow index: vectors stay aligned when it is a multiple of 4
+  const bool aligned = (reinterpret_cast<uintptr_t>(base) % (v.bf16 ? 8 : 16) == 0) && other % 4 == 0 &&
+                       (x_fast ? xs : ls) == 1;
+  // Groups of 4 along the contiguous index. Along l: consecutive threads take consecutive groups of a row (coalesced
+  // loads, 8-byte stores). Along x: 8 consecutive threads take 8 groups of x (128 contiguous bytes of fp32) at one l,
+  // the next 8 the next l, so that a warp's 2-byte stores of one x fall on 4 rows rather than 32 (4-way, not 16-way,
+  // bank conflicts).
+  const int fast_n = (x_fast ? xn : ln) / 4;
+  const int groups = x_fast ? (fast_n + 7) / 8 * 8 * ln : fast_n * xn;
+  constexpr int kBatch = 4;
+  for (int g0 = tid; g0 < groups; g0 += kBatch * nthr) {
+    float val[kBatch][4];
+    int xi[kBatch], li[kBatch];
+    bool ok[kBatch];
+    TREECP_GDN_UNROLL
+    for (int b = 0; b < kBatch; ++b) {
+      const int g = g0 + b * nthr;
+      if (x_fast) {
+        const int xg = g % 8 + g / (8 * ln) * 8;
+        xi[b] = xg * 4;
+        li[b] = g / 8 % ln;
+        ok[b] = g < groups && xg < fast_n;
+      } else {
+        xi[b] = g / fast_n;
+        li[b] = g % fast_n * 4;
+        ok[b] = g < groups;
+      }
+      if (ok[b]) {
+        const bool vec = aligned && (x_fast ? (xi[b] + 3 < extent && li[b] < len) : (xi[b] < extent && li[b] + 3 < len));
+        gdn_load4(w, xs, ls, x_fast, vec, xi[b], li[b], extent, len, val[b]);
+      }
+    }
+    TREECP_GDN_UNROLL
+    for (int b = 0; b < kBatch; ++b) {
+      if (!ok[b]) continue;
+      if (x_fast) {
+        TREECP_GDN_UNROLL
+        for (int u = 0; u < 4; ++u) dst[(xi[b] + u) * kGdnBf16Ld + li[b]] = float_to_bf16(val[b][u]);
+      } else {
+        uint16_t* d = dst + xi[b] * kGdnBf16Ld + li[b];
+#if defined(__CUDA_ARCH__)
+        *reinterpret_cast<uint2*>(d) = make_uint2(pack2(val[b][0], val[b][1]), pack2(val[b][2], val[b][3]));
+#else
+        for (int u = 0; u < 4; ++u) d[u] = float_to_bf16(val[b][u]);
+#endif
+      }
+    }
+  }
+}
+
+template <class F>
+TREECP_GDN_FN void gdn_block_bf16(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem, int tid,
+                                  int nthr, F&& out) {
+  const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
+  const int g = lane >> 2, q = lane & 3;
+  const int mt = (rows + 15) / 16, nt = (cols + 7) / 8;
+  int per = (mt * nt + warps - 1) / warps;  // tiles a warp: one round of warps where they fit
+  per = per < 1 ? 1 : per > kGdnBf16WarpTiles ? kGdnBf16WarpTiles : per;
+  const int groups = (nt + per - 1) / per, units = mt * groups;
+  uint16_t* As = reinterpret_cast<uint16_t*>(smem);  // [mt * 16][kGdnBf16Ld]
+  uint16_t* Bs = As + mt * 16 * kGdnBf16Ld;          // [nt * 8][kGdnBf16Ld]
+  float* tile = smem + gdn_bf16_panel_floats(rows, cols);  // [mt * 16][ld]: the result, for the epilogue
+  const int ld = gdn_bf16_tile_ld(cols);
+  for (int base = 0; base < units; base += warps) {
+    const int unit = base + warp;
+    const bool mine = warp < warps && unit < units;
+    const int m0 = (mine ? unit / groups : 0) * 16, n0 = (mine ? unit % groups : 0) * per;  // row, first 8-column tile
+    float c[kGdnBf16WarpTiles][4];
+    TREECP_GDN_UNROLL
+    for (int t = 0; t < kGdnBf16WarpTiles; ++t)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) c[t][e] = 0.f;
+    for (int l0 = 0; l0 < inner; l0 += kGdnBf16Panel) {
+      const int ln = ((inner - l0 < kGdnBf16Panel ? inner - l0 : kGdnBf16Panel) + 15) / 16 * 16;
+      block_sync();  // the previous panel (or the caller's writes of the operands) done
+      gdn_stage_bf16(As, A, true, rows, mt * 16, l0, inner, ln, tid, nthr);
+      gdn_stage_bf16(Bs, B, false, cols, nt * 8, l0, inner, ln, tid, nthr);
+      block_sync();
+      if (!mine) continue;
+      for (int k0 = 0; k0 < ln; k0 += 16) {
+#if defined(__CUDA_ARCH__)
+        const uint16_t* ar = As + (m0 + g) * kGdnBf16Ld + k0 + 2 * q;
+        const uint32_t af[4] = {*reinterpret_cast<const uint32_t*>(ar),
+                                *reinterpret_cast<const uint32_t*>(ar + 8 * kGdnBf16Ld),
+                                *reinterpret_cast<const uint32_t*>(ar + 8),
+                                *reinterpret_cast<const uint32_t*>(ar + 8 * kGdnBf16Ld + 8)};
+        TREECP_GDN_UNROLL
+        for (int t = 0; t < kGdnBf16WarpTiles; ++t) {
+          if (t >= per || n0 + t >= nt) break;
+          const uint16_t* br = Bs + ((n0 + t) * 8 + g) * kGdnBf16Ld + k0 + 2 * q;
+          mma_m16n8k16(c[t], af, *reinterpret_cast<const uint32_t*>(br), *reinterpret_cast<const uint32_t*>(br + 8));
+        }
+#else
+        for (int t = 0; t < per && n0 + t < nt; ++t)
+          for (int e = 0; e < 4; ++e) {
+            const int i = m0 + g + (e >> 1) * 8, j = (n0 + t) * 8 + 2 * q + (e & 1);
+            float acc = 0.f;
+            for (int k = k0; k < k0 + 16; ++k)
+              acc += bf16_to_float(As[i * kGdnBf16Ld + k]) * bf16_to_float(Bs[j * kGdnBf16Ld + k]);
+            c[t][e] += acc;
+          }
+#endif
+      }
+    }
+    if (!mine) continue;
+    TREECP_GDN_UNROLL
+    for (int t = 0; t < kGdnBf16WarpTiles; ++t) {
+      if (t >= per || n0 + t >= nt) break;
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) tile[(m0 + g + (e >> 1) * 8) * ld + (n0 + t) * 8 + 2 * q + (e & 1)] = c[t][e];
+    }
+  }
+  block_sync();
+  // The epilogue from shared memory, consecutive threads on consecutive columns: one instance of `out` (not one per
+  // accumulator register: the gradients' epilogues unrolled 32 times took 234 registers) and coalesced global
+  // accesses inside it.
+  for (int idx = tid; idx < rows * cols; idx += nthr) {
+    const int i = idx / cols, j = idx % cols;
+    out(i, j, tile[i * ld + j]);
+  }
+  block_sync();  // outputs written before anyone reads them or restages over the panels and the tile
+}
+
+// The block product on kMath's arithmetic (GdnMath).
+template <int kMath, int TM, int TN, class F>
 TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem,
-                                     int tid, int nthr, bool tensor, F&& out) {
-  if (tensor) {
+                                     int tid, int nthr, F&& out) {
+  if constexpr (kMath == kGdnBf16) {
+    gdn_block_bf16(rows, cols, inner, A, B, smem, tid, nthr, out);
+    return;
+  } else if constexpr (kMath == kGdnTf32x3) {
     gdn_block_mma(rows, cols, inner, A, B, smem, tid, nthr, out);
     return;
   }
@@ -498,13 +741,13 @@ TREECP_GDN_FN void gdn_vec_product(int rows, int cols, const GdnTerm (&terms)[NT
 }
 
 // The scans' products: rows (64 tokens, or dk state rows) x tc state columns, tiles sized for about one per thread
-// at the GPU's 256 threads (4 x 4 for dk x 32, 4 x 2 for 64 x 32; half at 16 columns); on tensor cores with
-// `tensor`.
-template <int NT, class F>
-TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, bool tensor, const GdnTerm (&terms)[NT], int tid,
-                                    int nthr, F&& out) {
-  if (tensor) {
-    gdn_warp_product(rows, cols, terms, tid, nthr, out);
+// at the GPU's 256 threads (4 x 4 for dk x 32, 4 x 2 for 64 x 32; half at 16 columns); on tensor cores (3xTF32 or
+// bf16 fragments read from the fp32 operands) as kMath says.
+template <int kMath, int NT, class F>
+TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, const GdnTerm (&terms)[NT], int tid, int nthr,
+                                    F&& out) {
+  if constexpr (kMath != kGdnFma) {
+    gdn_warp_product<kMath == kGdnBf16>(rows, cols, terms, tid, nthr, out);
   } else if (tc > 16) {
     if (rows > kGdnChunk)
       gdn_vec_product<4, 4>(rows, cols, terms, tid, nthr, out);
@@ -556,32 +799,42 @@ TREECP_GDN_FN void store_out(void* p, bool f32, int64_t at, float x) {
 TREECP_GDN_FN void gdn_load_rows_bf16(float* dst, int ld, const uint16_t* src, int64_t src_ld, int n, int w, int tid,
                                       int nthr) {
   if ((w % 4 == 0) && (src_ld % 4 == 0) && reinterpret_cast<uintptr_t>(src) % 8 == 0) {
-    const int q = w / 4;
-    for (int idx = tid; idx < n * q; idx += nthr) {
-      const int i = idx / q, j = (idx % q) * 4;
-      uint16_t v[4];
-#if defined(__CUDA_ARCH__)
-      const uint2 x = *reinterpret_cast<const uint2*>(src + i * src_ld + j);
-      v[0] = static_cast<uint16_t>(x.x & 0xffffu); v[1] = static_cast<uint16_t>(x.x >> 16);
-      v[2] = static_cast<uint16_t>(x.y & 0xffffu); v[3] = static_cast<uint16_t>(x.y >> 16);
-#else
-      std::memcpy(v, src + i * src_ld + j, sizeof(v));
-#endif
+    const int q = w / 4, total = n * q;
+    for (int base = tid; base < total; base += kGdnStageBatch * nthr) {  // a batch's loads before its first store
+      uint16_t v[kGdnStageBatch][4];
       TREECP_GDN_UNROLL
-      for (int x = 0; x < 4; ++x) dst[i * ld + j + x] = bf16_to_float(v[x]);
+      for (int b = 0; b < kGdnStageBatch; ++b) {
+        const int idx = base + b * nthr;
+        if (idx >= total) break;
+        const int i = idx / q, j = (idx % q) * 4;
+#if defined(__CUDA_ARCH__)
+        const uint2 x = *reinterpret_cast<const uint2*>(src + i * src_ld + j);
+        v[b][0] = static_cast<uint16_t>(x.x & 0xffffu); v[b][1] = static_cast<uint16_t>(x.x >> 16);
+        v[b][2] = static_cast<uint16_t>(x.y & 0xffffu); v[b][3] = static_cast<uint16_t>(x.y >> 16);
+#else
+        std::memcpy(v[b], src + i * src_ld + j, sizeof(v[b]));
+#endif
+      }
+      TREECP_GDN_UNROLL
+      for (int b = 0; b < kGdnStageBatch; ++b) {
+        const int idx = base + b * nthr;
+        if (idx >= total) break;
+        const int i = idx / q, j = (idx % q) * 4;
+        TREECP_GDN_UNROLL
+        for (int x = 0; x < 4; ++x) dst[i * ld + j + x] = bf16_to_float(v[b][x]);
+      }
     }
   } else {
     for (int idx = tid; idx < n * w; idx += nthr) dst[(idx / w) * ld + idx % w] = bf16_to_float(src[(idx / w) * src_ld + idx % w]);
   }
 }
 
-// out(i, j, Σ_terms s A B) over operands in shared memory with any strides, register-blocked (GdnRegTile) or on
-// tensor cores; no barrier.
-template <int TM, int TN, int NT, class F>
-TREECP_GDN_FN void gdn_smem_product(int rows, int cols, bool tensor, const GdnTerm (&terms)[NT], int tid, int nthr,
-                                    F&& out) {
-  if (tensor) {
-    gdn_warp_product(rows, cols, terms, tid, nthr, out);
+// out(i, j, Σ_terms s A B) over operands in shared memory with any strides, on kMath's arithmetic (GdnMath:
+// register-blocked as GdnRegTile, or on tensor cores); no barrier.
+template <int kMath, int TM, int TN, int NT, class F>
+TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
+  if constexpr (kMath != kGdnFma) {
+    gdn_warp_product<kMath == kGdnBf16>(rows, cols, terms, tid, nthr, out);
     return;
   }
   const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
@@ -591,6 +844,60 @@ TREECP_GDN_FN void gdn_smem_product(int rows, int cols, bool tensor, const GdnTe
     for (int k = 0; k < NT; ++k) rt.mma(terms[k].A, terms[k].ars, terms[k].acs, terms[k].B, terms[k].brs, terms[k].bcs,
                                         terms[k].len, terms[k].s);
     rt.store(out);
+  }
+}
+
+// ---- L⁻¹ of L = I + diag(β) P (P strictly lower, n <= 64 rows) into X (row stride ldx), all in shared memory, in
+// 16 x 16 blocks: each diagonal block by forward substitution (one (block, column) a thread, chains of at most 16 rows
+// of at most 15 terms), then the blocks below the diagonal one sub-diagonal at a time, d = i - j = 1, 2, 3:
+//   X_ij = -X_ii Σ_{k=j}^{i-1} L_ik X_kj,  L_ik = diag(β_i) P_ik (k < i)
+// as two small products (T_ij = Σ_k L_ik X_kj into `scratch` [3][16][17], then -X_ii T_ij), each element one thread's
+// sum: 2 barriers a sub-diagonal, 7 in all. Entries above the diagonal are zero.
+constexpr int kGdnInvBlock = 16;
+TREECP_GDN_FN void gdn_block_inverse(const float* P, int lp, const float* beta, int n, float* X, int ldx, float* scratch,
+                                     int tid, int nthr) {
+  constexpr int B = kGdnInvBlock, lt = B + 1;
+  const int nb = (n + B - 1) / B;
+  for (int task = tid; task < nb * B; task += nthr) {
+    const int kb = task / B, col = task;  // column col of diagonal block kb
+    if (col >= n) continue;
+    const int end = (kb + 1) * B < n ? (kb + 1) * B : n;
+    for (int i = 0; i < col; ++i) X[i * ldx + col] = 0.f;
+    for (int i = col; i < end; ++i) {
+      const float* p = P + i * lp;
+      float x[2] = {0.f, 0.f};  // two partial sums: half the chain of dependent adds
+      int j = col;
+      for (; j + 2 <= i; j += 2) {
+        x[0] += p[j] * X[j * ldx + col];
+        x[1] += p[j + 1] * X[(j + 1) * ldx + col];
+      }
+      if (j < i) x[0] += p[j] * X[j * ldx + col];
+      X[i * ldx + col] = (i == col ? 1.f : 0.f) - beta[i] * (x[0] + x[1]);
+    }
+  }
+  block_sync();
+  for (int d = 1; d < nb; ++d) {
+    const int blocks = nb - d;  // (i, j) = (j + d, j), j < blocks
+    for (int idx = tid; idx < blocks * B * B; idx += nthr) {
+      const int j = idx / (B * B), r = idx / B % B, cc = idx % B;
+      const int row = (j + d) * B + r, col = j * B + cc;
+      if (row >= n) continue;
+      const float* p = P + row * lp;
+      float acc = 0.f;
+      for (int k = j * B; k < (j + d) * B; ++k) acc += p[k] * X[k * ldx + col];
+      scratch[(j * B + r) * lt + cc] = beta[row] * acc;
+    }
+    block_sync();
+    for (int idx = tid; idx < blocks * B * B; idx += nthr) {
+      const int j = idx / (B * B), r = idx / B % B, cc = idx % B;
+      const int i0 = (j + d) * B, row = i0 + r, col = j * B + cc;
+      if (row >= n) continue;
+      const float* xi = X + row * ldx + i0;
+      float acc = 0.f;
+      for (int m = 0; m <= r; ++m) acc += xi[m] * scratch[(j * B + m) * lt + cc];  // X_ii lower triangular
+      X[row * ldx + col] = -acc;
+    }
+    block_sync();
   }
 }
 
@@ -606,7 +913,7 @@ struct GdnPrepArgs {
   float* cache;
   GdnBlock blk;
 };
-template <bool kTensor>  // the block products on tensor cores
+template <int kMath>  // the products' arithmetic (GdnMath)
 struct GdnPrepKernel {
   using Args = GdnPrepArgs;
   static constexpr const char* kName = "gdn prep";
@@ -678,12 +985,12 @@ struct GdnPrepKernel {
     // A scalar gate's decay is one factor per pair: P and C are the products K Kᵀ and Q Kᵀ, scaled.
     if (scalar) {
       const GdnTerm kk[1] = {{Ks, ld, 1, Ks, 1, ld, dk, 1.f}}, qk[1] = {{Qs, ld, 1, Ks, 1, ld, dk, 1.f}};
-      gdn_smem_product<4, 4>(n, n, kTensor, kk, tid, nthr, [&](int i, int j, float acc) {
+      gdn_smem_product<kMath, 4, 4>(n, n, kk, tid, nthr, [&](int i, int j, float acc) {
         const float p = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
         P[i * kGdnChunk + j] = p;
         Ps[i * lc + j] = p;
       });
-      gdn_smem_product<4, 4>(n, n, kTensor, qk, tid, nthr, [&](int i, int j, float acc) {
+      gdn_smem_product<kMath, 4, 4>(n, n, qk, tid, nthr, [&](int i, int j, float acc) {
         C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
       });
     } else {
@@ -709,33 +1016,19 @@ struct GdnPrepKernel {
       }
     }
     block_sync();
-    // L⁻¹ by forward substitution on the identity, one column per thread: row i = e_i - β_i Σ_{j<i} P[i][j] row j
-    // (rows above the column are zero). The chunk's solve is then two products, U = L⁻¹ diag(β) V and
-    // W = L⁻¹ diag(β) Kst.
-    // Four partial sums, so that the chain of dependent adds per row is a quarter as long.
-    for (int col = tid; col < n; col += nthr) {
-      for (int i = 0; i < col; ++i) Tb[i * lc + col] = 0.f;
-      for (int i = col; i < n; ++i) {
-        const float* p = Ps + i * lc;
-        float x[4] = {0.f, 0.f, 0.f, 0.f};
-        int j = col;
-        for (; j + 4 <= i; j += 4)
-          TREECP_GDN_UNROLL
-          for (int k = 0; k < 4; ++k) x[k] += p[j + k] * Tb[(j + k) * lc + col];
-        for (; j < i; ++j) x[0] += p[j] * Tb[j * lc + col];
-        Tb[i * lc + col] = (i == col ? 1.f : 0.f) - bs[i] * ((x[0] + x[1]) + (x[2] + x[3]));
-      }
-    }
-    block_sync();
+    // L⁻¹ (L = I + diag(β) P) in 16 x 16 blocks, so that every step keeps most threads busy (one column a thread over
+    // all 64 rows left 3 of 4 idle on a chain of ~2 k dependent FMA): gdn_block_inverse. The chunk's solve is then
+    // two products, U = L⁻¹ diag(β) V and W = L⁻¹ diag(β) Kst.
+    gdn_block_inverse(Ps, lc, bs, n, Tb, lc, panels, tid, nthr);  // ends on a barrier
     for (int idx = tid; idx < n * n; idx += nthr) {
       const int i = idx / n, j = idx % n;
       Ti[i * kGdnChunk + j] = Tb[i * lc + j];
       Tb[i * lc + j] *= bs[j];
     }
     const GdnView tb = gdn_view(Tb, lc);
-    gdn_block_product<4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr,
                             [&](int i, int e, float acc) { c[a.blk.U + i * dv + e] = acc; });
-    gdn_block_product<4, 8>(n, dk, n, tb, gdn_view(c + a.blk.Kst, dk), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, n, tb, gdn_view(c + a.blk.Kst, dk), panels, tid, nthr,
                             [&](int i, int d, float acc) { c[a.blk.W + i * dk + d] = acc; });
   }
 };
@@ -806,6 +1099,14 @@ TREECP_GDN_FN void stage_rows_async(float* dst, const float* src, int n, int col
   gdn_stage_async(dst, src, n, cols * 4, int64_t{src_ld} * 4, ld * 4, tid, nthr);
 }
 
+// Element `at` of a saved chunk matrix (S0, D) in fp32 or bf16.
+TREECP_GDN_FN void gdn_store_state(float* base, bool bf16, int64_t at, float x) {
+  if (bf16)
+    reinterpret_cast<uint16_t*>(base)[at] = float_to_bf16(x);
+  else
+    base[at] = x;
+}
+
 // Blocks of `tile` state columns over `width` (the scans' grid: per run and head).
 TREECP_GDN_HD int64_t gdn_scan_tiles(int width, int tile) { return (width + tile - 1) / tile; }
 
@@ -860,12 +1161,13 @@ struct GdnScanArgs {
   bool identity_init;     // S_in = I (dk x dk) instead of state_in
   const float* state_in;  // [slot][H][dk][width], by in_slot; null or -1 = zero
   float* state_out;       // by out_slot; null = not written
-  bool save;              // backward: the chunk-start states and D into the cache
+  bool save;              // the chunk-start states and D into the cache (the backward, the split forward)
+  bool save_bf16;         // ... as bf16 (GdnBlock::states_bf16: the bf16 output kernel rounds them so anyway)
   void* y;                // null = not written
   bool y_f32;
   float scale;
 };
-template <bool kTensor>  // the products on tensor cores (GdnCudaParams::tensor_cores)
+template <int kMath>  // the products' arithmetic (GdnMath)
 struct GdnScanKernel {
   using Args = GdnScanArgs;
   static constexpr const char* kName = "gdn scan";
@@ -951,14 +1253,14 @@ struct GdnScanKernel {
       if (a.save)
         for (int idx = tid; idx < dk * tc; idx += nthr) {
           const int d = idx / tc, e = idx % tc;
-          if (e < tw) c[a.blk.S0 + d * dv + e0 + e] = S[d * ls + e];
+          if (e < tw) gdn_store_state(c + a.blk.S0, a.save_bf16, d * dv + e0 + e, S[d * ls + e]);
         }
       // D = U - W S
       const GdnTerm ws[1] = {{Wb, ldr, 1, S, ls, 1, dk, 1.f}};
-      gdn_scan_product(n, tw, tc, kTensor, ws, tid, nthr, [&](int i, int e, float acc) {
+      gdn_scan_product<kMath>(n, tw, tc, ws, tid, nthr, [&](int i, int e, float acc) {
         const float x = (a.use_u ? Us[i * ls + e] : 0.f) - acc;
         Ds[i * ls + e] = x;
-        if (a.save) c[a.blk.D + i * dv + e0 + e] = x;
+        if (a.save) gdn_store_state(c + a.blk.D, a.save_bf16, i * dv + e0 + e, x);
       });
       if (!alias) gdn_async_wait<1>();  // Qst and C landed (R may still be in flight)
       block_sync();                     // D complete; W and U read
@@ -969,7 +1271,7 @@ struct GdnScanKernel {
       if (a.y) {
         // Y = scale ((e^G ⊙ Q) S + C D); C is zero above the diagonal within the chunk, so its n columns sum j <= i.
         const GdnTerm qc[2] = {{Qb, ldr, 1, S, ls, 1, dk, 1.f}, {Cb, lc, 1, Ds, ls, 1, n, 1.f}};
-        gdn_scan_product(n, tw, tc, kTensor, qc, tid, nthr, [&](int i, int e, float acc) {
+        gdn_scan_product<kMath>(n, tw, tc, qc, tid, nthr, [&](int i, int e, float acc) {
           store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
                     a.scale * acc);
         });
@@ -982,7 +1284,7 @@ struct GdnScanKernel {
       issue_qc(ci + 1);
       // S <- diag(e^{G_last}) S + Rᵀ D (each thread updates only the entries it reads)
       const GdnTerm upd[1] = {{Rb, 1, ldt, Ds, ls, 1, n, 1.f}};
-      gdn_scan_product(dk, tw, tc, kTensor, upd, tid, nthr, [&](int d, int e, float acc) {
+      gdn_scan_product<kMath>(dk, tw, tc, upd, tid, nthr, [&](int d, int e, float acc) {
         S[d * ls + e] = S[d * ls + e] * eg[d] + acc;
       });
     }
@@ -1016,7 +1318,7 @@ struct GdnBwdScanArgs {
   const float* d_state_out;  // by out_slot
   float* d_state_in;         // by in_slot
 };
-template <bool kTensor>  // the products on tensor cores
+template <int kMath>  // the products' arithmetic (GdnMath)
 struct GdnBwdScanKernel {
   using Args = GdnBwdScanArgs;
   static constexpr const char* kName = "gdn backward scan";
@@ -1133,7 +1435,7 @@ struct GdnBwdScanKernel {
       }
       // dD = scale Cᵀ dY + R dS (Cᵀ is zero below the diagonal: the sum over all n rows of C is Σ_{m>=i})
       const GdnTerm cr[2] = {{Cb, 1, lc, dYs, ls, 1, n, a.scale}, {Rb, ldr, 1, dS, ls, 1, dk, 1.f}};
-      gdn_scan_product(n, tw, tc, kTensor, cr, tid, nthr, [&](int i, int e, float acc) {
+      gdn_scan_product<kMath>(n, tw, tc, cr, tid, nthr, [&](int i, int e, float acc) {
         dDs[i * ls + e] = acc;
         c[a.blk.dD + i * dv + e0 + e] = acc;
       });
@@ -1149,7 +1451,7 @@ struct GdnBwdScanKernel {
       if (ci > 0 && !alias) finish_dy(ci - 1);  // into the buffer chunk ci + 1 read; visible at the next barrier
       // dS <- diag(e^{G_last}) dS + scale Qstᵀ dY - Wᵀ dD
       const GdnTerm qw[2] = {{Qb, 1, ldt, dYs, ls, 1, n, a.scale}, {Wb, 1, ldt, dDs, ls, 1, n, -1.f}};
-      gdn_scan_product(dk, tw, tc, kTensor, qw, tid, nthr, [&](int d, int e, float acc) {
+      gdn_scan_product<kMath>(dk, tw, tc, qw, tid, nthr, [&](int d, int e, float acc) {
         dS[d * ls + e] = eg[d] * dS[d * ls + e] + acc;
       });
     }
@@ -1164,6 +1466,28 @@ struct GdnBwdScanKernel {
     }
   }
 };
+
+// out(r, Σ_{m < len} term(r, m)) for rows r < rows: each row's sum in kGdnSumParts interleaved parts, one thread each
+// (consecutive threads on consecutive m, so the loads coalesce, and each thread's chain of loads is a quarter of the
+// row), the parts added through `scratch` [rows * kGdnSumParts]. Every thread must call it (two barriers).
+constexpr int kGdnSumParts = 4;
+template <class T, class F>
+TREECP_GDN_FN void gdn_row_sums(int rows, int len, T&& term, float* scratch, int tid, int nthr, F&& out) {
+  for (int task = tid; task < rows * kGdnSumParts; task += nthr) {
+    const int r = task / kGdnSumParts;
+    float acc = 0.f;
+    for (int m = task % kGdnSumParts; m < len; m += kGdnSumParts) acc += term(r, m);
+    scratch[task] = acc;
+  }
+  block_sync();
+  for (int r = tid; r < rows; r += nthr) {
+    float sum = 0.f;
+    TREECP_GDN_UNROLL
+    for (int q = 0; q < kGdnSumParts; ++q) sum += scratch[r * kGdnSumParts + q];
+    out(r, sum);
+  }
+  block_sync();  // scratch free again
+}
 
 // ---- gradients: one block per (chunk, head), all of dk and dv, from S0, dSe, D and dD in the cache. The chunk
 // products are block products; each token's gradients are one block's (runs do not overlap): plain adds, no
@@ -1182,10 +1506,13 @@ struct GdnGradArgs {
   float* dg;
   float* dbeta;
 };
-template <bool kTensor>  // the block products on tensor cores
+template <int kMath>  // the products' arithmetic (GdnMath)
 struct GdnGradKernel {
   using Args = GdnGradArgs;
   static constexpr const char* kName = "gdn gradients";
+  // Two blocks an SM (at most 128 registers a thread; shared memory allows two at dk = dv = 128): the bf16 path would
+  // take 189 and run one block of 8 warps an SM, too few to cover each staged panel's latency.
+  static constexpr int kMinBlocks = 2;
   static size_t smem_bytes(const Args& a) {
     const int widest = std::max(std::max(a.in.dk, a.in.dv), kGdnChunk);
     return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0) + gdn_product_smem(kGdnChunk, widest)) *
@@ -1227,65 +1554,109 @@ struct GdnGradKernel {
     const int64_t dy_row = static_cast<int64_t>(H) * dv;
     const GdnView dyv = a.dy_f32 ? GdnView{static_cast<const float*>(a.dy) + dy0, dy_row, 1, false}
                                  : GdnView{static_cast<const uint16_t*>(a.dy) + dy0, dy_row, 1, true};
-    for (int i = tid; i < n; i += nthr) bs[i] = a.in.b(t + i, h);
+    float* gs = panels;  // [64]: the scalar gate's cumulative sums, until the first product
+    for (int i = tid; i < n; i += nthr) {
+      bs[i] = a.in.b(t + i, h);
+      if (scalar) gs[i] = G[i * dk];
+    }
+    block_sync();
     if (scalar)
       for (int idx = tid; idx < n * n; idx += nthr) {
         const int i = idx / n, j = idx % n;
-        Ex[i * kGdnChunk + j] = j <= i ? expf(G[i * dk] - G[j * dk]) : 0.f;
+        Ex[i * kGdnChunk + j] = j <= i ? expf(gs[i] - gs[j]) : 0.f;
       }
     // dC = scale dY Dᵀ (j <= i); dW = -dD S0ᵀ (into rr)
-    gdn_block_product<4, 4>(n, n, dv, dyv, gdn_view(D, dv).t(), panels, tid, nthr, kTensor, [&](int i, int j, float acc) {
+    gdn_block_product<kMath, 4, 4>(n, n, dv, dyv, gdn_view(D, dv).t(), panels, tid, nthr, [&](int i, int j, float acc) {
       dC[i * l64 + j] = j <= i ? a.scale * acc : 0.f;
     });
-    gdn_block_product<4, 8>(n, dk, dv, gdn_view(dD, dv), gdn_view(S0, dv).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, dv, gdn_view(dD, dv), gdn_view(S0, dv).t(), panels, tid, nthr,
                             [&](int i, int d, float acc) { rr[i * dk + d] = -acc; });
     // Lᵀ [dX | dZ] = [dU | dW]: [dX | dZ] = L⁻ᵀ [dD | dW]
     const GdnView lit = gdn_view(Ti, l64).t();
-    gdn_block_product<4, 8>(n, dv, n, lit, gdn_view(dD, dv), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dv, n, lit, gdn_view(dD, dv), panels, tid, nthr,
                             [&](int i, int e, float acc) { dX[i * dv + e] = acc; });
-    gdn_block_product<4, 8>(n, dk, n, lit, gdn_view(rr, dk), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, n, lit, gdn_view(rr, dk), panels, tid, nthr,
                             [&](int i, int d, float acc) { dZ[i * dk + d] = acc; });
     // dL[i][j] = -(dX_i · U_j + dZ_i · W_j), j < i (the gradient of L = I + diag(β) P below the diagonal)
-    gdn_block_product<4, 4>(n, n, dv, gdn_view(dX, dv), gdn_view(U, dv).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 4>(n, n, dv, gdn_view(dX, dv), gdn_view(U, dv).t(), panels, tid, nthr,
                             [&](int i, int j, float acc) { dL[i * l64 + j] = j < i ? -acc : 0.f; });
-    gdn_block_product<4, 4>(n, n, dk, gdn_view(dZ, dk), gdn_view(W, dk).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 4>(n, n, dk, gdn_view(dZ, dk), gdn_view(W, dk).t(), panels, tid, nthr,
                             [&](int i, int j, float acc) {
                               if (j < i) dL[i * l64 + j] -= acc;
                             });
-    // beta and v: X = diag(β) V, Z = diag(β) Kst, L = I + diag(β) P
-    for (int i = tid; i < n; i += nthr) {
-      float db = 0.f;
-      for (int j = 0; j < i; ++j) db += dL[i * kGdnChunk + j] * P[i * kGdnChunk + j];
-      for (int e = 0; e < dv; ++e) db += dX[i * dv + e] * a.in.vv(t + i, h, e);
-      for (int d = 0; d < dk; ++d) db += dZ[i * dk + d] * Kst[i * dk + d];
-      if (a.dbeta) a.dbeta[(t + i) * H + h] += db;
-    }
-    if (a.dv)
-      for (int idx = tid; idx < n * dv; idx += nthr) {
-        const int i = idx / dv, e = idx % dv;
-        a.dv[((t + i) * H + h) * dv + e] += bs[i] * dX[idx];
+    // beta and v: X = diag(β) V, Z = diag(β) Kst, L = I + diag(β) P; dbeta_i sums over [j < i | dv | dk]
+    if (a.dbeta)
+      gdn_row_sums(
+          n, kGdnChunk + dv + dk,
+          [&](int i, int m) {
+            if (m < kGdnChunk) return m < i ? dL[i * kGdnChunk + m] * P[i * kGdnChunk + m] : 0.f;
+            if (m < kGdnChunk + dv) return dX[i * dv + m - kGdnChunk] * a.in.vv(t + i, h, m - kGdnChunk);
+            return dZ[i * dk + m - kGdnChunk - dv] * Kst[i * dk + m - kGdnChunk - dv];
+          },
+          panels, tid, nthr, [&](int i, float db) { a.dbeta[(t + i) * H + h] += db; });
+    if (a.dv)  // dv += diag(β) dX, a batch's loads issued before its stores (which the compiler cannot reorder)
+      for (int base = tid; base < n * dv; base += kGdnStageBatch * nthr) {
+        float add[kGdnStageBatch], old[kGdnStageBatch];
+        int64_t at[kGdnStageBatch];
+        TREECP_GDN_UNROLL
+        for (int b = 0; b < kGdnStageBatch; ++b) {
+          const int idx = base + b * nthr;
+          at[b] = -1;
+          if (idx >= n * dv) continue;
+          const int i = idx / dv, e = idx % dv;
+          at[b] = ((t + i) * H + h) * dv + e;
+          add[b] = bs[i] * dX[idx];
+          old[b] = a.dv[at[b]];
+        }
+        TREECP_GDN_UNROLL
+        for (int b = 0; b < kGdnStageBatch; ++b)
+          if (at[b] >= 0) a.dv[at[b]] = old[b] + add[b];
       }
     // scale dY S0ᵀ (into dGm) and D dSeᵀ (into rr): q's and R's gradients through the state terms
-    gdn_block_product<4, 8>(n, dk, dv, dyv, gdn_view(S0, dv).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, dv, dyv, gdn_view(S0, dv).t(), panels, tid, nthr,
                             [&](int i, int d, float acc) { dGm[i * dk + d] = a.scale * acc; });
-    gdn_block_product<4, 8>(n, dk, dv, gdn_view(D, dv), gdn_view(dSe, dv).t(), panels, tid, nthr, kTensor,
+    gdn_block_product<kMath, 4, 8>(n, dk, dv, gdn_view(D, dv), gdn_view(dSe, dv).t(), panels, tid, nthr,
                             [&](int i, int d, float acc) { rr[i * dk + d] = acc; });
     // q, k and the cumulative gate of (token i, channel d): the state terms, then the pairs (i, j), j <= i, with i
-    // the later token (dq, dk and dG through k_j e^{G_i - G_j}) and the pairs (m, i), m >= i, with i the earlier.
-    // dqv = dGm, dr = rr on entry; dG and dr R on return.
-    auto finish = [&](int i, int d, float x1, float x2, float y) {
-      const float dqv = dGm[i * dk + d], dr = rr[i * dk + d];
-      const float gi = G[i * dk + d], gl = G[(n - 1) * dk + d];
-      const float eg = expf(gi), er = expf(gl - gi);
-      const float dkst = bs[i] * dZ[i * dk + d];
-      const float qi = a.in.qk(a.in.q, t + i, h, d), ki = a.in.qk(a.in.k, t + i, h, d);
-      const float dq = eg * dqv + x1;
-      const float dkk = er * dr + eg * dkst + x2 + y;
-      const float dG = dqv * Qst[i * dk + d] - dr * R[i * dk + d] + dkst * Kst[i * dk + d] + ki * x2 + qi * x1 - y * ki;
-      if (a.dq) a.dq[((t + i) * H + h) * dk + d] += dq;
-      if (a.dk) a.dk[((t + i) * H + h) * dk + d] += dkk;
-      dGm[i * dk + d] = dG;
-      rr[i * dk + d] = dr * R[i * dk + d];
+    // the later token (dq, dk and dG through k_j e^{G_i - G_j}: x1 = pq, x2 = pk) and the pairs (m, i), m >= i, with
+    // i the earlier (y = pt). dqv = dGm, dr = rr on entry; dG and dr R on return. A thread takes kGdnStageBatch
+    // elements at a time and issues all their loads before its first store (the stores may alias the next element's
+    // loads as far as the compiler knows: a round trip an element otherwise).
+    float* pq = c + a.blk.pq;
+    float* pk = c + a.blk.pk;
+    float* pt = c + a.blk.pt;
+    auto finish_all = [&] {
+      constexpr int B = kGdnStageBatch;
+      for (int base = tid; base < n * dk; base += B * nthr) {
+        float dqv[B], dr[B], gi[B], gl[B], dz[B], qi[B], ki[B], qs[B], r[B], ks[B], x1[B], x2[B], y[B], oq[B], ok[B];
+        TREECP_GDN_UNROLL
+        for (int b = 0; b < B; ++b) {
+          const int idx = base + b * nthr;
+          if (idx >= n * dk) break;
+          const int i = idx / dk, d = idx % dk;
+          const int64_t o = ((t + i) * H + h) * dk + d;
+          dqv[b] = dGm[idx]; dr[b] = rr[idx]; gi[b] = G[idx]; gl[b] = G[(n - 1) * dk + d]; dz[b] = bs[i] * dZ[idx];
+          qi[b] = a.in.qk(a.in.q, t + i, h, d); ki[b] = a.in.qk(a.in.k, t + i, h, d);
+          qs[b] = Qst[idx]; r[b] = R[idx]; ks[b] = Kst[idx]; x1[b] = pq[idx]; x2[b] = pk[idx]; y[b] = pt[idx];
+          oq[b] = a.dq ? a.dq[o] : 0.f;
+          ok[b] = a.dk ? a.dk[o] : 0.f;
+        }
+        TREECP_GDN_UNROLL
+        for (int b = 0; b < B; ++b) {
+          const int idx = base + b * nthr;
+          if (idx >= n * dk) break;
+          const int i = idx / dk, d = idx % dk;
+          const int64_t o = ((t + i) * H + h) * dk + d;
+          const float eg = expf(gi[b]), er = expf(gl[b] - gi[b]);
+          const float dq = eg * dqv[b] + x1[b];
+          const float dkk = er * dr[b] + eg * dz[b] + x2[b] + y[b];
+          const float dG = dqv[b] * qs[b] - dr[b] * r[b] + dz[b] * ks[b] + ki[b] * x2[b] + qi[b] * x1[b] - y[b] * ki[b];
+          if (a.dq) a.dq[o] = oq[b] + dq;
+          if (a.dk) a.dk[o] = ok[b] + dkk;
+          dGm[idx] = dG;
+          rr[idx] = dr[b] * r[b];
+        }
+      }
     };
     if (scalar) {
       // The pair decay is one factor: with A1 = dC ⊙ Ex and A2 = diag(β) dL ⊙ Ex (j < i), the pair sums are
@@ -1298,15 +1669,11 @@ struct GdnGradKernel {
       }
       const GdnView kr = a.in.rows(a.in.k, t, h, dk), qr = a.in.rows(a.in.q, t, h, dk);
       const GdnView a1 = gdn_view(dC, l64), a2 = gdn_view(dL, l64);
-      float* pq = c + a.blk.pq;
-      float* pk = c + a.blk.pk;
-      float* pt = c + a.blk.pt;
-      gdn_block_product<4, 8>(n, dk, n, a1, kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
-      gdn_block_product<4, 8>(n, dk, n, a2, kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
-      gdn_block_product<4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
-      gdn_block_product<4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr, kTensor, [&](int i, int d, float acc) {
-        finish(i, d, pq[i * dk + d], pk[i * dk + d], acc + pt[i * dk + d]);
-      });
+      gdn_block_product<kMath, 4, 8>(n, dk, n, a1, kr, panels, tid, nthr, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
+      gdn_block_product<kMath, 4, 8>(n, dk, n, a2, kr, panels, tid, nthr, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
+      gdn_block_product<kMath, 4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
+      gdn_block_product<kMath, 4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr,
+                                     [&](int i, int d, float acc) { pt[i * dk + d] += acc; });
     } else {
       // Per-channel decays: each (token, channel) gathers its pairs, e^{G_i - G_j} per pair.
       for (int idx = tid; idx < n * dk; idx += nthr) {
@@ -1323,32 +1690,73 @@ struct GdnGradKernel {
           const float dp = m > i ? bs[m] * dL[m * l64 + i] : 0.f;
           y += (dp * a.in.qk(a.in.k, t + m, h, d) + dC[m * l64 + i] * a.in.qk(a.in.q, t + m, h, d)) * ex;
         }
-        finish(i, d, x1, x2, y);
+        pq[idx] = x1;
+        pk[idx] = x2;
+        pt[idx] = y;
       }
+      block_sync();
     }
+    finish_all();
     block_sync();
-    // G_i = Σ_{s<=i} g_s: dg_s = Σ_{i>=s} dG_i, the last row also taking R's and the start state's decay.
-    for (int d = tid; d < dk; d += nthr) {
-      float extra = 0.f, ss = 0.f;
-      for (int i = 0; i < n; ++i) extra += rr[i * dk + d];
-      for (int e = 0; e < dv; ++e) ss += dSe[d * dv + e] * S0[d * dv + e];
-      extra += egl[d] * ss;
-      float acc = extra;
-      for (int i = n - 1; i >= 0; --i) {
-        acc += dGm[i * dk + d];
-        if (a.in.scalar_gate)
-          dGm[i * dk + d] = acc;
-        else if (a.dg)
-          a.dg[((t + i) * H + h) * dk + d] += acc;
-      }
-    }
-    block_sync();
+    // G_i = Σ_{s<=i} g_s: dg_s = Σ_{i>=s} dG_i, the last row also taking R's and the start state's decay
+    // (extra_d = Σ_i rr[i][d] + e^{G_last,d} Σ_e dSe[d][e] S0[d][e], summed over [n | dv]).
+    gdn_row_sums(
+        dk, n + dv,
+        [&](int d, int m) { return m < n ? rr[m * dk + d] : egl[d] * (dSe[d * dv + m - n] * S0[d * dv + m - n]); },
+        panels, tid, nthr, [&](int d, float extra) {
+          float acc = extra;
+          for (int i = n - 1; i >= 0; --i) {
+            acc += dGm[i * dk + d];
+            if (a.in.scalar_gate)
+              dGm[i * dk + d] = acc;
+            else if (a.dg)
+              a.dg[((t + i) * H + h) * dk + d] += acc;
+          }
+        });
     if (a.in.scalar_gate && a.dg)  // a scalar gate sums its channels
-      for (int i = tid; i < n; i += nthr) {
-        float s = 0.f;
-        for (int d = 0; d < dk; ++d) s += dGm[i * dk + d];
-        a.dg[(t + i) * H + h] += s;
-      }
+      gdn_row_sums(
+          n, dk, [&](int i, int d) { return dGm[i * dk + d]; }, panels, tid, nthr,
+          [&](int i, float sum) { a.dg[(t + i) * H + h] += sum; });
+  }
+};
+
+// ---- output of the split forward (GdnCudaParams::split_forward): one block per (chunk, head),
+// Y = scale (Qst S0 + C D) from the cache (prep's Qst and C, the saving scan's S0 and D) as two block products on the
+// chunk-parallel arithmetic; the first one's result waits in shared memory [64][dv] for the second. C is zero above
+// the diagonal, so its n columns sum j <= i.
+struct GdnOutArgs {
+  const GdnChunkDesc* chunks;
+  const float* cache;
+  GdnBlock blk;
+  int32_t heads, dk, dv;
+  void* y;
+  bool y_f32;
+  float scale;
+};
+template <int kMath>  // the products' arithmetic (GdnMath)
+struct GdnOutKernel {
+  using Args = GdnOutArgs;
+  static constexpr const char* kName = "gdn output";
+  static size_t smem_bytes(const Args& a) {
+    return static_cast<size_t>(int64_t{kGdnChunk} * a.dv + gdn_product_smem(kGdnChunk, a.dv)) * sizeof(float);
+  }
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int H = a.heads, dk = a.dk, dv = a.dv;
+    const int64_t chunk = block / H;
+    const int h = static_cast<int>(block % H);
+    const GdnChunkDesc cd = a.chunks[chunk];
+    const int n = cd.len;
+    const float* c = a.cache + (chunk * H + h) * a.blk.size;
+    float* Ys = smem;                               // [64][dv]
+    float* panels = smem + int64_t{kGdnChunk} * dv;
+    const bool b16 = a.blk.states_bf16;
+    gdn_block_product<kMath, 4, 8>(n, dv, dk, gdn_view(c + a.blk.Qst, dk), GdnView{c + a.blk.S0, dv, 1, b16}, panels,
+                                   tid, nthr, [&](int i, int e, float acc) { Ys[i * dv + e] = acc; });
+    const int64_t y0 = (cd.t * H + h) * static_cast<int64_t>(dv), y_row = static_cast<int64_t>(H) * dv;
+    gdn_block_product<kMath, 4, 8>(n, dv, n, gdn_view(c + a.blk.C, kGdnChunk), GdnView{c + a.blk.D, dv, 1, b16}, panels,
+                                   tid, nthr, [&](int i, int e, float acc) {
+                                     store_out(a.y, a.y_f32, y0 + i * y_row + e, a.scale * (Ys[i * dv + e] + acc));
+                                   });
   }
 };
 
@@ -1390,6 +1798,12 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_kernel(const typename K::Args
   extern __shared__ float gdn_smem[];
   K::run(a, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), gdn_smem);
 }
+// The same for a body that sets kMinBlocks: the registers a thread may take so that that many blocks fit an SM.
+template <class K>
+__global__ void __launch_bounds__(kGdnThreads, K::kMinBlocks) gdn_kernel_bounded(const typename K::Args a) {
+  extern __shared__ float gdn_smem[];
+  K::run(a, blockIdx.x, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x), gdn_smem);
+}
 
 struct GdnDeviceExec {
   cudaStream_t stream;
@@ -1397,10 +1811,16 @@ struct GdnDeviceExec {
   void launch(int64_t blocks, const typename K::Args& a) {
     require(blocks > 0 && blocks <= 0x7fffffff, K::kName, ": ", blocks, " blocks do not fit one grid");
     const size_t smem = K::smem_bytes(a);
+    auto* kernel = [] {
+      if constexpr (requires { K::kMinBlocks; })
+        return gdn_kernel_bounded<K>;
+      else
+        return gdn_kernel<K>;
+    }();
     if (smem > 48 * 1024)  // above the default limit a kernel must opt in (up to 227 KiB on sm_90)
-      check_cuda(cudaFuncSetAttribute(gdn_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                  K::kName);
-    gdn_kernel<K><<<static_cast<unsigned>(blocks), kGdnThreads, smem, stream>>>(a);
+    kernel<<<static_cast<unsigned>(blocks), kGdnThreads, smem, stream>>>(a);
     check_cuda(cudaGetLastError(), K::kName);
   }
   // From pageable host memory: the call returns once the bytes are staged, so `src` may go right after.
@@ -1422,6 +1842,9 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
   require(p.gate == GdnGate::Scalar || p.gate == GdnGate::PerChannel, "gdn (cuda): unknown gate kind");
   require(p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32,
           "gdn (cuda): scan_columns must be 0 (default), 16 or 32, got ", p.scan_columns);
+  require(p.precision == GdnPrecision::fp32 || p.precision == GdnPrecision::bf16_tensor ||
+              p.precision == GdnPrecision::bf16_tensor_scans,
+          "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (size_t r = 0; r < runs.size(); ++r) {
     const GdnCudaRun& run = runs[r];
@@ -1455,7 +1878,7 @@ struct GdnSchedule {
       }
       runs.push_back(d);
     }
-    blk = GdnBlock::make(p.dk, p.dv, backward);
+    blk = GdnBlock::make(p.dk, p.dv, backward, p.split_forward, p.precision != GdnPrecision::fp32);
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     runs_at = align(chunks.size() * sizeof(GdnChunkDesc));
     cache_at = runs_at + align(runs.size() * sizeof(GdnRunDesc));
@@ -1482,12 +1905,22 @@ struct GdnSchedule {
 };
 
 // Launches K<true> (tensor-core products) or K<false>: each path is its own kernel with its own registers.
-template <template <bool> class K, class X>
-void gdn_launch(X& x, bool tensor, int64_t blocks, const typename K<false>::Args& a) {
-  if (tensor)
-    x.template launch<K<true>>(blocks, a);
+// The chunk-parallel kernels' arithmetic for p (GdnMath), and the scans'.
+inline int gdn_chunk_math(const GdnCudaParams& p) {
+  return p.precision != GdnPrecision::fp32 ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma;
+}
+inline int gdn_scan_math(const GdnCudaParams& p) {
+  return p.precision == GdnPrecision::bf16_tensor_scans ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma;
+}
+// Launches K<kGdnBf16>, K<kGdnTf32x3> or K<kGdnFma>.
+template <template <int> class K, class X>
+void gdn_launch_math(X& x, int math, int64_t blocks, const typename K<kGdnFma>::Args& a) {
+  if (math == kGdnBf16)
+    x.template launch<K<kGdnBf16>>(blocks, a);
+  else if (math == kGdnTf32x3)
+    x.template launch<K<kGdnTf32x3>>(blocks, a);
   else
-    x.template launch<K<false>>(blocks, a);
+    x.template launch<K<kGdnFma>>(blocks, a);
 }
 
 inline GdnInputs gdn_inputs(const GdnCudaParams& p) {
@@ -1499,7 +1932,7 @@ inline GdnInputs gdn_inputs(const GdnCudaParams& p) {
 template <class X>
 void gdn_prep_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   if (s.chunks.empty()) return;
-  gdn_launch<GdnPrepKernel>(x, p.tensor_cores, static_cast<int64_t>(s.chunks.size()) * p.heads,
+  gdn_launch_math<GdnPrepKernel>(x, gdn_chunk_math(p), static_cast<int64_t>(s.chunks.size()) * p.heads,
                             GdnPrepArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk});
 }
 
@@ -1525,7 +1958,7 @@ inline GdnScanArgs gdn_scan_args(const GdnCudaParams& p, const GdnSchedule& s, i
 template <class X>
 void gdn_scan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnScanArgs& a) {
   if (s.runs.empty()) return;
-  gdn_launch<GdnScanKernel>(x, p.tensor_cores, static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(a.width, a.tile),
+  gdn_launch_math<GdnScanKernel>(x, gdn_scan_math(p), static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(a.width, a.tile),
                             a);
 }
 
@@ -1552,8 +1985,18 @@ void gdn_forward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>&
   GdnScanArgs a = gdn_scan_args(p, s, p.dv);
   a.state_in = p.state_in;
   a.state_out = p.state_out;
-  a.y = p.y;
+  if (!p.split_forward) {
+    a.y = p.y;
+    gdn_scan_on(x, p, s, a);
+    return;
+  }
+  a.save = p.y != nullptr;  // S0 and D for the output kernel
+  a.save_bf16 = s.blk.states_bf16;
   gdn_scan_on(x, p, s, a);
+  if (p.y && !s.chunks.empty())
+    gdn_launch_math<GdnOutKernel>(x, gdn_chunk_math(p), static_cast<int64_t>(s.chunks.size()) * p.heads,
+                                  GdnOutArgs{s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, p.y, p.y_f32,
+                                             p.scale});
 }
 
 template <class X>
@@ -1590,13 +2033,13 @@ void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>
   a.save = true;
   gdn_scan_on(x, p, s, a);
   if (!s.runs.empty())
-    gdn_launch<GdnBwdScanKernel>(
-        x, p.tensor_cores, static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(p.dv, gdn_scan_tile(p)),
+    gdn_launch_math<GdnBwdScanKernel>(
+        x, gdn_scan_math(p), static_cast<int64_t>(s.runs.size()) * p.heads * gdn_scan_tiles(p.dv, gdn_scan_tile(p)),
         GdnBwdScanArgs{s.dev_runs(p), s.dev_chunks(p), s.cache(p), s.blk, p.heads, p.dk, p.dv, gdn_scan_tile(p), g.dy,
                        p.y_f32, p.scale,
                        g.d_state_out, g.d_state_in});
   if (g.any() && !s.chunks.empty())
-    gdn_launch<GdnGradKernel>(x, p.tensor_cores, static_cast<int64_t>(s.chunks.size()) * p.heads,
+    gdn_launch_math<GdnGradKernel>(x, gdn_chunk_math(p), static_cast<int64_t>(s.chunks.size()) * p.heads,
                                      GdnGradArgs{gdn_inputs(p), s.dev_chunks(p), s.cache(p), s.blk, g.dy, p.y_f32,
                                                  p.scale, g.dq, g.dk, g.dv, g.dg, g.dbeta});
 }

@@ -9,6 +9,9 @@
 
 namespace treecp::cuda {
 
+// Arithmetic of the chunk-parallel products (GdnCudaParams::precision).
+enum class GdnPrecision : int32_t { fp32 = 0, bf16_tensor = 1, bf16_tensor_scans = 2 };
+
 // One run of consecutive tokens [t0, t1) of every head, as kernels/cpu's gdn_* calls take one, with its
 // initial state (slot `in_slot` of GdnCudaParams::state_in, -1 = zero) and where its final state goes
 // (slot `out_slot` of state_out, -1 = not written). Runs of one call must not overlap.
@@ -43,6 +46,19 @@ struct GdnCudaParams {
   // products summed, which keeps fp32-level accuracy); false = register-blocked fp32 FMA. Off by default until
   // measured on a GPU.
   bool tensor_cores = false;
+  // The chunk-parallel kernels' products (prep's and the gradients'): fp32 (as tensor_cores says) or bf16_tensor,
+  // mma.sync m16n8k16 on operands rounded to bf16 (inputs already are; intermediates such as L⁻¹ diag(β), Kst, D and
+  // the chunk-start state are rounded where they enter a product) with fp32 accumulation, as FLA's chunk kernels do.
+  // The scans keep fp32 products, except with bf16_tensor_scans: their products too on bf16 mma.sync, fragments
+  // rounded from the fp32 operands in shared memory (W, U, R, Qst, C, the state tile; the state itself accumulates in
+  // fp32). fp32 by default until measured on a GPU.
+  GdnPrecision precision = GdnPrecision::fp32;
+  // The forward split as FLA splits it: the scan only carries the state, storing each chunk's start state S0 and
+  // D = U - W S0 in the workspace (the backward's saving scan), and a chunk-parallel kernel computes
+  // Y = scale (Qst S0 + C D) on the products' arithmetic above. The forward's workspace grows by (dk + 64) dv values a
+  // (chunk, head), fp32, or bf16 with a bf16 precision (which rounds them so as product operands anyway): 2.0 GB or
+  // 1.0 GB at T = 40,960, H = 32, dk = dv = 128. Off by default until measured.
+  bool split_forward = false;
   // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
   // backward the chunk-start states and their gradients).
   void* workspace = nullptr;
