@@ -12,37 +12,23 @@ namespace treecp::cuda {
 
 // ---- the pool
 
-size_t DevicePool::block_size(size_t bytes) {
-  constexpr size_t kSmall = 512, kLarge = size_t{2} << 20;
-  if (bytes <= kLarge) return std::max<size_t>(kSmall, (bytes + kSmall - 1) / kSmall * kSmall);
-  return (bytes + kLarge - 1) / kLarge * kLarge;
-}
-
 DevicePool::~DevicePool() {
-  for (auto& [size, ptr] : free_) cudaFree(ptr);
+  for (auto& [size, ptr] : free_.drain()) cudaFree(ptr);
   for (auto& [ptr, size] : used_) cudaFree(ptr);  // a destructor cannot report; blocks still out die with it
 }
 
 void* DevicePool::allocate(size_t bytes) {
   const size_t want = block_size(bytes);
   std::lock_guard<std::mutex> lock(m_);
-  // The smallest cached block that fits, unless it wastes more than the request itself.
-  auto it = free_.lower_bound(want);
-  void* ptr = nullptr;
-  size_t size = want;
-  if (it != free_.end() && it->first <= 2 * want) {
-    ptr = it->second;
-    size = it->first;
-    free_.erase(it);
-  } else {
+  void* ptr = free_.take(want);
+  if (ptr == nullptr) {
     cudaError_t st = cudaMalloc(&ptr, want);
     if (st == cudaErrorMemoryAllocation && !free_.empty()) {  // give the cache back and try once more
       cudaGetLastError();
-      for (auto& [s, p] : free_) {
+      for (auto& [s, p] : free_.drain()) {
         cudaFree(p);
         reserved_ -= s;
       }
-      free_.clear();
       st = cudaMalloc(&ptr, want);
     }
     if (st != cudaSuccess) {
@@ -53,8 +39,8 @@ void* DevicePool::allocate(size_t bytes) {
     reserved_ += want;
     ++mallocs_;
   }
-  used_[ptr] = size;
-  allocated_ += size;
+  used_[ptr] = want;
+  allocated_ += want;
   peak_ = std::max(peak_, allocated_);
   return ptr;
 }
@@ -65,17 +51,16 @@ void DevicePool::deallocate(void* ptr) {
   auto it = used_.find(ptr);
   require(it != used_.end(), "device memory: a block given back that the pool did not hand out");
   allocated_ -= it->second;
-  free_.emplace(it->second, ptr);
+  free_.give(it->second, ptr);
   used_.erase(it);
 }
 
 void DevicePool::release_cached() {
   std::lock_guard<std::mutex> lock(m_);
-  for (auto& [size, ptr] : free_) {
+  for (auto& [size, ptr] : free_.drain()) {
     check_cuda(cudaFree(ptr), "device memory: cudaFree");
     reserved_ -= size;
   }
-  free_.clear();
 }
 
 size_t DevicePool::allocated_bytes() const {

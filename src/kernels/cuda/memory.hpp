@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 
+#include "kernels/cuda/block_cache.hpp"
 #include "kernels/cuda/dtype.hpp"
 
 namespace treecp::cuda {
@@ -41,13 +42,13 @@ class DevicePool {
   void reset_peak();
   int64_t device_mallocs() const;  // cudaMalloc calls so far (the steady state adds none)
 
-  // Block size for a request: small requests in 512-byte steps, large ones in 2 MiB steps, so that a
-  // slightly different size next step reuses the same block.
-  static size_t block_size(size_t bytes);
+  // Block size for a request: its size class (block_cache.hpp: at most 1/16 over the request, and a block
+  // serves only its own class).
+  static size_t block_size(size_t bytes) { return BlockCache::size_class(bytes); }
 
  private:
   mutable std::mutex m_;
-  std::multimap<size_t, void*> free_;  // cached blocks by size
+  BlockCache free_;                    // cached blocks
   std::map<void*, size_t> used_;       // handed-out blocks
   size_t allocated_ = 0, reserved_ = 0, peak_ = 0;
   int64_t mallocs_ = 0;
