@@ -171,6 +171,16 @@ GdnResult run_gdn_cpu_float(const Row& row, const GdnPlan& plan, const GdnShape&
   return out;
 }
 
+// Every output and gradient of a GPU run against the double reference, within the float CPU run's error.
+void expect_gdn(const GdnResult& gpu, const GdnResult& f32, const testing::GdnReference& ref) {
+  expect("y (bf16)", gpu.y, f32.y, ref.y, kBf16Rounding);
+  expect("dq", gpu.dq, f32.dq, ref.dq, 0);
+  expect("dk", gpu.dk, f32.dk, ref.dk, 0);
+  expect("dv", gpu.dv, f32.dv, ref.dv, 0);
+  expect("dg", gpu.dg, f32.dg, ref.dg, 0);
+  expect("dbeta", gpu.dbeta, f32.dbeta, ref.dbeta, 0);
+}
+
 struct GdnCase {
   const char* name;
   bool documents;  // a row of packed documents (roots only), else a tree with branching
@@ -205,12 +215,7 @@ TEST(GdnCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
     std::printf("  %s\n", what.c_str());
     const testing::GdnReference ref = testing::gdn_tree_reference(row, in.d, shape.scale);
     const GdnResult f32 = run_gdn_cpu_float(row, plan, shape, in.d), gpu = run_gdn_cuda(row, plan, shape, in);
-    expect("y (bf16)", gpu.y, f32.y, ref.y, kBf16Rounding);
-    expect("dq", gpu.dq, f32.dq, ref.dq, 0);
-    expect("dk", gpu.dk, f32.dk, ref.dk, 0);
-    expect("dv", gpu.dv, f32.dv, ref.dv, 0);
-    expect("dg", gpu.dg, f32.dg, ref.dg, 0);
-    expect("dbeta", gpu.dbeta, f32.dbeta, ref.dbeta, 0);
+    expect_gdn(gpu, f32, ref);
   }
 }
 
@@ -236,12 +241,7 @@ TEST(GdnCudaCP, EveryLayoutEqualsTheDoubleReference) {
       std::printf("  %s\n", what.c_str());
       const testing::GdnReference ref = testing::gdn_tree_reference(row, in.d, shape.scale);
       const GdnResult f32 = run_gdn_cpu_float(row, plan, shape, in.d), gpu = run_gdn_cuda(row, plan, shape, in);
-      expect("y (bf16)", gpu.y, f32.y, ref.y, kBf16Rounding);
-      expect("dq", gpu.dq, f32.dq, ref.dq, 0);
-      expect("dk", gpu.dk, f32.dk, ref.dk, 0);
-      expect("dv", gpu.dv, f32.dv, ref.dv, 0);
-      expect("dg", gpu.dg, f32.dg, ref.dg, 0);
-      expect("dbeta", gpu.dbeta, f32.dbeta, ref.dbeta, 0);
+      expect_gdn(gpu, f32, ref);
     }
   }
 }
