@@ -44,6 +44,7 @@ struct GdnInputs {
   GdnGate gate = GdnGate::Scalar;
   bool f64 = false;
   bool gpu = false;  // --device cuda
+  int reps = 1;      // --reps (GPU timing: the median after a warm-up)
   GdnLayout layout = GdnLayout::Searched;  // --layout
   std::optional<Layout> attention;         // --attention-layout
 };
@@ -54,7 +55,8 @@ const std::vector<std::string> kOutputs = {"o.npy", "dq.npy", "dk.npy", "dv.npy"
 void declare_options(Args& args) {
   declare_rank_options(args);
   args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
-      .value("--dout").value("--out").value("--chunk").value("--device").value("--layout").value("--attention-layout");
+      .value("--dout").value("--out").value("--chunk").value("--device").value("--layout").value("--attention-layout")
+      .value("--reps");
 }
 
 // Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
@@ -64,6 +66,8 @@ GdnInputs prepare(const Args& args) {
   in.ranks = rank_options(args, 1);
   in.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
   if (in.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
+  require(in.gpu || !args.has("--reps"), "--reps goes with --device cuda");
+  in.reps = static_cast<int>(args.get_int_in("--reps", 1, 1, 1000));
   in.chunk = static_cast<int>(args.get_int_in("--chunk", 64, 1, 4096));
   in.layout = parse_gdn_layout(args.get_choice("--layout", "searched", gdn_layout_names()));
   if (args.has("--attention-layout"))
@@ -204,7 +208,7 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   const GdnPlan plan = plan_layer(in, N, shape, 4, 2);  // fp32 states, bf16 activations
   const GdnArrays arrays{&in.q.data, &in.k.data, &in.v.data, &in.g.data, &in.beta.data,
                          in.has_dout ? &in.dout.data : nullptr};
-  const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s);
+  const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s, in.reps);
   if (comm.rank() != 0) return 0;
   const std::vector<std::pair<std::string, std::vector<int64_t>>> files = {
       {"o.npy", {in.S, in.H, in.dv}}, {"dq.npy", in.q.shape}, {"dk.npy", in.k.shape},
@@ -218,6 +222,7 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
               gdn_layout_name(plan.layout), count_of(plan.chained_segments(), "chained segment").c_str(),
               count_of(2 * plan.num_phases - 1, "DAG step").c_str(), r.forward_ms);
   if (in.has_dout) std::printf(", backward %.3f ms", r.backward_ms);
+  if (in.reps > 1) std::printf(" (median of %d after a warm-up)", in.reps);
   std::printf("\n");
   return 0;
 }
@@ -234,9 +239,9 @@ int gdn_main(const std::vector<std::string>& argv) {
 const Register kGdn("gdn",
                     "--tree T.json --q Q.npy --k K.npy --v V.npy --g G.npy --beta B.npy [--scale X] [--dout DO.npy] "
                     "[--ranks N] [--timeout S] [--chunk C] [--layout searched|contiguous|zigzag|doc-zigzag] "
-                    "[--attention-layout L] [--device cpu|cuda] --out DIR",
+                    "[--attention-layout L] [--device cpu|cuda] [--reps N] --out DIR",
                     "GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy (and dq, dk, dv, dg, dbeta with "
-                    "--dout); --device cuda: bf16 on one GPU per rank",
+                    "--dout); --device cuda: bf16 on one GPU per rank (--reps N: the median of N timed calls after a warm-up)",
                     gdn_main);
 
 }  // namespace

@@ -60,8 +60,10 @@ struct GpuLayerResult {
 struct GdnArrays {
   const std::vector<double>*q, *k, *v, *g, *beta, *dout;
 };
+// reps > 1: one untimed warm-up call of each direction, then the median of `reps` timed calls (the gradients zeroed
+// before each backward, which accumulates); reps = 1: the first call, timed.
 GpuLayerResult gdn_on_gpus(Communicator& world, const Row& row, const GdnShape& shape, const GdnPlan& plan,
-                           const GdnArrays& in, double timeout_s);
+                           const GdnArrays& in, double timeout_s, int reps = 1);
 struct ConvArrays {
   const std::vector<double>*x, *weight, *bias, *dout;  // bias, dout may be null
 };

@@ -1,6 +1,7 @@
 // `treecp gdn --device cuda` and `treecp conv1d --device cuda`: the layer's CP (runtime/gdn_cp.hpp,
 // runtime/conv_cp.hpp) on GPU ranks through the CUDA backend and NCCL, on the inputs the command read and checked
 // (rounded to bf16 on upload), outputs gathered to rank 0 over the MPI world for the command to write.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -23,7 +24,7 @@ namespace treecp::cli {
 
 #ifndef TREECP_GPU_CLI
 
-GpuLayerResult gdn_on_gpus(Communicator&, const Row&, const GdnShape&, const GdnPlan&, const GdnArrays&, double) {
+GpuLayerResult gdn_on_gpus(Communicator&, const Row&, const GdnShape&, const GdnPlan&, const GdnArrays&, double, int) {
   fail("--device cuda: this treecp was built without CUDA and NCCL (install the CUDA toolkit with NCCL and rebuild)");
 }
 GpuLayerResult conv1d_on_gpus(Communicator&, const Row&, const ConvShape&, const Ownership&, const ConvArrays&, double) {
@@ -77,7 +78,7 @@ double positive_timeout(double timeout_s) { return timeout_s > 0 ? timeout_s : C
 }  // namespace
 
 GpuLayerResult gdn_on_gpus(Communicator& world, const Row& row, const GdnShape& shape, const GdnPlan& plan,
-                           const GdnArrays& in, double timeout_s) {
+                           const GdnArrays& in, double timeout_s, int reps) {
   auto nccl = gpu_communicator(world, positive_timeout(timeout_s));
   CudaBackend be;
   nccl->set_compute_stream(be.stream());
@@ -91,11 +92,26 @@ GpuLayerResult gdn_on_gpus(Communicator& world, const Row& row, const GdnShape& 
                          beta = upload_bf16(be, *in.beta, H, &mine);
   CudaBackend::Act y = be.alloc_act(rows * vw);
   GpuLayerResult r;
-  settle(be, world);
-  auto t = Clock::now();
-  cp.forward(q, k, v, g, beta, y);
-  settle(be, world);
-  r.forward_ms = ms_since(t);
+  // The median of `reps` synchronised calls of f, each after an untimed `before`, and one untimed call first when
+  // reps > 1.
+  auto timed = [&](auto&& before, auto&& f) {
+    if (reps > 1) {
+      before();
+      f();
+    }
+    std::vector<double> ms;
+    for (int i = 0; i < reps; ++i) {
+      before();
+      settle(be, world);
+      const auto t = Clock::now();
+      f();
+      settle(be, world);
+      ms.push_back(ms_since(t));
+    }
+    std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
+    return ms[static_cast<size_t>(reps / 2)];
+  };
+  r.forward_ms = timed([] {}, [&] { cp.forward(q, k, v, g, beta, y); });
   CpuBackend<double> host;
   auto gather = [&](const std::vector<double>& a, int64_t width) { return gather_to_root(world, host, a, layout, width); };
   r.outputs.push_back(gather(host_values(be, y), vw));
@@ -103,11 +119,8 @@ GpuLayerResult gdn_on_gpus(Communicator& world, const Row& row, const GdnShape& 
     const CudaBackend::Act dy = upload_bf16(be, *in.dout, vw, &mine);
     CudaBackend::Grad dq = be.alloc_grad(rows * qk), dk = be.alloc_grad(rows * qk), dv = be.alloc_grad(rows * vw),
                       dg = be.alloc_grad(rows * gw), dbeta = be.alloc_grad(rows * H);
-    settle(be, world);
-    t = Clock::now();
-    cp.backward(dy, dq, dk, dv, dg, dbeta);
-    settle(be, world);
-    r.backward_ms = ms_since(t);
+    r.backward_ms = timed([&] { for (CudaBackend::Grad* x : {&dq, &dk, &dv, &dg, &dbeta}) be.zero(*x); },  // it accumulates
+                          [&] { cp.backward(dy, dq, dk, dv, dg, dbeta); });
     r.outputs.push_back(gather(host_values(be, dq), qk));
     r.outputs.push_back(gather(host_values(be, dk), qk));
     r.outputs.push_back(gather(host_values(be, dv), vw));

@@ -4,7 +4,8 @@
 # reference on down-scaled rows, every layout, a window and a sink; one GPU at full size), and the
 # weak-scaling benchmark `treecp bench cp` with FlexAttention beside it. Logs go to $OUT_DIR (default out/gpu).
 #   BIN_DIR=DIR        treecp and treecp_cuda_tests built elsewhere (e.g. carried, built for sm_90a)
-#   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_RUN=1 SKIP_BENCH=1 SKIP_FLEX=1   trim the call
+#   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_RUN=1 SKIP_BENCH=1 SKIP_FLEX=1 SKIP_GDN=1   trim the call
+# With several GPUs it also runs scripts/gpu_gdn_cp.sh (GDN / KDA CP across them: every layout, weak scaling).
 #   GPUS=N             use N GPUs (default: all)
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its siblings): this script never enables it.
 set -uo pipefail
@@ -93,5 +94,10 @@ if [ -z "${SKIP_BENCH:-}" ] && "$treecp" help 2>/dev/null | grep -q "bench cp"; 
     PYTHONUNBUFFERED=1 python3 "$root/scripts/bench_flex.py" --rows "$out/rows" --no-sdpa \
       --presets fixed5k,varied5k,dominant,longchain,art-fixed5k,art-varied5k 2>&1 | tee "$out/bench_flex.log" || status=1
   fi
+fi
+if [ -z "${SKIP_GDN:-}" ] && [ "$gpus" -gt 1 ]; then
+  step "GDN / KDA CP across $gpus GPUs (scripts/gpu_gdn_cp.sh)"
+  GPUS="$gpus" bash "$root/scripts/gpu_gdn_cp.sh" "$treecp" "$out/gdn_cp" 2>&1 | tee "$out/gdn_cp.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 exit $status

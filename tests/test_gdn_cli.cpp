@@ -203,6 +203,17 @@ TEST_F(GdnCli, DeviceIsCheckedAndARefusalWritesNothing) {
       EXPECT_FALSE(fs::exists(p("dev")));
     }
   }
+  // --reps times the GPU path only: on the CPU it is refused by name, and so is a count out of range.
+  Cli c = run_cli(gdn + " --reps 3 --out " + p("dev"));
+  EXPECT_NE(c.rc, 0);
+  EXPECT_NE(c.output.find("--reps goes with --device cuda"), std::string::npos) << c.output;
+  EXPECT_FALSE(fs::exists(p("dev")));
+  c = run_cli(gdn + " --device cuda --reps 0 --out " + p("dev"));
+  EXPECT_NE(c.rc, 0);
+  // a CUDA build names --reps; a build without CUDA refuses --device cuda first
+  EXPECT_TRUE(c.output.find("--reps") != std::string::npos || c.output.find("--device cuda") != std::string::npos)
+      << c.output;
+  EXPECT_FALSE(fs::exists(p("dev")));
 }
 
 TEST_F(GdnCli, Conv1dMatchesTheReference) {
