@@ -14,7 +14,7 @@ from .. import Row, _core, layout_names
 from ._checks import _check_tensor
 from ._comm import GroupCommunicator, collective_device
 
-# Keys by id: the custom ops take the key as an int, so that torch.compile sees only tensors and constants.
+# Keys by id: the custom ops take a key as its string id (Key.id); torch.compile sees only tensors and constants.
 _KEYS: "weakref.WeakValueDictionary[str, Key]" = weakref.WeakValueDictionary()
 _next_key_id = 0
 
