@@ -87,7 +87,10 @@ void put_rows(std::vector<double>& full, const std::vector<T>& mine, int64_t wid
 }
 
 // Ranks as threads sharing device 0: exchanges land late and out of order, each part a device copy made after
-// the device has finished the sender's packing.
+// the device has finished the sender's packing, and finished before the receiver's wait() can return. (A
+// device-to-device cudaMemcpy returns before the copy is done, on the legacy stream, which the backends'
+// non-blocking streams do not wait for: without the second wait a receiver's next kernel could read the part
+// before it lands. GdnCudaCP saw exactly that once, run 134, with another process time-slicing the GPU.)
 inline ThreadCommOptions device_thread_comm(uint64_t seed) {
   ThreadCommOptions copt;
   copt.late = true;
@@ -95,6 +98,7 @@ inline ThreadCommOptions device_thread_comm(uint64_t seed) {
   copt.copy = [](void* dst, const void* src, size_t bytes) {
     check_cuda(cudaDeviceSynchronize(), "test copy: wait");
     check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "test copy");
+    check_cuda(cudaDeviceSynchronize(), "test copy: landed");
   };
   return copt;
 }

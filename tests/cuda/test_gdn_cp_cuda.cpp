@@ -69,6 +69,8 @@ class HostStagedReduce final : public Communicator {
     cuda::check_cuda(cudaMemcpy(host.data(), data, host.size(), cudaMemcpyDefault), "staged all-reduce: down");
     inner_.all_reduce_sum(host.data(), count, type);
     cuda::check_cuda(cudaMemcpy(data, host.data(), host.size(), cudaMemcpyDefault), "staged all-reduce: up");
+    // the upload may still be in flight on the legacy stream, which the backend's stream does not wait for
+    cuda::check_cuda(cudaDeviceSynchronize(), "staged all-reduce: landed");
   }
   void all_gather(const void* send, void* recv, int64_t count, CommType type) override {
     inner_.all_gather(send, recv, count, type);
