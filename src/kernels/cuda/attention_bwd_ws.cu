@@ -56,166 +56,179 @@ constexpr int bwd_ws_smem() {
          kDqBufs * kBwsRows * kBwsD * 4 + 2 * kStages * kBwsRows * 4 + 16 * kStages + 8 * (1 + 2 * kStages + 4) + 1024;
 }
 
-// kDqBufs > 0: the consumers store each step's dQ (fp32, scaled) into one of kDqBufs shared buffers laid out as four
-// 32-column panels with the 128-byte swizzle, and a producer warp adds it to global dQ with four TMA bulk
-// reductions, instead of 16 red.global.add.v2.f32 per consumer thread (the profile of run 32 put 28% of the
-// consumer warps' stall samples on those reductions and on the registers they still read). Three Q/dO stages
-// with one dQ buffer (the shared-memory limit) measured slower than two and two (run 35).
-template <int kStages, int kDqBufs, DType E = DType::kBf16>
-__global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const __grid_constant__ BwdWsArgs w) {
-  constexpr int D = kBwsD, BM = kBwsRows, BN = kBwsKeys;
-  const BwdArgs& args = w.a;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const uint32_t raw_addr = smem_addr(smem_raw);
-  unsigned char* base = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
-  const uint32_t sK = smem_addr(base);
-  const uint32_t sV = sK + BN * D * 2;                // panels of BN rows
-  const uint32_t sQ = sV + BN * D * 2;                // [stage][BM x D panels]
-  const uint32_t sdO = sQ + kStages * BM * D * 2;     // [stage][BM x D panels]
-  const uint32_t sdS = sdO + kStages * BM * D * 2;    // [2][BN keys x BM rows, one panel]: dS^T
-  constexpr bool kDqTma = kDqBufs > 0;
-  const uint32_t sdQ = sdS + 2 * BN * BM * 2;         // [kDqBufs][4 panels of BM rows x 32 fp32]
-  unsigned char* stats = base + (sdQ + kDqBufs * BM * D * 4 - sK);
-  float* sLse = reinterpret_cast<float*>(stats);      // [stage][BM], times log2 e
-  float* sDsum = sLse + kStages * BM;                 // [stage][BM]
-  int4* sStep = reinterpret_cast<int4*>(sDsum + kStages * BM);  // [stage]: query tile, its list entry, idle
-  const uint32_t bars = smem_addr(sStep + kStages);  // kvfull, full[kStages], empty[kStages]
-  const uint32_t kvfull = bars;
-  auto full = [&](int s) { return bars + 8 + 8 * s; };
-  auto empty = [&](int s) { return bars + 8 + 8 * kStages + 8 * s; };
-  auto dqfull = [&](int b) { return bars + 8 + 16 * kStages + 8 * b; };   // kDqTma
-  auto dqempty = [&](int b) { return bars + 24 + 16 * kStages + 8 * b; };  // kDqTma
+// ---- Tile scheduler -----------------------------------------------------------------------------------------------
 
-  const AttentionBackwardParams& p = args.p;
-  const auto& L = args.lists;
-  // Longest tiles first, the heads of one tile adjacent. The first wave (one block per SM, all starting
-  // together) walks its lists in reverse, from their common end and in step; every later block walks
-  // forward: blocks of one KV segment then start about one diagonal apart in time and in place, so they also
-  // walk in step. Either way the L2 cache serves the Q, dO and dQ lines of a step to all but the first of
-  // them (change X in docs/benchmarks-gpu.md: -1 to -7% against every walk forward).
-  // by_segment: the blocks of a segment group [first, end) of segment_order are its tiles for head 0, then for
-  // head 1, ...; block b lies in the group holding position b / hkv
+// Which (KV tile, head) block blockIdx.x takes and the direction of its walk over the query tiles that see it.
+// Longest tiles first, the heads of one tile adjacent. The first wave (one block per SM, all starting together) walks
+// its lists in reverse, from their common end and in step; every later block walks forward: blocks of one KV segment
+// then start about one diagonal apart in time and in place, so they also walk in step. Either way the L2 cache serves
+// the Q, dO and dQ lines of a step to all but the first of them (change X in docs/benchmarks-gpu.md: -1 to -7% against
+// every walk forward).
+// by_segment: the blocks of a segment group [first, end) of segment_order are its tiles for head 0, then for head 1,
+// ...; block b lies in the group holding position b / hkv.
+struct BwdWsTileScheduler {
   int tile, kvh;
-  if (w.by_segment) {
-    const int i = blockIdx.x / p.hkv;
-    const int first = L.segment_first[i], size = L.segment_end[i] - first;
-    const int local = blockIdx.x - first * p.hkv;
-    kvh = local / size;
-    tile = L.segment_order[first + local % size];
-  } else {
-    tile = L.order[blockIdx.x / p.hkv];
-    kvh = blockIdx.x % p.hkv;
-  }
-  const bool reverse = static_cast<int>(blockIdx.x) < w.first_wave;
-  const int G = args.group;
-  const int k0 = L.major_start[tile];  // the tile: keys [k0, L.major_start[tile + 1]), at most BN
-  const int tq = L.minor_tile_rows;  // tokens per query tile (tq G = BM: the launcher checks)
-  const int e_begin = L.offsets[tile], e_end = L.offsets[tile + 1];
+  bool reverse;
 
-  if (threadIdx.x == 0) {
-    mbar_init(kvfull, 1);
+  __device__ __forceinline__ explicit BwdWsTileScheduler(const BwdWsArgs& w) {
+    const AttentionBackwardParams& p = w.a.p;
+    const auto& L = w.a.lists;
+    if (w.by_segment) {
+      const int i = blockIdx.x / p.hkv;
+      const int first = L.segment_first[i], size = L.segment_end[i] - first;
+      const int local = blockIdx.x - first * p.hkv;
+      kvh = local / size;
+      tile = L.segment_order[first + local % size];
+    } else {
+      tile = L.order[blockIdx.x / p.hkv];
+      kvh = blockIdx.x % p.hkv;
+    }
+    reverse = static_cast<int>(blockIdx.x) < w.first_wave;
+  }
+  // the block's walk over the entries [e_begin, e_end) of its tile
+  __device__ __forceinline__ TileWalk walk(const TileEntry* entries, int e_begin, int e_end) const {
+    return TileWalk::first(entries, e_begin, e_end, reverse);
+  }
+};
+
+// ---- Shared memory ------------------------------------------------------------------------------------------------
+
+// K, V (panels of BN rows); per stage Q, dO ([stage][BM x D panels]); two dS^T buffers ([2][BN keys x BM rows, one
+// panel]); kDqBufs fp32 dQ buffers ([b][4 panels of BM rows x 32 fp32]); per stage LSE (times log2 e) and Dsum, and
+// the step (query tile, its list entry, idle); the mbarriers kvfull, full[kStages], empty[kStages], dqfull[2],
+// dqempty[2]. 1 KiB aligned (bwd_ws_smem counts the bytes).
+template <int kStages, int kDqBufs>
+struct BwdWsSmem {
+  static constexpr int D = kBwsD, BM = kBwsRows, BN = kBwsKeys;
+  unsigned char* base;
+  uint32_t sK, sV, sQ, sdO, sdS, sdQ;
+  float* sLse;
+  float* sDsum;
+  int4* sStep;
+  uint32_t bars;
+
+  __device__ __forceinline__ explicit BwdWsSmem(unsigned char* smem_raw) {
+    const uint32_t raw_addr = smem_addr(smem_raw);
+    base = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+    sK = smem_addr(base);
+    sV = sK + BN * D * 2;
+    sQ = sV + BN * D * 2;
+    sdO = sQ + kStages * BM * D * 2;
+    sdS = sdO + kStages * BM * D * 2;
+    sdQ = sdS + 2 * BN * BM * 2;
+    unsigned char* stats = base + (sdQ + kDqBufs * BM * D * 4 - sK);
+    sLse = reinterpret_cast<float*>(stats);
+    sDsum = sLse + kStages * BM;
+    sStep = reinterpret_cast<int4*>(sDsum + kStages * BM);
+    bars = smem_addr(sStep + kStages);
+  }
+  __device__ __forceinline__ uint32_t kvfull() const { return bars; }
+  __device__ __forceinline__ uint32_t full(int s) const { return bars + 8 + 8 * s; }
+  __device__ __forceinline__ uint32_t empty(int s) const { return bars + 8 + 8 * kStages + 8 * s; }
+  __device__ __forceinline__ uint32_t dqfull(int b) const { return bars + 8 + 16 * kStages + 8 * b; }   // kDqBufs > 0
+  __device__ __forceinline__ uint32_t dqempty(int b) const { return bars + 24 + 16 * kStages + 8 * b; }  // kDqBufs > 0
+  // thread 0, before the block barrier
+  __device__ __forceinline__ void init_barriers() const {
+    mbar_init(kvfull(), 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full(s), 1 + 32);  // the TMA thread's expect_tx, then every lane of the stats warp
       mbar_init(empty(s), 256);    // every consumer thread (its own LSE / Dsum reads: generic proxy)
     }
     for (int b = 0; b < kDqBufs; ++b) {
-      mbar_init(dqfull(b), 8);  // lane 0 of each consumer warp
+      mbar_init(dqfull(b), 8);   // lane 0 of each consumer warp
       mbar_init(dqempty(b), 1);  // the dQ warp
     }
     mbar_init_fence();
   }
-  __syncthreads();
+};
 
-  if (threadIdx.x >= 256) {
-    setmaxnreg_dec<24>();  // (168 - 24) x 128 = (240 - 168) x 256: what the consumers take
-    const int pw = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
-    if (pw == 0 && lane == 0 && e_begin < e_end) {
-      // K and V of the tile (rows past kv_rows arrive as zeros), then Q and dO of each listed query tile
-      mbar_expect_tx(kvfull, 2 * BN * D * 2);
+// ---- Producer -----------------------------------------------------------------------------------------------------
+
+// Warpgroup 2's three roles; each walks the block's steps in the scheduler's order.
+template <int kStages, int kDqBufs>
+struct BwdWsProducer {
+  static constexpr int D = kBwsD, BM = kBwsRows, BN = kBwsKeys;
+  using Smem = BwdWsSmem<kStages, kDqBufs>;
+
+  // Warp 0, one thread: K and V of the tile (rows past kv_rows arrive as zeros) on kvfull, then Q and dO of each
+  // listed query tile (tq tokens from cur.tile tq) into stage n % kStages once its previous step has released it.
+  __device__ __forceinline__ static void load(const BwdWsArgs& w, const Smem& sm, const BwdWsTileScheduler& sched,
+                                              int k0, int tq, int G, int e_begin, int e_end) {
+    const auto& L = w.a.lists;
+    const int kvh = sched.kvh;
+    mbar_expect_tx(sm.kvfull(), 2 * BN * D * 2);
+    for (int pnl = 0; pnl < D / 64; ++pnl) {
+      tma_load_3d(sm.sK + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, sm.kvfull());
+      tma_load_3d(sm.sV + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, sm.kvfull());
+    }
+    TileWalk cur = sched.walk(L.entries, e_begin, e_end);
+    for (int n = 0; cur.more(); ++n, cur.advance(L.entries)) {
+      const int s = n % kStages;
+      if (n >= kStages) mbar_wait(sm.empty(s), ((n / kStages) - 1) & 1);
+      mbar_expect_tx(sm.full(s), 2 * BM * D * 2);
+      const int t0 = cur.tile * tq;
       for (int pnl = 0; pnl < D / 64; ++pnl) {
-        tma_load_3d(sK + pnl * BN * 128, &w.tk, pnl * 64, kvh, k0, kvfull);
-        tma_load_3d(sV + pnl * BN * 128, &w.tv, pnl * 64, kvh, k0, kvfull);
-      }
-      TileWalk cur = TileWalk::first(L.entries, e_begin, e_end, reverse);
-      for (int n = 0; cur.more(); ++n, cur.advance(L.entries)) {
-        const int s = n % kStages;
-        if (n >= kStages) mbar_wait(empty(s), ((n / kStages) - 1) & 1);
-        mbar_expect_tx(full(s), 2 * BM * D * 2);
-        const int t0 = cur.tile * tq;
-        for (int pnl = 0; pnl < D / 64; ++pnl) {
-          tma_load_3d(sQ + s * BM * D * 2 + pnl * BM * 128, &w.tq, pnl * 64, kvh * G, t0, full(s));
-          tma_load_3d(sdO + s * BM * D * 2 + pnl * BM * 128, &w.tdo, pnl * 64, kvh * G, t0, full(s));
-        }
-      }
-    } else if (pw == 1) {
-      // packed row r of query tile qt = (token qt tq + r / G, q head kvh G + r % G); rows past q_rows get 0
-      // (the consumers' visibility bits exclude them). Lane l copies rows l and l + 32 (few registers: the
-      // per-row token offset and head are computed once).
-      const int dt0 = lane / G, dt1 = (lane + 32) / G;
-      const int h0 = kvh * G + lane % G, h1 = kvh * G + (lane + 32) % G;
-      TileWalk cur = TileWalk::first(L.entries, e_begin, e_end, reverse);
-#pragma unroll 1
-      for (int n = 0; cur.more(); ++n, cur.advance(L.entries)) {
-        const int s = n % kStages;
-        if (n >= kStages) mbar_wait(empty(s), ((n / kStages) - 1) & 1);
-        const int t0 = cur.tile * tq;
-        if (lane == 0) {  // the step, for the consumers (no cursor there), and whether warpgroup 1 sits it out
-          const int2 live = L.upper_live[cur.entry];
-          const bool idle = kDqBufs > 0 && w.skip_idle && (cur.tile < live.x || cur.tile >= live.y);
-          sStep[s] = make_int4(cur.tile, cur.entry, idle, 0);
-        }
-        float* lse_dst = sLse + s * BM + lane;
-        float* dsum_dst = sDsum + s * BM + lane;
-        const int ta = t0 + dt0, tb = t0 + dt1;
-        lse_dst[0] = ta < args.q_rows ? p.lse[ta * p.lse_row_stride + h0 * p.lse_head_stride] * kLog2e : 0.f;
-        lse_dst[32] = tb < args.q_rows ? p.lse[tb * p.lse_row_stride + h1 * p.lse_head_stride] * kLog2e : 0.f;
-        dsum_dst[0] = ta < args.q_rows ? p.dsum[static_cast<int64_t>(ta) * p.hq + h0] : 0.f;
-        dsum_dst[32] = tb < args.q_rows ? p.dsum[static_cast<int64_t>(tb) * p.hq + h1] : 0.f;
-        mbar_arrive(full(s));
-      }
-    } else if (pw == 2 && lane == 0) {
-      if constexpr (kDqTma) {
-        // each step's dQ from the consumers' buffer into global dQ (rows past q_rows are skipped)
-        TileWalk cur = TileWalk::first(L.entries, e_begin, e_end, reverse);
-        for (int n = 0; cur.more(); ++n, cur.advance(L.entries)) {
-          const int b = n % kDqBufs;
-          mbar_wait(dqfull(b), (n / kDqBufs) & 1);
-          const int t0 = cur.tile * tq;
-#pragma unroll
-          for (int pnl = 0; pnl < D / 32; ++pnl)
-            tma_reduce_add_3d(&w.tdq, pnl * 32, kvh * G, t0, sdQ + b * BM * D * 4 + pnl * BM * 128);
-          bulk_commit_group();
-          bulk_wait_group_read0();  // the buffer has been read: the consumers may refill it
-          mbar_arrive(dqempty(b));
-        }
-        bulk_wait_group0();
+        tma_load_3d(sm.sQ + s * BM * D * 2 + pnl * BM * 128, &w.tq, pnl * 64, kvh * G, t0, sm.full(s));
+        tma_load_3d(sm.sdO + s * BM * D * 2 + pnl * BM * 128, &w.tdo, pnl * 64, kvh * G, t0, sm.full(s));
       }
     }
-    return;
   }
-  setmaxnreg_inc<240>();
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wg = warp / 4;
-  const int valid_rows = tq * G;
-  float dk[D / 2], dv[D / 2];  // register 4 j + c: (key h = c / 2, column 8 j + 2 (lane % 4) + c % 2)
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
-  const float sl2 = p.scale * kLog2e;
-  const int key_lo = k0 + warp * 16 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
-  const uint32_t keys_ok = bwd_keys_ok(key_lo, L.major_start[tile + 1]);
-  const uint32_t k16 = sK >> 4, v16 = sV >> 4, q16 = sQ >> 4, do16 = sdO >> 4, ds16 = sdS >> 4;
-  constexpr uint32_t kQStage16 = BM * D * 2 / 16, kDsStage16 = BN * BM * 2 / 16;
-  float* dq = p.dq;
-  if (e_begin < e_end) mbar_wait(kvfull, 0);
-  // scale dS K of the previous step, whose reductions are issued under this step's S^T / dP^T GEMMs (a copy
-  // made after the wait: ptxas would otherwise wait for the next GEMMs before reading registers a wgmma defined)
-  float acc[32], pend[32];
-  auto add_dq = [&](int t0) { bwd_red_add_dq(args, dq, pend, t0, G, valid_rows, kvh, warp, wg, lane); };
-  // kDqTma: scale dS K of this step into dQ buffer b (element (row r, column c) of the 64 x 128 tile is in
-  // panel c / 32, line r, 16-byte chunk (c % 32) / 4 XOR r % 8), then hand it to the dQ warp
-  auto stage_dq = [&](int b) {
-    const uint32_t qb = sdQ + b * BM * D * 4;
+  // Warp 1: each step's LSE (times log2 e) and Dsum into its stage, and the step itself (query tile, list entry, and
+  // whether warpgroup 1 sits it out) for the consumers, which hold no cursor; every lane arrives on full(s). Packed
+  // row r of query tile qt = (token qt tq + r / G, q head kvh G + r % G); rows past q_rows get 0 (the consumers'
+  // visibility bits exclude them). Lane l copies rows l and l + 32 (few registers: the per-row token offset and head
+  // are computed once).
+  __device__ __forceinline__ static void copy_stats(const BwdWsArgs& w, const Smem& sm, const BwdWsTileScheduler& sched,
+                                                    int tq, int G, int e_begin, int e_end, int lane) {
+    const BwdArgs& args = w.a;
+    const AttentionBackwardParams& p = args.p;
+    const auto& L = args.lists;
+    const int kvh = sched.kvh;
+    const int dt0 = lane / G, dt1 = (lane + 32) / G;
+    const int h0 = kvh * G + lane % G, h1 = kvh * G + (lane + 32) % G;
+    TileWalk cur = sched.walk(L.entries, e_begin, e_end);
+#pragma unroll 1
+    for (int n = 0; cur.more(); ++n, cur.advance(L.entries)) {
+      const int s = n % kStages;
+      if (n >= kStages) mbar_wait(sm.empty(s), ((n / kStages) - 1) & 1);
+      const int t0 = cur.tile * tq;
+      if (lane == 0) {  // the step, for the consumers (no cursor there), and whether warpgroup 1 sits it out
+        const int2 live = L.upper_live[cur.entry];
+        const bool idle = kDqBufs > 0 && w.skip_idle && (cur.tile < live.x || cur.tile >= live.y);
+        sm.sStep[s] = make_int4(cur.tile, cur.entry, idle, 0);
+      }
+      float* lse_dst = sm.sLse + s * BM + lane;
+      float* dsum_dst = sm.sDsum + s * BM + lane;
+      const int ta = t0 + dt0, tb = t0 + dt1;
+      lse_dst[0] = ta < args.q_rows ? p.lse[ta * p.lse_row_stride + h0 * p.lse_head_stride] * kLog2e : 0.f;
+      lse_dst[32] = tb < args.q_rows ? p.lse[tb * p.lse_row_stride + h1 * p.lse_head_stride] * kLog2e : 0.f;
+      dsum_dst[0] = ta < args.q_rows ? p.dsum[static_cast<int64_t>(ta) * p.hq + h0] : 0.f;
+      dsum_dst[32] = tb < args.q_rows ? p.dsum[static_cast<int64_t>(tb) * p.hq + h1] : 0.f;
+      mbar_arrive(sm.full(s));
+    }
+  }
+};
+
+// ---- dQ reduction -------------------------------------------------------------------------------------------------
+
+// kDqBufs > 0: the consumers store each step's dQ (fp32, scaled) into one of kDqBufs shared buffers laid out as four
+// 32-column panels with the 128-byte swizzle, and a producer warp adds it to global dQ with four TMA bulk
+// reductions, instead of 16 red.global.add.v2.f32 per consumer thread (the profile of run 32 put 28% of the
+// consumer warps' stall samples on those reductions and on the registers they still read). Three Q/dO stages
+// with one dQ buffer (the shared-memory limit) measured slower than two and two (run 35).
+// kDqBufs == 0: each consumer thread adds its part of the previous step's dQ with red.global.add under this step's
+// GEMMs (bwd_red_add_dq).
+template <int kStages, int kDqBufs>
+struct BwdWsDqReduction {
+  static constexpr int D = kBwsD, BM = kBwsRows;
+  using Smem = BwdWsSmem<kStages, kDqBufs>;
+
+  // Consumers: scale dS K of this step (acc) into dQ buffer b (element (row r, column c) of the 64 x 128 tile is in
+  // panel c / 32, line r, 16-byte chunk (c % 32) / 4 XOR r % 8).
+  __device__ __forceinline__ static void stage(const Smem& sm, const float (&acc)[32], float scale, int b, int warp,
+                                               int wg, int lane) {
+    const uint32_t qb = sm.sdQ + b * BM * D * 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
@@ -223,93 +236,50 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
       for (int j = 0; j < 8; ++j) {
         const int c = 64 * wg + 8 * j + 2 * (lane % 4);
         const uint32_t addr = qb + (c / 32) * (BM * 128) + r * 128 + ((((c % 32) / 4) ^ (r % 8)) << 4) + (c % 4) * 4;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * j + 2 * h] * p.scale),
-                     "f"(acc[4 * j + 2 * h + 1] * p.scale)
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(acc[4 * j + 2 * h] * scale),
+                     "f"(acc[4 * j + 2 * h + 1] * scale)
                      : "memory");
       }
     }
-  };
-  int pending_dq_t0 = -1;  // first token of the query tile whose dQ (pend) is still to be added
-
-  int steps = 0;
-  for (int i = e_begin; i < e_end; ++i) steps += L.entries[i].tile_end - L.entries[i].tile_begin;
-#pragma unroll 1
-  for (int n = 0; n < steps; ++n) {
-    const int s = n % kStages;
-    mbar_wait(full(s), (n / kStages) & 1);
-    const uint32_t qs16 = q16 + s * kQStage16, dos16 = do16 + s * kQStage16;
-    const float* lse_s = sLse + s * BM;
-    const float* dsum_s = sDsum + s * BM;
-    const uint32_t dsb = sdS + (n & 1) * BN * BM * 2;  // this step's dS^T buffer
-    const int4 step = sStep[s];  // written by the stats warp before its arrival on full(s)
-    const TileEntry e = L.entries[step.y];
-    const int t0 = step.x * tq;
-
-    // kDqTma: warpgroup 1's keys (from k0 + 64) see no query of some steps (the first half of a diagonal, a
-    // tile of at most 64 keys: outside the entry's TileLists::upper_live range, which the stats warp reads). It
-    // then skips S^T, dP^T, dV and dK and zeroes its half of dS^T for the dQ GEMM. Decided where no wgmma is in
-    // flight; each path waits for its own GEMMs.
-    if (kDqTma && wg == 1 && step.z) {
-      const uint32_t z = dsb + 64 * 128 + (threadIdx.x - 128) * 64;  // rows 64 .. 127 (this warpgroup's keys)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(z + 16 * i), "r"(0) : "memory");
-      fence_proxy_async_shared();  // the zeros -> the dQ wgmma
-      named_barrier_sync(1, 256);  // dS^T complete (both consumer warpgroups)
-      bwd_issue_dq<BN, false, E>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
-      wgmma_wait<0>();
-      wgmma_fence_operands(acc);
-    } else {
-      // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
-      // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites
-      float st[BM / 2], dpt[BM / 2];
-      bwd_issue_st_dpt<D, BM, BN, false, E>(st, dpt, k16, v16, qs16, dos16, wg);
-      if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
-
-      uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands (LSE staged in base-2 units)
-      bwd_softmax_grad<BM, BN, true, E>(
-          args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st, dpt,
-          [&] { return reinterpret_cast<elem_t<E>*>(base + (dsb - sK)); }, pa, da);
-
-      bwd_issue_dvdk<D, BM, E>(dv, dk, pa, da, qs16, dos16);
-      fence_proxy_async_shared();     // dS^T stores -> the dQ wgmma
-      named_barrier_sync(1, 256);     // dS^T complete (both consumer warpgroups)
-
-      // dQ = dS K (scaled below), head-dim columns 64 wg .. +64 of all BM rows
-      bwd_issue_dq<BN, false, E>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
-      wgmma_wait<0>();  // dQ, and dV / dK (groups retire in order)
-      wgmma_fence_operands(acc);
-      wgmma_fence_operands(dv);
-      wgmma_fence_operands(dk);
-      wgmma_fence_operands(pa);
-      wgmma_fence_operands(da);
-    }
-    mbar_arrive(empty(s));  // this thread's reads of stage s (Q, dO, LSE, Dsum) are done
-    if constexpr (kDqTma) {
-      const int b = n % kDqBufs;
-      // the dQ warp has read step n - kDqBufs's buffer
-      if (n >= kDqBufs) mbar_wait(dqempty(b), ((n / kDqBufs) - 1) & 1);
-      stage_dq(b);
-      fence_proxy_async_shared();  // the stores -> the bulk reduction (async proxy)
-      __syncwarp();
-      if (lane == 0) mbar_arrive(dqfull(b));
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) pend[i] = acc[i] * p.scale;
-      pending_dq_t0 = t0;
-    }
-    // The next dS^T goes to the other buffer, whose dQ reads both warpgroups finished before this step's
-    // named barrier; the one after reuses this buffer only past the next step's barrier.
   }
-  if constexpr (!kDqTma) add_dq(pending_dq_t0);
 
-  const int k_end = L.major_start[tile + 1];
-  if (kDqTma && w.dkdv_tma) {
-    // Each warpgroup stages its 64 keys of dK (scaled) and dV, fp32, as four 32-column panels each with the 128-byte
-    // swizzle, over K, V (warpgroup 0) and the Q / dO stages (warpgroup 1), and one thread adds them with eight TMA
-    // bulk reductions: no read of dK / dV back into registers. Keys from k_end on (the next tile's) add zeros.
+  // Producer warp 2, one thread: each step's buffer into global dQ (rows past q_rows are skipped), then the buffer
+  // back to the consumers once the reductions have read it.
+  __device__ __forceinline__ static void drain(const BwdWsArgs& w, const Smem& sm, const BwdWsTileScheduler& sched,
+                                               int tq, int G, int e_begin, int e_end) {
+    const auto& L = w.a.lists;
+    TileWalk cur = sched.walk(L.entries, e_begin, e_end);
+    for (int n = 0; cur.more(); ++n, cur.advance(L.entries)) {
+      const int b = n % kDqBufs;
+      mbar_wait(sm.dqfull(b), (n / kDqBufs) & 1);
+      const int t0 = cur.tile * tq;
+#pragma unroll
+      for (int pnl = 0; pnl < D / 32; ++pnl)
+        tma_reduce_add_3d(&w.tdq, pnl * 32, sched.kvh * G, t0, sm.sdQ + b * BM * D * 4 + pnl * BM * 128);
+      bulk_commit_group();
+      bulk_wait_group_read0();  // the buffer has been read: the consumers may refill it
+      mbar_arrive(sm.dqempty(b));
+    }
+    bulk_wait_group0();
+  }
+};
+
+// ---- dK / dV epilogue ---------------------------------------------------------------------------------------------
+
+template <int kStages, int kDqBufs>
+struct BwdWsEpilogue {
+  static constexpr int D = kBwsD;
+  using Smem = BwdWsSmem<kStages, kDqBufs>;
+
+  // dkdv_tma: each warpgroup stages its 64 keys of dK (scaled) and dV, fp32, as four 32-column panels each with the
+  // 128-byte swizzle, over K, V (warpgroup 0) and the Q / dO stages (warpgroup 1), and one thread adds them with eight
+  // TMA bulk reductions: no read of dK / dV back into registers. Keys from k_end on (the next tile's) add zeros.
+  __device__ __forceinline__ static void reduce_by_tma(const BwdWsArgs& w, const Smem& sm, const float (&dk)[D / 2],
+                                                       const float (&dv)[D / 2], int k0, int k_end, int key_lo, int kvh,
+                                                       int warp, int wg, int lane) {
+    const AttentionBackwardParams& p = w.a.p;
     named_barrier_sync(1, 256);  // both warpgroups' last GEMMs have retired: K, V, Q and dO are free
-    const uint32_t region = sK + wg * (2 * 64 * D * 4);
+    const uint32_t region = sm.sK + wg * (2 * 64 * D * 4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
@@ -337,6 +307,148 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
       bulk_commit_group();
       bulk_wait_group_read0();  // shared memory stays until the reductions have read it
     }
+  }
+};
+
+// ---- The kernel ---------------------------------------------------------------------------------------------------
+
+// One body: the scheduler picks the block's tile and walk, the producer warpgroup loads and (kDqBufs > 0) drains dQ,
+// the consumers run the mainloop (per step S^T and dP^T, the softmax gradient dS^T, dV and dK, then dQ = dS K and
+// its reduction) and the dK / dV epilogue.
+template <int kStages, int kDqBufs, DType E = DType::kBf16>
+__global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const __grid_constant__ BwdWsArgs w) {
+  constexpr int D = kBwsD, BM = kBwsRows, BN = kBwsKeys;
+  using Smem = BwdWsSmem<kStages, kDqBufs>;
+  using Producer = BwdWsProducer<kStages, kDqBufs>;
+  using DqReduction = BwdWsDqReduction<kStages, kDqBufs>;
+  const BwdArgs& args = w.a;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const Smem sm(smem_raw);
+  constexpr bool kDqTma = kDqBufs > 0;
+
+  const AttentionBackwardParams& p = args.p;
+  const auto& L = args.lists;
+  const BwdWsTileScheduler sched(w);
+  const int tile = sched.tile, kvh = sched.kvh;
+  const int G = args.group;
+  const int k0 = L.major_start[tile];  // the tile: keys [k0, L.major_start[tile + 1]), at most BN
+  const int tq = L.minor_tile_rows;  // tokens per query tile (tq G = BM: the launcher checks)
+  const int e_begin = L.offsets[tile], e_end = L.offsets[tile + 1];
+
+  if (threadIdx.x == 0) sm.init_barriers();
+  __syncthreads();
+
+  if (threadIdx.x >= 256) {
+    setmaxnreg_dec<24>();  // (168 - 24) x 128 = (240 - 168) x 256: what the consumers take
+    const int pw = threadIdx.x / 32 - 8, lane = threadIdx.x % 32;
+    if (pw == 0 && lane == 0 && e_begin < e_end) {
+      Producer::load(w, sm, sched, k0, tq, G, e_begin, e_end);
+    } else if (pw == 1) {
+      Producer::copy_stats(w, sm, sched, tq, G, e_begin, e_end, lane);
+    } else if (pw == 2 && lane == 0) {
+      if constexpr (kDqTma) DqReduction::drain(w, sm, sched, tq, G, e_begin, e_end);
+    }
+    return;
+  }
+  setmaxnreg_inc<240>();
+
+  // ---- consumers: the mainloop
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wg = warp / 4;
+  const int valid_rows = tq * G;
+  float dk[D / 2], dv[D / 2];  // register 4 j + c: (key h = c / 2, column 8 j + 2 (lane % 4) + c % 2)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  const float sl2 = p.scale * kLog2e;
+  const int key_lo = k0 + warp * 16 + lane / 4;  // this lane's keys: key_lo and key_lo + 8
+  const uint32_t keys_ok = bwd_keys_ok(key_lo, L.major_start[tile + 1]);
+  const uint32_t k16 = sm.sK >> 4, v16 = sm.sV >> 4, q16 = sm.sQ >> 4, do16 = sm.sdO >> 4, ds16 = sm.sdS >> 4;
+  constexpr uint32_t kQStage16 = BM * D * 2 / 16, kDsStage16 = BN * BM * 2 / 16;
+  float* dq = p.dq;
+  if (e_begin < e_end) mbar_wait(sm.kvfull(), 0);
+  // scale dS K of the previous step, whose reductions are issued under this step's S^T / dP^T GEMMs (a copy
+  // made after the wait: ptxas would otherwise wait for the next GEMMs before reading registers a wgmma defined)
+  float acc[32], pend[32];
+  auto add_dq = [&](int t0) { bwd_red_add_dq(args, dq, pend, t0, G, valid_rows, kvh, warp, wg, lane); };
+  int pending_dq_t0 = -1;  // first token of the query tile whose dQ (pend) is still to be added
+
+  int steps = 0;
+  for (int i = e_begin; i < e_end; ++i) steps += L.entries[i].tile_end - L.entries[i].tile_begin;
+#pragma unroll 1
+  for (int n = 0; n < steps; ++n) {
+    const int s = n % kStages;
+    mbar_wait(sm.full(s), (n / kStages) & 1);
+    const uint32_t qs16 = q16 + s * kQStage16, dos16 = do16 + s * kQStage16;
+    const float* lse_s = sm.sLse + s * BM;
+    const float* dsum_s = sm.sDsum + s * BM;
+    const uint32_t dsb = sm.sdS + (n & 1) * BN * BM * 2;  // this step's dS^T buffer
+    const int4 step = sm.sStep[s];  // written by the stats warp before its arrival on full(s)
+    const TileEntry e = L.entries[step.y];
+    const int t0 = step.x * tq;
+
+    // kDqTma: warpgroup 1's keys (from k0 + 64) see no query of some steps (the first half of a diagonal, a
+    // tile of at most 64 keys: outside the entry's TileLists::upper_live range, which the stats warp reads). It
+    // then skips S^T, dP^T, dV and dK and zeroes its half of dS^T for the dQ GEMM. Decided where no wgmma is in
+    // flight; each path waits for its own GEMMs.
+    if (kDqTma && wg == 1 && step.z) {
+      const uint32_t z = dsb + 64 * 128 + (threadIdx.x - 128) * 64;  // rows 64 .. 127 (this warpgroup's keys)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(z + 16 * i), "r"(0) : "memory");
+      fence_proxy_async_shared();  // the zeros -> the dQ wgmma
+      named_barrier_sync(1, 256);  // dS^T complete (both consumer warpgroups)
+      bwd_issue_dq<BN, false, E>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
+      wgmma_wait<0>();
+      wgmma_fence_operands(acc);
+    } else {
+      // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
+      // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites
+      float st[BM / 2], dpt[BM / 2];
+      bwd_issue_st_dpt<D, BM, BN, false, E>(st, dpt, k16, v16, qs16, dos16, wg);
+      if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
+
+      uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands (LSE staged in base-2 units)
+      bwd_softmax_grad<BM, BN, true, E>(
+          args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st, dpt,
+          [&] { return reinterpret_cast<elem_t<E>*>(sm.base + (dsb - sm.sK)); }, pa, da);
+
+      bwd_issue_dvdk<D, BM, E>(dv, dk, pa, da, qs16, dos16);
+      fence_proxy_async_shared();     // dS^T stores -> the dQ wgmma
+      named_barrier_sync(1, 256);     // dS^T complete (both consumer warpgroups)
+
+      // dQ = dS K (scaled below), head-dim columns 64 wg .. +64 of all BM rows
+      bwd_issue_dq<BN, false, E>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
+      wgmma_wait<0>();  // dQ, and dV / dK (groups retire in order)
+      wgmma_fence_operands(acc);
+      wgmma_fence_operands(dv);
+      wgmma_fence_operands(dk);
+      wgmma_fence_operands(pa);
+      wgmma_fence_operands(da);
+    }
+    mbar_arrive(sm.empty(s));  // this thread's reads of stage s (Q, dO, LSE, Dsum) are done
+    // ---- the step's dQ reduction
+    if constexpr (kDqTma) {
+      const int b = n % kDqBufs;
+      // the dQ warp has read step n - kDqBufs's buffer
+      if (n >= kDqBufs) mbar_wait(sm.dqempty(b), ((n / kDqBufs) - 1) & 1);
+      DqReduction::stage(sm, acc, p.scale, b, warp, wg, lane);
+      fence_proxy_async_shared();  // the stores -> the bulk reduction (async proxy)
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sm.dqfull(b));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) pend[i] = acc[i] * p.scale;
+      pending_dq_t0 = t0;
+    }
+    // The next dS^T goes to the other buffer, whose dQ reads both warpgroups finished before this step's
+    // named barrier; the one after reuses this buffer only past the next step's barrier.
+  }
+  if constexpr (!kDqTma) add_dq(pending_dq_t0);
+
+  // ---- consumers: the dK / dV epilogue
+  const int k_end = L.major_start[tile + 1];
+  if (kDqTma && w.dkdv_tma) {
+    BwdWsEpilogue<kStages, kDqBufs>::reduce_by_tma(w, sm, dk, dv, k0, k_end, key_lo, kvh, warp, wg, lane);
     return;
   }
   bwd_store_dkdv<D>(args, dk, dv, key_lo, k_end, kvh, lane);
