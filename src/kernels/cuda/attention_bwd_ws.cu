@@ -210,6 +210,42 @@ struct BwdWsProducer {
   }
 };
 
+// ---- Mainloop -----------------------------------------------------------------------------------------------------
+
+// A consumer warpgroup's step over the shared steps of attention_bwd_wgmma.cuh: issue_scores, then (in the kernel
+// body) the softmax gradient, dV and dK, the dQ GEMM; or, for warpgroup 1 on a step its keys see no query of,
+// idle_step. The caller owns every register array. The softmax gradient and the GEMMs after it stay in the body:
+// wrapped in a function of this part, even one that only forwards to bwd_softmax_grad, the kernels' machine code
+// changes (nvcc optimises a forceinline callee before inlining it; docs/benchmarks-gpu.md, "One kernel body per
+// direction").
+template <int kStages, int kDqBufs, DType E>
+struct BwdWsMainloop {
+  static constexpr int D = kBwsD, BM = kBwsRows, BN = kBwsKeys;
+
+  // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows, issued (element 4 nb + c is (key
+  // key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites).
+  __device__ __forceinline__ static void issue_scores(float (&st)[BM / 2], float (&dpt)[BM / 2], uint32_t k16,
+                                                      uint32_t v16, uint32_t qs16, uint32_t dos16, int wg) {
+    bwd_issue_st_dpt<D, BM, BN, false, E>(st, dpt, k16, v16, qs16, dos16, wg);
+  }
+
+  // Warpgroup 1 where its keys (from k0 + 64) see no query of the step (the first half of a diagonal, a tile of at
+  // most 64 keys: outside the entry's TileLists::upper_live range): S^T, dP^T, dV and dK skipped, its half of dS^T
+  // (rows 64 .. 127 of buffer dsb) zeroed for the dQ GEMM, which it runs with warpgroup 0.
+  __device__ __forceinline__ static void idle_step(float (&acc)[32], uint32_t dsb, uint32_t ds16n, uint32_t k16,
+                                                   int wg) {
+    const uint32_t z = dsb + 64 * 128 + (threadIdx.x - 128) * 64;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(z + 16 * i), "r"(0) : "memory");
+    fence_proxy_async_shared();  // the zeros -> the dQ wgmma
+    named_barrier_sync(1, 256);  // dS^T complete (both consumer warpgroups)
+    bwd_issue_dq<BN, false, E>(acc, ds16n, k16, wg);
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+  }
+};
+
 // ---- dQ reduction -------------------------------------------------------------------------------------------------
 
 // kDqBufs > 0: the consumers store each step's dQ (fp32, scaled) into one of kDqBufs shared buffers laid out as four
@@ -321,6 +357,7 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
   using Smem = BwdWsSmem<kStages, kDqBufs>;
   using Producer = BwdWsProducer<kStages, kDqBufs>;
   using DqReduction = BwdWsDqReduction<kStages, kDqBufs>;
+  using Mainloop = BwdWsMainloop<kStages, kDqBufs, E>;
   const BwdArgs& args = w.a;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const Smem sm(smem_raw);
@@ -391,23 +428,12 @@ __global__ void __launch_bounds__(kBwsThreads, 1) attention_bwd_ws_kernel(const 
     // then skips S^T, dP^T, dV and dK and zeroes its half of dS^T for the dQ GEMM. Decided where no wgmma is in
     // flight; each path waits for its own GEMMs.
     if (kDqTma && wg == 1 && step.z) {
-      const uint32_t z = dsb + 64 * 128 + (threadIdx.x - 128) * 64;  // rows 64 .. 127 (this warpgroup's keys)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(z + 16 * i), "r"(0) : "memory");
-      fence_proxy_async_shared();  // the zeros -> the dQ wgmma
-      named_barrier_sync(1, 256);  // dS^T complete (both consumer warpgroups)
-      bwd_issue_dq<BN, false, E>(acc, ds16 + (n & 1) * kDsStage16, k16, wg);
-      wgmma_wait<0>();
-      wgmma_fence_operands(acc);
+      Mainloop::idle_step(acc, dsb, ds16 + (n & 1) * kDsStage16, k16, wg);
     } else {
-      // S^T = K Q^T and dP^T = V dO^T for this warpgroup's 64 keys x BM rows; element 4 nb + c is
-      // (key key_lo + 8 (c / 2), row nb * 8 + 2 (lane % 4) + c % 2); the first k step overwrites
-      float st[BM / 2], dpt[BM / 2];
-      bwd_issue_st_dpt<D, BM, BN, false, E>(st, dpt, k16, v16, qs16, dos16, wg);
+      float st[BM / 2], dpt[BM / 2];  // S^T, dP^T
+      Mainloop::issue_scores(st, dpt, k16, v16, qs16, dos16, wg);
       if constexpr (!kDqTma) add_dq(pending_dq_t0);  // the previous step's dQ (none when -1), under this step's GEMMs
-
-      uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands (LSE staged in base-2 units)
+      uint32_t pa[BM / 16][4], da[BM / 16][4];  // P^T and dS^T as A operands
       bwd_softmax_grad<BM, BN, true, E>(
           args, e, t0, G, valid_rows, key_lo, keys_ok, warp, lane, sl2, lse_s, dsum_s, st, dpt,
           [&] { return reinterpret_cast<elem_t<E>*>(sm.base + (dsb - sm.sK)); }, pa, da);
