@@ -376,7 +376,7 @@ namespace {
 // The CUDA backend's GDN states and summaries are fp32, whatever the activations' precision.
 constexpr int kCudaGdnStateBytes = 4;
 
-// The caller's bf16 device arrays of n tokens as backend buffers.
+// The caller's 16-bit (bf16 or fp16) device arrays of n tokens as backend buffers.
 auto bf16_view(int64_t n) {
   return [n](uintptr_t x, int64_t width) { return device_view<cuda::bf16_t>(x, n * width); };
 }
@@ -403,9 +403,9 @@ struct CudaGdnRun {
 
 }  // namespace
 
-void KeyCore::cuda_gdn_forward(const GdnCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g,
-                               uintptr_t beta, uintptr_t y) {
-  Communicator& comm = cuda_comm(device, "gated_delta_rule");
+void KeyCore::cuda_gdn_forward(const GdnCall& c, int device, bool fp16, uintptr_t q, uintptr_t k, uintptr_t v,
+                               uintptr_t g, uintptr_t beta, uintptr_t y) {
+  Communicator& comm = cuda_comm(device, "gated_delta_rule", fp16);
   CudaBackend& be = *cuda_->backend;
   const int64_t n = owned_tokens_;
   const CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);
@@ -414,10 +414,10 @@ void KeyCore::cuda_gdn_forward(const GdnCall& c, int device, uintptr_t q, uintpt
   be.copy_rows(redistribute(comm, be, run.y, run.owners, layout_, vw), {{0, 0, n}}, vw, out);
 }
 
-void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g,
-                                uintptr_t beta, uintptr_t dy, uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t dg,
-                                uintptr_t dbeta) {
-  Communicator& comm = cuda_comm(device, "gated_delta_rule");
+void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr_t q, uintptr_t k, uintptr_t v,
+                                uintptr_t g, uintptr_t beta, uintptr_t dy, uintptr_t dq, uintptr_t dk, uintptr_t dv,
+                                uintptr_t dg, uintptr_t dbeta) {
+  Communicator& comm = cuda_comm(device, "gated_delta_rule", fp16);
   CudaBackend& be = *cuda_->backend;
   const int64_t n = owned_tokens_;
   // The backward needs the states the forward started each run from: run the forward again, as on the CPU.
@@ -440,9 +440,9 @@ void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, uintptr_t q, uintp
   back(gb, shape.heads, dbeta);
 }
 
-void KeyCore::cuda_conv_forward(int channels, int width, bool silu, int device, uintptr_t x, uintptr_t weight,
-                                uintptr_t bias, uintptr_t y) {
-  Communicator& comm = cuda_comm(device, "short_conv");
+void KeyCore::cuda_conv_forward(int channels, int width, bool silu, int device, bool fp16, uintptr_t x,
+                                uintptr_t weight, uintptr_t bias, uintptr_t y) {
+  Communicator& comm = cuda_comm(device, "short_conv", fp16);
   CudaBackend& be = *cuda_->backend;
   ConvCP<CudaBackend> conv(layout_, row_, ConvShape{channels, width, silu}, comm, be);
   const int64_t n = owned_tokens_;
@@ -453,9 +453,10 @@ void KeyCore::cuda_conv_forward(int channels, int width, bool silu, int device, 
   conv.forward(xb, wb, bias ? &bb : nullptr, yb);
 }
 
-void KeyCore::cuda_conv_backward(int channels, int width, bool silu, int device, uintptr_t x, uintptr_t weight,
-                                 uintptr_t bias, uintptr_t dy, uintptr_t dx, uintptr_t dweight, uintptr_t dbias) {
-  Communicator& comm = cuda_comm(device, "short_conv");
+void KeyCore::cuda_conv_backward(int channels, int width, bool silu, int device, bool fp16, uintptr_t x,
+                                 uintptr_t weight, uintptr_t bias, uintptr_t dy, uintptr_t dx, uintptr_t dweight,
+                                 uintptr_t dbias) {
+  Communicator& comm = cuda_comm(device, "short_conv", fp16);
   CudaBackend& be = *cuda_->backend;
   ConvCP<CudaBackend> conv(layout_, row_, ConvShape{channels, width, silu}, comm, be);
   const int64_t n = owned_tokens_;
@@ -470,18 +471,19 @@ void KeyCore::cuda_conv_backward(int channels, int width, bool silu, int device,
   conv.backward(dyb, dxb, dwb, bias ? &dbb : nullptr);
 }
 #else
-void KeyCore::cuda_gdn_forward(const GdnCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
+void KeyCore::cuda_gdn_forward(const GdnCall&, int, bool, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                               uintptr_t) {
   fail("gated_delta_rule: this build of treecp has no CUDA backend");
 }
-void KeyCore::cuda_gdn_backward(const GdnCall&, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
-                                uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
+void KeyCore::cuda_gdn_backward(const GdnCall&, int, bool, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
   fail("gated_delta_rule: this build of treecp has no CUDA backend");
 }
-void KeyCore::cuda_conv_forward(int, int, bool, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
+void KeyCore::cuda_conv_forward(int, int, bool, int, bool, uintptr_t, uintptr_t, uintptr_t, uintptr_t) {
   fail("short_conv: this build of treecp has no CUDA backend");
 }
-void KeyCore::cuda_conv_backward(int, int, bool, int, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
-                                 uintptr_t) {
+void KeyCore::cuda_conv_backward(int, int, bool, int, bool, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t,
+                                 uintptr_t, uintptr_t) {
   fail("short_conv: this build of treecp has no CUDA backend");
 }
 #endif

@@ -90,17 +90,19 @@ class KeyCore {
                                uintptr_t sink, uintptr_t o, uintptr_t lse, uintptr_t dy, uintptr_t dq, uintptr_t dk,
                                uintptr_t dv, uintptr_t dsink);
 
-  // GDN/KDA on CUDA, shaped as gdn_forward/gdn_backward: bf16 inputs, y and dy; fp32 gradients (overwritten).
-  void cuda_gdn_forward(const GdnCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g,
+  // GDN/KDA on CUDA, shaped as gdn_forward/gdn_backward: bf16 (or, with fp16, fp16) inputs, y and dy; fp32
+  // gradients (overwritten).
+  void cuda_gdn_forward(const GdnCall& c, int device, bool fp16, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g,
                         uintptr_t beta, uintptr_t y);
-  void cuda_gdn_backward(const GdnCall& c, int device, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g,
+  void cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g,
                          uintptr_t beta, uintptr_t dy, uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t dg,
                          uintptr_t dbeta);
-  // The short convolution on CUDA: bf16 x, weight, bias (0: none) and y; fp32 dy and gradients. dweight and
-  // dbias get the gradient summed over the ranks (unlike conv_backward's share: the caller divides).
-  void cuda_conv_forward(int channels, int width, bool silu, int device, uintptr_t x, uintptr_t weight, uintptr_t bias,
-                         uintptr_t y);
-  void cuda_conv_backward(int channels, int width, bool silu, int device, uintptr_t x, uintptr_t weight,
+  // The short convolution on CUDA: bf16 (or, with fp16, fp16) x, weight, bias (0: none) and y; fp32 dy and
+  // gradients. dweight and dbias get the gradient summed over the ranks (unlike conv_backward's share: the caller
+  // divides).
+  void cuda_conv_forward(int channels, int width, bool silu, int device, bool fp16, uintptr_t x, uintptr_t weight,
+                         uintptr_t bias, uintptr_t y);
+  void cuda_conv_backward(int channels, int width, bool silu, int device, bool fp16, uintptr_t x, uintptr_t weight,
                           uintptr_t bias, uintptr_t dy, uintptr_t dx, uintptr_t dweight, uintptr_t dbias);
 
   // Depthwise causal conv over the tree: x [n, C], weight [C, K], bias [C] or null.

@@ -1,3 +1,4 @@
+#include <cmath>
 #include "arrays.hpp"
 
 #include "core/error.hpp"
@@ -19,6 +20,12 @@ void require_finite_at_most(const NpyArray& a, const std::string& name, double m
   for (size_t i = 0; i < a.data.size(); ++i) {
     require(a.data[i] <= max, name, ": element ", i, " is ", a.data[i], " (expected values <= ", max, ": ", why, ")");
   }
+}
+
+void require_magnitude_at_most(const NpyArray& a, const std::string& name, double max_abs, const std::string& why) {
+  for (size_t i = 0; i < a.data.size(); ++i)
+    require(std::abs(a.data[i]) <= max_abs, name, ": element ", i, " is ", a.data[i], " (expected |values| <= ", max_abs,
+            ": ", why, ")");
 }
 
 int require_dim(const NpyArray& a, const std::string& name, size_t axis, const std::string& what, int64_t lo,

@@ -23,6 +23,9 @@ void require_same_dtype(const NpyArray& a, const std::string& name, const NpyArr
 // (GDN's gates are logs of decays, <= 0).
 void require_finite_at_most(const NpyArray& a, const std::string& name, double max, const std::string& why);
 
+// Values of magnitude at most `max_abs` (the 16-bit type the GPU rounds them to holds them); `why` gives it.
+void require_magnitude_at_most(const NpyArray& a, const std::string& name, double max_abs, const std::string& why);
+
 // Dimension `axis` of `a` as an int, required in [lo, hi]; `what` names it ("Hq", "D").
 int require_dim(const NpyArray& a, const std::string& name, size_t axis, const std::string& what, int64_t lo,
                 int64_t hi);

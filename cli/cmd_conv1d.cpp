@@ -32,6 +32,7 @@ struct ConvInputs {
   int64_t S = 0;
   int C = 0, K = 0;
   bool gpu = false;  // --device cuda
+  cuda::DType dtype = cuda::DType::kBf16;  // --dtype (GPU: the inputs rounded to it on upload)
 };
 
 // Every file the command may write; those a run does not write are removed from --out at commit.
@@ -39,7 +40,7 @@ const std::vector<std::string> kOutputs = {"y.npy", "dx.npy", "dweight.npy", "db
 
 void declare_options(Args& args) {
   declare_rank_options(args);
-  args.value("--tree").value("--x").value("--weight").value("--bias").value("--dout").value("--out").value("--device").flag("--silu");
+  args.value("--tree").value("--x").value("--weight").value("--bias").value("--dout").value("--out").value("--device").value("--dtype").flag("--silu");
 }
 
 // Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
@@ -49,6 +50,7 @@ ConvInputs prepare(const Args& args) {
   in.ranks = rank_options(args, 1);
   in.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
   if (in.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
+  in.dtype = layer_gpu_dtype(args, in.gpu);
   in.out_dir = args.get("--out");
   in.silu = args.get_flag("--silu");
   in.row = load_row(args.get("--tree"));
@@ -82,6 +84,8 @@ ConvInputs prepare(const Args& args) {
   require_finite(in.weight, "weight");
   if (in.has_bias) require_finite(in.bias, "bias");
   if (in.has_dout) require_finite(in.dout, "dout");
+  for (const auto& [a, name] : {std::pair{&in.x, "x"}, {&in.weight, "weight"}, {&in.bias, "bias"}})
+    require_fits(in.dtype, *a, name);  // dout stays fp32 on the GPU
   const int64_t inputs = in.x.numel() + in.weight.numel() + in.bias.numel() + in.dout.numel();
   const int64_t outputs = in.x.numel() + (in.has_dout ? inputs - in.dout.numel() : 0);
   require_memory(arrays_memory_bytes(in.ranks.count, inputs, outputs, dtype == DType::F64 ? 8 : 4),
@@ -137,14 +141,15 @@ int run_gpu(Communicator& comm, const ConvInputs& in, OutputDir* out) {
   const ConvArrays arrays{&in.x.data, &in.weight.data, in.has_bias ? &in.bias.data : nullptr,
                           in.has_dout ? &in.dout.data : nullptr};
   const GpuLayerResult r = conv1d_on_gpus(comm, in.row, ConvShape{in.C, in.K, in.silu}, layout, arrays,
-                                          in.ranks.timeout_s);
+                                          in.ranks.timeout_s, in.dtype);
   if (comm.rank() != 0) return 0;
   std::vector<std::pair<std::string, std::vector<int64_t>>> files = {
       {"y.npy", in.x.shape}, {"dx.npy", in.x.shape}, {"dweight.npy", in.weight.shape}, {"dbias.npy", in.bias.shape}};
   for (size_t i = 0; i < r.outputs.size(); ++i)
     out->write(files[i].first, npy_bytes(files[i].second, r.outputs[i].data(), DType::F32));
   out->commit();
-  std::printf("conv1d bf16 on %s: %s, %s, %s, width %d%s; forward %.3f ms", count_of(N, "GPU").c_str(),
+  std::printf("conv1d %s on %s: %s, %s, %s, width %d%s; forward %.3f ms", cuda::dtype_name(in.dtype),
+              count_of(N, "GPU").c_str(),
               count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(),
               count_of(in.C, "channel").c_str(), in.K, in.silu ? ", SiLU" : "", r.forward_ms);
   if (in.has_dout) std::printf(", backward %.3f ms", r.backward_ms);
@@ -163,9 +168,9 @@ int conv1d_main(const std::vector<std::string>& argv) {
 
 const Register kConv1d("conv1d",
                        "--tree T.json --x X.npy --weight W.npy [--bias B.npy] [--silu] [--dout DO.npy] [--ranks N] "
-                       "[--timeout S] [--device cpu|cuda] --out DIR",
+                       "[--timeout S] [--device cpu|cuda] [--dtype bf16|fp16] --out DIR",
                        "causal depthwise conv1d over the tree (x [S,C], weight [C,K]); writes y.npy (and dx, dweight, "
-                       "dbias with --dout); --device cuda: bf16 on one GPU per rank",
+                       "dbias with --dout); --device cuda: bf16 (or --dtype fp16) on one GPU per rank",
                        conv1d_main);
 
 }  // namespace

@@ -44,6 +44,7 @@ struct GdnInputs {
   GdnGate gate = GdnGate::Scalar;
   bool f64 = false;
   bool gpu = false;  // --device cuda
+  cuda::DType dtype = cuda::DType::kBf16;  // --dtype (GPU: the inputs rounded to it on upload)
   int reps = 1;      // --reps (GPU timing: the median after a warm-up)
   GdnLayout layout = GdnLayout::Searched;  // --layout
   std::optional<Layout> attention;         // --attention-layout
@@ -56,7 +57,7 @@ void declare_options(Args& args) {
   declare_rank_options(args);
   args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
       .value("--dout").value("--out").value("--chunk").value("--device").value("--layout").value("--attention-layout")
-      .value("--reps");
+      .value("--reps").value("--dtype");
 }
 
 // Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
@@ -67,6 +68,7 @@ GdnInputs prepare(const Args& args) {
   in.gpu = args.get_choice("--device", "cpu", {"cpu", "cuda"}) == "cuda";
   if (in.gpu) require(gpu_support(), "--device cuda: this treecp was built without CUDA and NCCL");
   require(in.gpu || !args.has("--reps"), "--reps goes with --device cuda");
+  in.dtype = layer_gpu_dtype(args, in.gpu);
   in.reps = static_cast<int>(args.get_int_in("--reps", 1, 1, 1000));
   in.chunk = static_cast<int>(args.get_int_in("--chunk", 64, 1, 4096));
   in.layout = parse_gdn_layout(args.get_choice("--layout", "searched", gdn_layout_names()));
@@ -116,6 +118,9 @@ GdnInputs prepare(const Args& args) {
   require_finite_at_most(in.g, "g", 0.0, "g is the natural log of a decay in (0, 1]");
   require_finite(in.beta, "beta");
   if (in.has_dout) require_finite(in.dout, "dout");
+  for (const auto& [a, name] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&in.g, "g"}, {&in.beta, "beta"},
+                                {&in.dout, "dout"}})
+    require_fits(in.dtype, *a, name);
   in.f64 = dtype == DType::F64;
   const int64_t inputs = in.q.numel() + in.k.numel() + in.v.numel() + in.g.numel() + in.beta.numel() + in.dout.numel();
   const int64_t outputs = in.v.numel() + (in.has_dout ? inputs - in.dout.numel() : 0);
@@ -205,10 +210,10 @@ int run_typed(Communicator& comm, const GdnInputs& in, OutputDir* out) {
 int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   const int N = comm.size();
   const GdnShape shape{in.H, in.dk, in.dv, in.gate, in.scale, in.chunk};
-  const GdnPlan plan = plan_layer(in, N, shape, 4, 2);  // fp32 states, bf16 activations
+  const GdnPlan plan = plan_layer(in, N, shape, 4, 2);  // fp32 states, 16-bit activations
   const GdnArrays arrays{&in.q.data, &in.k.data, &in.v.data, &in.g.data, &in.beta.data,
                          in.has_dout ? &in.dout.data : nullptr};
-  const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s, in.reps);
+  const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s, in.reps, in.dtype);
   if (comm.rank() != 0) return 0;
   const std::vector<std::pair<std::string, std::vector<int64_t>>> files = {
       {"o.npy", {in.S, in.H, in.dv}}, {"dq.npy", in.q.shape}, {"dk.npy", in.k.shape},
@@ -216,8 +221,8 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   for (size_t i = 0; i < r.outputs.size(); ++i)
     out->write(files[i].first, npy_bytes(files[i].second, r.outputs[i].data(), DType::F32));
   out->commit();
-  std::printf("gdn %s bf16 on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
-              in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", count_of(N, "GPU").c_str(),
+  std::printf("gdn %s %s on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
+              in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", cuda::dtype_name(in.dtype), count_of(N, "GPU").c_str(),
               count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(), in.H, in.dk, in.dv,
               gdn_layout_name(plan.layout), count_of(plan.chained_segments(), "chained segment").c_str(),
               count_of(2 * plan.num_phases - 1, "DAG step").c_str(), r.forward_ms);
@@ -239,9 +244,10 @@ int gdn_main(const std::vector<std::string>& argv) {
 const Register kGdn("gdn",
                     "--tree T.json --q Q.npy --k K.npy --v V.npy --g G.npy --beta B.npy [--scale X] [--dout DO.npy] "
                     "[--ranks N] [--timeout S] [--chunk C] [--layout searched|contiguous|zigzag|doc-zigzag] "
-                    "[--attention-layout L] [--device cpu|cuda] [--reps N] --out DIR",
+                    "[--attention-layout L] [--device cpu|cuda] [--dtype bf16|fp16] [--reps N] --out DIR",
                     "GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy (and dq, dk, dv, dg, dbeta with "
-                    "--dout); --device cuda: bf16 on one GPU per rank (--reps N: the median of N timed calls after a warm-up)",
+                    "--dout); --device cuda: bf16 (or --dtype fp16) on one GPU per rank (--reps N: the median of N timed calls "
+                    "after a warm-up)",
                     gdn_main);
 
 }  // namespace

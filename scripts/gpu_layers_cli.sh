@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine: `treecp gdn` (GDN and KDA gates, with gradients) and `treecp conv1d` with --device cuda
 # against --device cpu on the same small tree row, inputs made by numpy; prints the largest differences of every
-# output and fails when one is beyond bf16 expectations (the CUDA path rounds its inputs to bf16).
+# output and fails when one is beyond bf16 expectations (the CUDA path rounds its inputs to bf16), and the same with
+# --dtype fp16 at 2^-3 of the bf16 bound (fp16's unit roundoff is 8 times smaller).
 #   scripts/gpu_layers_cli.sh TREECP_BINARY [WORK_DIR]
 set -euo pipefail
 bin=${1:?usage: gpu_layers_cli.sh TREECP_BINARY [WORK_DIR]}
@@ -23,22 +24,25 @@ np.save(f"{w}/x.npy", rng.standard_normal((S, 96)).astype(np.float32))
 np.save(f"{w}/wt.npy", (0.3 * rng.standard_normal((96, 4))).astype(np.float32))
 np.save(f"{w}/dy.npy", rng.standard_normal((S, 96)).astype(np.float32))
 PY
-for dev in cpu cuda; do
+for run in cpu cuda:bf16 cuda:fp16; do
+  dev=${run%%:*}; opts=(--device "$dev"); [ "$dev" = cuda ] && opts+=(--dtype "${run#*:}")
   for gate in g gk; do
     "$bin" gdn --tree "$work/tree.json" --q "$work/q.npy" --k "$work/k.npy" --v "$work/v.npy" --g "$work/$gate.npy" \
-      --beta "$work/beta.npy" --dout "$work/do.npy" --device $dev --out "$work/gdn_${gate}_$dev"
+      --beta "$work/beta.npy" --dout "$work/do.npy" "${opts[@]}" --out "$work/gdn_${gate}_${run/:/_}"
   done
   "$bin" conv1d --tree "$work/tree.json" --x "$work/x.npy" --weight "$work/wt.npy" --silu --dout "$work/dy.npy" \
-    --device $dev --out "$work/conv_$dev"
+    "${opts[@]}" --out "$work/conv_${run/:/_}"
 done
 python3 - "$work" <<'PY'
 import sys, os, numpy as np
 w = sys.argv[1]; bad = 0
-for what in ("gdn_g", "gdn_gk", "conv"):
-    for name in sorted(os.listdir(f"{w}/{what}_cpu")):
-        a = np.load(f"{w}/{what}_cpu/{name}").astype(np.float64); b = np.load(f"{w}/{what}_cuda/{name}").astype(np.float64)
-        rel = np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)
-        print(f"{what:7s} {name:12s} max |cpu - cuda| / max |cpu| = {rel:.3e}")
-        bad += rel > 3e-2
+for dt, bound in (("bf16", 3e-2), ("fp16", 3e-2 / 8)):
+    for what in ("gdn_g", "gdn_gk", "conv"):
+        for name in sorted(os.listdir(f"{w}/{what}_cpu")):
+            a = np.load(f"{w}/{what}_cpu/{name}").astype(np.float64)
+            b = np.load(f"{w}/{what}_cuda_{dt}/{name}").astype(np.float64)
+            rel = np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)
+            print(f"{dt} {what:7s} {name:12s} max |cpu - cuda| / max |cpu| = {rel:.3e} (bound {bound:.2e})")
+            bad += rel > bound
 sys.exit(1 if bad else 0)
 PY

@@ -203,8 +203,30 @@ TEST_F(GdnCli, DeviceIsCheckedAndARefusalWritesNothing) {
       EXPECT_FALSE(fs::exists(p("dev")));
     }
   }
+  // --dtype picks the GPU's 16-bit type: refused on the CPU (the npy dtype is the precision there), refused unless
+  // bf16 or fp16, and fp16 refuses inputs past its largest finite value 65504 by name (a build without CUDA refuses
+  // --device cuda first).
+  save(dir / "big.npy", {S, 4}, std::vector<double>(static_cast<size_t>(S * 4), 7e4));
+  for (const std::string& base : {gdn, conv}) {
+    Cli c = run_cli(base + " --dtype fp16 --out " + p("dev"));
+    EXPECT_NE(c.rc, 0);
+    EXPECT_NE(c.output.find("--dtype goes with --device cuda"), std::string::npos) << c.output;
+    c = run_cli(base + " --device cuda --dtype fp32 --out " + p("dev"));
+    EXPECT_NE(c.rc, 0);
+    EXPECT_TRUE(c.output.find("--dtype") != std::string::npos || c.output.find("--device cuda") != std::string::npos)
+        << c.output;
+    EXPECT_FALSE(fs::exists(p("dev")));
+  }
+  Cli c = run_cli("conv1d --tree " + p("t.json") + " --x " + p("big.npy") + " --weight " + p("w.npy") +
+                  " --device cuda --dtype fp16 --out " + p("dev"));
+  EXPECT_NE(c.rc, 0);
+  EXPECT_TRUE(c.output.find("x: element 0 is 70000 (expected |values| <= 65504: fp16's largest finite value") !=
+                  std::string::npos ||
+              c.output.find("--device cuda") != std::string::npos)
+      << c.output;
+  EXPECT_FALSE(fs::exists(p("dev")));
   // --reps times the GPU path only: on the CPU it is refused by name, and so is a count out of range.
-  Cli c = run_cli(gdn + " --reps 3 --out " + p("dev"));
+  c = run_cli(gdn + " --reps 3 --out " + p("dev"));
   EXPECT_NE(c.rc, 0);
   EXPECT_NE(c.output.find("--reps goes with --device cuda"), std::string::npos) << c.output;
   EXPECT_FALSE(fs::exists(p("dev")));

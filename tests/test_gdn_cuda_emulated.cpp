@@ -256,6 +256,17 @@ TEST(GdnCudaEmulatedLaunch, SplitForward) {
   check_forward(dev, b, /*y_f32=*/true);
 }
 
+// fp16 activations (check_fp16: both gates, ragged and odd shapes, forward, backward, summary, 3xTF32, the split
+// forward, large values, the bf16 precisions refused); once at the GPU's 256 threads.
+TEST(GdnCudaEmulatedFp16, MatchesTheRecurrence) {
+  EmulatedDev dev;
+  check_fp16(dev);
+  dev.x.threads = detail::kGdnThreads;
+  const Case c(ragged_tokens(1), 1, 64, 64, GdnGate::PerChannel, ragged_runs(1), 4, 77, DType::kF16);
+  check_forward(dev, c, /*y_f32=*/false);
+  check_backward(dev, c, /*dy_f32=*/false);
+}
+
 TEST(GdnCudaEmulatedAlgebra, ComposeIsAssociativeAndAppliesMatchTheCpu) {
   EmulatedDev dev;
   check_algebra(dev, 64, 64, 2, 21);
@@ -288,6 +299,9 @@ TEST(GdnCudaEmulatedChecks, BadArgumentsAreNamed) {
   p.scan_columns = 0;
   p.precision = static_cast<GdnPrecision>(7);
   EXPECT_NE(message({{0, 5}}).find("precision"), std::string::npos);
+  p.precision = GdnPrecision::fp32;
+  p.dtype = static_cast<DType>(9);
+  EXPECT_NE(message({{0, 5}}).find("dtype"), std::string::npos);
 }
 
 // ---- the layer's small kernels
@@ -407,17 +421,24 @@ TEST(GdnCudaEmulatedAffine, OpsMatchTheCpuBackend) {
   }
 }
 
-// l2norm forward and backward against kernels/cpu in double on the bf16 inputs; partial tiles (70 vectors of 64 in
-// tiles of 32; 45 of 200 in tiles of 20); the backward adds into a random base.
-TEST(GdnCudaEmulatedL2Norm, MatchesTheCpu) {
+// l2norm forward and backward against kernels/cpu in double on the 16-bit inputs (bf16 and fp16, y rounded to the
+// type: its rounding on top); partial tiles (70 vectors of 64 in tiles of 32; 45 of 200 in tiles of 20); the backward
+// adds into a random base. fp16 also with inputs of a few thousand (|x|² ~ 10^9: past fp16's range, not fp32's).
+class GdnCudaEmulatedL2Norm : public ::testing::TestWithParam<DType> {};
+class GdnCudaEmulatedConv : public ::testing::TestWithParam<DType> {};
+
+TEST_P(GdnCudaEmulatedL2Norm, MatchesTheCpu) {
   TREECP_SEED_TRACE;
+  const DType t = GetParam();
   testing::Rng rng = testing::test_rng(42);
   EmulatedExec x;
-  for (const auto& [groups, dim] : {std::pair<int64_t, int>{70, 64}, std::pair<int64_t, int>{45, 200}}) {
+  for (const auto& [groups, dim, sd] : {std::tuple<int64_t, int, double>{70, 64, 1.0}, std::tuple<int64_t, int, double>{45, 200, 1.0},
+                                        std::tuple<int64_t, int, double>{20, 128, t == DType::kF16 ? 4096.0 : 1.0}}) {
     const size_t n = static_cast<size_t>(groups * dim);
-    const Bf16Array xb(testing::randn(n, rng));
+    const Bf16Array xb(testing::randn(n, rng, sd), t);
     const std::vector<float> dy = floats(testing::randn(n, rng));
-    const std::vector<float> base = floats(testing::randn(n, rng, 1e-2));
+    // dx scales as 1 / |x|: so does the base, so that its fp32 rounding stays below the tolerance
+    const std::vector<float> base = floats(testing::randn(n, rng, 1e-2 / sd));
     std::vector<double> y64(n), dx64(n, 0.0);
     std::vector<float> y32(n), dx32(n, 0.f);
     l2norm_forward(xb.val.data(), groups, dim, y64.data());
@@ -426,20 +447,20 @@ TEST(GdnCudaEmulatedL2Norm, MatchesTheCpu) {
     l2norm_backward(floats(xb.val).data(), dy.data(), groups, dim, dx32.data());
     std::vector<uint16_t> y(n, 0x7fc0);
     std::vector<float> dx = base;
-    detail::l2norm_on(x, detail::l2norm_args(xb.bits.data(), nullptr, y.data(), nullptr, groups, dim));
-    detail::l2norm_on(x, detail::l2norm_args(xb.bits.data(), dy.data(), nullptr, dx.data(), groups, dim));
-    std::vector<double> yd(n);
-    for (size_t i = 0; i < n; ++i) yd[i] = detail::bf16_to_float(y[i]);
-    expect_close("l2norm y (bf16)", yd, y64, doubles(y32), kBf16Rounding);
+    detail::l2norm_on(x, detail::l2norm_args(xb.bits.data(), nullptr, y.data(), nullptr, groups, dim), t);
+    detail::l2norm_on(x, detail::l2norm_args(xb.bits.data(), dy.data(), nullptr, dx.data(), groups, dim), t);
+    expect_close(t == DType::kF16 ? "l2norm y (fp16)" : "l2norm y (bf16)", values16(y, t), y64, doubles(y32), rounding(t));
     expect_close("l2norm dx", added(dx, base), dx64, doubles(dx32));
   }
 }
 
 // The short convolution on a rank's rows of a 2-rank split of a random tree (halo rows, children continuing their
 // parent's tail), widths 4 and 3, with and without SiLU and bias, 300 channels (a partial channel tile) and more
-// than one tile of rows: against kernels/cpu in double on the bf16 inputs.
-TEST(GdnCudaEmulatedConv, MatchesTheCpuWithHalos) {
+// than one tile of rows: against kernels/cpu in double on the 16-bit inputs (bf16 and fp16; y with its type's
+// rounding on top).
+TEST_P(GdnCudaEmulatedConv, MatchesTheCpuWithHalos) {
   TREECP_SEED_TRACE;
+  const DType t = GetParam();
   testing::Rng rng = testing::test_rng(43);
   EmulatedExec x;
   const Row row = testing::random_tree(rng, {.segments = 9, .max_len = 40});
@@ -449,9 +470,9 @@ TEST(GdnCudaEmulatedConv, MatchesTheCpuWithHalos) {
     const ConvHalo halo = make_conv_halo(row, layout, 1, width);
     const int64_t rows = static_cast<int64_t>(halo.prev.size()), out = halo.owned_rows;
     ASSERT_GT(rows, out) << "the case must have halo rows";
-    const Bf16Array xb(testing::randn(static_cast<size_t>(rows * C), rng));
-    const Bf16Array wb(testing::randn(static_cast<size_t>(C * width), rng, 0.5));
-    const Bf16Array bb(testing::randn(static_cast<size_t>(C), rng));
+    const Bf16Array xb(testing::randn(static_cast<size_t>(rows * C), rng), t);
+    const Bf16Array wb(testing::randn(static_cast<size_t>(C * width), rng, 0.5), t);
+    const Bf16Array bb(testing::randn(static_cast<size_t>(C), rng), t);
     const std::vector<float> dy = floats(testing::randn(static_cast<size_t>(out * C), rng));
     auto run_cpu = [&](auto zero) {
       using T = decltype(zero);
@@ -469,17 +490,15 @@ TEST(GdnCudaEmulatedConv, MatchesTheCpuWithHalos) {
     const auto r64 = run_cpu(0.0), r32 = run_cpu(0.f);
     Conv1dDeviceParams p;
     p.x = xb.bits.data(); p.prev = halo.prev.data(); p.weight = wb.bits.data(); p.bias = bias ? bb.bits.data() : nullptr;
-    p.out_rows = out; p.shape = ConvShape{C, width, silu};
+    p.out_rows = out; p.shape = ConvShape{C, width, silu}; p.dtype = t;
     std::vector<uint16_t> y(static_cast<size_t>(out * C), 0x7fc0);
-    detail::conv1d_on(x, detail::conv_args(p, y.data(), nullptr, nullptr, nullptr, nullptr));
+    detail::conv1d_on(x, detail::conv_args(p, y.data(), nullptr, nullptr, nullptr, nullptr), t);
     const std::vector<float> bx = floats(testing::randn(static_cast<size_t>(rows * C), rng, 1e-2)),
                              bw = floats(testing::randn(static_cast<size_t>(C * width), rng, 1e-2)),
                              bbias = floats(testing::randn(static_cast<size_t>(C), rng, 1e-2));
     std::vector<float> dx = bx, dw = bw, db = bbias;
-    detail::conv1d_on(x, detail::conv_args(p, nullptr, dy.data(), dx.data(), dw.data(), bias ? db.data() : nullptr));
-    std::vector<double> yd(y.size());
-    for (size_t i = 0; i < y.size(); ++i) yd[i] = detail::bf16_to_float(y[i]);
-    expect_close("conv1d y (bf16)", yd, r64[0], r32[0], kBf16Rounding);
+    detail::conv1d_on(x, detail::conv_args(p, nullptr, dy.data(), dx.data(), dw.data(), bias ? db.data() : nullptr), t);
+    expect_close(t == DType::kF16 ? "conv1d y (fp16)" : "conv1d y (bf16)", values16(y, t), r64[0], r32[0], rounding(t));
     expect_close("conv1d dx (halo rows too)", added(dx, bx), r64[1], r32[1]);
     expect_close("conv1d dweight", added(dw, bw), r64[2], r32[2]);
     if (bias) expect_close("conv1d dbias", added(db, bbias), r64[3], r32[3]);
@@ -487,7 +506,11 @@ TEST(GdnCudaEmulatedConv, MatchesTheCpuWithHalos) {
   }
 }
 
-TEST(GdnCudaEmulatedConv, BadArgumentsAreNamed) {
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) { return dtype_label(info.param); }
+INSTANTIATE_TEST_SUITE_P(DTypes, GdnCudaEmulatedL2Norm, ::testing::Values(DType::kBf16, DType::kF16), dtype_param_name);
+INSTANTIATE_TEST_SUITE_P(DTypes, GdnCudaEmulatedConv, ::testing::Values(DType::kBf16, DType::kF16), dtype_param_name);
+
+TEST(GdnCudaEmulatedConvChecks, BadArgumentsAreNamed) {
   EmulatedExec x;
   Conv1dDeviceParams p;
   p.out_rows = 3;
@@ -495,7 +518,7 @@ TEST(GdnCudaEmulatedConv, BadArgumentsAreNamed) {
   std::vector<uint16_t> y(12);
   auto message = [&] {
     try {
-      detail::conv1d_on(x, detail::conv_args(p, y.data(), nullptr, nullptr, nullptr, nullptr));
+      detail::conv1d_on(x, detail::conv_args(p, y.data(), nullptr, nullptr, nullptr, nullptr), p.dtype);
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -505,11 +528,16 @@ TEST(GdnCudaEmulatedConv, BadArgumentsAreNamed) {
   p.shape.width = 4;
   EXPECT_NE(message().find("x, prev and weight"), std::string::npos);
   try {
-    detail::l2norm_on(x, detail::l2norm_args(nullptr, nullptr, nullptr, nullptr, 4, 0));
+    detail::l2norm_on(x, detail::l2norm_args(nullptr, nullptr, nullptr, nullptr, 4, 0), DType::kBf16);
     ADD_FAILURE() << "dim 0 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("dim"), std::string::npos);
   }
+  p.x = p.weight = y.data();
+  std::vector<int64_t> prev = {-1, 0, 1};
+  p.prev = prev.data();
+  p.dtype = static_cast<DType>(5);
+  EXPECT_NE(message().find("dtype"), std::string::npos);
 }
 
 }  // namespace

@@ -77,16 +77,15 @@ def test_cuda_tensors_are_refused_by_name_where_the_kernels_cannot_take_them(key
         tt.attention(q.bfloat16(), k.bfloat16(), v, key)
     with pytest.raises(ValueError, match="sink has dtype torch.bfloat16 but q has torch.float16"):
         tt.attention(q, k, v, key, sink=torch.zeros(4, device="cuda", dtype=torch.bfloat16))
-    # GDN/KDA and the short convolution: bfloat16 only on CUDA
+    # GDN/KDA and the short convolution take bfloat16 or float16 too, every tensor in one of them
     x = torch.randn(9, 4, device="cuda")
-    with pytest.raises(ValueError, match="x has dtype torch.float32; on CUDA treecp takes bfloat16"):
+    with pytest.raises(ValueError, match="x has dtype torch.float32; on CUDA treecp takes bfloat16 or float16"):
         tt.short_conv(x, torch.randn(4, 3, device="cuda"), key)
-    with pytest.raises(ValueError, match=r"x has dtype torch.float16; on CUDA treecp takes bfloat16 for short_conv "
-                                         r"\(float16 for attention only\)"):
-        tt.short_conv(x.half(), torch.randn(4, 3, device="cuda", dtype=torch.float16), key)
+    with pytest.raises(ValueError, match="weight has dtype torch.bfloat16 but x has torch.float16"):
+        tt.short_conv(x.half(), torch.randn(4, 3, device="cuda", dtype=torch.bfloat16), key)
     h = torch.randn(9, 2, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(ValueError, match="q has dtype torch.float16; on CUDA treecp takes bfloat16 for gated_delta_rule"):
-        tt.gated_delta_rule(h, h, h, -torch.rand(9, 2, device="cuda").half(), torch.rand(9, 2, device="cuda").half(),
+    with pytest.raises(ValueError, match="beta has dtype torch.bfloat16 but q has torch.float16"):
+        tt.gated_delta_rule(h, h, h, -torch.rand(9, 2, device="cuda").half(), torch.rand(9, 2, device="cuda").bfloat16(),
                             key)
     with pytest.raises(ValueError, match="weight's width .* must be in \\[1, 64\\], got 65"):
         tt.short_conv(x.bfloat16(), torch.randn(4, 65, device="cuda", dtype=torch.bfloat16), key)

@@ -97,26 +97,27 @@ def test_cuda_attention_takes_fp16_and_bf16_calls_of_one_key_in_turn():
 
 # ---------------------------------------------------------------- GDN / KDA and the short convolution
 #
-# Each CUDA result is checked against the same op on the CPU in float64 (the oracle) on the same bf16-rounded
-# inputs, normwise: error <= ERR_FACTOR x the error of the op run on the CPU in float32 on those inputs + ATOL
-# + BF16_ROUNDING (what the CUDA op returns is rounded to bf16: outputs and gradients alike).
+# Each CUDA result is checked against the same op on the CPU in float64 (the oracle) on the same inputs rounded to
+# the CUDA dtype (bfloat16 or float16), normwise: error <= ERR_FACTOR x the error of the op run on the CPU in float32
+# on those inputs + ATOL + ROUNDING[dtype] (what the CUDA op returns is rounded to its dtype: outputs and gradients
+# alike; bf16 keeps 8 significant bits, fp16 11).
 ERR_FACTOR = 8  # the device sums in another order than the CPU float32 run (tests/common/gdn_cuda.hpp's kErrFactor)
 ATOL = 1e-6
-BF16_ROUNDING = 2.0 ** -8
+ROUNDING = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
 def rel_err(a, b):
     return ((a.double().cpu() - b).norm() / b.norm()).item()
 
 
-def gdn_inputs(gen, t, h, dk, dv, kda):
+def gdn_inputs(gen, t, h, dk, dv, kda, dtype=torch.bfloat16):
     q = torch.randn(t, h, dk, dtype=torch.float64, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(t, h, dk, dtype=torch.float64, generator=gen), dim=-1)
     v = torch.randn(t, h, dv, dtype=torch.float64, generator=gen)
     g = -0.1 * torch.rand(*((t, h, dk) if kda else (t, h)), dtype=torch.float64, generator=gen)
     beta = torch.rand(t, h, dtype=torch.float64, generator=gen)
     w = torch.randn(t, h, dv, dtype=torch.float64, generator=gen)  # the loss's weights: dy
-    return [x.to(torch.bfloat16) for x in (q, k, v, g, beta, w)]
+    return [x.to(dtype) for x in (q, k, v, g, beta, w)]
 
 
 def run_op(op, inputs, w, device, dtype):
@@ -126,47 +127,50 @@ def run_op(op, inputs, w, device, dtype):
     return y, torch.autograd.grad((y * w.to(device=device, dtype=dtype)).sum(), leaves)
 
 
-def check_against_cpu(names, got, f32, f64):
+def check_against_cpu(names, got, f32, f64, dtype=torch.bfloat16):
     for name, a, b, c in zip(names, got, f32, f64):
-        assert a.dtype == torch.bfloat16 and a.device.type == "cuda", (name, a.dtype, a.device)
+        assert a.dtype == dtype and a.device.type == "cuda", (name, a.dtype, a.device)
         err, err_ref = rel_err(a, c), rel_err(b, c)
-        assert err <= ERR_FACTOR * err_ref + ATOL + BF16_ROUNDING, (name, err, err_ref)
+        assert err <= ERR_FACTOR * err_ref + ATOL + ROUNDING[dtype], (name, err, err_ref)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kda,d", [(False, 64), (True, 128)])
-def test_gated_delta_rule_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(kda, d):
+def test_gated_delta_rule_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(kda, d, dtype):
     gen = torch.Generator().manual_seed(23 + kda)
     parents, lengths = random_row(gen, 10, 90)
     row = treecp.Row.from_segments(parents, lengths)
     key = tt.plan(row)
-    *inputs, w = gdn_inputs(gen, row.tokens, 2, d, d, kda)
+    *inputs, w = gdn_inputs(gen, row.tokens, 2, d, d, kda, dtype)
 
     def op(*a):
         return tt.gated_delta_rule(*a, key)
 
-    got = run_op(op, inputs, w, "cuda", torch.bfloat16)
+    got = run_op(op, inputs, w, "cuda", dtype)
     f32 = run_op(op, inputs, w, "cpu", torch.float32)
     f64 = run_op(op, inputs, w, "cpu", torch.float64)
-    check_against_cpu(("y", "dq", "dk", "dv", "dg", "dbeta"), (got[0], *got[1]), (f32[0], *f32[1]), (f64[0], *f64[1]))
+    check_against_cpu(("y", "dq", "dk", "dv", "dg", "dbeta"), (got[0], *got[1]), (f32[0], *f32[1]), (f64[0], *f64[1]),
+                      dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("silu", [False, True])
-def test_short_conv_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(silu):
+def test_short_conv_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(silu, dtype):
     gen = torch.Generator().manual_seed(31 + silu)
     parents, lengths = random_row(gen, 12, 40)
     row = treecp.Row.from_segments(parents, lengths)
     key = tt.plan(row)
     c, width = 96, 4
-    x, weight, bias, w = (torch.randn(*shape, dtype=torch.float64, generator=gen).to(torch.bfloat16)
+    x, weight, bias, w = (torch.randn(*shape, dtype=torch.float64, generator=gen).to(dtype)
                           for shape in ((row.tokens, c), (c, width), (c,), (row.tokens, c)))
 
     def op(x, weight, bias):
         return tt.short_conv(x, weight, key, bias=bias, activation="silu" if silu else None)
 
-    got = run_op(op, (x, weight, bias), w, "cuda", torch.bfloat16)
+    got = run_op(op, (x, weight, bias), w, "cuda", dtype)
     f32 = run_op(op, (x, weight, bias), w, "cpu", torch.float32)
     f64 = run_op(op, (x, weight, bias), w, "cpu", torch.float64)
-    check_against_cpu(("y", "dx", "dweight", "dbias"), (got[0], *got[1]), (f32[0], *f32[1]), (f64[0], *f64[1]))
+    check_against_cpu(("y", "dx", "dweight", "dbias"), (got[0], *got[1]), (f32[0], *f32[1]), (f64[0], *f64[1]), dtype)
 
 
 def test_cuda_gdn_and_conv_run_on_a_side_stream_and_under_compile():
@@ -210,8 +214,10 @@ def test_cuda_gdn_and_conv_refuse_bad_input_by_name():
     bf = dict(device="cuda", dtype=torch.bfloat16)
     q, k, v = (torch.randn(t, h, d, **bf) for _ in range(3))
     g, beta = -torch.rand(t, h, **bf), torch.rand(t, h, **bf)
-    with pytest.raises(ValueError, match="q has dtype torch.float32; on CUDA treecp takes bfloat16"):
+    with pytest.raises(ValueError, match="q has dtype torch.float32; on CUDA treecp takes bfloat16 or float16"):
         tt.gated_delta_rule(q.float(), k.float(), v.float(), g.float(), beta.float(), key)
+    with pytest.raises(ValueError, match="k has dtype torch.float16 but q has torch.bfloat16"):
+        tt.gated_delta_rule(q, k.half(), v, g, beta, key)
     with pytest.raises(ValueError, match="beta is on cpu but q is on cuda"):
         tt.gated_delta_rule(q, k, v, g, beta.cpu(), key)
     with pytest.raises(ValueError, match=r"beta has shape \[30, 3\], expected \[30, 2\]"):

@@ -87,11 +87,6 @@ void CudaBackend::set_dtype(cuda::DType dtype) {
   dtype_ = dtype;
 }
 
-void CudaBackend::require_bf16(const char* who) const {
-  require(dtype_ == cuda::DType::kBf16, who, " on CUDA takes bf16 activations only; this backend's are ",
-          cuda::dtype_name(dtype_), " (attention takes either)");
-}
-
 void CudaBackend::synchronize() { cuda::check_cuda(cudaStreamSynchronize(stream_), "CudaBackend: synchronize"); }
 
 void CudaBackend::zero(Grad& b) {
@@ -344,7 +339,6 @@ void CudaBackend::affine_state(const AffineShape& sh, const Grad& maps, int64_t 
 // each scan block reads its tile of the state before its chunks and writes the same tile after them)
 
 cuda::GdnCudaParams CudaBackend::gdn_params(const GdnShape& sh, const GdnInputs<Act>& in) const {
-  require_bf16("GDN/KDA");
   sh.validate();
   cuda::GdnCudaParams p;
   p.tokens = gdn_input_tokens(sh, in, [](const Act& b) { return b.size(); });
@@ -358,6 +352,7 @@ cuda::GdnCudaParams CudaBackend::gdn_params(const GdnShape& sh, const GdnInputs<
   p.dv = sh.dv;
   p.gate = sh.gate;
   p.scale = static_cast<float>(sh.scale);
+  p.dtype = dtype_;  // fp32 products (the default precision), which fp16 activations need
   return p;
 }
 
@@ -422,18 +417,16 @@ void CudaBackend::gdn_summary(const GdnShape& sh, const GdnInputs<Act>& in, int6
 }
 
 void CudaBackend::l2norm_forward(const Act& x, int64_t groups, int dim, Act& y) {
-  require_bf16("the q/k L2 normalisation");
   check_rows(x.size(), 0, groups, dim, "l2norm x");
   check_rows(y.size(), 0, groups, dim, "l2norm y");
-  cuda::l2norm_forward(x.data(), groups, dim, y.data(), stream_);
+  cuda::l2norm_forward(x.data(), groups, dim, y.data(), dtype_, stream_);
 }
 
 void CudaBackend::l2norm_backward(const Act& x, const Grad& dy, int64_t groups, int dim, Grad& dx) {
-  require_bf16("the q/k L2 normalisation");
   check_rows(x.size(), 0, groups, dim, "l2norm x");
   check_rows(dy.size(), 0, groups, dim, "l2norm dy");
   check_rows(dx.size(), 0, groups, dim, "l2norm dx");
-  cuda::l2norm_backward(x.data(), dy.data(), groups, dim, dx.data(), stream_);
+  cuda::l2norm_backward(x.data(), dy.data(), groups, dim, dx.data(), dtype_, stream_);
 }
 
 // ---- short convolution
@@ -441,7 +434,6 @@ void CudaBackend::l2norm_backward(const Act& x, const Grad& dy, int64_t groups, 
 cuda::Conv1dDeviceParams CudaBackend::conv_params(const ConvShape& sh, const Act& x, const std::vector<int64_t>& prev,
                                                   int64_t out_rows, const Act& weight, const Act* bias,
                                                   DeviceBuffer<int64_t>& prev_dev) {
-  require_bf16("the short convolution");
   const int64_t rows = static_cast<int64_t>(prev.size());
   check_rows(x.size(), 0, rows, sh.channels, "conv1d x");
   check_rows(weight.size(), 0, 1, int64_t{sh.channels} * sh.width, "conv1d weight");
@@ -467,6 +459,7 @@ cuda::Conv1dDeviceParams CudaBackend::conv_params(const ConvShape& sh, const Act
   p.bias = bias ? bias->data() : nullptr;
   p.out_rows = out_rows;
   p.shape = sh;
+  p.dtype = dtype_;
   return p;
 }
 

@@ -8,9 +8,9 @@
 // of that geometry; the row lists of a wave's pack and dK/dV add are uploaded once per plan too.
 //
 // The affine-state ops (GDN/KDA CP, runtime/affine_cp.hpp), GDN/KDA itself, the q/k L2 normalisation and the
-// short convolution run on kernels/cuda's gdn.hpp and layer_ops.hpp: bf16 inputs only (a backend of fp16
-// activations refuses them by name), fp32 states, maps and gradients, scratch from the pool, one run of the chunk
-// kernels per call.
+// short convolution run on kernels/cuda's gdn.hpp and layer_ops.hpp on the backend's dtype() as every other op
+// (the chunk kernels on their fp32 products, which fp16 needs), fp32 states, maps and gradients, scratch from the
+// pool, one run of the chunk kernels per call.
 //
 // The element type is a run-time value of the backend, not a template argument: the runtime's protocol classes are
 // templates over the Backend, and for them an activation is a 16-bit row to pack, send and hand to the kernels
@@ -200,8 +200,6 @@ class CudaBackend {
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
   cuda::DType dtype_ = cuda::DType::kBf16;
-  // GDN/KDA, the L2 normalisation and the short convolution: bf16 kernels only (throws naming `who` otherwise)
-  void require_bf16(const char* who) const;
   void* fwd_workspace_ = nullptr;  // the persistent forward's counter and hand-off words
   size_t fwd_workspace_bytes_ = 0;
   std::vector<cudaEvent_t> events_;

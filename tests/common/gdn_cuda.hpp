@@ -5,8 +5,9 @@
 //   void* workspace(size_t bytes) (256-byte aligned, every byte 0xff: reads of unwritten scratch show as NaN);
 //   forward(p, runs), summary(p, runs, M, E), backward(p, runs, grads), compose(...), apply(...),
 //   apply_transposed(...) as in kernels/cuda/gdn.hpp; workspace_bytes(p, runs, backward).
-// Oracle: kernels/cpu's token recurrence in double on the bf16-rounded inputs. Tolerance: k x the error of the
-// CPU chunked form in float against it, plus a small atol (plus one bf16 rounding where the output is bf16). For
+// Oracle: kernels/cpu's token recurrence in double on the inputs rounded to the case's 16-bit type (bf16 or fp16).
+// Tolerance: k x the error of the CPU chunked form in float against it, plus a small atol (plus one rounding of the
+// 16-bit type, rounding(dtype), where the output is 16-bit). For
 // GdnPrecision::bf16_tensor the same-precision reference is the CPU chunked form on Bf16Product (every product's
 // factors rounded to bf16: kernels/cpu/bf16_product.hpp), the error model of operands rounded to bf16.
 #pragma once
@@ -35,6 +36,8 @@ namespace treecp::cuda::gdn_test {
 constexpr double kErrFactor = 8;
 constexpr double kAtol = 1e-6;        // normwise relative, for outputs the float reference gets almost exact
 const double kBf16Rounding = std::ldexp(1.0, -8);  // relative rounding of a bf16 output (8-bit significand)
+const double kF16Rounding = std::ldexp(1.0, -11);  // of an fp16 output (11-bit significand)
+inline double rounding(DType t) { return t == DType::kF16 ? kF16Rounding : kBf16Rounding; }
 
 // Prints each checked error beside the same-precision reference's and the tolerance (the GPU run's log shows margins).
 inline void expect_within(const char* what, double err, double ref_err, double tol) {
@@ -55,16 +58,24 @@ double rel_err(const std::vector<A>& a, const std::vector<double>& b) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+// An array rounded to a 16-bit type (bf16 by default, or fp16) and its values.
 struct Bf16Array {
   std::vector<uint16_t> bits;
   std::vector<double> val;  // the rounded values
-  explicit Bf16Array(const std::vector<double>& x) : bits(x.size()), val(x.size()) {
+  explicit Bf16Array(const std::vector<double>& x, DType t = DType::kBf16) : bits(x.size()), val(x.size()) {
     for (size_t i = 0; i < x.size(); ++i) {
-      bits[i] = detail::float_to_bf16(static_cast<float>(x[i]));
-      val[i] = detail::bf16_to_float(bits[i]);
+      bits[i] = f32_to_bits(static_cast<float>(x[i]), t);
+      val[i] = bits_to_f32(bits[i], t);
     }
   }
 };
+// The values of 16-bit patterns of type t.
+inline std::vector<double> values16(const std::vector<uint16_t>& bits, DType t) {
+  std::vector<double> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = bits_to_f32(bits[i], t);
+  return out;
+}
+inline const char* dtype_label(DType t) { return t == DType::kF16 ? "fp16" : "bf16"; }
 
 inline std::vector<double> random_values(size_t n, std::mt19937_64& rng, double sd) {
   std::normal_distribution<double> d(0.0, sd);
@@ -86,19 +97,35 @@ struct Case {
   bool tensor_cores = false;                  // GdnCudaParams::tensor_cores
   GdnPrecision precision = GdnPrecision::fp32;  // GdnCudaParams::precision
   bool split_forward = false;                   // GdnCudaParams::split_forward
+  DType dtype = DType::kBf16;                   // GdnCudaParams::dtype: the inputs' (and 16-bit y's) type
   bool bf16() const { return precision != GdnPrecision::fp32; }
+  // v and dy times 2^v_exp, the initial states times 2^s_exp: exact (the rounded values only change exponent while
+  // they stay normal and finite in the 16-bit type, which the caller's exponents keep).
+  void scale_values(int v_exp, int s_exp) {
+    auto times = [&](const Bf16Array& a, int e) {
+      std::vector<double> x = a.val;
+      for (auto& v : x) v = std::ldexp(v, e);
+      return Bf16Array(x, dtype);
+    };
+    v = times(v, v_exp);
+    dy = times(dy, v_exp);
+    for (auto& x : state_in) x = std::ldexp(x, s_exp);
+  }
   int64_t ssz() const { return static_cast<int64_t>(dk) * dv; }
 
-  Case(int64_t S_, int H_, int dk_, int dv_, GdnGate gate_, std::vector<GdnCudaRun> runs_, int slots_, uint64_t seed)
-      : Case(random_data(S_, H_, dk_, dv_, gate_, seed), std::move(runs_), slots_, seed) {}
+  Case(int64_t S_, int H_, int dk_, int dv_, GdnGate gate_, std::vector<GdnCudaRun> runs_, int slots_, uint64_t seed,
+       DType dtype_ = DType::kBf16)
+      : Case(random_data(S_, H_, dk_, dv_, gate_, seed), std::move(runs_), slots_, seed, dtype_) {}
   // The run's seed (common/common.hpp) salted by the case's: fresh inputs every run, replayable.
   static testing::GdnData random_data(int64_t S, int H, int dk, int dv, GdnGate gate, uint64_t salt) {
     testing::Rng rng = testing::test_rng(salt);
     return testing::random_gdn_data(S, H, dk, dv, gate, rng);
   }
-  Case(const testing::GdnData& d, std::vector<GdnCudaRun> runs_, int slots_, uint64_t seed)
+  // `dtype`: the inputs rounded to it (the oracle takes the rounded values).
+  Case(const testing::GdnData& d, std::vector<GdnCudaRun> runs_, int slots_, uint64_t seed, DType dtype_ = DType::kBf16)
       : S(d.S), H(d.H), dk(d.dk), dv(d.dv), gate(d.gate), scale(static_cast<float>(1.0 / std::sqrt(d.dk))),
-        runs(std::move(runs_)), slots(slots_), q(d.q), k(d.k), v(d.v), g(d.g), beta(d.beta), dy(d.dy) {
+        runs(std::move(runs_)), slots(slots_), q(d.q, dtype_), k(d.k, dtype_), v(d.v, dtype_), g(d.g, dtype_),
+        beta(d.beta, dtype_), dy(d.dy, dtype_), dtype(dtype_) {
     std::mt19937_64 rng(seed ^ 0x5eedu);
     auto fp32 = [](std::vector<double> x) {
       for (auto& e : x) e = static_cast<float>(e);
@@ -169,16 +196,23 @@ inline Reference same_precision_reference(const Case& c, bool backward) {
   return c.bf16() ? cpu_reference<Bf16Product>(c, true, backward) : cpu_reference<float>(c, true, backward);
 }
 
-template <class Dev>
-GdnCudaParams device_params(Dev& dev, const Case& c, bool backward) {
+// The parameters' shapes, precision and dtype without any memory (for workspace_bytes and its checks).
+inline GdnCudaParams device_params_shape(const Case& c) {
   GdnCudaParams p;
-  p.q = dev.put(c.q.bits); p.k = dev.put(c.k.bits); p.v = dev.put(c.v.bits);
-  p.g = dev.put(c.g.bits); p.beta = dev.put(c.beta.bits);
   p.tokens = c.S; p.heads = c.H; p.dk = c.dk; p.dv = c.dv; p.gate = c.gate; p.scale = c.scale;
   p.scan_columns = c.scan_columns;
   p.tensor_cores = c.tensor_cores;
   p.precision = c.precision;
   p.split_forward = c.split_forward;
+  p.dtype = c.dtype;
+  return p;
+}
+
+template <class Dev>
+GdnCudaParams device_params(Dev& dev, const Case& c, bool backward) {
+  GdnCudaParams p = device_params_shape(c);
+  p.q = dev.put(c.q.bits); p.k = dev.put(c.k.bits); p.v = dev.put(c.v.bits);
+  p.g = dev.put(c.g.bits); p.beta = dev.put(c.beta.bits);
   p.state_in = dev.put(std::vector<float>(c.state_in.begin(), c.state_in.end()));
   p.workspace_bytes = dev.workspace_bytes(p, c.runs, backward);
   p.workspace = dev.workspace(p.workspace_bytes);
@@ -198,9 +232,9 @@ void check_forward(Dev& dev, const Case& c, bool y_f32) {
   const Reference ref = cpu_reference<double>(c, false, false), f32 = same_precision_reference(c, false);
   GdnCudaParams p = device_params(dev, c, false);
   const size_t ny = c.v.val.size();
-  constexpr float kSentinel = 12288.f;  // exact in bf16 (3 x 2^12)
+  constexpr float kSentinel = 12288.f;  // exact in bf16 and fp16 (3 x 2^12)
   void* y = y_f32 ? static_cast<void*>(dev.put(std::vector<float>(ny, kSentinel)))
-                  : static_cast<void*>(dev.put(std::vector<uint16_t>(ny, detail::float_to_bf16(kSentinel))));
+                  : static_cast<void*>(dev.put(std::vector<uint16_t>(ny, f32_to_bits(kSentinel, c.dtype))));
   p.y = y;
   p.y_f32 = y_f32;
   float* so = dev.put(std::vector<float>(c.state_in.size(), kSentinel));
@@ -211,8 +245,7 @@ void check_forward(Dev& dev, const Case& c, bool y_f32) {
     const auto h = dev.get(static_cast<const float*>(y), ny);
     yd.assign(h.begin(), h.end());
   } else {
-    const auto h = dev.get(static_cast<const uint16_t*>(y), ny);
-    for (size_t i = 0; i < ny; ++i) yd[i] = detail::bf16_to_float(h[i]);
+    yd = values16(dev.get(static_cast<const uint16_t*>(y), ny), c.dtype);
   }
   // Untouched outside the runs; there the oracle holds 0, so compare the runs' tokens only.
   const std::vector<bool> out = uncovered(c);
@@ -224,8 +257,8 @@ void check_forward(Dev& dev, const Case& c, bool y_f32) {
         y_runs[i] = y_ref[i] = y_f32ref[i] = 0;
       }
   const double e32 = rel_err(y_f32ref, y_ref);
-  const double tol_y = kErrFactor * e32 + kAtol + (y_f32 ? 0.0 : kBf16Rounding);
-  expect_within(y_f32 ? "y (fp32)" : "y (bf16)", rel_err(y_runs, y_ref), e32, tol_y);
+  const double tol_y = kErrFactor * e32 + kAtol + (y_f32 ? 0.0 : rounding(c.dtype));
+  expect_within(y_f32 ? "y (fp32)" : c.dtype == DType::kF16 ? "y (fp16)" : "y (bf16)", rel_err(y_runs, y_ref), e32, tol_y);
   // Final states where an out_slot is given, untouched elsewhere.
   const auto sod = dev.get(so, c.state_in.size());
   std::vector<bool> written(static_cast<size_t>(c.slots), false);
@@ -449,5 +482,66 @@ inline std::vector<GdnCudaRun> ragged_runs(int64_t scale) {
   return {{0, a, 0, 0}, {a, b, -1, 1}, {b, c, 1, -1}, {c, d, -1, 2}, {d, d, 2, 3}, {e, e + 70 * scale, 3, -1}};
 }
 inline int64_t ragged_tokens(int64_t scale) { return ragged_runs(scale).back().t1 + 5; }
+
+// fp16 activations (GdnCudaParams::dtype kF16) on the fp32 products, written once for both suites: both gates, a
+// ragged shape off the vector paths (dk 37, dv 21), 16-bit and fp32 y / dy, the summary; 3xTF32 products with 16
+// scan columns; the split forward; and large values (v and dy x 2^8, initial states x 2^15: states past fp16's
+// largest finite value 65504, y in the thousands, still finite in fp16), which pass only if no intermediate of the
+// fp16 path is an fp16 value. Tolerances as for bf16,
+// with fp16's rounding 2^-11 on the 16-bit outputs. bf16 products on fp16 activations are refused by name.
+template <class Dev>
+void check_fp16(Dev& dev) {
+  struct S3 {
+    GdnGate gate;
+    int dk, dv;
+  };
+  uint64_t seed = 70;
+  for (const S3 s : {S3{GdnGate::Scalar, 64, 64}, S3{GdnGate::PerChannel, 48, 80}, S3{GdnGate::PerChannel, 37, 21}}) {
+    std::printf("  fp16 %s dk %d dv %d\n", s.gate == GdnGate::Scalar ? "gdn" : "kda", s.dk, s.dv);
+    const Case c(ragged_tokens(1), 2, s.dk, s.dv, s.gate, ragged_runs(1), 4, ++seed, DType::kF16);
+    check_forward(dev, c, /*y_f32=*/false);
+    check_forward(dev, c, /*y_f32=*/true);
+    check_backward(dev, c, /*dy_f32=*/false);
+    check_backward(dev, c, /*dy_f32=*/true);
+    check_summary(dev, c);
+  }
+  std::printf("  fp16 3xTF32 products, 16 scan columns (kda dk 40 dv 72)\n");
+  Case t(ragged_tokens(1), 1, 40, 72, GdnGate::PerChannel, ragged_runs(1), 4, ++seed, DType::kF16);
+  t.tensor_cores = true;
+  t.scan_columns = 16;
+  check_forward(dev, t, /*y_f32=*/false);
+  check_backward(dev, t, /*dy_f32=*/false);
+  check_summary(dev, t);
+  std::printf("  fp16 split forward (gdn dk 64 dv 64)\n");
+  Case f(ragged_tokens(1), 1, 64, 64, GdnGate::Scalar, ragged_runs(1), 4, ++seed, DType::kF16);
+  f.split_forward = true;
+  check_forward(dev, f, /*y_f32=*/false);
+  std::printf("  fp16 large values (kda dk 64 dv 64)\n");
+  Case big(ragged_tokens(1), 1, 64, 64, GdnGate::PerChannel, ragged_runs(1), 4, ++seed, DType::kF16);
+  big.scale_values(8, 15);
+  const Reference r = cpu_reference<double>(big, false, false);
+  double ymax = 0, smax = 0;
+  for (const double y : r.y) ymax = std::max(ymax, std::abs(y));
+  for (const double x : r.state_out) smax = std::max(smax, std::abs(x));
+  std::printf("    max |y| %.4g, max |final state| %.4g (fp16's largest finite 65504)\n", ymax, smax);
+  EXPECT_GT(ymax, 1000.0) << "the case must have large outputs";
+  EXPECT_GT(smax, 65504.0) << "the case's states must exceed fp16's range";
+  EXPECT_LT(ymax, 32768.0) << "y must stay finite in fp16 (with room for the device's rounding)";
+  check_forward(dev, big, /*y_f32=*/false);
+  check_backward(dev, big, /*dy_f32=*/false);
+  check_summary(dev, big);
+  for (const GdnPrecision pr : {GdnPrecision::bf16_tensor, GdnPrecision::bf16_tensor_scans}) {
+    Case b(ragged_tokens(1), 1, 64, 64, GdnGate::Scalar, ragged_runs(1), 4, 5, DType::kF16);
+    b.precision = pr;
+    try {
+      dev.workspace_bytes(device_params_shape(b), b.runs, false);
+      ADD_FAILURE() << "fp16 with a bf16 precision accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(pr == GdnPrecision::bf16_tensor ? "bf16_tensor" : "bf16_tensor_scans"), std::string::npos) << m;
+      EXPECT_NE(m.find("fp16"), std::string::npos) << m;
+    }
+  }
+}
 
 }  // namespace treecp::cuda::gdn_test

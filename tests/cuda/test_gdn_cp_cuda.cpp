@@ -1,9 +1,10 @@
 // GDN/KDA CP (runtime/gdn_cp.hpp) and the short convolution's CP (runtime/conv_cp.hpp) through the CUDA backend
 // on one GPU: 1-4 ranks as threads sharing the device over the thread communicator (exchanges landing late and
 // out of order, device copies), on tree rows with branching and on rows of packed documents, with local, chained
-// and mixed plans. Every output and gradient is held against the CPU double reference on the same bf16 inputs
-// (the token recurrence over the tree; the convolution by explicit root-to-token paths): error <= 8 x the error of
-// the same CP run on the CPU backend in float against it, + 1e-6, + one bf16 rounding for the bf16 outputs.
+// and mixed plans, each in bf16 and in fp16 (the backend's dtype; the tests' parameter). Every output and gradient
+// is held against the CPU double reference on the same 16-bit inputs (the token recurrence over the tree; the
+// convolution by explicit root-to-token paths): error <= 8 x the error of the same CP run on the CPU backend in
+// float against it, + 1e-6, + one rounding of the 16-bit type (2^-8 bf16, 2^-11 fp16) for the 16-bit outputs.
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -31,8 +32,8 @@ namespace {
 using cuda::gdn_test::Bf16Array;
 using cuda::gdn_test::expect_within;
 using cuda::gdn_test::kAtol;
-using cuda::gdn_test::kBf16Rounding;
 using cuda::gdn_test::kErrFactor;
+using cuda::gdn_test::rounding;
 using cuda::gdn_test::rel_err;
 using cuda::test::put_rows;
 using testing::GdnData;
@@ -42,7 +43,16 @@ bool have_gpu() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 double bf(uint16_t x) { return cuda::test::from_bf16(x); }
+double hf(uint16_t x) { return cuda::bits_to_f32(x, cuda::DType::kF16); }
 double fl(float x) { return x; }
+// The value of a 16-bit element of type t.
+auto value16(cuda::DType t) { return t == cuda::DType::kF16 ? hf : bf; }
+
+// The tests' parameter: the CUDA backend's dtype (the inputs rounded to it).
+class DtypeCP : public ::testing::TestWithParam<cuda::DType> {};
+std::string dtype_name(const ::testing::TestParamInfo<cuda::DType>& info) {
+  return cuda::gdn_test::dtype_label(info.param);
+}
 
 // The thread communicator sums host memory; a GPU backend's all-reduce operands live on the device (NCCL sums
 // them there). This one stages each all-reduce through the host (either kind of pointer: all_ok's flag is a host
@@ -91,16 +101,18 @@ void expect(const char* name, const std::vector<double>& got, const std::vector<
 
 // ---- GDN / KDA
 
-// The whole row's inputs rounded to bf16: the bits the GPU reads, and GdnData holding the same values (what every
-// CPU run reads).
+// The whole row's inputs rounded to the 16-bit type t: the bits the GPU reads, and GdnData holding the same values
+// (what every CPU run reads).
 struct RowData {
   GdnData d;
   std::vector<uint16_t> q, k, v, g, beta, dy;
+  cuda::DType dtype;
 };
-RowData round_to_bf16(GdnData d) {
+RowData round_to(GdnData d, cuda::DType t = cuda::DType::kBf16) {
   RowData r;
-  auto take = [](std::vector<double>& x, std::vector<uint16_t>& bits) {
-    const Bf16Array a(x);
+  r.dtype = t;
+  auto take = [t](std::vector<double>& x, std::vector<uint16_t>& bits) {
+    const Bf16Array a(x, t);
     bits = a.bits;
     x = a.val;
   };
@@ -125,7 +137,7 @@ GdnResult run_gdn_cuda(const Row& row, const GdnPlan& plan, const GdnShape& shap
   testing::on_threads(plan.ranks, cuda::test::device_thread_comm(static_cast<uint64_t>(row.tokens())),
                       [&](int rank, Communicator& comm) {
     cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");
-    CudaBackend be;
+    CudaBackend be(nullptr, in.dtype);
     GdnCP<CudaBackend> cp(plan, row, shape, comm, be);
     const std::vector<TokenRange> mine = gdn_rank_ranges(row, plan, rank);
     const int64_t rows = cp.owned_rows();
@@ -145,7 +157,7 @@ GdnResult run_gdn_cuda(const Row& row, const GdnPlan& plan, const GdnShape& shap
     const auto dqh = be.download(dq), dkh = be.download(dk), dvh = be.download(dv), dgh = be.download(dg),
                dbh = be.download(dbeta);
     std::lock_guard<std::mutex> hold(lock);
-    put_rows<uint16_t>(out.y, yh, vw, mine, bf);
+    put_rows<uint16_t>(out.y, yh, vw, mine, value16(in.dtype));
     put_rows<float>(out.dq, dqh, qk, mine, fl);
     put_rows<float>(out.dk, dkh, qk, mine, fl);
     put_rows<float>(out.dv, dvh, vw, mine, fl);
@@ -174,8 +186,8 @@ GdnResult run_gdn_cpu_float(const Row& row, const GdnPlan& plan, const GdnShape&
 }
 
 // Every output and gradient of a GPU run against the double reference, within the float CPU run's error.
-void expect_gdn(const GdnResult& gpu, const GdnResult& f32, const testing::GdnReference& ref) {
-  expect("y (bf16)", gpu.y, f32.y, ref.y, kBf16Rounding);
+void expect_gdn(const GdnResult& gpu, const GdnResult& f32, const testing::GdnReference& ref, cuda::DType t) {
+  expect(t == cuda::DType::kF16 ? "y (fp16)" : "y (bf16)", gpu.y, f32.y, ref.y, rounding(t));
   expect("dq", gpu.dq, f32.dq, ref.dq, 0);
   expect("dk", gpu.dk, f32.dk, ref.dk, 0);
   expect("dv", gpu.dv, f32.dv, ref.dv, 0);
@@ -192,7 +204,9 @@ struct GdnCase {
   int chain;  // 0: no segment chained, 1: every segment, 2: every other one
 };
 
-TEST(GdnCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
+class GdnCudaDtypeCP : public DtypeCP {};
+
+TEST_P(GdnCudaDtypeCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TREECP_SEED_TRACE;
   const std::vector<GdnCase> cases = {
@@ -210,21 +224,21 @@ TEST(GdnCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
     std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
     for (size_t s = 0; s < chained.size(); ++s) chained[s] = c.chain == 1 || (c.chain == 2 && s % 2 == 0);
     const GdnPlan plan = make_gdn_plan(row, c.ranks, chained);
-    const RowData in = round_to_bf16(testing::random_gdn_data(row.tokens(), shape.heads, c.dk, c.dk, c.gate, rng));
+    const RowData in = round_to(testing::random_gdn_data(row.tokens(), shape.heads, c.dk, c.dk, c.gate, rng), GetParam());
     const std::string what = std::string(c.name) + " ranks " + std::to_string(c.ranks) + " dk " +
                              std::to_string(c.dk) + " S " + std::to_string(row.tokens());
     SCOPED_TRACE(what);
     std::printf("  %s\n", what.c_str());
     const testing::GdnReference ref = testing::gdn_tree_reference(row, in.d, shape.scale);
     const GdnResult f32 = run_gdn_cpu_float(row, plan, shape, in.d), gpu = run_gdn_cuda(row, plan, shape, in);
-    expect_gdn(gpu, f32, ref);
+    expect_gdn(gpu, f32, ref, GetParam());
   }
 }
 
 // Rows of packed documents in the layouts attention uses (plan/gdn_plan.hpp's gdn_layout_plan): chains whose pieces
 // are not in rank order (zigzag), a rank holding two pieces of one document, ragged per-document pieces, and a
 // document longer than a rank's share; GDN and KDA gates at 2 and 4 ranks.
-TEST(GdnCudaCP, EveryLayoutEqualsTheDoubleReference) {
+TEST_P(GdnCudaDtypeCP, EveryLayoutEqualsTheDoubleReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TREECP_SEED_TRACE;
   const Row row(std::vector<Segment>{{-1, 517}, {-1, 3}, {-1, 96}, {-1, 260}, {-1, 41}});
@@ -235,7 +249,7 @@ TEST(GdnCudaCP, EveryLayoutEqualsTheDoubleReference) {
       testing::Rng rng = testing::test_rng(salt++);
       const GdnShape shape{2, 64, 64, gate, 0.125, 64};
       const GdnPlan plan = gdn_layout_plan(row, ranks, layout);
-      const RowData in = round_to_bf16(testing::random_gdn_data(row.tokens(), shape.heads, 64, 64, gate, rng));
+      const RowData in = round_to(testing::random_gdn_data(row.tokens(), shape.heads, 64, 64, gate, rng), GetParam());
       const std::string what = std::string(gdn_layout_name(layout)) + " ranks " + std::to_string(ranks) +
                                (gate == GdnGate::Scalar ? " gdn" : " kda") + " chains " +
                                std::to_string(plan.chained_segments());
@@ -243,10 +257,12 @@ TEST(GdnCudaCP, EveryLayoutEqualsTheDoubleReference) {
       std::printf("  %s\n", what.c_str());
       const testing::GdnReference ref = testing::gdn_tree_reference(row, in.d, shape.scale);
       const GdnResult f32 = run_gdn_cpu_float(row, plan, shape, in.d), gpu = run_gdn_cuda(row, plan, shape, in);
-      expect_gdn(gpu, f32, ref);
+      expect_gdn(gpu, f32, ref, GetParam());
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(DTypes, GdnCudaDtypeCP, ::testing::Values(cuda::DType::kBf16, cuda::DType::kF16), dtype_name);
 
 // ---- the short convolution
 
@@ -259,7 +275,8 @@ struct ConvResult {
   std::vector<double> y, dx, dw, db;
 };
 
-ConvResult run_conv_cuda(const Row& row, const Ownership& layout, const ConvShape& shape, const ConvData& in, bool bias) {
+ConvResult run_conv_cuda(const Row& row, const Ownership& layout, const ConvShape& shape, const ConvData& in, bool bias,
+                         cuda::DType t) {
   const int64_t S = row.tokens(), C = shape.channels, K = shape.width;
   ConvResult out{std::vector<double>(static_cast<size_t>(S * C)), std::vector<double>(static_cast<size_t>(S * C)),
                  std::vector<double>(static_cast<size_t>(C * K)), std::vector<double>(static_cast<size_t>(C))};
@@ -268,7 +285,7 @@ ConvResult run_conv_cuda(const Row& row, const Ownership& layout, const ConvShap
                       [&](int rank, Communicator& thread_comm) {
     cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");
     HostStagedReduce comm(thread_comm);
-    CudaBackend be;
+    CudaBackend be(nullptr, t);
     ConvCP<CudaBackend> cp(layout, row, shape, comm, be);
     const std::vector<TokenRange>& mine = layout[static_cast<size_t>(rank)];
     const int64_t rows = cp.owned_rows();
@@ -288,7 +305,7 @@ ConvResult run_conv_cuda(const Row& row, const Ownership& layout, const ConvShap
     const auto yh = be.download(y);
     const auto dxh = be.download(dx), dwh = be.download(dw), dbh = be.download(db);
     std::lock_guard<std::mutex> hold(lock);
-    put_rows<uint16_t>(out.y, yh, C, mine, bf);
+    put_rows<uint16_t>(out.y, yh, C, mine, value16(t));
     put_rows<float>(out.dx, dxh, C, mine, fl);
     if (rank == 0) {  // the weight gradients are summed over the ranks: every rank holds the total
       out.dw.assign(dwh.begin(), dwh.end());
@@ -326,9 +343,12 @@ ConvResult run_conv_cpu_float(const Row& row, const Ownership& layout, const Con
   return out;
 }
 
-TEST(ConvCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
+class ConvCudaCP : public DtypeCP {};
+
+TEST_P(ConvCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TREECP_SEED_TRACE;
+  const cuda::DType t = GetParam();
   struct Case {
     bool documents;
     int ranks, channels, width;
@@ -350,9 +370,9 @@ TEST(ConvCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
     const Ownership layout = c.zigzag ? gdn_ownership(row, make_gdn_plan(row, c.ranks, chained))
                                       : contiguous_ownership(S, c.ranks);
     const ConvShape shape{c.channels, c.width, c.silu};
-    const ConvData in{Bf16Array(testing::randn(static_cast<size_t>(S * c.channels), rng)),
-                      Bf16Array(testing::randn(static_cast<size_t>(c.channels * c.width), rng, 0.5)),
-                      Bf16Array(testing::randn(static_cast<size_t>(c.channels), rng)),
+    const ConvData in{Bf16Array(testing::randn(static_cast<size_t>(S * c.channels), rng), t),
+                      Bf16Array(testing::randn(static_cast<size_t>(c.channels * c.width), rng, 0.5), t),
+                      Bf16Array(testing::randn(static_cast<size_t>(c.channels), rng), t),
                       [&] {
                         const auto v = testing::randn(static_cast<size_t>(S * c.channels), rng);
                         return std::vector<float>(v.begin(), v.end());
@@ -366,13 +386,15 @@ TEST(ConvCudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {
     const testing::ConvReference ref = testing::conv_tree_reference(
         row, in.x.val, in.w.val, c.bias ? in.b.val : std::vector<double>{}, c.channels, c.width, c.silu, dyd);
     const ConvResult f32 = run_conv_cpu_float(row, layout, shape, in, c.bias),
-                     gpu = run_conv_cuda(row, layout, shape, in, c.bias);
-    expect("conv y (bf16)", gpu.y, f32.y, ref.y, kBf16Rounding);
+                     gpu = run_conv_cuda(row, layout, shape, in, c.bias, t);
+    expect(t == cuda::DType::kF16 ? "conv y (fp16)" : "conv y (bf16)", gpu.y, f32.y, ref.y, rounding(t));
     expect("conv dx", gpu.dx, f32.dx, ref.dx, 0);
     expect("conv dweight", gpu.dw, f32.dw, ref.dw, 0);
     if (c.bias) expect("conv dbias", gpu.db, f32.db, ref.db, 0);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(DTypes, ConvCudaCP, ::testing::Values(cuda::DType::kBf16, cuda::DType::kF16), dtype_name);
 
 // A second and third step of the same GDN and conv layers allocate no device memory: every scratch (the chunk
 // kernels' workspace, the gathered maps, the uploaded predecessor rows) comes back from the pool.
@@ -384,7 +406,7 @@ TEST(GdnCudaCP, SteadyStateAllocatesNothing) {
   const GdnShape shape{2, 64, 64, GdnGate::PerChannel, 0.125, 64};
   std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()), 1);
   const GdnPlan plan = make_gdn_plan(row, 1, chained);
-  const RowData in = round_to_bf16(testing::random_gdn_data(S, 2, 64, 64, GdnGate::PerChannel, rng));
+  const RowData in = round_to(testing::random_gdn_data(S, 2, 64, 64, GdnGate::PerChannel, rng));
   // One thread rank whose parts move by cudaMemcpy (the chained plan sends states to itself, which the host-memory
   // self communicator cannot copy), its all-reduce (conv's dweight) staged through the host.
   auto comms = make_thread_communicators(1, cuda::test::device_thread_comm(static_cast<uint64_t>(S)));

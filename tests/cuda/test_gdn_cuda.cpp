@@ -196,6 +196,13 @@ TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GdnCuda,
                          all_shapes(), shape_name);
 
+// fp16 activations (tests/common/gdn_cuda.hpp's check_fp16, which the CPU suite's emulation runs too).
+TEST(GdnCudaFp16, MatchesTheRecurrence) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  GpuDev dev;
+  check_fp16(dev);
+}
+
 TEST(GdnCudaAlgebra, ComposeIsAssociativeAndAppliesMatchTheCpu) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   GpuDev dev;

@@ -22,9 +22,8 @@ from ._comm import nccl_communicator
 from ._key import Key, default_scale, key_of
 
 _CPU_DTYPES = (torch.float32, torch.float64)
-# On CUDA: attention's kernels take bf16 or fp16; GDN/KDA and the short convolution bf16 only (their kernels,
-# kernels/cuda/gdn*.cuh and layer_ops*, have no fp16 form yet).
-_CUDA_ATTENTION_DTYPES = (torch.bfloat16, torch.float16)
+# On CUDA every op's kernels take bf16 or fp16 (attention, GDN/KDA, the short convolution).
+_CUDA_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _positive_number(x) -> bool:
@@ -38,11 +37,11 @@ def _first(*problems) -> Optional[str]:
     return None
 
 
-def _check_compute(op: str, tensors: dict, shapes: dict, cuda_fp16: bool = False) -> Optional[str]:
+def _check_compute(op: str, tensors: dict, shapes: dict) -> Optional[str]:
     """Device, dtype, shape and stride checks of a compute op's tensors (None entries are optional and absent).
 
     ``shapes[name]`` is the expected shape (ints, or None for "any"); the first tensor sets device and dtype, and
-    every other tensor must have both. ``cuda_fp16``: the op's CUDA kernels take float16 as well as bfloat16.
+    every other tensor must have both.
     """
     tensors = {name: x for name, x in tensors.items() if x is not None}
     ref_name, ref = next(iter(tensors.items()))
@@ -54,14 +53,11 @@ def _check_compute(op: str, tensors: dict, shapes: dict, cuda_fp16: bool = False
         if not _core.has_cuda_backend:
             return (f"{op}: {ref_name} is on {ref.device}: this build of treecp has no CUDA backend (it was built "
                     "without nvcc); CPU tensors, float32 or float64")
-        if cuda_fp16 and ref.dtype not in _CUDA_ATTENTION_DTYPES:
+        if ref.dtype not in _CUDA_DTYPES:
             return f"{op}: {ref_name} has dtype {ref.dtype}; on CUDA treecp takes bfloat16 or float16"
-        if not cuda_fp16 and ref.dtype != torch.bfloat16:
-            return (f"{op}: {ref_name} has dtype {ref.dtype}; on CUDA treecp takes bfloat16 for {op} (float16 for "
-                    "attention only)")
     elif ref.device.type != "cpu":
-        return (f"{op}: {ref_name} is on {ref.device}; treecp runs on CPU (float32, float64) and CUDA (bfloat16; "
-                "float16 for attention) tensors")
+        return (f"{op}: {ref_name} is on {ref.device}; treecp runs on CPU (float32, float64) and CUDA (bfloat16, "
+                "float16) tensors")
     elif ref.dtype not in _CPU_DTYPES:
         return f"{op}: {ref_name} has dtype {ref.dtype}; on CPU treecp takes float32 or float64"
     for name, x in tensors.items():
@@ -143,7 +139,7 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
     if hkv == 0 or hq % hkv != 0:
         return f"{op}: k has {hkv} heads, which must divide q's {hq} heads (GQA)"
     p = _check_compute(op, {"q": q, "k": k, "v": v, "sink": sink},
-                       {"q": (n, hq, d), "k": (n, hkv, d), "v": (n, hkv, None), "sink": (hq,)}, cuda_fp16=True)
+                       {"q": (n, hq, d), "k": (n, hkv, d), "v": (n, hkv, None), "sink": (hq,)})
     if p:
         return p
     if q.device.type == "cuda":
@@ -352,18 +348,18 @@ def _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk):
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     with _KeyStream(key, q.device):
         key._core.cuda_gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q.device.index,
-                                   *_ptrs(q, k, v, g, beta, y))
+                                   q.dtype == torch.float16, *_ptrs(q, k, v, g, beta, y))
     return y
 
 
 def _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk):
     _cuda_state(key, q.device)
-    dy = dy.to(torch.bfloat16).contiguous()
+    dy = dy.to(q.dtype).contiguous()
     grads = _fp32_like(q, k, v, g, beta)
     with _KeyStream(key, q.device) as scope:
         dy.record_stream(scope.stream)
         key._core.cuda_gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk, q.device.index,
-                                    *_ptrs(q, k, v, g, beta, dy, *grads))
+                                    q.dtype == torch.float16, *_ptrs(q, k, v, g, beta, dy, *grads))
     return tuple(d.to(x.dtype) for d, x in zip(grads, (q, k, v, g, beta)))
 
 
@@ -424,7 +420,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, k
     ``q, k [n, H, K]``, ``v [n, H, V]``, ``g`` the log decay, ``[n, H]`` (GDN) or ``[n, H, K]`` (KDA), and
     ``beta [n, H]``. Each token's state starts from its parent token's along the tree path (a child
     continues its parent segment's final state; siblings never see each other). ``scale`` defaults to
-    1/sqrt(K), applied to q. Returns ``o [n, H, V]``. On CUDA (bfloat16, K and V at most 256) the states and
+    1/sqrt(K), applied to q. Returns ``o [n, H, V]``. On CUDA (bfloat16 or float16, K and V at most 256) the states and
     gradients accumulate in fp32, and the kernels' own chunk (64) is used: ``chunk_size`` then steers the plan only.
     """
     key = _key_argument("gated_delta_rule", key)
@@ -464,7 +460,8 @@ def _cuda_conv_forward(key, x, weight, bias, silu):
     _cuda_state(key, x.device)
     y = torch.empty_like(x)
     with _KeyStream(key, x.device):
-        key._core.cuda_conv_forward(x.shape[1], weight.shape[1], silu, x.device.index, *_ptrs(x, weight, bias, y))
+        key._core.cuda_conv_forward(x.shape[1], weight.shape[1], silu, x.device.index, x.dtype == torch.float16,
+                                    *_ptrs(x, weight, bias, y))
     return y
 
 
@@ -474,7 +471,7 @@ def _cuda_conv_backward(key, x, weight, bias, dy, silu):
     dx, dw, db = _fp32_like(x, weight, bias if bias is not None else x.new_empty(0))
     with _KeyStream(key, x.device) as scope:
         dy.record_stream(scope.stream)
-        key._core.cuda_conv_backward(x.shape[1], weight.shape[1], silu, x.device.index,
+        key._core.cuda_conv_backward(x.shape[1], weight.shape[1], silu, x.device.index, x.dtype == torch.float16,
                                      *_ptrs(x, weight, bias, dy, dx, dw, db if bias is not None else None))
     # The runtime hands every rank the weights' gradient summed over the ranks; the package's contract is this
     # rank's share, as on the CPU (KeyCore::conv_backward).
@@ -538,7 +535,7 @@ def short_conv(x: Tensor, weight: Tensor, key: Key, bias: Optional[Tensor] = Non
 
     ``y_t = bias + sum_i weight[:, width-1-i] * x_{pred^i(t)}`` where pred is the logical predecessor (a
     child's first token continues its parent's last), then ``activation`` (None or "silu"). The gradients
-    of ``weight`` and ``bias`` are this rank's contribution. On CUDA every tensor is bfloat16 (fp32 gradient
+    of ``weight`` and ``bias`` are this rank's contribution. On CUDA every tensor is bfloat16 or float16, one dtype (fp32 gradient
     accumulators inside).
     """
     key = _key_argument("short_conv", key)

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cuda/dtype.hpp"
 #include "kernels/cuda/gdn_types.hpp"
 
 #if defined(__CUDACC__)
@@ -86,9 +87,43 @@ TREECP_GDN_HD uint16_t float_to_bf16(float f) {
 // x rounded to bf16 (as float_to_bf16, back to float).
 TREECP_GDN_HD float gdn_round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
+// The activations' 16-bit element type E (GdnCudaParams::dtype): an element's value, and an fp32 rounded to nearest
+// even into one (fp16: to inf from 65520 on, as the device's __float2half_rn).
+template <DType E>
+TREECP_GDN_HD float gdn_from16(uint16_t h) {
+  if constexpr (E == DType::kBf16) {
+    return bf16_to_float(h);
+  } else {
+#if defined(__CUDA_ARCH__)
+    return __half2float(__ushort_as_half(h));
+#else
+    return bits_to_f32(h, DType::kF16);
+#endif
+  }
+}
+template <DType E>
+TREECP_GDN_HD uint16_t gdn_to16(float f) {
+  if constexpr (E == DType::kBf16) {
+    return float_to_bf16(f);
+  } else {
+#if defined(__CUDA_ARCH__)
+    return __half_as_ushort(__float2half_rn(f));
+#else
+    return f32_to_bits(f, DType::kF16);
+#endif
+  }
+}
+
 // How a chunk-parallel kernel computes its products (a template argument of prep and the gradients): register-blocked
-// fp32 FMA, 3xTF32 mma.sync (GdnCudaParams::tensor_cores) or bf16 mma.sync (GdnPrecision::bf16_tensor).
-enum GdnMath : int { kGdnFma = 0, kGdnTf32x3 = 1, kGdnBf16 = 2 };
+// fp32 FMA, 3xTF32 mma.sync (GdnCudaParams::tensor_cores) or bf16 mma.sync (GdnPrecision::bf16_tensor); with
+// kGdnF16 added, the activations (q, k, v, g, beta, y, dy) are fp16 rather than bf16. The kernels' template argument
+// kMath is that sum, so each element type is its own instantiation and the bf16 kernels' code is what it was.
+// fp16 activations take the fp32 products only: the bf16 products round intermediates (the chunk-start state, D,
+// L⁻¹ diag(β) Kst, the gradients' dS) whose magnitudes the inputs do not bound into their 16-bit operands, and fp16's
+// largest finite value 65504 (bf16's range is fp32's) would turn a large state into inf; gdn_check refuses them.
+enum GdnMath : int { kGdnFma = 0, kGdnTf32x3 = 1, kGdnBf16 = 2, kGdnF16 = 4 };
+TREECP_GDN_HD constexpr int gdn_math(int k) { return k & 3; }
+TREECP_GDN_HD constexpr DType gdn_elem(int k) { return (k & kGdnF16) ? DType::kF16 : DType::kBf16; }
 
 struct GdnChunkDesc {
   int64_t t;    // first token
@@ -159,18 +194,22 @@ struct GdnBlock {
 
 constexpr int kGdnPanel = 32;  // inner indices per staged panel
 
-// A read-only view of a matrix in global (or shared) memory: element (i, j) at p[i * rs + j * cs], bf16 or fp32.
-struct GdnView {
+// A read-only view of a matrix in global (or shared) memory: element (i, j) at p[i * rs + j * cs], fp32 or (`half`)
+// 16-bit of type E.
+template <DType E = DType::kBf16>
+struct GdnViewT {
+  static constexpr DType kElem = E;
   const void* p;
   int64_t rs, cs;
-  bool bf16 = false;
+  bool half = false;
   TREECP_GDN_FN float at(int i, int j) const {
     const int64_t o = i * rs + j * cs;
-    return bf16 ? bf16_to_float(static_cast<const uint16_t*>(p)[o]) : static_cast<const float*>(p)[o];
+    return half ? gdn_from16<E>(static_cast<const uint16_t*>(p)[o]) : static_cast<const float*>(p)[o];
   }
   // The transposed matrix.
-  TREECP_GDN_FN GdnView t() const { return {p, cs, rs, bf16}; }
+  TREECP_GDN_FN GdnViewT t() const { return {p, cs, rs, half}; }
 };
+using GdnView = GdnViewT<DType::kBf16>;
 TREECP_GDN_HD GdnView gdn_view(const float* p, int64_t rs, int64_t cs = 1) { return {p, rs, cs, false}; }
 
 // Row strides of the staged panels: A [rows][kGdnPanel + 1] and B [kGdnPanel][cols | 1] (odd: a warp's lanes,
@@ -202,7 +241,8 @@ TREECP_GDN_HD int64_t gdn_product_smem(int rows, int cols) {
 // A thread issues the loads of kGdnStageBatch elements before it stores the first (a store waits for its load, and
 // one load at a time was a memory round trip per element).
 constexpr int kGdnStageBatch = 4;
-TREECP_GDN_FN void gdn_stage_panel(float* dst, int ld, const GdnView& v, bool a, int extent, int l0, int inner, int tid,
+template <class V>
+TREECP_GDN_FN void gdn_stage_panel(float* dst, int ld, const V& v, bool a, int extent, int l0, int inner, int tid,
                                    int nthr) {
   const bool inner_fast = a ? v.cs == 1 : v.rs == 1;
   const int total = extent * kGdnPanel;
@@ -405,8 +445,8 @@ struct GdnRegTile {
 // The block product on tensor cores: each warp holds up to kGdnWarpTiles 16 x 8 tiles of the output (tiles w,
 // w + warps, ... of a round) across the panels.
 constexpr int kGdnWarpTiles = 8;
-template <class F>
-TREECP_GDN_FN void gdn_block_mma(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem, int tid,
+template <class VA, class VB, class F>
+TREECP_GDN_FN void gdn_block_mma(int rows, int cols, int inner, const VA& A, const VB& B, float* smem, int tid,
                                  int nthr, F&& out) {
   const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
   const int g = lane >> 2, q = lane & 3;
@@ -460,15 +500,21 @@ constexpr int kGdnBf16WarpTiles = 8;
 
 // Four source elements (x .. x + 3, l) (x_fast) or (x, l .. l + 3) as floats, zeros outside [0, extent) x [0, len);
 // element (x, l) is p[x * xs + l * ls]. `vec`: the four lie in range and one aligned vector holds them.
-TREECP_GDN_FN void gdn_load4(const GdnView& v, int64_t xs, int64_t ls, bool x_fast, bool vec, int x, int l, int extent,
+template <class V>
+TREECP_GDN_FN void gdn_load4(const V& v, int64_t xs, int64_t ls, bool x_fast, bool vec, int x, int l, int extent,
                              int len, float (&o)[4]) {
   const int64_t at = x * xs + l * ls;
   if (vec) {
 #if defined(__CUDA_ARCH__)
-    if (v.bf16) {
+    if (v.half) {
       const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(v.p) + at);
-      o[0] = __uint_as_float(u.x << 16); o[1] = __uint_as_float(u.x & 0xffff0000u);
-      o[2] = __uint_as_float(u.y << 16); o[3] = __uint_as_float(u.y & 0xffff0000u);
+      if constexpr (V::kElem == DType::kF16) {
+        const float2 lo = Elem<DType::kF16>::to_float2(u.x), hi = Elem<DType::kF16>::to_float2(u.y);
+        o[0] = lo.x; o[1] = lo.y; o[2] = hi.x; o[3] = hi.y;
+      } else {
+        o[0] = __uint_as_float(u.x << 16); o[1] = __uint_as_float(u.x & 0xffff0000u);
+        o[2] = __uint_as_float(u.y << 16); o[3] = __uint_as_float(u.y & 0xffff0000u);
+      }
     } else {
       const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(v.p) + at);
       o[0] = f.x; o[1] = f.y; o[2] = f.z; o[3] = f.w;
@@ -481,21 +527,22 @@ TREECP_GDN_FN void gdn_load4(const GdnView& v, int64_t xs, int64_t ls, bool x_fa
   for (int u = 0; u < 4; ++u) {
     const bool in = x_fast ? (x + u < extent && l < len) : (x < extent && l + u < len);
     const int64_t o1 = at + u * step;
-    o[u] = !in ? 0.f : v.bf16 ? bf16_to_float(static_cast<const uint16_t*>(v.p)[o1]) : static_cast<const float*>(v.p)[o1];
+    o[u] = !in ? 0.f : v.half ? gdn_from16<V::kElem>(static_cast<const uint16_t*>(v.p)[o1]) : static_cast<const float*>(v.p)[o1];
   }
 }
 
 // dst[x][l] = bf16(A(x, l0 + l)) (a) or bf16(B(l0 + l, x)) for x < xn, l < ln (both multiples of 4; zeros at x >= extent
 // and at l0 + l >= inner), row stride kGdnBf16Ld.
-TREECP_GDN_FN void gdn_stage_bf16(uint16_t* dst, const GdnView& v, bool a, int extent, int xn, int l0, int inner, int ln,
+template <class V>
+TREECP_GDN_FN void gdn_stage_bf16(uint16_t* dst, const V& v, bool a, int extent, int xn, int l0, int inner, int ln,
                                   int tid, int nthr) {
   const int64_t xs = a ? v.rs : v.cs, ls = a ? v.cs : v.rs;
   const bool x_fast = ls != 1 && xs == 1;
   const int len = inner - l0;
-  const char* base = static_cast<const char*>(v.p) + l0 * ls * (v.bf16 ? 2 : 4);
-  const GdnView w{base, v.rs, v.cs, v.bf16};
+  const char* base = static_cast<const char*>(v.p) + l0 * ls * (v.half ? 2 : 4);
+  const V w{base, v.rs, v.cs, v.half};
   const int64_t other = x_fast ? ls : xs;  // stride of the slow index: vectors stay aligned when it is a multiple of 4
-  const bool aligned = (reinterpret_cast<uintptr_t>(base) % (v.bf16 ? 8 : 16) == 0) && other % 4 == 0 &&
+  const bool aligned = (reinterpret_cast<uintptr_t>(base) % (v.half ? 8 : 16) == 0) && other % 4 == 0 &&
                        (x_fast ? xs : ls) == 1;
   // Groups of 4 along the contiguous index. Along l: consecutive threads take consecutive groups of a row (coalesced
   // loads, 8-byte stores). Along x: 8 consecutive threads take 8 groups of x (128 contiguous bytes of fp32) at one l,
@@ -544,8 +591,8 @@ TREECP_GDN_FN void gdn_stage_bf16(uint16_t* dst, const GdnView& v, bool a, int e
   }
 }
 
-template <class F>
-TREECP_GDN_FN void gdn_block_bf16(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem, int tid,
+template <class VA, class VB, class F>
+TREECP_GDN_FN void gdn_block_bf16(int rows, int cols, int inner, const VA& A, const VB& B, float* smem, int tid,
                                   int nthr, F&& out) {
   const int lane = tid % 32, warp = tid / 32, warps = nthr / 32;
   const int g = lane >> 2, q = lane & 3;
@@ -618,13 +665,14 @@ TREECP_GDN_FN void gdn_block_bf16(int rows, int cols, int inner, const GdnView& 
 }
 
 // The block product on kMath's arithmetic (GdnMath).
-template <int kMath, int TM, int TN, class F>
-TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const GdnView& A, const GdnView& B, float* smem,
+template <int kMath, int TM, int TN, class VA, class VB, class F>
+TREECP_GDN_FN void gdn_block_product(int rows, int cols, int inner, const VA& A, const VB& B, float* smem,
                                      int tid, int nthr, F&& out) {
-  if constexpr (kMath == kGdnBf16) {
+  if constexpr (gdn_math(kMath) == kGdnBf16) {
+    static_assert(VA::kElem == DType::kBf16 && VB::kElem == DType::kBf16, "bf16 products take bf16 activations");
     gdn_block_bf16(rows, cols, inner, A, B, smem, tid, nthr, out);
     return;
-  } else if constexpr (kMath == kGdnTf32x3) {
+  } else if constexpr (gdn_math(kMath) == kGdnTf32x3) {
     gdn_block_mma(rows, cols, inner, A, B, smem, tid, nthr, out);
     return;
   }
@@ -746,8 +794,8 @@ TREECP_GDN_FN void gdn_vec_product(int rows, int cols, const GdnTerm (&terms)[NT
 template <int kMath, int NT, class F>
 TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, const GdnTerm (&terms)[NT], int tid, int nthr,
                                     F&& out) {
-  if constexpr (kMath != kGdnFma) {
-    gdn_warp_product<kMath == kGdnBf16>(rows, cols, terms, tid, nthr, out);
+  if constexpr (gdn_math(kMath) != kGdnFma) {
+    gdn_warp_product<gdn_math(kMath) == kGdnBf16>(rows, cols, terms, tid, nthr, out);
   } else if (tc > 16) {
     if (rows > kGdnChunk)
       gdn_vec_product<4, 4>(rows, cols, terms, tid, nthr, out);
@@ -760,7 +808,7 @@ TREECP_GDN_FN void gdn_scan_product(int rows, int cols, int tc, const GdnTerm (&
   }
 }
 
-// Inputs as every kernel reads them.
+// Inputs as every kernel reads them: 16-bit elements of type E (the kernel's gdn_elem(kMath)).
 struct GdnInputs {
   const uint16_t* q;
   const uint16_t* k;
@@ -769,34 +817,42 @@ struct GdnInputs {
   const uint16_t* beta;
   int32_t heads, dk, dv;
   bool scalar_gate;
+  template <DType E>
   TREECP_GDN_FN float qk(const uint16_t* x, int64_t t, int h, int d) const {
-    return bf16_to_float(x[(t * heads + h) * dk + d]);
+    return gdn_from16<E>(x[(t * heads + h) * dk + d]);
   }
-  TREECP_GDN_FN float vv(int64_t t, int h, int e) const { return bf16_to_float(v[(t * heads + h) * dv + e]); }
+  template <DType E>
+  TREECP_GDN_FN float vv(int64_t t, int h, int e) const { return gdn_from16<E>(v[(t * heads + h) * dv + e]); }
+  template <DType E>
   TREECP_GDN_FN float gate(int64_t t, int h, int d) const {
-    return bf16_to_float(scalar_gate ? g[t * heads + h] : g[(t * heads + h) * dk + d]);
+    return gdn_from16<E>(scalar_gate ? g[t * heads + h] : g[(t * heads + h) * dk + d]);
   }
-  TREECP_GDN_FN float b(int64_t t, int h) const { return bf16_to_float(beta[t * heads + h]); }
+  template <DType E>
+  TREECP_GDN_FN float b(int64_t t, int h) const { return gdn_from16<E>(beta[t * heads + h]); }
   // Rows t, t + 1, ... of head h of q or k (dk columns) or of v (dv columns) as a matrix view.
-  TREECP_GDN_FN GdnView rows(const uint16_t* x, int64_t t, int h, int width) const {
+  template <DType E>
+  TREECP_GDN_FN GdnViewT<E> rows(const uint16_t* x, int64_t t, int h, int width) const {
     return {x + (t * heads + h) * width, static_cast<int64_t>(heads) * width, 1, true};
   }
 };
 
-// y / dy: bf16 or fp32 [S, H, dv].
+// y / dy: 16-bit of type E or fp32 [S, H, dv].
+template <DType E>
 TREECP_GDN_FN float load_out(const void* p, bool f32, int64_t at) {
-  return f32 ? static_cast<const float*>(p)[at] : bf16_to_float(static_cast<const uint16_t*>(p)[at]);
+  return f32 ? static_cast<const float*>(p)[at] : gdn_from16<E>(static_cast<const uint16_t*>(p)[at]);
 }
+template <DType E>
 TREECP_GDN_FN void store_out(void* p, bool f32, int64_t at, float x) {
   if (f32)
     static_cast<float*>(p)[at] = x;
   else
-    static_cast<uint16_t*>(p)[at] = float_to_bf16(x);
+    static_cast<uint16_t*>(p)[at] = gdn_to16<E>(x);
 }
 
-// Rows [0, n) x columns [0, w) of a bf16 input (row stride src_ld elements) widened into shared memory (row stride
-// ld): 8-byte loads of four elements where the rows allow, so that a thread has several loads in flight.
-TREECP_GDN_FN void gdn_load_rows_bf16(float* dst, int ld, const uint16_t* src, int64_t src_ld, int n, int w, int tid,
+// Rows [0, n) x columns [0, w) of a 16-bit input of type E (row stride src_ld elements) widened into shared memory
+// (row stride ld): 8-byte loads of four elements where the rows allow, so that a thread has several loads in flight.
+template <DType E>
+TREECP_GDN_FN void gdn_load_rows16(float* dst, int ld, const uint16_t* src, int64_t src_ld, int n, int w, int tid,
                                       int nthr) {
   if ((w % 4 == 0) && (src_ld % 4 == 0) && reinterpret_cast<uintptr_t>(src) % 8 == 0) {
     const int q = w / 4, total = n * q;
@@ -821,11 +877,11 @@ TREECP_GDN_FN void gdn_load_rows_bf16(float* dst, int ld, const uint16_t* src, i
         if (idx >= total) break;
         const int i = idx / q, j = (idx % q) * 4;
         TREECP_GDN_UNROLL
-        for (int x = 0; x < 4; ++x) dst[i * ld + j + x] = bf16_to_float(v[b][x]);
+        for (int x = 0; x < 4; ++x) dst[i * ld + j + x] = gdn_from16<E>(v[b][x]);
       }
     }
   } else {
-    for (int idx = tid; idx < n * w; idx += nthr) dst[(idx / w) * ld + idx % w] = bf16_to_float(src[(idx / w) * src_ld + idx % w]);
+    for (int idx = tid; idx < n * w; idx += nthr) dst[(idx / w) * ld + idx % w] = gdn_from16<E>(src[(idx / w) * src_ld + idx % w]);
   }
 }
 
@@ -833,8 +889,8 @@ TREECP_GDN_FN void gdn_load_rows_bf16(float* dst, int ld, const uint16_t* src, i
 // register-blocked as GdnRegTile, or on tensor cores); no barrier.
 template <int kMath, int TM, int TN, int NT, class F>
 TREECP_GDN_FN void gdn_smem_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
-  if constexpr (kMath != kGdnFma) {
-    gdn_warp_product<kMath == kGdnBf16>(rows, cols, terms, tid, nthr, out);
+  if constexpr (gdn_math(kMath) != kGdnFma) {
+    gdn_warp_product<gdn_math(kMath) == kGdnBf16>(rows, cols, terms, tid, nthr, out);
     return;
   }
   const int tiles = ((rows + TM - 1) / TM) * ((cols + TN - 1) / TN);
@@ -913,8 +969,9 @@ struct GdnPrepArgs {
   float* cache;
   GdnBlock blk;
 };
-template <int kMath>  // the products' arithmetic (GdnMath)
+template <int kMath>  // the products' arithmetic and the activations' type (GdnMath)
 struct GdnPrepKernel {
+  static constexpr DType E = gdn_elem(kMath);
   using Args = GdnPrepArgs;
   static constexpr const char* kName = "gdn prep";
   static TREECP_GDN_HD int row_ld(int dk, int dv) { return (dk > dv ? dk : dv) + 1; }
@@ -952,12 +1009,12 @@ struct GdnPrepKernel {
     float* Ps = Gs + (scalar ? 0 : kGdnChunk * ld);     // [64][lc]
     float* Tb = Ps + kGdnChunk * lc;                    // [64][lc]: L⁻¹ diag(β)
     const int64_t row = static_cast<int64_t>(H) * dk;  // elements between tokens of q, k and a per-channel gate
-    gdn_load_rows_bf16(Ks, ld, a.in.k + (t * H + h) * dk, row, n, dk, tid, nthr);
-    gdn_load_rows_bf16(Qs, ld, a.in.q + (t * H + h) * dk, row, n, dk, tid, nthr);
-    if (!scalar) gdn_load_rows_bf16(Gs, ld, a.in.g + (t * H + h) * dk, row, n, dk, tid, nthr);
+    gdn_load_rows16<E>(Ks, ld, a.in.k + (t * H + h) * dk, row, n, dk, tid, nthr);
+    gdn_load_rows16<E>(Qs, ld, a.in.q + (t * H + h) * dk, row, n, dk, tid, nthr);
+    if (!scalar) gdn_load_rows16<E>(Gs, ld, a.in.g + (t * H + h) * dk, row, n, dk, tid, nthr);
     for (int i = tid; i < n; i += nthr) {
-      bs[i] = a.in.b(t + i, h);
-      if (scalar) gr[i] = a.in.gate(t + i, h, 0);
+      bs[i] = a.in.b<E>(t + i, h);
+      if (scalar) gr[i] = a.in.gate<E>(t + i, h, 0);
     }
     block_sync();
     // G_i = Σ_{s<=i} g_s, in place, per key channel (one sum for a scalar gate); e^{G_last}.
@@ -1026,7 +1083,7 @@ struct GdnPrepKernel {
       Tb[i * lc + j] *= bs[j];
     }
     const GdnView tb = gdn_view(Tb, lc);
-    gdn_block_product<kMath, 4, 8>(n, dv, n, tb, a.in.rows(a.in.v, t, h, dv), panels, tid, nthr,
+    gdn_block_product<kMath, 4, 8>(n, dv, n, tb, a.in.rows<E>(a.in.v, t, h, dv), panels, tid, nthr,
                             [&](int i, int e, float acc) { c[a.blk.U + i * dv + e] = acc; });
     gdn_block_product<kMath, 4, 8>(n, dk, n, tb, gdn_view(c + a.blk.Kst, dk), panels, tid, nthr,
                             [&](int i, int d, float acc) { c[a.blk.W + i * dk + d] = acc; });
@@ -1167,8 +1224,9 @@ struct GdnScanArgs {
   bool y_f32;
   float scale;
 };
-template <int kMath>  // the products' arithmetic (GdnMath)
+template <int kMath>  // the products' arithmetic and the activations' type (GdnMath)
 struct GdnScanKernel {
+  static constexpr DType E = gdn_elem(kMath);
   using Args = GdnScanArgs;
   static constexpr const char* kName = "gdn scan";
   static size_t smem_bytes(const Args& a) {
@@ -1272,7 +1330,7 @@ struct GdnScanKernel {
         // Y = scale ((e^G ⊙ Q) S + C D); C is zero above the diagonal within the chunk, so its n columns sum j <= i.
         const GdnTerm qc[2] = {{Qb, ldr, 1, S, ls, 1, dk, 1.f}, {Cb, lc, 1, Ds, ls, 1, n, 1.f}};
         gdn_scan_product<kMath>(n, tw, tc, qc, tid, nthr, [&](int i, int e, float acc) {
-          store_out(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
+          store_out<E>(a.y, a.y_f32, (cd.t + i) * static_cast<int64_t>(H) * dv + static_cast<int64_t>(h) * dv + e0 + e,
                     a.scale * acc);
         });
       }
@@ -1318,8 +1376,9 @@ struct GdnBwdScanArgs {
   const float* d_state_out;  // by out_slot
   float* d_state_in;         // by in_slot
 };
-template <int kMath>  // the products' arithmetic (GdnMath)
+template <int kMath>  // the products' arithmetic and the activations' type (GdnMath)
 struct GdnBwdScanKernel {
+  static constexpr DType E = gdn_elem(kMath);
   using Args = GdnBwdScanArgs;
   static constexpr const char* kName = "gdn backward scan";
   static size_t smem_bytes(const Args& a) {
@@ -1364,7 +1423,7 @@ struct GdnBwdScanKernel {
       const int64_t at = dy_at(ci);
       for (int idx = tid; idx < len_of(ci) * tw; idx += nthr) {
         const int i = idx / tw, e = idx % tw;
-        dst[i * ls + e] = load_out(a.dy, a.dy_f32, at + i * dy_row + e);
+        dst[i * ls + e] = load_out<E>(a.dy, a.dy_f32, at + i * dy_row + e);
       }
     };
     auto issue_rc = [&](int ci) {
@@ -1402,7 +1461,7 @@ struct GdnBwdScanKernel {
       } else if (!a.dy_f32) {
         const uint16_t* src = reinterpret_cast<const uint16_t*>(raw);
         float* dst = dy_buf(ci);
-        for (int idx = tid; idx < len_of(ci) * tw; idx += nthr) dst[(idx / tw) * ls + idx % tw] = bf16_to_float(src[idx]);
+        for (int idx = tid; idx < len_of(ci) * tw; idx += nthr) dst[(idx / tw) * ls + idx % tw] = gdn_from16<E>(src[idx]);
       }
     };
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * ssz : nullptr;
@@ -1506,8 +1565,9 @@ struct GdnGradArgs {
   float* dg;
   float* dbeta;
 };
-template <int kMath>  // the products' arithmetic (GdnMath)
+template <int kMath>  // the products' arithmetic and the activations' type (GdnMath)
 struct GdnGradKernel {
+  static constexpr DType E = gdn_elem(kMath);
   using Args = GdnGradArgs;
   static constexpr const char* kName = "gdn gradients";
   // Two blocks an SM (at most 128 registers a thread; shared memory allows two at dk = dv = 128): the bf16 path would
@@ -1552,11 +1612,11 @@ struct GdnGradKernel {
     float* panels = Ex + (scalar ? kGdnChunk * kGdnChunk : 0);
     const int64_t dy0 = (t * H + h) * static_cast<int64_t>(dv);
     const int64_t dy_row = static_cast<int64_t>(H) * dv;
-    const GdnView dyv = a.dy_f32 ? GdnView{static_cast<const float*>(a.dy) + dy0, dy_row, 1, false}
-                                 : GdnView{static_cast<const uint16_t*>(a.dy) + dy0, dy_row, 1, true};
+    const GdnViewT<E> dyv = a.dy_f32 ? GdnViewT<E>{static_cast<const float*>(a.dy) + dy0, dy_row, 1, false}
+                                     : GdnViewT<E>{static_cast<const uint16_t*>(a.dy) + dy0, dy_row, 1, true};
     float* gs = panels;  // [64]: the scalar gate's cumulative sums, until the first product
     for (int i = tid; i < n; i += nthr) {
-      bs[i] = a.in.b(t + i, h);
+      bs[i] = a.in.b<E>(t + i, h);
       if (scalar) gs[i] = G[i * dk];
     }
     block_sync();
@@ -1590,7 +1650,7 @@ struct GdnGradKernel {
           n, kGdnChunk + dv + dk,
           [&](int i, int m) {
             if (m < kGdnChunk) return m < i ? dL[i * kGdnChunk + m] * P[i * kGdnChunk + m] : 0.f;
-            if (m < kGdnChunk + dv) return dX[i * dv + m - kGdnChunk] * a.in.vv(t + i, h, m - kGdnChunk);
+            if (m < kGdnChunk + dv) return dX[i * dv + m - kGdnChunk] * a.in.vv<E>(t + i, h, m - kGdnChunk);
             return dZ[i * dk + m - kGdnChunk - dv] * Kst[i * dk + m - kGdnChunk - dv];
           },
           panels, tid, nthr, [&](int i, float db) { a.dbeta[(t + i) * H + h] += db; });
@@ -1636,7 +1696,7 @@ struct GdnGradKernel {
           const int i = idx / dk, d = idx % dk;
           const int64_t o = ((t + i) * H + h) * dk + d;
           dqv[b] = dGm[idx]; dr[b] = rr[idx]; gi[b] = G[idx]; gl[b] = G[(n - 1) * dk + d]; dz[b] = bs[i] * dZ[idx];
-          qi[b] = a.in.qk(a.in.q, t + i, h, d); ki[b] = a.in.qk(a.in.k, t + i, h, d);
+          qi[b] = a.in.qk<E>(a.in.q, t + i, h, d); ki[b] = a.in.qk<E>(a.in.k, t + i, h, d);
           qs[b] = Qst[idx]; r[b] = R[idx]; ks[b] = Kst[idx]; x1[b] = pq[idx]; x2[b] = pk[idx]; y[b] = pt[idx];
           oq[b] = a.dq ? a.dq[o] : 0.f;
           ok[b] = a.dk ? a.dk[o] : 0.f;
@@ -1667,7 +1727,7 @@ struct GdnGradKernel {
         dC[i * l64 + j] *= ex;
         dL[i * l64 + j] = j < i ? bs[i] * dL[i * l64 + j] * ex : 0.f;
       }
-      const GdnView kr = a.in.rows(a.in.k, t, h, dk), qr = a.in.rows(a.in.q, t, h, dk);
+      const GdnViewT<E> kr = a.in.rows<E>(a.in.k, t, h, dk), qr = a.in.rows<E>(a.in.q, t, h, dk);
       const GdnView a1 = gdn_view(dC, l64), a2 = gdn_view(dL, l64);
       gdn_block_product<kMath, 4, 8>(n, dk, n, a1, kr, panels, tid, nthr, [&](int i, int d, float acc) { pq[i * dk + d] = acc; });
       gdn_block_product<kMath, 4, 8>(n, dk, n, a2, kr, panels, tid, nthr, [&](int i, int d, float acc) { pk[i * dk + d] = acc; });
@@ -1681,14 +1741,14 @@ struct GdnGradKernel {
         const float gi = G[i * dk + d];
         float x1 = 0.f, x2 = 0.f, y = 0.f;
         for (int j = 0; j <= i; ++j) {
-          const float kj = a.in.qk(a.in.k, t + j, h, d) * expf(gi - G[j * dk + d]);
+          const float kj = a.in.qk<E>(a.in.k, t + j, h, d) * expf(gi - G[j * dk + d]);
           x1 += dC[i * l64 + j] * kj;
           if (j < i) x2 += bs[i] * dL[i * l64 + j] * kj;
         }
         for (int m = i; m < n; ++m) {
           const float ex = expf(G[m * dk + d] - gi);
           const float dp = m > i ? bs[m] * dL[m * l64 + i] : 0.f;
-          y += (dp * a.in.qk(a.in.k, t + m, h, d) + dC[m * l64 + i] * a.in.qk(a.in.q, t + m, h, d)) * ex;
+          y += (dp * a.in.qk<E>(a.in.k, t + m, h, d) + dC[m * l64 + i] * a.in.qk<E>(a.in.q, t + m, h, d)) * ex;
         }
         pq[idx] = x1;
         pk[idx] = x2;
@@ -1733,8 +1793,9 @@ struct GdnOutArgs {
   bool y_f32;
   float scale;
 };
-template <int kMath>  // the products' arithmetic (GdnMath)
+template <int kMath>  // the products' arithmetic and the activations' type (GdnMath)
 struct GdnOutKernel {
+  static constexpr DType E = gdn_elem(kMath);
   using Args = GdnOutArgs;
   static constexpr const char* kName = "gdn output";
   static size_t smem_bytes(const Args& a) {
@@ -1755,7 +1816,7 @@ struct GdnOutKernel {
     const int64_t y0 = (cd.t * H + h) * static_cast<int64_t>(dv), y_row = static_cast<int64_t>(H) * dv;
     gdn_block_product<kMath, 4, 8>(n, dv, n, gdn_view(c + a.blk.C, kGdnChunk), GdnView{c + a.blk.D, dv, 1, b16}, panels,
                                    tid, nthr, [&](int i, int e, float acc) {
-                                     store_out(a.y, a.y_f32, y0 + i * y_row + e, a.scale * (Ys[i * dv + e] + acc));
+                                     store_out<E>(a.y, a.y_f32, y0 + i * y_row + e, a.scale * (Ys[i * dv + e] + acc));
                                    });
   }
 };
@@ -1845,6 +1906,12 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
   require(p.precision == GdnPrecision::fp32 || p.precision == GdnPrecision::bf16_tensor ||
               p.precision == GdnPrecision::bf16_tensor_scans,
           "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
+  require(p.dtype == DType::kBf16 || p.dtype == DType::kF16, "gdn (cuda): dtype must be bf16 or fp16, got ",
+          static_cast<int>(p.dtype));
+  // fp16 activations run the fp32 products only (why: GdnMath).
+  require(p.dtype == DType::kBf16 || p.precision == GdnPrecision::fp32, "gdn (cuda): precision ",
+          p.precision == GdnPrecision::bf16_tensor ? "bf16_tensor" : "bf16_tensor_scans",
+          " needs bf16 activations (fp16 runs the fp32 products: its intermediates would overflow fp16's range)");
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (size_t r = 0; r < runs.size(); ++r) {
     const GdnCudaRun& run = runs[r];
@@ -1907,20 +1974,27 @@ struct GdnSchedule {
 // Launches K<true> (tensor-core products) or K<false>: each path is its own kernel with its own registers.
 // The chunk-parallel kernels' arithmetic for p (GdnMath), and the scans'.
 inline int gdn_chunk_math(const GdnCudaParams& p) {
-  return p.precision != GdnPrecision::fp32 ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma;
+  return (p.precision != GdnPrecision::fp32 ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma) |
+         (p.dtype == DType::kF16 ? kGdnF16 : 0);
 }
 inline int gdn_scan_math(const GdnCudaParams& p) {
-  return p.precision == GdnPrecision::bf16_tensor_scans ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma;
+  return (p.precision == GdnPrecision::bf16_tensor_scans ? kGdnBf16 : p.tensor_cores ? kGdnTf32x3 : kGdnFma) |
+         (p.dtype == DType::kF16 ? kGdnF16 : 0);
 }
-// Launches K<kGdnBf16>, K<kGdnTf32x3> or K<kGdnFma>.
+// Launches K<kGdnBf16>, K<kGdnTf32x3> or K<kGdnFma>, or one of the last two with kGdnF16 (gdn_check has refused
+// fp16 on bf16 products).
 template <template <int> class K, class X>
 void gdn_launch_math(X& x, int math, int64_t blocks, const typename K<kGdnFma>::Args& a) {
   if (math == kGdnBf16)
     x.template launch<K<kGdnBf16>>(blocks, a);
   else if (math == kGdnTf32x3)
     x.template launch<K<kGdnTf32x3>>(blocks, a);
-  else
+  else if (math == kGdnFma)
     x.template launch<K<kGdnFma>>(blocks, a);
+  else if (math == (kGdnTf32x3 | kGdnF16))
+    x.template launch<K<kGdnTf32x3 | kGdnF16>>(blocks, a);
+  else
+    x.template launch<K<kGdnFma | kGdnF16>>(blocks, a);
 }
 
 inline GdnInputs gdn_inputs(const GdnCudaParams& p) {

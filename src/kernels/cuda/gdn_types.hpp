@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/gdn.hpp"  // GdnGate
+#include "kernels/cuda/dtype.hpp"
 
 namespace treecp::cuda {
 
@@ -23,8 +24,8 @@ struct GdnCudaRun {
 
 // Token-major arrays of one rank's tokens, the layouts of GdnParams (q[t][h][d] = q[(t * heads + h) * dk + d]):
 //   q, k [S, H, dk]; v [S, H, dv]; g [S, H] (GDN) or [S, H, dk] (KDA), the natural log of the decay; beta [S, H]
-// all bf16 (bit patterns); states fp32 [slots, H, dk, dv]; y [S, H, dv] bf16 or fp32 (y_f32). Tokens outside
-// every run are neither read nor written.
+// all 16-bit of type `dtype` (bit patterns: bf16 or fp16); states fp32 [slots, H, dk, dv]; y [S, H, dv] of `dtype`
+// or fp32 (y_f32). Tokens outside every run are neither read nor written.
 struct GdnCudaParams {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -36,7 +37,10 @@ struct GdnCudaParams {
   GdnGate gate = GdnGate::Scalar;
   float scale = 1.f;
   void* y = nullptr;  // forward: written where not null
-  bool y_f32 = false;  // y (and the backward's dy) in fp32 rather than bf16
+  bool y_f32 = false;  // y (and the backward's dy) in fp32 rather than `dtype`
+  // The activations' element type (q, k, v, g, beta, and y / dy unless y_f32). fp16 takes precision fp32 only (the
+  // bf16 products' intermediates are not bounded by fp16's range; gdn_check refuses the others by name).
+  DType dtype = DType::kBf16;
   const float* state_in = nullptr;  // read by runs with in_slot >= 0
   float* state_out = nullptr;       // forward: written for runs with out_slot >= 0
   // State columns per block of the scans: 0 = the default (32), 16 or 32 (kept selectable so the benchmark measures
@@ -68,7 +72,7 @@ struct GdnCudaParams {
 // The backward's extra arrays. Gradients are fp32 in the layouts of their inputs and ADDED into (as
 // kernels/cpu's GdnGrads); a null one is not computed.
 struct GdnCudaGrads {
-  const void* dy = nullptr;            // [S, H, dv], bf16 or fp32 as GdnCudaParams::y_f32
+  const void* dy = nullptr;            // [S, H, dv], GdnCudaParams::dtype or fp32 as its y_f32
   const float* d_state_out = nullptr;  // dL/d(final state) by out_slot; null or out_slot -1 = zero
   float* d_state_in = nullptr;         // dL/d(initial state), written by in_slot (runs with in_slot >= 0)
   float* dq = nullptr;

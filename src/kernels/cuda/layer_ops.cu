@@ -40,25 +40,26 @@ void affine_interleave(const AffineShape& sh, const float* M, const float* E, fl
   detail::affine_interleave_on(x, sh, M, E, map);
 }
 
-void l2norm_forward(const uint16_t* x, int64_t groups, int dim, uint16_t* y, cudaStream_t stream) {
+void l2norm_forward(const uint16_t* x, int64_t groups, int dim, uint16_t* y, DType dtype, cudaStream_t stream) {
   detail::GdnDeviceExec ex{stream};
-  detail::l2norm_on(ex, detail::l2norm_args(x, nullptr, y, nullptr, groups, dim));
+  detail::l2norm_on(ex, detail::l2norm_args(x, nullptr, y, nullptr, groups, dim), dtype);
 }
 
-void l2norm_backward(const uint16_t* x, const float* dy, int64_t groups, int dim, float* dx, cudaStream_t stream) {
+void l2norm_backward(const uint16_t* x, const float* dy, int64_t groups, int dim, float* dx, DType dtype,
+                     cudaStream_t stream) {
   detail::GdnDeviceExec ex{stream};
-  detail::l2norm_on(ex, detail::l2norm_args(x, dy, nullptr, dx, groups, dim));
+  detail::l2norm_on(ex, detail::l2norm_args(x, dy, nullptr, dx, groups, dim), dtype);
 }
 
 void conv1d_forward(const Conv1dDeviceParams& p, uint16_t* y, cudaStream_t stream) {
   detail::GdnDeviceExec ex{stream};
-  detail::conv1d_on(ex, detail::conv_args(p, y, nullptr, nullptr, nullptr, nullptr));
+  detail::conv1d_on(ex, detail::conv_args(p, y, nullptr, nullptr, nullptr, nullptr), p.dtype);
 }
 
 void conv1d_backward(const Conv1dDeviceParams& p, const float* dy, float* dx, float* dweight, float* dbias,
                      cudaStream_t stream) {
   detail::GdnDeviceExec ex{stream};
-  detail::conv1d_on(ex, detail::conv_args(p, nullptr, dy, dx, dweight, dbias));
+  detail::conv1d_on(ex, detail::conv_args(p, nullptr, dy, dx, dweight, dbias), p.dtype);
 }
 
 }  // namespace treecp::cuda

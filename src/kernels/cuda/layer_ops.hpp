@@ -5,8 +5,8 @@
 // runtime's interleaved maps (runtime/backend.hpp: item = every head's M [rows][rows] then E [rows][cols]), the
 // q/k L2 normalisation and the short convolution along logical predecessors. Bodies and launch sequences:
 // layer_ops_device.cuh (also run by the CPU suite's emulation). Every call enqueues on `stream`, never waits for
-// the host, and throws treecp::Error on bad arguments or a failed launch. Inputs are bf16 bit patterns; maps,
-// states and gradients fp32; gradients are added into.
+// the host, and throws treecp::Error on bad arguments or a failed launch. Inputs are 16-bit bit patterns (bf16 or
+// fp16: `dtype`, Conv1dDeviceParams::dtype); maps, states and gradients fp32; gradients are added into.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,12 +35,13 @@ void affine_state(const AffineShape& sh, const float* map, float* state, cudaStr
 // The map from gdn_summary's contiguous M [heads][rows][rows] and E [heads][rows][cols].
 void affine_interleave(const AffineShape& sh, const float* M, const float* E, float* map, cudaStream_t stream);
 
-// y = x / sqrt(|x|² + kL2NormEps) for `groups` vectors of `dim` (kernels/cpu/gdn.hpp); y bf16.
-void l2norm_forward(const uint16_t* x, int64_t groups, int dim, uint16_t* y, cudaStream_t stream);
+// y = x / sqrt(|x|² + kL2NormEps) for `groups` vectors of `dim` (kernels/cpu/gdn.hpp); x and y of `dtype`.
+void l2norm_forward(const uint16_t* x, int64_t groups, int dim, uint16_t* y, DType dtype, cudaStream_t stream);
 // dx += (dy - y (y·dy)) / sqrt(|x|² + eps).
-void l2norm_backward(const uint16_t* x, const float* dy, int64_t groups, int dim, float* dx, cudaStream_t stream);
+void l2norm_backward(const uint16_t* x, const float* dy, int64_t groups, int dim, float* dx, DType dtype,
+                     cudaStream_t stream);
 
-// y [out_rows][C] bf16.
+// y [out_rows][C] of p.dtype.
 void conv1d_forward(const Conv1dDeviceParams& p, uint16_t* y, cudaStream_t stream);
 // dx [rows][C] (halo rows included), dweight [C][width] and dbias [C] (may be null) added into.
 void conv1d_backward(const Conv1dDeviceParams& p, const float* dy, float* dx, float* dweight, float* dbias,

@@ -6,7 +6,7 @@
 //     gdn_compose_on / gdn_apply_on / gdn_apply_transposed_on take, and scattering the results back;
 //   - the q/k L2 normalisation (kernels/cpu/gdn.hpp's l2norm_forward / l2norm_backward);
 //   - the causal depthwise conv1d along logical predecessors (kernels/cpu/conv1d.hpp).
-// Inputs are bf16 bit patterns, states, maps and gradients fp32.
+// Inputs are 16-bit bit patterns (bf16 or fp16, the kernels' template argument E), states, maps and gradients fp32.
 #pragma once
 
 #include <algorithm>
@@ -182,14 +182,15 @@ constexpr int kL2MaxDim = 4096;
 inline int l2norm_tile(int dim) { return dim <= 128 ? 32 : std::max(1, 4096 / dim); }
 
 struct L2NormArgs {
-  const uint16_t* x;  // [groups][dim] bf16
+  const uint16_t* x;  // [groups][dim] 16-bit (l2norm_on's dtype)
   const float* dy;    // backward: [groups][dim]
-  uint16_t* y;        // forward: [groups][dim] bf16
+  uint16_t* y;        // forward: [groups][dim] 16-bit
   float* dx;          // backward: added into
   int64_t groups;
   int32_t dim, tile;
   float eps;
 };
+template <DType E>
 struct L2NormKernel {
   using Args = L2NormArgs;
   static constexpr const char* kName = "l2norm";
@@ -209,7 +210,7 @@ struct L2NormKernel {
     float* xg = ss + a.tile * kL2Parts;
     const int64_t base = g0 * dim;
     for (int idx = tid; idx < n * dim; idx += nthr) {
-      xs[idx] = bf16_to_float(a.x[base + idx]);
+      xs[idx] = gdn_from16<E>(a.x[base + idx]);
       if (bwd) gs[idx] = a.dy[base + idx];
     }
     block_sync();
@@ -237,7 +238,7 @@ struct L2NormKernel {
         // y = x inv: dJ/dx = inv dy - x inv³ (x·dy)
         a.dx[base + idx] += inv * gs[idx] - sg * inv * inv * inv * xs[idx];
       } else {
-        a.y[base + idx] = float_to_bf16(xs[idx] * inv);
+        a.y[base + idx] = gdn_to16<E>(xs[idx] * inv);
       }
     }
   }
@@ -247,13 +248,22 @@ inline L2NormArgs l2norm_args(const uint16_t* x, const float* dy, uint16_t* y, f
   return {x, dy, y, dx, groups, dim, l2norm_tile(dim), static_cast<float>(kL2NormEps)};
 }
 
+// Launches K<E> for the element type t (bf16 or fp16; anything else is refused naming `what`). The type is the
+// launch's argument, not a field of the kernel's Args, so that the bf16 kernels' parameters are what they were.
+template <template <DType> class K, class X>
+void launch_dtype(X& x, const char* what, DType t, int64_t blocks, const typename K<DType::kBf16>::Args& a) {
+  require(t == DType::kBf16 || t == DType::kF16, what, " (cuda): dtype must be bf16 or fp16, got ", static_cast<int>(t));
+  with_dtype(t, [&](auto e) { x.template launch<K<decltype(e)::value>>(blocks, a); });
+}
+
+// x and y 16-bit of type `dtype`.
 template <class X>
-void l2norm_on(X& x, const L2NormArgs& a) {
+void l2norm_on(X& x, const L2NormArgs& a, DType dtype) {
   require(a.groups >= 0, "l2norm (cuda): groups must be >= 0, got ", a.groups);
   require(a.dim >= 1 && a.dim <= kL2MaxDim, "l2norm (cuda): dim must be in [1, ", kL2MaxDim, "], got ", a.dim);
   if (a.groups == 0) return;
   require(a.x && (a.dy ? a.dx != nullptr : a.y != nullptr), "l2norm (cuda): null input or output");
-  x.template launch<L2NormKernel>((a.groups + a.tile - 1) / a.tile, a);
+  launch_dtype<L2NormKernel>(x, "l2norm", dtype, (a.groups + a.tile - 1) / a.tile, a);
 }
 
 // ---- causal depthwise conv1d along logical predecessors: one block per (tile of kConvRows output rows, tile of
@@ -264,19 +274,20 @@ constexpr int kConvRows = 64;
 constexpr int kConvChannels = 256;
 
 struct ConvArgs {
-  const uint16_t* x;       // [rows][C] bf16: outputs' rows, then halo rows
+  const uint16_t* x;       // [rows][C] 16-bit (conv1d_on's dtype): outputs' rows, then halo rows
   const int64_t* prev;     // [rows] logical predecessor row or -1
-  const uint16_t* weight;  // [C][K] bf16
-  const uint16_t* bias;    // [C] bf16 or null
+  const uint16_t* weight;  // [C][K] 16-bit
+  const uint16_t* bias;    // [C] 16-bit or null
   int64_t out_rows;
   int32_t channels, width;
   bool silu;
-  uint16_t* y;       // forward: [out_rows][C] bf16
+  uint16_t* y;       // forward: [out_rows][C] 16-bit
   const float* dy;   // backward: [out_rows][C]
   float* dx;         // backward, added into: [rows][C]
   float* dweight;    // backward, added into: [C][K]
   float* dbias;      // backward, added into: [C] or null
 };
+template <DType E>
 struct ConvKernel {
   using Args = ConvArgs;
   static constexpr const char* kName = "conv1d";
@@ -298,18 +309,18 @@ struct ConvKernel {
       const int c = c0 + cl;
       if (c >= C) continue;
       for (int j = 0; j < K; ++j) {
-        ws[j * kConvChannels + cl] = bf16_to_float(a.weight[static_cast<int64_t>(c) * K + j]);
+        ws[j * kConvChannels + cl] = gdn_from16<E>(a.weight[static_cast<int64_t>(c) * K + j]);
         if (bwd) dws[j * kConvChannels + cl] = 0.f;
       }
-      const float b = a.bias ? bf16_to_float(a.bias[c]) : 0.f;
+      const float b = a.bias ? gdn_from16<E>(a.bias[c]) : 0.f;
       float db = 0.f;
       for (int64_t t = t0; t < t1; ++t) {
         float z = b;
         int64_t r = t;
         for (int i = 0; i < K && r >= 0; ++i, r = a.prev[r])
-          z += ws[(K - 1 - i) * kConvChannels + cl] * bf16_to_float(a.x[r * C + c]);
+          z += ws[(K - 1 - i) * kConvChannels + cl] * gdn_from16<E>(a.x[r * C + c]);
         if (!bwd) {
-          a.y[t * C + c] = float_to_bf16(a.silu ? z * sigmoid(z) : z);
+          a.y[t * C + c] = gdn_to16<E>(a.silu ? z * sigmoid(z) : z);
           continue;
         }
         float dz = a.dy[t * C + c];
@@ -322,7 +333,7 @@ struct ConvKernel {
         for (int i = 0; i < K && r >= 0; ++i, r = a.prev[r]) {
           const int j = K - 1 - i;
           atomic_add_f32(a.dx + r * C + c, ws[j * kConvChannels + cl] * dz);
-          dws[j * kConvChannels + cl] += bf16_to_float(a.x[r * C + c]) * dz;
+          dws[j * kConvChannels + cl] += gdn_from16<E>(a.x[r * C + c]) * dz;
         }
       }
       if (!bwd) continue;
@@ -338,15 +349,17 @@ inline ConvArgs conv_args(const Conv1dDeviceParams& p, uint16_t* y, const float*
           y, dy, dx, dweight, dbias};
 }
 
+// The 16-bit arrays of type `dtype`.
 template <class X>
-void conv1d_on(X& x, const ConvArgs& a) {
+void conv1d_on(X& x, const ConvArgs& a, DType dtype) {
   require(a.channels >= 1 && a.width >= 1 && a.width <= 64, "conv1d (cuda): ", a.channels, " channels of width ",
           a.width, " (channels >= 1, width in [1, 64])");
   require(a.out_rows >= 0, "conv1d (cuda): out_rows must be >= 0, got ", a.out_rows);
   if (a.out_rows == 0) return;
   require(a.x && a.prev && a.weight, "conv1d (cuda): x, prev and weight must be given");
   require(a.dy ? (a.dx && a.dweight) : a.y != nullptr, "conv1d (cuda): null output");
-  x.template launch<ConvKernel>((a.out_rows + kConvRows - 1) / kConvRows * ConvKernel::channel_tiles(a), a);
+  launch_dtype<ConvKernel>(x, "conv1d", dtype,
+                           (a.out_rows + kConvRows - 1) / kConvRows * ConvKernel<DType::kBf16>::channel_tiles(a), a);
 }
 
 }  // namespace treecp::cuda::detail
