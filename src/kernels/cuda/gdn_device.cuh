@@ -981,8 +981,12 @@ struct GdnPrepKernel {
     const int64_t kq = 2 * int64_t{kGdnChunk} * row_ld(dk, dv), panels = gdn_product_smem(kGdnChunk, widest);
     return kq > panels ? kq : panels;
   }
+  // KDA: the keys decayed to each 16-row block's first token, for the pairs below the diagonal blocks.
+  static constexpr int kKdaRef = kGdnInvBlock;                             // rows of a reference block
+  static constexpr int kKdaRefRows = kKdaRef * (1 + 2 + 3);               // blocks 1, 2, 3: 16, 32, 48 rows
+  static TREECP_GDN_HD int kda_ref_at(int I) { return kKdaRef * I * (I - 1) / 2; }  // block I's first row
   static size_t smem_bytes(const Args& a) {
-    const int64_t gates = a.in.scalar_gate ? 0 : int64_t{kGdnChunk} * row_ld(a.in.dk, a.in.dv);
+    const int64_t gates = a.in.scalar_gate ? 0 : int64_t{kGdnChunk + kKdaRefRows} * row_ld(a.in.dk, a.in.dv);
     return static_cast<size_t>(2 * kGdnChunk + rows_floats(a.in.dk, a.in.dv) + gates +
                                2 * kGdnChunk * (kGdnChunk + 1)) *
            sizeof(float);
@@ -1006,7 +1010,8 @@ struct GdnPrepKernel {
     float* Qs = Ks + kGdnChunk * ld;                    // [64][ld]
     float* panels = Ks;                                 // once P and C are done
     float* Gs = Ks + rows_floats(dk, dv);               // [64][ld], per-channel gates
-    float* Ps = Gs + (scalar ? 0 : kGdnChunk * ld);     // [64][lc]
+    float* Bk = Gs + (scalar ? 0 : kGdnChunk * ld);     // [96][ld], per-channel gates: the reference blocks' keys
+    float* Ps = Bk + (scalar ? 0 : kKdaRefRows * ld);   // [64][lc]
     float* Tb = Ps + kGdnChunk * lc;                    // [64][lc]: L⁻¹ diag(β)
     const int64_t row = static_cast<int64_t>(H) * dk;  // elements between tokens of q, k and a per-channel gate
     gdn_load_rows16<E>(Ks, ld, a.in.k + (t * H + h) * dk, row, n, dk, tid, nthr);
@@ -1051,25 +1056,70 @@ struct GdnPrepKernel {
         C[i * kGdnChunk + j] = j <= i ? acc * expf(gr[i] - gr[j]) : 0.f;
       });
     } else {
-      for (int idx = tid; idx < n * n; idx += nthr) {
+      // Per channel, e^{G_i - G_j} is one exponential per (pair, channel). Within a 16-row diagonal block the pairs
+      // are summed so (pairs of rows 16 apart at most); below the diagonal blocks it factors through the first
+      // token r = 16 I of row i's block I: e^{G_i - G_j} = e^{G_i - G_r} e^{G_r - G_j}, both exponents <= 0 for
+      // non-positive gates (j < r <= i), so nothing overflows, and the pair sums there are products of
+      // A = e^{G - G_r} ⊙ K (or Q) rows [r, r + 16) and Bk_I = e^{G_r - G} ⊙ K rows [0, r): 704 exponentials a
+      // channel instead of 2,080, the rest on the products' arithmetic.
+      for (int idx = tid; idx < n * n; idx += nthr) {  // zero above the diagonal
         const int i = idx / n, j = idx % n;
+        if (j > i) {
+          P[i * kGdnChunk + j] = 0.f;
+          Ps[i * lc + j] = 0.f;
+          C[i * kGdnChunk + j] = 0.f;
+        }
+      }
+      // The diagonal blocks' pairs j <= i, enumerated block by block (a warp: two rows of one block, so that a
+      // warp's lanes are idle only above the diagonal within it).
+      for (int idx = tid; idx < kGdnChunk * kKdaRef; idx += nthr) {
+        const int blk = idx / (kKdaRef * kKdaRef), i = blk * kKdaRef + idx / kKdaRef % kKdaRef,
+                  j = blk * kKdaRef + idx % kKdaRef;
+        if (j > i || i >= n) continue;
         float pk = 0.f, pq = 0.f;
-        if (j <= i) {
-          const float* ki = Ks + i * ld;
-          const float* qi = Qs + i * ld;
-          const float* kj = Ks + j * ld;
-          const float* gi = Gs + i * ld;
-          const float* gj = Gs + j * ld;
-          for (int d = 0; d < dk; ++d) {
-            const float x = kj[d] * expf(gi[d] - gj[d]);
-            pk += ki[d] * x;
-            pq += qi[d] * x;
-          }
+        const float* ki = Ks + i * ld;
+        const float* qi = Qs + i * ld;
+        const float* kj = Ks + j * ld;
+        const float* gi = Gs + i * ld;
+        const float* gj = Gs + j * ld;
+        for (int d = 0; d < dk; ++d) {
+          const float x = kj[d] * expf(gi[d] - gj[d]);
+          pk += ki[d] * x;
+          pq += qi[d] * x;
         }
         if (j == i) pk = 0.f;
         P[i * kGdnChunk + j] = pk;
         Ps[i * lc + j] = pk;
         C[i * kGdnChunk + j] = pq;
+      }
+      for (int I = 1; I * kKdaRef < n; ++I) {  // Bk_I[j][d] = e^{G_r - G_j} k_j, j < r = 16 I
+        const int r0 = I * kKdaRef;
+        float* B = Bk + kda_ref_at(I) * ld;
+        for (int idx = tid; idx < r0 * dk; idx += nthr) {
+          const int j = idx / dk, d = idx % dk;
+          B[j * ld + d] = expf(Gs[r0 * ld + d] - Gs[j * ld + d]) * Ks[j * ld + d];
+        }
+      }
+      block_sync();  // the diagonal blocks' pair sums and Bk read the rows as they were
+      for (int idx = tid; idx < n * dk; idx += nthr) {  // rows i >= 16 decayed to their block's first token
+        const int i = idx / dk, d = idx % dk, r0 = i / kKdaRef * kKdaRef;
+        if (r0 == 0) continue;
+        const float e = expf(Gs[i * ld + d] - Gs[r0 * ld + d]);
+        Ks[i * ld + d] *= e;
+        Qs[i * ld + d] *= e;
+      }
+      block_sync();
+      for (int I = 1; I * kKdaRef < n; ++I) {
+        const int r0 = I * kKdaRef, rows = n - r0 < kKdaRef ? n - r0 : kKdaRef;
+        const float* B = Bk + kda_ref_at(I) * ld;
+        const GdnTerm kk[1] = {{Ks + r0 * ld, ld, 1, B, 1, ld, dk, 1.f}}, qk[1] = {{Qs + r0 * ld, ld, 1, B, 1, ld, dk, 1.f}};
+        gdn_smem_product<kMath, 2, 2>(rows, r0, kk, tid, nthr, [&](int i, int j, float acc) {
+          P[(r0 + i) * kGdnChunk + j] = acc;
+          Ps[(r0 + i) * lc + j] = acc;
+        });
+        gdn_smem_product<kMath, 2, 2>(rows, r0, qk, tid, nthr, [&](int i, int j, float acc) {
+          C[(r0 + i) * kGdnChunk + j] = acc;
+        });
       }
     }
     block_sync();
