@@ -180,6 +180,23 @@ TEST(GdnCudaEmulatedLaunch, OddAndWideShapes) {
   check_backward(dev, c, /*dy_f32=*/false);
 }
 
+// KDA's factored pair sums (prep's blocks below the diagonal, the gradients' gather) at dk 128 on each arithmetic are
+// in the shape tests; here dk 160, where the gradients' staged rows would cost the second block an SM and the direct
+// gather runs instead.
+TEST(GdnCudaEmulatedLaunch, KdaDirectGatherAboveDk128) {
+  using Grad = detail::GdnGradKernel<detail::kGdnFma>;
+  EXPECT_TRUE(Grad::kda_ref(false, 128, 128));
+  EXPECT_FALSE(Grad::kda_ref(false, 160, 24));
+  EXPECT_FALSE(Grad::kda_ref(true, 64, 64));
+  for (const GdnPrecision precision : {GdnPrecision::fp32, GdnPrecision::bf16_tensor}) {
+    EmulatedDev dev;
+    Case c(ragged_tokens(1), 1, 160, 24, GdnGate::PerChannel, ragged_runs(1), 4, 47);
+    c.precision = precision;
+    check_forward(dev, c, /*y_f32=*/true);
+    check_backward(dev, c, /*dy_f32=*/false);
+  }
+}
+
 // Every chunk product on tensor cores (3xTF32 fragments, the host path of gdn_mma_tf32x3: scans, prep, gradients)
 // under the same fp32 tolerances: 32 columns at 64 / 64, and 16 columns with partial 16 x 8 tiles (dv 72, the
 // summary's dk 40, chunks of 37 and 6 rows).

@@ -1623,10 +1623,23 @@ struct GdnGradKernel {
   // Two blocks an SM (at most 128 registers a thread; shared memory allows two at dk = dv = 128): the bf16 path would
   // take 189 and run one block of 8 warps an SM, too few to cover each staged panel's latency.
   static constexpr int kMinBlocks = 2;
+  // KDA's pair gather with the decays factored below the diagonal 16 x 16 blocks (as prep's): the reference blocks'
+  // keys Bk [96][dk] and the rows decayed to their block's first token, Ak and Aq [64][dk], over the panels' space;
+  // only where that keeps two blocks an SM (dk <= 128), else the direct gather.
+  static constexpr int kRef = kGdnInvBlock, kRefRows = kRef * (1 + 2 + 3);
+  static TREECP_GDN_HD int64_t ref_floats(int dk) { return int64_t{kRefRows + 2 * kGdnChunk} * dk; }
+  static TREECP_GDN_HD int64_t panel_floats(int dk, int dv) {
+    const int wide = dk > dv ? dk : dv, widest = wide > kGdnChunk ? wide : kGdnChunk;
+    return gdn_product_smem(kGdnChunk, widest);
+  }
+  static TREECP_GDN_HD bool kda_ref(bool scalar, int dk, int dv) {
+    const int64_t p = panel_floats(dk, dv), r = ref_floats(dk), floats = kGdnChunk + (p > r ? p : r);
+    return !scalar && (floats * 4 + kGdnSmemReservedBytes) * kMinBlocks <= kGdnSmemPerSmBytes;
+  }
   static size_t smem_bytes(const Args& a) {
-    const int widest = std::max(std::max(a.in.dk, a.in.dv), kGdnChunk);
-    return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0) + gdn_product_smem(kGdnChunk, widest)) *
-           sizeof(float);
+    const int64_t work = kda_ref(a.in.scalar_gate, a.in.dk, a.in.dv) ? std::max(panel_floats(a.in.dk, a.in.dv), ref_floats(a.in.dk))
+                                                                     : panel_floats(a.in.dk, a.in.dv);
+    return (kGdnChunk + (a.in.scalar_gate ? kGdnChunk * kGdnChunk : 0) + work) * sizeof(float);
   }
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
@@ -1784,6 +1797,69 @@ struct GdnGradKernel {
       gdn_block_product<kMath, 4, 8>(n, dk, n, a1.t(), qr, panels, tid, nthr, [&](int i, int d, float acc) { pt[i * dk + d] = acc; });
       gdn_block_product<kMath, 4, 8>(n, dk, n, a2.t(), kr, panels, tid, nthr,
                                      [&](int i, int d, float acc) { pt[i * dk + d] += acc; });
+    } else if (kda_ref(false, dk, dv)) {
+      // Per-channel decays: each (token i, channel d) gathers its pairs, directly (e^{G_i - G_j} per pair) inside its
+      // 16-row block I, factored through a block's first token beyond it (both factors <= 1, as in prep):
+      //   j < r = 16 I:   e^{G_i - G_j} = e^{G_i - G_r} e^{G_r - G_j}, Bk_I[j] = e^{G_r - G_j} k_j;
+      //   m in block M > I (r' = 16 M): e^{G_m - G_i} = e^{G_m - G_r'} e^{G_r' - G_i}, Ak[m], Aq[m] = e^{G_m - G_r'} k_m, q_m;
+      // about 20 exponentials an element instead of 65.
+      block_sync();  // the panels' last reads are done
+      float* Bk = panels;                           // [96][dk]: block I's rows from kda_ref_at(I)
+      float* Ak = Bk + int64_t{kRefRows} * dk;      // [64][dk]
+      float* Aq = Ak + int64_t{kGdnChunk} * dk;     // [64][dk]
+      auto ref_at = [](int I) { return kRef * I * (I - 1) / 2; };
+      for (int I = 1; I * kRef < n; ++I) {
+        const int r0 = I * kRef;
+        for (int idx = tid; idx < r0 * dk; idx += nthr) {
+          const int j = idx / dk, d = idx % dk;
+          Bk[(ref_at(I) + j) * dk + d] = a.in.qk(a.in.k, t + j, h, d) * expf(G[r0 * dk + d] - G[j * dk + d]);
+        }
+      }
+      for (int idx = kRef * dk + tid; idx < n * dk; idx += nthr) {
+        const int m = idx / dk, d = idx % dk, r0 = m / kRef * kRef;
+        const float e = expf(G[m * dk + d] - G[r0 * dk + d]);
+        Ak[idx] = a.in.qk(a.in.k, t + m, h, d) * e;
+        Aq[idx] = a.in.qk(a.in.q, t + m, h, d) * e;
+      }
+      block_sync();
+      for (int idx = tid; idx < n * dk; idx += nthr) {
+        const int i = idx / dk, d = idx % dk, I = i / kRef, r0 = I * kRef;
+        const int r1 = r0 + kRef < n ? r0 + kRef : n;  // block I is [r0, r1)
+        const float gi = G[i * dk + d];
+        const float bi = bs[i];
+        float x1 = 0.f, x2 = 0.f, y = 0.f;
+        if (I > 0) {
+          const float* B = Bk + ref_at(I) * dk + d;
+          for (int j = 0; j < r0; ++j) {
+            x1 += dC[i * l64 + j] * B[j * dk];
+            x2 += dL[i * l64 + j] * B[j * dk];
+          }
+          const float e = expf(gi - G[r0 * dk + d]);
+          x1 *= e;
+          x2 *= bi * e;
+        }
+        for (int j = r0; j <= i; ++j) {
+          const float kj = a.in.qk(a.in.k, t + j, h, d) * expf(gi - G[j * dk + d]);
+          x1 += dC[i * l64 + j] * kj;
+          if (j < i) x2 += bi * dL[i * l64 + j] * kj;
+        }
+        for (int m = i; m < r1; ++m) {
+          const float ex = expf(G[m * dk + d] - gi);
+          const float dp = m > i ? bs[m] * dL[m * l64 + i] : 0.f;
+          y += (dp * a.in.qk(a.in.k, t + m, h, d) + dC[m * l64 + i] * a.in.qk(a.in.q, t + m, h, d)) * ex;
+        }
+        for (int m0 = r1; m0 < n; m0 += kRef) {  // later blocks: m > i, so dp is always there
+          const int m1 = m0 + kRef < n ? m0 + kRef : n;
+          float part = 0.f;
+          for (int m = m0; m < m1; ++m)
+            part += bs[m] * dL[m * l64 + i] * Ak[m * dk + d] + dC[m * l64 + i] * Aq[m * dk + d];
+          y += expf(G[m0 * dk + d] - gi) * part;
+        }
+        pq[idx] = x1;
+        pk[idx] = x2;
+        pt[idx] = y;
+      }
+      block_sync();
     } else {
       // Per-channel decays: each (token, channel) gathers its pairs, e^{G_i - G_j} per pair.
       for (int idx = tid; idx < n * dk; idx += nthr) {
