@@ -1812,14 +1812,14 @@ struct GdnGradKernel {
         const int r0 = I * kRef;
         for (int idx = tid; idx < r0 * dk; idx += nthr) {
           const int j = idx / dk, d = idx % dk;
-          Bk[(ref_at(I) + j) * dk + d] = a.in.qk(a.in.k, t + j, h, d) * expf(G[r0 * dk + d] - G[j * dk + d]);
+          Bk[(ref_at(I) + j) * dk + d] = a.in.qk<E>(a.in.k, t + j, h, d) * expf(G[r0 * dk + d] - G[j * dk + d]);
         }
       }
       for (int idx = kRef * dk + tid; idx < n * dk; idx += nthr) {
         const int m = idx / dk, d = idx % dk, r0 = m / kRef * kRef;
         const float e = expf(G[m * dk + d] - G[r0 * dk + d]);
-        Ak[idx] = a.in.qk(a.in.k, t + m, h, d) * e;
-        Aq[idx] = a.in.qk(a.in.q, t + m, h, d) * e;
+        Ak[idx] = a.in.qk<E>(a.in.k, t + m, h, d) * e;
+        Aq[idx] = a.in.qk<E>(a.in.q, t + m, h, d) * e;
       }
       block_sync();
       for (int idx = tid; idx < n * dk; idx += nthr) {
@@ -1839,14 +1839,14 @@ struct GdnGradKernel {
           x2 *= bi * e;
         }
         for (int j = r0; j <= i; ++j) {
-          const float kj = a.in.qk(a.in.k, t + j, h, d) * expf(gi - G[j * dk + d]);
+          const float kj = a.in.qk<E>(a.in.k, t + j, h, d) * expf(gi - G[j * dk + d]);
           x1 += dC[i * l64 + j] * kj;
           if (j < i) x2 += bi * dL[i * l64 + j] * kj;
         }
         for (int m = i; m < r1; ++m) {
           const float ex = expf(G[m * dk + d] - gi);
           const float dp = m > i ? bs[m] * dL[m * l64 + i] : 0.f;
-          y += (dp * a.in.qk(a.in.k, t + m, h, d) + dC[m * l64 + i] * a.in.qk(a.in.q, t + m, h, d)) * ex;
+          y += (dp * a.in.qk<E>(a.in.k, t + m, h, d) + dC[m * l64 + i] * a.in.qk<E>(a.in.q, t + m, h, d)) * ex;
         }
         for (int m0 = r1; m0 < n; m0 += kRef) {  // later blocks: m > i, so dp is always there
           const int m1 = m0 + kRef < n ? m0 + kRef : n;
