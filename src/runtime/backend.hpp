@@ -15,7 +15,7 @@
 // work (and any exchange started later) is ordered after that reader.
 //
 // Buffer kinds (all movable, owning; a default-constructed one is empty):
-//   Act   activations: Q, K, V, O, dO, outputs              (CPU: T; GPU: bf16)
+//   Act   activations: Q, K, V, O, dO, outputs              (CPU: T; GPU: bf16 or fp16)
 //   Stat  per-(row, head) statistics: LSE, the sink, dLSE / Dsum  (CPU: T; GPU: fp32)
 //   Grad  gradient accumulators: dQ, dK, dV                 (CPU: T; GPU: fp32)
 //   Buffer = Act, with alloc / copy_rows / data / comm_type, what runtime/redistribute.hpp needs.
