@@ -46,6 +46,7 @@ struct GdnInputs {
   bool gpu = false;  // --device cuda
   cuda::DType dtype = cuda::DType::kBf16;  // --dtype (GPU: the inputs rounded to it on upload)
   int reps = 1;      // --reps (GPU timing: the median after a warm-up)
+  cuda::GdnPrecision precision = cuda::GdnPrecision::fp32;  // --precision (GPU: the chunk kernels' arithmetic)
   GdnLayout layout = GdnLayout::Searched;  // --layout
   std::optional<Layout> attention;         // --attention-layout
 };
@@ -57,7 +58,7 @@ void declare_options(Args& args) {
   declare_rank_options(args);
   args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
       .value("--dout").value("--out").value("--chunk").value("--device").value("--layout").value("--attention-layout")
-      .value("--reps").value("--dtype");
+      .value("--reps").value("--dtype").value("--precision");
 }
 
 // Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
@@ -70,6 +71,15 @@ GdnInputs prepare(const Args& args) {
   require(in.gpu || !args.has("--reps"), "--reps goes with --device cuda");
   in.dtype = layer_gpu_dtype(args, in.gpu);
   in.reps = static_cast<int>(args.get_int_in("--reps", 1, 1, 1000));
+  // --precision: the GPU chunk kernels' products (docs/kernels.md); the CPU ranks compute in the inputs' dtype.
+  require(in.gpu || !args.has("--precision"), "--precision goes with --device cuda (on CPU ranks the inputs' npy "
+          "dtype is the precision)");
+  const std::string precision = args.get_choice("--precision", "fp32", {"fp32", "bf16_tensor", "bf16_tensor_scans"});
+  in.precision = precision == "bf16_tensor"         ? cuda::GdnPrecision::bf16_tensor
+                 : precision == "bf16_tensor_scans" ? cuda::GdnPrecision::bf16_tensor_scans
+                                                    : cuda::GdnPrecision::fp32;
+  require(in.dtype == cuda::DType::kBf16 || in.precision == cuda::GdnPrecision::fp32, "--precision ", precision,
+          " needs --dtype bf16 (fp16 runs the fp32 products: the bf16 paths' intermediates could overflow fp16)");
   in.chunk = static_cast<int>(args.get_int_in("--chunk", 64, 1, 4096));
   in.layout = parse_gdn_layout(args.get_choice("--layout", "searched", gdn_layout_names()));
   if (args.has("--attention-layout"))
@@ -213,7 +223,8 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   const GdnPlan plan = plan_layer(in, N, shape, 4, 2);  // fp32 states, 16-bit activations
   const GdnArrays arrays{&in.q.data, &in.k.data, &in.v.data, &in.g.data, &in.beta.data,
                          in.has_dout ? &in.dout.data : nullptr};
-  const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s, in.reps, in.dtype);
+  const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s, in.reps, in.dtype,
+                                      in.precision);
   if (comm.rank() != 0) return 0;
   const std::vector<std::pair<std::string, std::vector<int64_t>>> files = {
       {"o.npy", {in.S, in.H, in.dv}}, {"dq.npy", in.q.shape}, {"dk.npy", in.k.shape},
@@ -221,8 +232,12 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   for (size_t i = 0; i < r.outputs.size(); ++i)
     out->write(files[i].first, npy_bytes(files[i].second, r.outputs[i].data(), DType::F32));
   out->commit();
-  std::printf("gdn %s %s on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
-              in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", cuda::dtype_name(in.dtype), count_of(N, "GPU").c_str(),
+  const char* products = in.precision == cuda::GdnPrecision::bf16_tensor         ? " (bf16_tensor)"
+                         : in.precision == cuda::GdnPrecision::bf16_tensor_scans ? " (bf16_tensor_scans)"
+                                                                                : "";
+  std::printf("gdn %s %s%s on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
+              in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", cuda::dtype_name(in.dtype), products,
+              count_of(N, "GPU").c_str(),
               count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(), in.H, in.dk, in.dv,
               gdn_layout_name(plan.layout), count_of(plan.chained_segments(), "chained segment").c_str(),
               count_of(2 * plan.num_phases - 1, "DAG step").c_str(), r.forward_ms);
@@ -244,9 +259,11 @@ int gdn_main(const std::vector<std::string>& argv) {
 const Register kGdn("gdn",
                     "--tree T.json --q Q.npy --k K.npy --v V.npy --g G.npy --beta B.npy [--scale X] [--dout DO.npy] "
                     "[--ranks N] [--timeout S] [--chunk C] [--layout searched|contiguous|zigzag|doc-zigzag] "
-                    "[--attention-layout L] [--device cpu|cuda] [--dtype bf16|fp16] [--reps N] --out DIR",
+                    "[--attention-layout L] [--device cpu|cuda] [--dtype bf16|fp16] "
+                    "[--precision fp32|bf16_tensor|bf16_tensor_scans] [--reps N] --out DIR",
                     "GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy (and dq, dk, dv, dg, dbeta with "
-                    "--dout); --device cuda: bf16 (or --dtype fp16) on one GPU per rank (--reps N: the median of N timed calls "
+                    "--dout); --device cuda: bf16 (or --dtype fp16) on one GPU per rank, fp32 products (or --precision "
+                    "bf16_tensor[_scans]: bf16 tensor cores, faster, less exact) (--reps N: the median of N timed calls "
                     "after a warm-up)",
                     gdn_main);
 

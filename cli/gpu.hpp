@@ -12,6 +12,7 @@
 #include "comm/communicator.hpp"
 #include "core/npy.hpp"
 #include "kernels/cuda/dtype.hpp"
+#include "kernels/cuda/gdn_types.hpp"
 #include "kernels/shapes.hpp"
 #include "plan/cost.hpp"
 #include "plan/gdn_plan.hpp"
@@ -73,7 +74,8 @@ struct GdnArrays {
 // before each backward, which accumulates); reps = 1: the first call, timed.
 GpuLayerResult gdn_on_gpus(Communicator& world, const Row& row, const GdnShape& shape, const GdnPlan& plan,
                            const GdnArrays& in, double timeout_s, int reps = 1,
-                           cuda::DType dtype = cuda::DType::kBf16);
+                           cuda::DType dtype = cuda::DType::kBf16,
+                           cuda::GdnPrecision precision = cuda::GdnPrecision::fp32);
 struct ConvArrays {
   const std::vector<double>*x, *weight, *bias, *dout;  // bias, dout may be null
 };

@@ -236,6 +236,25 @@ TEST_F(GdnCli, DeviceIsCheckedAndARefusalWritesNothing) {
   EXPECT_TRUE(c.output.find("--reps") != std::string::npos || c.output.find("--device cuda") != std::string::npos)
       << c.output;
   EXPECT_FALSE(fs::exists(p("dev")));
+  // --precision picks the GPU chunk kernels' products: refused on the CPU, refused unless one of the three names,
+  // and the bf16 paths refused with --dtype fp16 (all before any rank starts: nothing written).
+  c = run_cli(gdn + " --precision bf16_tensor --out " + p("dev"));
+  EXPECT_NE(c.rc, 0);
+  EXPECT_NE(c.output.find("--precision goes with --device cuda"), std::string::npos) << c.output;
+  EXPECT_FALSE(fs::exists(p("dev")));
+  for (const std::string& bad : {std::string(" --precision bf16"), std::string(" --precision bf16_tensor --dtype fp16"),
+                                 std::string(" --precision bf16_tensor_scans --dtype fp16")}) {
+    c = run_cli(gdn + " --device cuda" + bad + " --out " + p("dev"));
+    EXPECT_NE(c.rc, 0) << bad;
+    EXPECT_TRUE(c.output.find("--precision") != std::string::npos || c.output.find("--device cuda") != std::string::npos)
+        << bad << ": " << c.output;
+    EXPECT_FALSE(fs::exists(p("dev"))) << bad;
+  }
+  // a CUDA build names the pair; a build without CUDA refuses --device cuda first
+  c = run_cli(gdn + " --device cuda --precision bf16_tensor --dtype fp16 --out " + p("dev"));
+  EXPECT_TRUE(c.output.find("--precision bf16_tensor needs --dtype bf16") != std::string::npos ||
+              c.output.find("built without CUDA") != std::string::npos)
+      << c.output;
 }
 
 TEST_F(GdnCli, Conv1dMatchesTheReference) {

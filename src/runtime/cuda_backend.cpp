@@ -87,6 +87,13 @@ void CudaBackend::set_dtype(cuda::DType dtype) {
   dtype_ = dtype;
 }
 
+void CudaBackend::set_gdn_precision(cuda::GdnPrecision precision) {
+  require(precision == cuda::GdnPrecision::fp32 || precision == cuda::GdnPrecision::bf16_tensor ||
+              precision == cuda::GdnPrecision::bf16_tensor_scans,
+          "CudaBackend::set_gdn_precision: unknown precision ", static_cast<int>(precision));
+  gdn_precision_ = precision;
+}
+
 void CudaBackend::synchronize() { cuda::check_cuda(cudaStreamSynchronize(stream_), "CudaBackend: synchronize"); }
 
 void CudaBackend::zero(Grad& b) {
@@ -352,7 +359,8 @@ cuda::GdnCudaParams CudaBackend::gdn_params(const GdnShape& sh, const GdnInputs<
   p.dv = sh.dv;
   p.gate = sh.gate;
   p.scale = static_cast<float>(sh.scale);
-  p.dtype = dtype_;  // fp32 products (the default precision), which fp16 activations need
+  p.dtype = dtype_;
+  p.precision = gdn_precision_;  // fp32 unless set_gdn_precision chose a bf16 path (refused for fp16 by gdn_check)
   return p;
 }
 

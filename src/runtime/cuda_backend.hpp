@@ -118,6 +118,12 @@ class CudaBackend {
   // The activations' element type; ops enqueued from now on read and write it (throws unless bf16 or fp16).
   void set_dtype(cuda::DType dtype);
   cuda::DType dtype() const { return dtype_; }
+  // The GDN/KDA chunk kernels' arithmetic for ops enqueued from now on (GdnCudaParams::precision): fp32 (the
+  // default), or bf16 tensor cores on bf16-rounded products (bf16_tensor: prep and gradients; bf16_tensor_scans:
+  // the scans too), faster and less exact (kernels/cpu/bf16_product.hpp). fp16 activations take fp32 only: the
+  // kernels refuse the others by name.
+  void set_gdn_precision(cuda::GdnPrecision precision);
+  cuda::GdnPrecision gdn_precision() const { return gdn_precision_; }
   void synchronize();  // host wait for the compute stream
 
   // ---- memory
@@ -200,6 +206,7 @@ class CudaBackend {
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
   cuda::DType dtype_ = cuda::DType::kBf16;
+  cuda::GdnPrecision gdn_precision_ = cuda::GdnPrecision::fp32;
   void* fwd_workspace_ = nullptr;  // the persistent forward's counter and hand-off words
   size_t fwd_workspace_bytes_ = 0;
   std::vector<cudaEvent_t> events_;
