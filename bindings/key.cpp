@@ -407,6 +407,7 @@ void KeyCore::cuda_gdn_forward(const GdnCall& c, int device, bool fp16, uintptr_
                                uintptr_t g, uintptr_t beta, uintptr_t y) {
   Communicator& comm = cuda_comm(device, "gated_delta_rule", fp16);
   CudaBackend& be = *cuda_->backend;
+  be.set_gdn_precision(static_cast<cuda::GdnPrecision>(c.precision));
   const int64_t n = owned_tokens_;
   const CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);
   const int64_t vw = run.shape.v_width();
@@ -419,6 +420,7 @@ void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr
                                 uintptr_t dg, uintptr_t dbeta) {
   Communicator& comm = cuda_comm(device, "gated_delta_rule", fp16);
   CudaBackend& be = *cuda_->backend;
+  be.set_gdn_precision(static_cast<cuda::GdnPrecision>(c.precision));  // the forward's, recomputed: the same choice
   const int64_t n = owned_tokens_;
   // The backward needs the states the forward started each run from: run the forward again, as on the CPU.
   CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);

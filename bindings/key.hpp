@@ -35,6 +35,7 @@ struct GdnCall {
   bool per_channel_gate = false;  // KDA: g [n, H, dk]; GDN: g [n, H]
   double scale = 1.0;
   int chunk = 64;
+  int precision = 0;  // CUDA: cuda::GdnPrecision (0 fp32, 1 bf16_tensor, 2 bf16_tensor_scans); the CPU ignores it
 };
 
 class KeyCore {

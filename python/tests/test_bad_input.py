@@ -87,6 +87,9 @@ def test_cuda_tensors_are_refused_by_name_where_the_kernels_cannot_take_them(key
     with pytest.raises(ValueError, match="beta has dtype torch.bfloat16 but q has torch.float16"):
         tt.gated_delta_rule(h, h, h, -torch.rand(9, 2, device="cuda").half(), torch.rand(9, 2, device="cuda").bfloat16(),
                             key)
+    with pytest.raises(ValueError, match="precision 'bf16_tensor' needs bfloat16 inputs, got torch.float16"):
+        tt.gated_delta_rule(h, h, h, -torch.rand(9, 2, device="cuda").half(), torch.rand(9, 2, device="cuda").half(),
+                            key, precision="bf16_tensor")
     with pytest.raises(ValueError, match="weight's width .* must be in \\[1, 64\\], got 65"):
         tt.short_conv(x.bfloat16(), torch.randn(4, 65, device="cuda", dtype=torch.bfloat16), key)
 
@@ -106,6 +109,14 @@ def test_gdn_refuses_bad_input(key):
         tt.gated_delta_rule(q, k, v, g, beta, key, chunk_size=0)
     with pytest.raises(ValueError, match="v has strides"):
         tt.gated_delta_rule(q, k, v.transpose(0, 1).contiguous().transpose(0, 1), g, beta, key)
+    # precision names the CUDA kernels' products: a name outside the three is refused, and so is a bf16 path on CPU
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16_tensor, bf16_tensor_scans, got 'bf16'"):
+        tt.gated_delta_rule(q, k, v, g, beta, key, precision="bf16")
+    with pytest.raises(ValueError, match="precision 'bf16_tensor' chooses the CUDA kernels' products; on CPU"):
+        tt.gated_delta_rule(q, k, v, g, beta, key, precision="bf16_tensor")
+    # fp32 is the CPU's own arithmetic: the same output as without the argument
+    torch.testing.assert_close(tt.gated_delta_rule(q, k, v, g, beta, key, precision="fp32"),
+                               tt.gated_delta_rule(q, k, v, g, beta, key), rtol=0, atol=0)
 
 
 def test_short_conv_refuses_bad_input(key):
