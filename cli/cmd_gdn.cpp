@@ -74,10 +74,11 @@ GdnInputs prepare(const Args& args) {
   // --precision: the GPU chunk kernels' products (docs/kernels.md); the CPU ranks compute in the inputs' dtype.
   require(in.gpu || !args.has("--precision"), "--precision goes with --device cuda (on CPU ranks the inputs' npy "
           "dtype is the precision)");
-  const std::string precision = args.get_choice("--precision", "fp32", {"fp32", "bf16_tensor", "bf16_tensor_scans"});
-  in.precision = precision == "bf16_tensor"         ? cuda::GdnPrecision::bf16_tensor
-                 : precision == "bf16_tensor_scans" ? cuda::GdnPrecision::bf16_tensor_scans
-                                                    : cuda::GdnPrecision::fp32;
+  std::vector<std::string> names;
+  for (const cuda::GdnPrecision p : cuda::kGdnPrecisions) names.push_back(cuda::gdn_precision_name(p));
+  const std::string precision = args.get_choice("--precision", "fp32", names);
+  for (const cuda::GdnPrecision p : cuda::kGdnPrecisions)
+    if (precision == cuda::gdn_precision_name(p)) in.precision = p;
   require(in.dtype == cuda::DType::kBf16 || in.precision == cuda::GdnPrecision::fp32, "--precision ", precision,
           " needs --dtype bf16 (fp16 runs the fp32 products: the bf16 paths' intermediates could overflow fp16)");
   in.chunk = static_cast<int>(args.get_int_in("--chunk", 64, 1, 4096));
@@ -232,11 +233,9 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   for (size_t i = 0; i < r.outputs.size(); ++i)
     out->write(files[i].first, npy_bytes(files[i].second, r.outputs[i].data(), DType::F32));
   out->commit();
-  const char* products = in.precision == cuda::GdnPrecision::bf16_tensor         ? " (bf16_tensor)"
-                         : in.precision == cuda::GdnPrecision::bf16_tensor_scans ? " (bf16_tensor_scans)"
-                                                                                : "";
-  std::printf("gdn %s %s%s on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
-              in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", cuda::dtype_name(in.dtype), products,
+  std::printf("gdn %s %s (%s products) on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
+              in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", cuda::dtype_name(in.dtype),
+              cuda::gdn_precision_name(in.precision),
               count_of(N, "GPU").c_str(),
               count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(), in.H, in.dk, in.dv,
               gdn_layout_name(plan.layout), count_of(plan.chained_segments(), "chained segment").c_str(),

@@ -2036,7 +2036,7 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
           static_cast<int>(p.dtype));
   // fp16 activations run the fp32 products only (why: GdnMath).
   require(p.dtype == DType::kBf16 || p.precision == GdnPrecision::fp32, "gdn (cuda): precision ",
-          p.precision == GdnPrecision::bf16_tensor ? "bf16_tensor" : "bf16_tensor_scans",
+          gdn_precision_name(p.precision),
           " needs bf16 activations (fp16 runs the fp32 products: its intermediates would overflow fp16's range)");
   std::vector<std::pair<int64_t, int64_t>> spans;
   for (size_t r = 0; r < runs.size(); ++r) {

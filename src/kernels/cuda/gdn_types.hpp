@@ -12,6 +12,17 @@ namespace treecp::cuda {
 
 // Arithmetic of the chunk-parallel products (GdnCudaParams::precision).
 enum class GdnPrecision : int32_t { fp32 = 0, bf16_tensor = 1, bf16_tensor_scans = 2 };
+inline constexpr GdnPrecision kGdnPrecisions[] = {GdnPrecision::fp32, GdnPrecision::bf16_tensor,
+                                                  GdnPrecision::bf16_tensor_scans};
+// Its name as the CLI and the Python op spell it ("unknown" outside the three).
+inline const char* gdn_precision_name(GdnPrecision p) {
+  switch (p) {
+    case GdnPrecision::fp32: return "fp32";
+    case GdnPrecision::bf16_tensor: return "bf16_tensor";
+    case GdnPrecision::bf16_tensor_scans: return "bf16_tensor_scans";
+  }
+  return "unknown";
+}
 
 // One run of consecutive tokens [t0, t1) of every head, as kernels/cpu's gdn_* calls take one, with its
 // initial state (slot `in_slot` of GdnCudaParams::state_in, -1 = zero) and where its final state goes
