@@ -88,9 +88,8 @@ void CudaBackend::set_dtype(cuda::DType dtype) {
 }
 
 void CudaBackend::set_gdn_precision(cuda::GdnPrecision precision) {
-  require(precision == cuda::GdnPrecision::fp32 || precision == cuda::GdnPrecision::bf16_tensor ||
-              precision == cuda::GdnPrecision::bf16_tensor_scans,
-          "CudaBackend::set_gdn_precision: unknown precision ", static_cast<int>(precision));
+  require(cuda::gdn_precision_known(precision), "CudaBackend::set_gdn_precision: unknown precision ",
+          static_cast<int>(precision));
   gdn_precision_ = precision;
 }
 

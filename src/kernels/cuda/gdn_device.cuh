@@ -2029,9 +2029,7 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
   require(p.gate == GdnGate::Scalar || p.gate == GdnGate::PerChannel, "gdn (cuda): unknown gate kind");
   require(p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32,
           "gdn (cuda): scan_columns must be 0 (default), 16 or 32, got ", p.scan_columns);
-  require(p.precision == GdnPrecision::fp32 || p.precision == GdnPrecision::bf16_tensor ||
-              p.precision == GdnPrecision::bf16_tensor_scans,
-          "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
+  require(gdn_precision_known(p.precision), "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
   require(p.dtype == DType::kBf16 || p.dtype == DType::kF16, "gdn (cuda): dtype must be bf16 or fp16, got ",
           static_cast<int>(p.dtype));
   // fp16 activations run the fp32 products only (why: GdnMath).

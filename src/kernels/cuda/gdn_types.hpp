@@ -14,6 +14,11 @@ namespace treecp::cuda {
 enum class GdnPrecision : int32_t { fp32 = 0, bf16_tensor = 1, bf16_tensor_scans = 2 };
 inline constexpr GdnPrecision kGdnPrecisions[] = {GdnPrecision::fp32, GdnPrecision::bf16_tensor,
                                                   GdnPrecision::bf16_tensor_scans};
+inline bool gdn_precision_known(GdnPrecision p) {
+  for (const GdnPrecision q : kGdnPrecisions)
+    if (p == q) return true;
+  return false;
+}
 // Its name as the CLI and the Python op spell it ("unknown" outside the three).
 inline const char* gdn_precision_name(GdnPrecision p) {
   switch (p) {
