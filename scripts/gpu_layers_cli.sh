@@ -2,7 +2,8 @@
 # On a GPU machine: `treecp gdn` (GDN and KDA gates, with gradients) and `treecp conv1d` with --device cuda
 # against --device cpu on the same small tree row, inputs made by numpy; prints the largest differences of every
 # output and fails when one is beyond bf16 expectations (the CUDA path rounds its inputs to bf16), and the same with
-# --dtype fp16 at 2^-3 of the bf16 bound (fp16's unit roundoff is 8 times smaller).
+# --dtype fp16 at 2^-3 of the bf16 bound (fp16's unit roundoff is 8 times smaller), and GDN with
+# --precision bf16_tensor (bf16 tensor-core products) at the bf16 bound.
 #   scripts/gpu_layers_cli.sh TREECP_BINARY [WORK_DIR]
 set -euo pipefail
 bin=${1:?usage: gpu_layers_cli.sh TREECP_BINARY [WORK_DIR]}
@@ -24,20 +25,23 @@ np.save(f"{w}/x.npy", rng.standard_normal((S, 96)).astype(np.float32))
 np.save(f"{w}/wt.npy", (0.3 * rng.standard_normal((96, 4))).astype(np.float32))
 np.save(f"{w}/dy.npy", rng.standard_normal((S, 96)).astype(np.float32))
 PY
-for run in cpu cuda:bf16 cuda:fp16; do
-  dev=${run%%:*}; opts=(--device "$dev"); [ "$dev" = cuda ] && opts+=(--dtype "${run#*:}")
+for run in cpu cuda:bf16 cuda:fp16 cuda:bf16t; do
+  dev=${run%%:*}; opts=(--device "$dev"); dtype=${run#*:}
+  [ "$dtype" = bf16t ] && { opts+=(--dtype bf16 --precision bf16_tensor); }
+  [ "$dev" = cuda ] && [ "$dtype" != bf16t ] && opts+=(--dtype "$dtype")
   for gate in g gk; do
     "$bin" gdn --tree "$work/tree.json" --q "$work/q.npy" --k "$work/k.npy" --v "$work/v.npy" --g "$work/$gate.npy" \
       --beta "$work/beta.npy" --dout "$work/do.npy" "${opts[@]}" --out "$work/gdn_${gate}_${run/:/_}"
   done
+  [ "$dtype" = bf16t ] && continue  # conv1d has no products to choose
   "$bin" conv1d --tree "$work/tree.json" --x "$work/x.npy" --weight "$work/wt.npy" --silu --dout "$work/dy.npy" \
     "${opts[@]}" --out "$work/conv_${run/:/_}"
 done
 python3 - "$work" <<'PY'
 import sys, os, numpy as np
 w = sys.argv[1]; bad = 0
-for dt, bound in (("bf16", 3e-2), ("fp16", 3e-2 / 8)):
-    for what in ("gdn_g", "gdn_gk", "conv"):
+for dt, bound in (("bf16", 3e-2), ("fp16", 3e-2 / 8), ("bf16t", 3e-2)):
+    for what in ("gdn_g", "gdn_gk") + (() if dt == "bf16t" else ("conv",)):
         for name in sorted(os.listdir(f"{w}/{what}_cpu")):
             a = np.load(f"{w}/{what}_cpu/{name}").astype(np.float64)
             b = np.load(f"{w}/{what}_cuda_{dt}/{name}").astype(np.float64)

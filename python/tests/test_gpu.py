@@ -153,6 +153,31 @@ def test_gated_delta_rule_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(kda, d
                       dtype)
 
 
+@pytest.mark.parametrize("kda", [False, True])
+def test_gated_delta_rule_precision_bf16_tensor_reaches_the_kernels(kda):
+    """precision="bf16_tensor" runs the chunk products on tensor cores with bf16 operands: its result differs from
+    the default fp32 products' and stays bf16-accurate. (The kernels' accuracy against a model of those roundings is
+    tests/cuda's; here the bound is the fp32 path's plus four bf16 roundings, one per chained chunk product.)"""
+    gen = torch.Generator().manual_seed(41 + kda)
+    parents, lengths = random_row(gen, 10, 90)
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row)
+    *inputs, w = gdn_inputs(gen, row.tokens, 2, 128, 128, kda)
+    runs = {}
+    for precision in ("fp32", "bf16_tensor"):
+        runs[precision] = run_op(lambda *a: tt.gated_delta_rule(*a, key, precision=precision), inputs, w, "cuda",
+                                 torch.bfloat16)
+    f32 = run_op(lambda *a: tt.gated_delta_rule(*a, key), inputs, w, "cpu", torch.float32)
+    f64 = run_op(lambda *a: tt.gated_delta_rule(*a, key), inputs, w, "cpu", torch.float64)
+    assert not torch.equal(runs["fp32"][0], runs["bf16_tensor"][0])
+    for precision, extra in (("fp32", 0.0), ("bf16_tensor", 4 * 2.0 ** -8)):
+        got = runs[precision]
+        for name, a, b, c in zip(("y", "dq", "dk", "dv", "dg", "dbeta"), (got[0], *got[1]), (f32[0], *f32[1]),
+                                 (f64[0], *f64[1])):
+            err, err_ref = rel_err(a, c), rel_err(b, c)
+            assert err <= ERR_FACTOR * err_ref + ATOL + ROUNDING[torch.bfloat16] + extra, (precision, name, err, err_ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("silu", [False, True])
 def test_short_conv_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(silu, dtype):
@@ -203,7 +228,7 @@ def test_cuda_gdn_and_conv_run_on_a_side_stream_and_under_compile():
         for a, b in zip(got[1:], ref[1:]):
             torch.testing.assert_close(a, b)
     # The fake implementations agree with the CUDA ones (shapes, dtypes, autograd registration).
-    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default, (*dev, key.id, 0.125, 64))
+    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default, (*dev, key.id, 0.125, 64, "fp32"))
     torch.library.opcheck(torch.ops.treecp.short_conv.default, (dev[2].flatten(1), weight, None, key.id, True))
 
 
