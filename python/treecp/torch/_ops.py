@@ -435,7 +435,8 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, k
     """Gated DeltaNet over the tree on this rank's tokens (FLA's conventions, token-major).
 
     ``q, k [n, H, K]``, ``v [n, H, V]``, ``g`` the log decay, ``[n, H]`` (GDN) or ``[n, H, K]`` (KDA), and
-    ``beta [n, H]``. Each token's state starts from its parent token's along the tree path (a child
+    ``beta [n, H]``. ``g`` must be at most 0 (the log of a decay in (0, 1], as FLA's ``logsigmoid`` gates give):
+    values are not checked, since a check would synchronise with the device (``treecp gdn`` refuses them). Each token's state starts from its parent token's along the tree path (a child
     continues its parent segment's final state; siblings never see each other). ``scale`` defaults to
     1/sqrt(K), applied to q. Returns ``o [n, H, V]``. On CUDA (bfloat16 or float16, K and V at most 256) the states and
     gradients accumulate in fp32, and the kernels' own chunk (64) is used: ``chunk_size`` then steers the plan only.
