@@ -165,19 +165,20 @@ void attention_backward(const AttentionBackwardParams& p, const DeviceTilePlan& 
     if (a.p.dv_row_stride == 0) a.p.dv_row_stride = static_cast<int32_t>(p.dk_row_stride);
     if (a.p.dv_head_stride == 0) a.p.dv_head_stride = static_cast<int32_t>(p.dk_head_stride);
   }
-  if (!p.dsum_ready) {
-    require(p.o != nullptr, who, ": o is required unless dsum_ready");
-    check_aligned(who, "o", p.o, p.o_row_stride, p.o_head_stride);  // the Dsum kernel reads 16 bytes at a time
-    detail::launch_bwd_dsum(a, stream);
-  }
+  // the main loop is checked before anything (the Dsum kernel) is launched
   const Mainloop mainloop = p.mainloop != Mainloop::kDefault ? p.mainloop : default_bwd_mainloop(p.head_dim);
   require(mainloop == Mainloop::kMmaSync || (mainloop == Mainloop::kWgmma && (p.head_dim == 128 || p.head_dim == 64)) ||
               (mainloop == Mainloop::kWgmmaWs && p.head_dim == 128),
           who, ": mainloop must be kDefault or kMmaSync, or kWgmma at (64, 64) / (128, 128), or kWgmmaWs at head_dim 128; got ",
           static_cast<int>(p.mainloop), " at (head_dim, value_dim) (", p.head_dim, ", ", dv, ")");
+  require(mainloop != Mainloop::kWgmmaWs || kBwdBlockRows % plan.group == 0, who, ": kWgmmaWs needs a group dividing ",
+          kBwdBlockRows, ", got ", plan.group);
+  if (!p.dsum_ready) {
+    require(p.o != nullptr, who, ": o is required unless dsum_ready");
+    check_aligned(who, "o", p.o, p.o_row_stride, p.o_head_stride);  // the Dsum kernel reads 16 bytes at a time
+    detail::launch_bwd_dsum(a, stream);
+  }
   if (mainloop == Mainloop::kWgmmaWs) {
-    require(kBwdBlockRows % plan.group == 0, who, ": kWgmmaWs needs a group dividing ", kBwdBlockRows, ", got ",
-            plan.group);
     require(detail::launch_bwd_ws_d128(a, stream, bwd_ws_config(plan, p.hkv)), who,
             ": kWgmmaWs needs the driver's cuTensorMapEncodeTiled, which this driver does not provide");
     return;
