@@ -6,8 +6,12 @@
 // values rounded to fp16 (their own table, with the sampled check against the fp16 inputs' double reference).
 // FLOPs count visible pairs only: forward 4 A D Hq, backward 2.5x, forward+backward 3.5x that.
 // Backward and forward+backward include zeroing the fp32 gradients (the contract accumulates).
-// Usage: bench_attention [--out DIR] [--reps N] [--presets a,b,c] [--experiments 0|1]
+// Usage: bench_attention [--out DIR] [--reps N] [--presets a,b,c] [--experiments 0|1] [--dims DQKxDV,...]
 //   --experiments 0 skips the timings of the earlier experiments (decided ones; they print as nan), not their checks.
+//   --dims 192x128,256x256,64x64 (pairs of attention.hpp's kAttentionDims) runs the head-dim table instead of the
+//   D = 128 tables: per preset and pair, every forward main loop the pair has (kDefault, kWgmma, kMmaSync at 16 and
+//   32 rows per warp) and every backward one (kDefault, kMmaSync, kWgmma where it exists), sustained, with the
+//   sampled O check of each forward. Without --dims nothing changes.
 //   DIR receives <preset>.json (the row, for scripts/bench_flex.py) and treecp_results.json, and the forward's phase
 //   stamps (launch.hpp, FwdWsConfig::trace): <preset>_fwdtrace.bin per block of the one-block-per-item kernel after the
 //   A/B loops (sustained clocks), <preset>_fwdtrace_cold.bin the same after a second of idle GPU (kFwdTraceWords
@@ -144,6 +148,173 @@ void sustain(double ms, Fn&& fn) {
   check_cuda(cudaDeviceSynchronize(), "sustain");
 }
 
+// ---- --dims: the head-dim table (Hq = 32, Hkv = 4, bf16, contiguous [S, H, D] buffers)
+struct DimsPair {
+  int qk, v;
+};
+
+// Sampled query rows of a forward just run against a double reference over Row::visible: O's relative error.
+double sampled_o_error(const Row& row, const AttentionForwardParams& p, int64_t S, int dqk, int dv) {
+  const int64_t nk = S * kHkv * dqk, nv = S * kHkv * dv;
+  std::vector<uint16_t> kh(nk), vh(nv);
+  check_cuda(cudaMemcpy(kh.data(), p.k, nk * 2, cudaMemcpyDeviceToHost), "copy");
+  check_cuda(cudaMemcpy(vh.data(), p.v, nv * 2, cudaMemcpyDeviceToHost), "copy");
+  std::mt19937_64 rng(11);
+  double num = 0, den = 0;
+  for (int sample = 0; sample < 16; ++sample) {
+    const int64_t i = static_cast<int64_t>(rng() % S);
+    const int h = static_cast<int>(rng() % kHq), kvh = h / (kHq / kHkv);
+    std::vector<uint16_t> qh(dqk), oh(dv);
+    check_cuda(cudaMemcpy(qh.data(), static_cast<const uint16_t*>(p.q) + (i * kHq + h) * dqk, dqk * 2,
+                          cudaMemcpyDeviceToHost), "copy");
+    check_cuda(cudaMemcpy(oh.data(), static_cast<const uint16_t*>(p.o) + (i * kHq + h) * dv, dv * 2,
+                          cudaMemcpyDeviceToHost), "copy");
+    std::vector<double> sc;
+    std::vector<int64_t> js;
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < S; ++j) {
+      if (!row.visible(i, j)) continue;
+      double dot = 0;
+      for (int d = 0; d < dqk; ++d) dot += static_cast<double>(bf(qh[d])) * bf(kh[(j * kHkv + kvh) * dqk + d]);
+      sc.push_back(dot * p.scale);
+      js.push_back(j);
+      mx = std::max(mx, sc.back());
+    }
+    double l = 0;
+    for (double x : sc) l += std::exp(x - mx);
+    std::vector<double> ref(dv, 0.0);
+    for (size_t t = 0; t < sc.size(); ++t)
+      for (int d = 0; d < dv; ++d) ref[d] += std::exp(sc[t] - mx) / l * bf(vh[(js[t] * kHkv + kvh) * dv + d]);
+    for (int d = 0; d < dv; ++d) {
+      num += (bf(oh[d]) - ref[d]) * (bf(oh[d]) - ref[d]);
+      den += ref[d] * ref[d];
+    }
+  }
+  return std::sqrt(num / den);
+}
+
+// One preset at one (Dqk, Dv): a line per main loop, forward and backward (backward with Dsum and the gradients'
+// zeroing, as the D = 128 tables count it). FLOPs: forward 2 A (Dqk + Dv) Hq, backward 2.5x that (the 5 GEMMs'
+// share at Dqk = Dv; reported the same way at Dqk != Dv for comparability).
+void run_dims(const std::string& name, const Row& row, const DimsPair& dims, int reps) {
+  const int64_t S = row.tokens();
+  const int dqk = dims.qk, dvv = dims.v;
+  const TilePlan plan = build_tile_plan(row_slices(row), S, S, kHq / kHkv);
+  const DeviceTilePlan dplan(plan);
+  const int64_t nq = S * kHq * dqk, nk = S * kHkv * dqk, nv = S * kHkv * dvv, no = S * kHq * dvv;
+  void *q, *k, *v, *o, *d_o, *workspace;
+  float *lse, *dsum, *dq, *dk, *dv;
+  check_cuda(cudaMalloc(&q, nq * 2), "alloc");
+  check_cuda(cudaMalloc(&k, nk * 2), "alloc");
+  check_cuda(cudaMalloc(&v, nv * 2), "alloc");
+  check_cuda(cudaMalloc(&o, no * 2), "alloc");
+  check_cuda(cudaMalloc(&d_o, no * 2), "alloc");
+  check_cuda(cudaMalloc(&lse, S * kHq * 4), "alloc");
+  check_cuda(cudaMalloc(&dsum, S * kHq * 4), "alloc");
+  check_cuda(cudaMalloc(&dq, nq * 4), "alloc");
+  check_cuda(cudaMalloc(&dk, nk * 4), "alloc");
+  check_cuda(cudaMalloc(&dv, nv * 4), "alloc");
+  check_cuda(cudaMalloc(&workspace, attention_forward_workspace_bytes()), "workspace");
+  fill(q, nq, 1);
+  fill(k, nk, 2);
+  fill(v, nv, 3);
+  fill(d_o, no, 4);
+  AttentionForwardParams fp;
+  fp.q = q;
+  fp.k = k;
+  fp.v = v;
+  fp.o = o;
+  fp.lse = lse;
+  fp.q_row_stride = kHq * dqk;
+  fp.k_row_stride = kHkv * dqk;
+  fp.v_row_stride = kHkv * dvv;
+  fp.o_row_stride = kHq * dvv;
+  fp.q_head_stride = fp.k_head_stride = dqk;
+  fp.v_head_stride = fp.o_head_stride = dvv;
+  fp.lse_row_stride = kHq;
+  fp.lse_head_stride = 1;
+  fp.hq = kHq;
+  fp.hkv = kHkv;
+  fp.head_dim = dqk;
+  fp.value_dim = static_cast<int16_t>(dvv);
+  fp.scale = 1.f / std::sqrt(static_cast<float>(dqk));
+  fp.workspace = workspace;
+  fp.workspace_bytes = attention_forward_workspace_bytes();
+  AttentionBackwardParams bp;
+  bp.q = q;
+  bp.k = k;
+  bp.v = v;
+  bp.o = o;
+  bp.d_o = d_o;
+  bp.lse = lse;
+  bp.dsum = dsum;
+  bp.dq = dq;
+  bp.dk = dk;
+  bp.dv = dv;
+  bp.q_row_stride = bp.dq_row_stride = kHq * dqk;
+  bp.k_row_stride = bp.dk_row_stride = kHkv * dqk;
+  bp.v_row_stride = kHkv * dvv;
+  bp.o_row_stride = kHq * dvv;
+  bp.q_head_stride = bp.k_head_stride = bp.dq_head_stride = bp.dk_head_stride = dqk;
+  bp.v_head_stride = bp.o_head_stride = dvv;
+  if (dvv != dqk) {
+    bp.dv_row_stride = kHkv * dvv;
+    bp.dv_head_stride = dvv;
+  }
+  bp.lse_row_stride = kHq;
+  bp.lse_head_stride = 1;
+  bp.hq = kHq;
+  bp.hkv = kHkv;
+  bp.head_dim = dqk;
+  bp.value_dim = static_cast<int16_t>(dvv);
+  bp.scale = fp.scale;
+  const double fwd_flop = 2.0 * static_cast<double>(plan.visible_pairs) * (dqk + dvv) * kHq;
+  auto line = [&](const char* dir, const char* path, double ms, double flop, double err) {
+    std::printf("| %s | %dx%d | %s | %s | %.3f | %.0f | %s |\n", name.c_str(), dqk, dvv, dir, path, ms,
+                flop / (ms * 1e-3) / 1e12, std::isnan(err) ? "" : std::to_string(err).c_str());
+  };
+  struct FwdPath {
+    const char* name;
+    Mainloop mainloop;
+    int rows;
+  };
+  const FwdPath fwd_paths[] = {{"kDefault", Mainloop::kDefault, 0},
+                               {"kWgmma", Mainloop::kWgmma, 0},
+                               {"kMmaSync 16", Mainloop::kMmaSync, 16},
+                               {"kMmaSync 32", Mainloop::kMmaSync, 32}};
+  for (const FwdPath& f : fwd_paths) {
+    if (dvv == 256 && f.rows == 32) continue;  // not instantiated (attention.cpp refuses it)
+    AttentionForwardParams x = fp;
+    x.mainloop = f.mainloop;
+    x.rows_per_warp = static_cast<int8_t>(f.rows);
+    auto call = [&] { attention_forward(x, dplan); };
+    call();
+    check_cuda(cudaDeviceSynchronize(), "forward");
+    const double err = sampled_o_error(row, x, S, dqk, dvv);
+    sustain(500, call);
+    line("fwd", f.name, time_ms(reps, call), fwd_flop, err);
+  }
+  attention_forward(fp, dplan);  // O and LSE for the backward: the default path
+  std::vector<std::pair<const char*, Mainloop>> bwd_paths{{"kDefault", Mainloop::kDefault}, {"kMmaSync", Mainloop::kMmaSync}};
+  if (dqk == 64 || dqk == 128) bwd_paths.push_back({"kWgmma", Mainloop::kWgmma});
+  for (const auto& [path, mainloop] : bwd_paths) {
+    AttentionBackwardParams x = bp;
+    x.mainloop = mainloop;
+    auto call = [&] {
+      check_cuda(cudaMemsetAsync(dq, 0, nq * 4), "zero");
+      check_cuda(cudaMemsetAsync(dk, 0, nk * 4), "zero");
+      check_cuda(cudaMemsetAsync(dv, 0, nv * 4), "zero");
+      attention_backward(x, dplan);
+    };
+    call();
+    check_cuda(cudaDeviceSynchronize(), "backward");
+    sustain(500, call);
+    line("bwd", path, time_ms(reps, call), 2.5 * fwd_flop, std::nan(""));
+  }
+  for (void* ptr : {q, k, v, o, d_o, workspace}) cudaFree(ptr);
+  for (float* ptr : {lse, dsum, dq, dk, dv}) cudaFree(ptr);
+}
+
 struct Result {
   std::string preset;
   int64_t tokens, pairs;
@@ -155,7 +326,7 @@ struct Result {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_dir = ".", presets_arg = "fixed5k,varied5k,dominant,art-fixed5k";
+  std::string out_dir = ".", presets_arg = "fixed5k,varied5k,dominant,art-fixed5k", dims_arg;
   int reps = 20;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -163,6 +334,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--presets") presets_arg = argv[i + 1];
     else if (a == "--experiments") g_experiments = std::stoi(argv[i + 1]) != 0;
+    else if (a == "--dims") dims_arg = argv[i + 1];
     else {
       std::fprintf(stderr, "bench_attention: unknown argument %s\n", a.c_str());
       return 2;
@@ -175,10 +347,39 @@ int main(int argc, char** argv) {
     std::getline(ss, n, ',');
     if (!n.empty()) names.push_back(n);
   }
+  std::vector<DimsPair> dims;
+  for (std::stringstream ss(dims_arg); ss.good();) {
+    std::string n;
+    std::getline(ss, n, ',');
+    if (n.empty()) continue;
+    const size_t x = n.find('x');
+    int qk = 0, v = 0;
+    try {
+      qk = std::stoi(n.substr(0, x));
+      v = x == std::string::npos ? qk : std::stoi(n.substr(x + 1));
+    } catch (const std::exception&) {
+    }
+    if (!attention_dims_supported(qk, v)) {
+      std::fprintf(stderr, "bench_attention: --dims %s is not one of %s (DQKxDV)\n", n.c_str(), attention_dims_list());
+      return 2;
+    }
+    dims.push_back({qk, v});
+  }
   try {
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "device properties");
     std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    if (!dims.empty()) {
+      std::printf("\ntreecp CUDA slice attention by head dims, Hq=%d Hkv=%d bf16, %s (sustained, median of %d)\n", kHq,
+                  kHkv, prop.name, reps);
+      std::printf("| preset | DqkxDv | dir | main loop | ms | TFLOP/s | sampled O rel err |\n");
+      std::printf("|---|---|---|---|---|---|---|\n");
+      for (const std::string& name : names) {
+        const Row row = make_preset(name, 1, 0);
+        for (const DimsPair& d : dims) run_dims(name, row, d, reps);
+      }
+      return 0;
+    }
     std::vector<Result> results;
     for (const std::string& name : names) {
       const Row row = make_preset(name, 1, 0);

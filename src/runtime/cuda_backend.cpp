@@ -16,8 +16,8 @@ void check_rows(int64_t size, int64_t row, int64_t rows, int64_t width, const ch
 }
 
 void check_dims(const AttentionShape& d, const char* who) {
-  require(d.d == d.dv && (d.d == 64 || d.d == 128), who, ": the CUDA kernels take head dims 64 or 128 with Dv = D, got D ",
-          d.d, " Dv ", d.dv);
+  require(cuda::attention_dims_supported(d.d, d.dv), who, ": the CUDA kernels take (D, Dv) ", cuda::attention_dims_list(),
+          ", got D ", d.d, " Dv ", d.dv);
   require(d.hq >= 1 && d.hkv >= 1 && d.hq % d.hkv == 0, who, ": hq must be a positive multiple of hkv, got ", d.hq,
           " and ", d.hkv);
 }
@@ -41,6 +41,7 @@ void set_common(P& p, const AttentionShape& dims, const DeviceBuffer<cuda::bf16_
   p.hq = dims.hq;
   p.hkv = dims.hkv;
   p.head_dim = dims.d;
+  p.value_dim = static_cast<int16_t>(dims.dv);
   p.scale = static_cast<float>(dims.softmax_scale());
 }
 
@@ -284,7 +285,11 @@ void CudaBackend::attention_backward(const AttentionShape& dims, const Geometry&
                                      const Act& o, const Stat& lse, const Act& d_o, const Stat& dsum, Grad& dq,
                                      const DkvView<GradElem>& dkv) {
   check_dims(dims, "attention_backward");
-  require(dkv.dk_row_stride == dkv.dv_row_stride, "attention_backward: dK and dV must share a row stride");
+  // At Dv = D the kernels address dV with dK's strides; at Dv != D dV has strides of its own (int32 in the params).
+  require(dims.dv != dims.d || dkv.dk_row_stride == dkv.dv_row_stride,
+          "attention_backward: dK and dV must share a row stride at Dv = D, got ", dkv.dk_row_stride, " and ",
+          dkv.dv_row_stride);
+  require(dkv.dv_row_stride <= INT32_MAX, "attention_backward: dV's row stride must fit int32, got ", dkv.dv_row_stride);
   cuda::AttentionBackwardParams p;
   p.dtype = dtype_;
   set_common(p, dims, q, kv);
@@ -300,6 +305,10 @@ void CudaBackend::attention_backward(const AttentionShape& dims, const Geometry&
   p.dq_head_stride = dims.d;
   p.dk_row_stride = dkv.dk_row_stride;
   p.dk_head_stride = dims.d;
+  if (dims.dv != dims.d) {
+    p.dv_row_stride = static_cast<int32_t>(dkv.dv_row_stride);
+    p.dv_head_stride = dims.dv;
+  }
   cuda::attention_backward(p, *g, stream_);
 }
 

@@ -18,8 +18,8 @@
 // pattern, and every kernel call passes dtype() (the bindings set it per call: one cached backend serves bf16 and
 // fp16 calls; a call's work is enqueued with the dtype it was made under).
 //
-// Compiled only with CUDA (TREECP_HAVE_CUDA); the attention kernels need sm_90a for their fast paths and head
-// dims 64 or 128 with Dv = D.
+// Compiled only with CUDA (TREECP_HAVE_CUDA); the attention kernels need sm_90a for their fast paths and (D, Dv) one
+// of cuda::kAttentionDims: (64, 64), (128, 128), (192, 128), (256, 256).
 #pragma once
 
 #include <cuda_runtime.h>

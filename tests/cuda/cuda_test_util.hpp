@@ -112,17 +112,20 @@ inline Row random_row(std::mt19937_64& rng, int segments, int max_len) {
 struct Dims {
   int64_t q_rows, kv_rows;
   int hq, hkv, d;
+  int dv = 0;  // columns of V and O (and g, dV); 0 = d
+  int vd() const { return dv == 0 ? d : dv; }
 };
 
 // Double oracle over explicit visibility vis(q, k) in buffer coordinates.
 struct OracleForward {
-  std::vector<double> o, lse;  // [q_rows, hq, d], [q_rows, hq]
+  std::vector<double> o, lse;  // [q_rows, hq, dv], [q_rows, hq]
 };
 template <class Vis>
 OracleForward oracle_forward(const Dims& m, const std::vector<double>& q, const std::vector<double>& k,
                              const std::vector<double>& v, double scale, Vis&& vis) {
   OracleForward r;
-  r.o.assign(m.q_rows * m.hq * m.d, 0.0);
+  const int dv = m.vd();
+  r.o.assign(m.q_rows * m.hq * dv, 0.0);
   r.lse.assign(m.q_rows * m.hq, -INFINITY);
   const int g = m.hq / m.hkv;
   std::vector<double> s(m.kv_rows);
@@ -147,7 +150,7 @@ OracleForward oracle_forward(const Dims& m, const std::vector<double>& q, const 
       for (int64_t j = 0; j < m.kv_rows; ++j) {
         if (s[j] == -INFINITY) continue;
         const double p = std::exp(s[j] - lse);
-        for (int d = 0; d < m.d; ++d) r.o[(i * m.hq + h) * m.d + d] += p * v[(j * m.hkv + kh) * m.d + d];
+        for (int d = 0; d < dv; ++d) r.o[(i * m.hq + h) * dv + d] += p * v[(j * m.hkv + kh) * dv + d];
       }
     }
   return r;
@@ -167,17 +170,18 @@ OracleBackward oracle_backward(const Dims& m, const std::vector<double>& q, cons
   r.dv.assign(v.size(), 0.0);
   r.dsink.assign(m.hq, 0.0);
   const int gs = m.hq / m.hkv;
+  const int dv = m.vd();
   for (int64_t i = 0; i < m.q_rows; ++i)
     for (int h = 0; h < m.hq; ++h) {
       const double lse = f.lse[i * m.hq + h];
       if (lse == -INFINITY) continue;
       const int kh = h / gs;
-      const double* oi = &f.o[(i * m.hq + h) * m.d];
-      const double* gi = &g[(i * m.hq + h) * m.d];
+      const double* oi = &f.o[(i * m.hq + h) * dv];
+      const double* gi = &g[(i * m.hq + h) * dv];
       double w = 1.0;
       if (sink) w = 1.0 / (1.0 + std::exp((*sink)[h] - lse));
       double gdot = 0;
-      for (int d = 0; d < m.d; ++d) gdot += gi[d] * oi[d];
+      for (int d = 0; d < dv; ++d) gdot += gi[d] * oi[d];
       const double dl = sink ? w * (1 - w) * gdot : 0.0;
       r.dsink[h] -= dl;
       const double dsum = w * gdot - dl;  // dot(dO, o) - dJ/dL with dO = w g
@@ -185,19 +189,17 @@ OracleBackward oracle_backward(const Dims& m, const std::vector<double>& q, cons
         if (!vis(i, j)) continue;
         const double* qi = &q[(i * m.hq + h) * m.d];
         const double* kj = &k[(j * m.hkv + kh) * m.d];
-        const double* vj = &v[(j * m.hkv + kh) * m.d];
+        const double* vj = &v[(j * m.hkv + kh) * dv];
         double s = 0, dp = 0;
-        for (int d = 0; d < m.d; ++d) {
-          s += qi[d] * kj[d];
-          dp += w * gi[d] * vj[d];
-        }
+        for (int d = 0; d < m.d; ++d) s += qi[d] * kj[d];
+        for (int d = 0; d < dv; ++d) dp += w * gi[d] * vj[d];
         const double p = std::exp(s * scale - lse);
         const double ds = p * (dp - dsum);
         for (int d = 0; d < m.d; ++d) {
           r.dq[(i * m.hq + h) * m.d + d] += scale * ds * kj[d];
           r.dk[(j * m.hkv + kh) * m.d + d] += scale * ds * qi[d];
-          r.dv[(j * m.hkv + kh) * m.d + d] += p * w * gi[d];
         }
+        for (int d = 0; d < dv; ++d) r.dv[(j * m.hkv + kh) * dv + d] += p * w * gi[d];
       }
     }
   return r;

@@ -1,7 +1,8 @@
 // GPU slice attention against a double-precision brute-force oracle on random trees: tile lists,
 // forward (O, LSE), backward (dQ, dK, dV), the stage form merged with the fused merge + sink kernel,
 // GQA, head dims 64 and 128, sliding windows, single-token segments and rows with no visible key; bf16 and fp16
-// operands (fp16 also at the ends of its range: values near 60000, logits far beyond it).
+// operands (fp16 also at the ends of its range: values near 60000, logits far beyond it). CudaAttentionDims: the
+// (Dqk, Dv) pairs (192, 128) and (256, 256) on every main loop they have, and the wgmma backward at head dim 64.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -91,7 +92,7 @@ std::string run_forward_path(AttentionForwardParams fp, const ForwardPath& path,
   o.poison();
   lse.poison();
   fp.mainloop = mainloop;
-  fp.rows_per_warp = static_cast<int16_t>(rows_per_warp);
+  fp.rows_per_warp = static_cast<int8_t>(rows_per_warp);
   fp.workspace = with_workspace ? workspace.ptr : nullptr;
   fp.workspace_bytes = with_workspace ? workspace.n : 0;
   attention_forward(fp, plan);
@@ -499,6 +500,89 @@ TEST(CudaArguments, BackwardNamesMisalignedOrMissingTensors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("kWgmmaWs needs a group dividing 64, got 3"), std::string::npos) << e.what();
   }
+}
+
+// Head-dim pairs outside kAttentionDims, and the main loops a pair lacks, are refused by name before any launch.
+TEST(CudaArguments, HeadDimPairsOutsideTheKernelsAreRefused) {
+  DeviceTilePlan plan;  // never uploaded: only its sizes are read before the launch
+  plan.q_rows = 16;
+  plan.kv_rows = 16;
+  plan.group = 2;
+  auto fake = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+  auto forward_error = [&](int d, int dv, Mainloop mainloop, int rows_per_warp) -> std::string {
+    AttentionForwardParams f = contiguous_forward(DType::kBf16, fake(0x10000), fake(0x10000), fake(0x10000),
+                                                  fake(0x20000), static_cast<float*>(fake(0x30000)), 4, 2, d, 0.1);
+    f.value_dim = static_cast<int16_t>(dv);
+    f.v_row_stride = 2 * dv;
+    f.v_head_stride = f.o_head_stride = dv;
+    f.o_row_stride = 4 * dv;
+    f.mainloop = mainloop;
+    f.rows_per_warp = static_cast<int8_t>(rows_per_warp);
+    try {
+      attention_forward(f, plan);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string pairs = "must be one of (64, 64), (128, 128), (192, 128), (256, 256)";
+  for (const auto& [d, dv] : {std::pair{96, 96}, std::pair{192, 192}, std::pair{128, 64}, std::pair{256, 128},
+                              std::pair{64, 128}}) {
+    const std::string what = forward_error(d, dv, Mainloop::kDefault, 0);
+    EXPECT_NE(what.find("attention_forward: (head_dim, value_dim) " + pairs), std::string::npos) << what;
+    EXPECT_NE(what.find("got (" + std::to_string(d) + ", " + std::to_string(dv) + ")"), std::string::npos) << what;
+  }
+  // value_dim 0 is head_dim: (192, 0) is (192, 192)
+  EXPECT_NE(forward_error(192, 0, Mainloop::kDefault, 0).find("got (192, 192)"), std::string::npos)
+      << forward_error(192, 0, Mainloop::kDefault, 0);
+  // (256, 256) has the 16-rows-per-warp mma.sync forward only
+  const std::string rows = forward_error(256, 256, Mainloop::kMmaSync, 32);
+  EXPECT_NE(rows.find("rows_per_warp must be 0 or 16 at (256, 256), got 32"), std::string::npos) << rows;
+  // the warp-specialised forward is head dim 128's
+  const std::string ws = forward_error(192, 128, Mainloop::kWgmmaWs, 0);
+  EXPECT_NE(ws.find("kWgmmaWs needs head_dim 128"), std::string::npos) << ws;
+
+  AttentionBackwardParams b;
+  b.q = b.k = b.v = b.o = b.d_o = fake(0x10000);
+  b.lse = static_cast<const float*>(fake(0x20000));
+  b.dsum = b.dq = b.dk = b.dv = static_cast<float*>(fake(0x30000));
+  b.dsum_ready = true;  // nothing is launched before the main-loop checks
+  b.hq = 4;
+  b.hkv = 2;
+  b.scale = 0.1f;
+  auto backward_error = [&](int d, int dv, Mainloop mainloop, int32_t dv_row_stride = 0) -> std::string {
+    AttentionBackwardParams bad = b;
+    bad.head_dim = d;
+    bad.value_dim = static_cast<int16_t>(dv);
+    bad.q_row_stride = bad.dq_row_stride = 4 * d;
+    bad.k_row_stride = bad.dk_row_stride = 2 * d;
+    bad.q_head_stride = bad.k_head_stride = bad.dq_head_stride = bad.dk_head_stride = d;
+    bad.v_row_stride = 2 * dv;
+    bad.o_row_stride = 4 * dv;
+    bad.v_head_stride = bad.o_head_stride = dv;
+    bad.dv_row_stride = dv_row_stride;
+    bad.mainloop = mainloop;
+    try {
+      attention_backward(bad, plan);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string bad_pair = backward_error(192, 192, Mainloop::kDefault);
+  EXPECT_NE(bad_pair.find("attention_backward: (head_dim, value_dim) " + pairs), std::string::npos) << bad_pair;
+  for (const auto& [d, dv] : {std::pair{192, 128}, std::pair{256, 256}}) {
+    const std::string what = backward_error(d, dv, Mainloop::kWgmma);
+    EXPECT_NE(what.find("kWgmma at (64, 64) / (128, 128)"), std::string::npos) << what;
+    EXPECT_NE(what.find("(head_dim, value_dim) (" + std::to_string(d) + ", " + std::to_string(dv) + ")"),
+              std::string::npos)
+        << what;
+  }
+  // at Dv = D the kernels address dV with dK's strides: other strides for dv are refused, not ignored
+  const std::string strides = backward_error(64, 64, Mainloop::kMmaSync, 2 * 64 + 8);
+  EXPECT_NE(strides.find("dv takes dk's strides"), std::string::npos) << strides;
+  const std::string odd = backward_error(192, 128, Mainloop::kMmaSync, 2 * 128 + 1);
+  EXPECT_NE(odd.find("fp32 gradient strides must be even"), std::string::npos) << odd;
 }
 
 // The library holds the warp-specialised forward in the dispatch's two configs only; any other (the bench's) is
@@ -935,6 +1019,189 @@ TEST_P(CudaAttention, StagesMergeSink) {
   EXPECT_LT(rel_error(dv_all, rb.dv), tl);
   EXPECT_LT(rel_error(dsink.download(), rb.dsink), tl);
 }
+
+// ---- (Dqk, Dv) = (192, 128) and (256, 256) on every main loop they have, and the wgmma backward at head dim 64,
+// on random trees with GQA groups and windows, against the double oracle with the bounds of CudaAttention.
+struct DimsConfig {
+  int hq, hkv, d, dv;
+  int64_t window;
+  DType dtype = DType::kBf16;
+};
+
+class CudaAttentionDims : public ::testing::TestWithParam<DimsConfig> {};
+
+TEST_P(CudaAttentionDims, ForwardBackwardRandomTree) {
+  REQUIRE_GPU();
+  const DimsConfig c = GetParam();
+  TREECP_SEED_TRACE;
+  std::mt19937_64 rng = treecp::testing::test_rng(7);
+  const Row row = random_row(rng, 14, 60);
+  const int64_t S = row.tokens();
+  const Dims m{S, S, c.hq, c.hkv, c.d, c.dv};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  const auto vis = [&](int64_t i, int64_t j) { return row.visible(i, j, c.window); };
+  Tensor q = random_tensor(S * c.hq * c.d, rng, 1.0, c.dtype), k = random_tensor(S * c.hkv * c.d, rng, 1.0, c.dtype),
+         v = random_tensor(S * c.hkv * c.dv, rng, 1.0, c.dtype), g = random_tensor(S * c.hq * c.dv, rng, 1.0, c.dtype);
+  const double tl = tol(c.dtype);
+  const OracleForward ref = oracle_forward(m, q.val, k.val, v.val, scale, vis);
+
+  const TilePlan plan = build_tile_plan(row_slices(row, c.window), S, S, c.hq / c.hkv);
+  const DeviceTilePlan dplan(plan);
+  DeviceBuffer<uint16_t> dq_in(q.bits), dk_in(k.bits), dv_in(v.bits), dg(g.bits), o(S * c.hq * c.dv);
+  DeviceBuffer<float> lse(S * c.hq), dsum(S * c.hq), dq(S * c.hq * c.d), dk(S * c.hkv * c.d), dv(S * c.hkv * c.dv);
+  AttentionForwardParams fp = contiguous_forward(c.dtype, dq_in.ptr, dk_in.ptr, dv_in.ptr, o.ptr, lse.ptr, c.hq, c.hkv,
+                                                 c.d, scale);
+  fp.value_dim = static_cast<int16_t>(c.dv);
+  fp.v_row_stride = int64_t{c.hkv} * c.dv;
+  fp.o_row_stride = int64_t{c.hq} * c.dv;
+  fp.v_head_stride = fp.o_head_stride = c.dv;
+  // every forward path of the pair: the default with and without a workspace, wgmma, mma.sync at 16 rows per warp and,
+  // except at Dv = 256, 32
+  std::vector<ForwardPath> paths(std::begin(kForwardPaths), std::end(kForwardPaths));
+  if (c.dv == 256) paths.pop_back();
+  DeviceBuffer<unsigned char> workspace(attention_forward_workspace_bytes());
+  for (const ForwardPath& path : paths) {
+    const std::string what = run_forward_path(fp, path, workspace, o, lse, dplan);
+    const std::vector<double> od = elem_to_double(o.download(), c.dtype);
+    EXPECT_LT(rel_error(od, ref.o), tl) << what;
+    expect_fp16_o(c.dtype, od, ref.o, what);
+    EXPECT_LT(rel_error(lse.download(), ref.lse), 1e-3) << what;
+  }
+
+  AttentionBackwardParams bp;
+  bp.dtype = c.dtype;
+  bp.q = dq_in.ptr;
+  bp.k = dk_in.ptr;
+  bp.v = dv_in.ptr;
+  bp.o = o.ptr;  // from the last forward path
+  bp.d_o = dg.ptr;
+  bp.lse = lse.ptr;
+  bp.dsum = dsum.ptr;
+  bp.dq = dq.ptr;
+  bp.dk = dk.ptr;
+  bp.dv = dv.ptr;
+  bp.q_row_stride = bp.dq_row_stride = int64_t{c.hq} * c.d;
+  bp.k_row_stride = bp.dk_row_stride = int64_t{c.hkv} * c.d;
+  bp.q_head_stride = bp.k_head_stride = bp.dq_head_stride = bp.dk_head_stride = c.d;
+  bp.v_row_stride = int64_t{c.hkv} * c.dv;
+  bp.o_row_stride = int64_t{c.hq} * c.dv;
+  bp.v_head_stride = bp.o_head_stride = c.dv;
+  if (c.dv != c.d) {
+    bp.dv_row_stride = c.hkv * c.dv;
+    bp.dv_head_stride = c.dv;
+  }
+  bp.lse_row_stride = c.hq;
+  bp.lse_head_stride = 1;
+  bp.hq = c.hq;
+  bp.hkv = c.hkv;
+  bp.head_dim = c.d;
+  bp.value_dim = static_cast<int16_t>(c.dv);
+  bp.scale = static_cast<float>(scale);
+  const OracleBackward rb = oracle_backward(m, q.val, k.val, v.val, g.val, scale, ref, nullptr, vis);
+  std::vector<Mainloop> bwd_paths{Mainloop::kMmaSync, Mainloop::kDefault};
+  if (c.d == 64) bwd_paths.push_back(Mainloop::kWgmma);  // the wgmma backward at 64
+  for (const Mainloop mainloop : bwd_paths) {
+    dq.zero();
+    dk.zero();
+    dv.zero();
+    bp.mainloop = mainloop;
+    attention_backward(bp, dplan);
+    check_cuda(cudaDeviceSynchronize(), "backward");
+    EXPECT_LT(rel_error(dq.download(), rb.dq), tl) << "mainloop " << static_cast<int>(mainloop);
+    EXPECT_LT(rel_error(dk.download(), rb.dk), tl) << "mainloop " << static_cast<int>(mainloop);
+    EXPECT_LT(rel_error(dv.download(), rb.dv), tl) << "mainloop " << static_cast<int>(mainloop);
+  }
+  if (c.d == 64) {
+    // the wgmma backward at 64 with a dQ buffer only 8-byte aligned (its float2 reductions' minimum), Dsum ready
+    DeviceBuffer<float> dq_off(S * c.hq * c.d + 2);
+    dq_off.zero();
+    dk.zero();
+    dv.zero();
+    AttentionBackwardParams off = bp;
+    off.mainloop = Mainloop::kWgmma;
+    off.dq = dq_off.ptr + 2;
+    off.dsum_ready = true;
+    attention_backward(off, dplan);
+    check_cuda(cudaDeviceSynchronize(), "backward");
+    const std::vector<float> all = dq_off.download();
+    EXPECT_LT(rel_error(std::vector<float>(all.begin() + 2, all.end()), rb.dq), tl) << "wgmma, dQ 8-byte aligned";
+    EXPECT_LT(rel_error(dk.download(), rb.dk), tl) << "wgmma, dQ 8-byte aligned";
+    EXPECT_LT(rel_error(dv.download(), rb.dv), tl) << "wgmma, dQ 8-byte aligned";
+  }
+  if (c.dv != c.d) {
+    // dv_row_stride / dv_head_stride 0: dV laid out with dK's strides (Dqk columns a head, the first Dv of them dV's)
+    DeviceBuffer<float> dv_wide(S * c.hkv * c.d);
+    dq.zero();
+    dk.zero();
+    dv_wide.zero();
+    AttentionBackwardParams wide = bp;
+    wide.mainloop = Mainloop::kMmaSync;
+    wide.dv = dv_wide.ptr;
+    wide.dv_row_stride = wide.dv_head_stride = 0;
+    attention_backward(wide, dplan);
+    check_cuda(cudaDeviceSynchronize(), "backward");
+    const std::vector<float> w = dv_wide.download();
+    std::vector<float> packed(static_cast<size_t>(S * c.hkv * c.dv));
+    bool rest_zero = true;
+    for (int64_t r = 0; r < S * c.hkv; ++r)
+      for (int j = 0; j < c.d; ++j) {
+        if (j < c.dv) packed[static_cast<size_t>(r * c.dv + j)] = w[static_cast<size_t>(r * c.d + j)];
+        else rest_zero = rest_zero && w[static_cast<size_t>(r * c.d + j)] == 0.f;
+      }
+    EXPECT_LT(rel_error(packed, rb.dv), tl) << "dV with dK's strides";
+    EXPECT_TRUE(rest_zero) << "dV with dK's strides: columns past Dv written";
+    EXPECT_LT(rel_error(dk.download(), rb.dk), tl) << "dV with dK's strides";
+  }
+}
+
+// A stage without keys at the new pairs: O = 0 and LSE = -inf on every forward main loop, K and V null.
+TEST(CudaAttentionDimsNoKeys, Dim192x128AndDim256ZeroOutputAndMinusInfinityLse) {
+  REQUIRE_GPU();
+  for (DType dtype : {DType::kBf16, DType::kF16})
+    for (const auto& [d, dv] : {std::pair{192, 128}, std::pair{256, 256}}) {
+      const int hq = 8, hkv = 2;
+      const int64_t S = 37;
+      const DeviceTilePlan dplan(build_tile_plan({}, S, 0, hq / hkv));
+      std::mt19937_64 rng = treecp::testing::test_rng(5);
+      Tensor q = random_tensor(S * hq * d, rng, 1.0, dtype);
+      DeviceBuffer<uint16_t> dq_in(q.bits), o(S * hq * dv);
+      DeviceBuffer<float> lse(S * hq);
+      AttentionForwardParams fp = contiguous_forward(dtype, dq_in.ptr, nullptr, nullptr, o.ptr, lse.ptr, hq, hkv, d, 0.1);
+      fp.value_dim = static_cast<int16_t>(dv);
+      fp.v_row_stride = hkv * dv;
+      fp.o_row_stride = hq * dv;
+      fp.v_head_stride = fp.o_head_stride = dv;
+      for (Mainloop mainloop : {Mainloop::kDefault, Mainloop::kMmaSync, Mainloop::kWgmma}) {
+        const std::string what = std::string(dtype_name(dtype)) + " (" + std::to_string(d) + ", " + std::to_string(dv) +
+                                 ") mainloop " + std::to_string(static_cast<int>(mainloop));
+        o.poison();
+        lse.poison();
+        fp.mainloop = mainloop;
+        attention_forward(fp, dplan);
+        check_cuda(cudaDeviceSynchronize(), "forward without keys");
+        for (uint16_t bits : o.download()) ASSERT_EQ(elem_value(bits, dtype), 0.0) << what;
+        for (float l : lse.download()) ASSERT_TRUE(std::isinf(l) && l < 0) << what << ": lse " << l;
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, CudaAttentionDims,
+                         ::testing::Values(DimsConfig{8, 2, 192, 128, 0}, DimsConfig{4, 4, 192, 128, 37},
+                                           DimsConfig{6, 2, 192, 128, 100}, DimsConfig{16, 2, 192, 128, 0},
+                                           DimsConfig{8, 1, 192, 128, 5, DType::kF16},
+                                           DimsConfig{8, 2, 256, 256, 0}, DimsConfig{4, 4, 256, 256, 37},
+                                           DimsConfig{6, 2, 256, 256, 100}, DimsConfig{8, 2, 256, 256, 0, DType::kF16},
+                                           DimsConfig{4, 4, 64, 64, 0}, DimsConfig{8, 1, 64, 64, 37},
+                                           DimsConfig{6, 2, 64, 64, 100}, DimsConfig{32, 4, 64, 64, 0},
+                                           DimsConfig{8, 2, 64, 64, 0, DType::kF16}),
+                         [](const ::testing::TestParamInfo<DimsConfig>& i) {
+                           const DimsConfig& c = i.param;
+                           const std::string dims = c.d == 64 ? "WgmmaBwd64"
+                                                    : c.d == c.dv ? "Dim" + std::to_string(c.d)
+                                                                  : "Dim" + std::to_string(c.d) + "x" + std::to_string(c.dv);
+                           return dims + "_hq" + std::to_string(c.hq) + "_hkv" + std::to_string(c.hkv) + "_w" +
+                                  std::to_string(c.window) + (c.dtype == DType::kF16 ? "_fp16" : "");
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttention,
                          ::testing::Values(Config{4, 4, 64, 0}, Config{8, 2, 128, 0}, Config{8, 1, 64, 37},

@@ -40,7 +40,9 @@ struct Inputs {
   std::vector<float> sink;
 };
 
-Inputs make_inputs(uint64_t seed, int64_t S, int hq, int hkv, int d, cuda::DType dtype = cuda::DType::kBf16) {
+// v and dy have dv columns (0: d)
+Inputs make_inputs(uint64_t seed, int64_t S, int hq, int hkv, int d, cuda::DType dtype = cuda::DType::kBf16, int dv = 0) {
+  if (dv == 0) dv = d;
   std::mt19937_64 rng(seed);
   Inputs in;
   auto fill = [&](int64_t n, std::vector<uint16_t>& bits, std::vector<double>& val) {
@@ -50,8 +52,8 @@ Inputs make_inputs(uint64_t seed, int64_t S, int hq, int hkv, int d, cuda::DType
   };
   fill(S * hq * d, in.q, in.qd);
   fill(S * hkv * d, in.k, in.kd);
-  fill(S * hkv * d, in.v, in.vd);
-  fill(S * hq * d, in.dy, in.dyd);
+  fill(S * hkv * dv, in.v, in.vd);
+  fill(S * hq * dv, in.dy, in.dyd);
   for (int h = 0; h < hq; ++h) in.sink.push_back(static_cast<float>(std::uniform_real_distribution<>(-2, 2)(rng)));
   return in;
 }
@@ -79,23 +81,26 @@ struct Case {
   BackwardKv kv;
   bool stateless;
   cuda::DType dtype = cuda::DType::kBf16;
+  int dv = 0;  // columns of V and O; 0 = d
+  int value_dim() const { return dv == 0 ? d : dv; }
 };
 
 // Runs the case on `c.ranks` threads sharing device 0 and returns the full-row results.
 Result run_cp(const Case& c, const Row& row, const Inputs& in) {
   const int64_t S = row.tokens();
   const int64_t qw = int64_t{c.hq} * c.d, kw = int64_t{c.hkv} * c.d;
-  const AttentionShape shape{c.hq, c.hkv, c.d, c.d, c.window};
+  const int64_t ow = int64_t{c.hq} * c.value_dim(), vw = int64_t{c.hkv} * c.value_dim();  // O, dy; V, dV
+  const AttentionShape shape{c.hq, c.hkv, c.d, c.value_dim(), c.window};
   PlanOptions opt;
   opt.layout = c.layout;
   opt.chunk_tokens = std::max<int64_t>(16, S / 13);
   const Plan plan = make_plan(row, c.ranks, shape, CostModel{}, opt);
   Result r;
-  r.o.assign(static_cast<size_t>(S * qw), 0.0);
+  r.o.assign(static_cast<size_t>(S * ow), 0.0);
   r.lse.assign(static_cast<size_t>(S * c.hq), 0.0);
-  r.dq.assign(r.o.size(), 0.0);
+  r.dq.assign(static_cast<size_t>(S * qw), 0.0);
   r.dk.assign(static_cast<size_t>(S * kw), 0.0);
-  r.dv.assign(r.dk.size(), 0.0);
+  r.dv.assign(static_cast<size_t>(S * vw), 0.0);
   r.dsink.assign(static_cast<size_t>(c.hq), 0.0);
   auto comms = make_thread_communicators(c.ranks, cuda::test::device_thread_comm(static_cast<uint64_t>(S)));
   std::mutex lock;
@@ -116,12 +121,12 @@ Result run_cp(const Case& c, const Row& row, const Inputs& in) {
           be.upload(b, take_rows(full, w, owned));
           return b;
         };
-        const CudaBackend::Act q = up(in.q, qw), k = up(in.k, kw), v = up(in.v, kw), dy = up(in.dy, qw);
+        const CudaBackend::Act q = up(in.q, qw), k = up(in.k, kw), v = up(in.v, vw), dy = up(in.dy, ow);
         CudaBackend::Stat sink = be.alloc_stat(c.hq), dsink = be.alloc_stat(c.hq), lse = be.alloc_stat(rows * c.hq);
         be.upload(sink, in.sink);
         be.upload(dsink, std::vector<float>(static_cast<size_t>(c.hq), 0.f));
-        CudaBackend::Act y = be.alloc_act(rows * qw), o_pre = be.alloc_act(rows * qw);
-        CudaBackend::Grad dq = be.alloc_grad(rows * qw), dk = be.alloc_grad(rows * kw), dv = be.alloc_grad(rows * kw);
+        CudaBackend::Act y = be.alloc_act(rows * ow), o_pre = be.alloc_act(rows * ow);
+        CudaBackend::Grad dq = be.alloc_grad(rows * qw), dk = be.alloc_grad(rows * kw), dv = be.alloc_grad(rows * vw);
         cp.forward(q, k, v, c.sink ? &sink : nullptr, y, lse, c.stateless ? &o_pre : nullptr);
         if (c.stateless) {
           cp.backward(q, k, v, c.sink ? &sink : nullptr, c.sink ? o_pre : y, lse, dy, dq, dk, dv,
@@ -133,11 +138,11 @@ Result run_cp(const Case& c, const Row& row, const Inputs& in) {
         const auto lh = be.download(lse), dqh = be.download(dq), dkh = be.download(dk), dvh = be.download(dv),
                    dsh = be.download(dsink);
         std::lock_guard<std::mutex> g(lock);
-        put_rows<uint16_t>(r.o, yh, qw, owned, c.dtype == cuda::DType::kF16 ? hf : bf);
+        put_rows<uint16_t>(r.o, yh, ow, owned, c.dtype == cuda::DType::kF16 ? hf : bf);
         put_rows<float>(r.lse, lh, c.hq, owned, fl);
         put_rows<float>(r.dq, dqh, qw, owned, fl);
         put_rows<float>(r.dk, dkh, kw, owned, fl);
-        put_rows<float>(r.dv, dvh, kw, owned, fl);
+        put_rows<float>(r.dv, dvh, vw, owned, fl);
         for (int h = 0; h < c.hq; ++h) r.dsink[static_cast<size_t>(h)] += dsh[static_cast<size_t>(h)];
       } catch (...) {
         errors[static_cast<size_t>(rank)] = std::current_exception();
@@ -148,6 +153,55 @@ Result run_cp(const Case& c, const Row& row, const Inputs& in) {
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   return r;
+}
+
+// Each case at one rank and at its ranks against the CPU double reference (the bounds of this file's header).
+void expect_cases_match_reference(const std::vector<Case>& cases, uint64_t seed, int max_len = 300) {
+  for (const Case& c : cases) {
+    std::mt19937_64 rng(seed++);
+    const Row row = cuda::test::random_row(rng, 14, max_len);
+    const int64_t S = row.tokens();
+    const Inputs in = make_inputs(seed * 3, S, c.hq, c.hkv, c.d, c.dtype, c.value_dim());
+    const std::string what = std::string(layout_name(c.layout)) + " ranks " + std::to_string(c.ranks) + " S " +
+                             std::to_string(S) + " D " + std::to_string(c.d) + " Dv " + std::to_string(c.value_dim()) +
+                             " " + cuda::dtype_name(c.dtype);
+    SCOPED_TRACE(what);
+    const double u = c.dtype == cuda::DType::kF16 ? 0x1p-11 / 0x1p-8 : 1.0;  // fp16's unit roundoff over bf16's
+    AttentionInputs<double> prob;
+    prob.q = in.qd.data(), prob.k = in.kd.data(), prob.v = in.vd.data(), prob.dout = in.dyd.data();
+    const std::vector<double> sinkd(in.sink.begin(), in.sink.end());
+    prob.sink = c.sink ? sinkd.data() : nullptr;
+    const auto ref = attention_reference(row, AttentionShape{c.hq, c.hkv, c.d, c.value_dim(), c.window}, prob);
+    Case one = c;
+    one.ranks = 1;
+    const Result r1 = run_cp(one, row, in), rn = run_cp(c, row, in);
+    auto expect = [&](const char* name, const std::vector<double>& got1, const std::vector<double>& gotn,
+                      const std::vector<double>& oracle) {
+      ASSERT_EQ(got1.size(), oracle.size()) << name;
+      const double e1 = cuda::test::rel_error(got1, oracle), en = cuda::test::rel_error(gotn, oracle);
+      EXPECT_LT(e1, 1e-2 * u) << name << " one GPU, " << what;
+      EXPECT_LE(en, 2 * e1 + 2e-3 * u) << name << " CP vs one GPU " << e1 << ", " << what;
+    };
+    expect("O", r1.o, rn.o, ref.o);
+    expect("LSE", r1.lse, rn.lse, ref.lse);
+    expect("dQ", r1.dq, rn.dq, ref.dq);
+    expect("dK", r1.dk, rn.dk, ref.dk);
+    expect("dV", r1.dv, rn.dv, ref.dv);
+    if (c.sink) expect("dsink", r1.dsink, rn.dsink, ref.dsink);
+  }
+}
+
+// MLA's dense form (D 192, Dv 128) and (256, 256) through CudaBackend: K and V of different widths packed and fetched,
+// O, dO and dV with Dv columns, merged with the sink, at one and two ranks.
+TEST(CudaCP, Dim192x128AndDim256EqualTheDoubleReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Case> cases = {
+      {2, Layout::Zigzag, 8, 2, 192, 0, true, BackwardKv::Keep, false, cuda::DType::kBf16, 128},
+      {2, Layout::Contiguous, 6, 2, 192, 100, false, BackwardKv::Refetch, true, cuda::DType::kBf16, 128},
+      {2, Layout::Searched, 8, 1, 192, 0, true, BackwardKv::Keep, true, cuda::DType::kF16, 128},
+      {2, Layout::Perdoc, 8, 2, 256, 37, true, BackwardKv::Keep, false, cuda::DType::kBf16, 256},
+  };
+  expect_cases_match_reference(cases, 32000, 200);
 }
 
 TEST(CudaCP, EqualsTheDoubleReferenceAtOneToFourRanks) {

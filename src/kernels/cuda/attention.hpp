@@ -6,7 +6,7 @@
 // Contract (mirrors kernels/cpu): slices are in BUFFER coordinates: q rows index the Q buffer, k rows
 // the K/V buffer, so a stage (owned queries against a separate buffer of fetched KV rows) is the same
 // call. Layouts (element strides are int64 and free, the last dimension is contiguous):
-//   Q [q_rows, Hq, D]  K [kv_rows, Hkv, D]  V [kv_rows, Hkv, D]  O [q_rows, Hq, D]   bf16 or fp16 (`dtype`, one
+//   Q [q_rows, Hq, Dqk]  K [kv_rows, Hkv, Dqk]  V [kv_rows, Hkv, Dv]  O [q_rows, Hq, Dv]   bf16 or fp16 (`dtype`, one
 //   for all of them)
 //   LSE [q_rows, Hq] fp32, natural log of the softmax denominator over this call's keys.
 // A query row with no visible key gets LSE = -inf and O = 0. GQA: q head h reads kv head h / (Hq/Hkv).
@@ -177,10 +177,13 @@ struct AttentionForwardParams {
   int64_t lse_row_stride = 0, lse_head_stride = 0;
   int32_t hq = 0, hkv = 0, head_dim = 0;
   float scale = 0.f;  // softmax scale, typically 1/sqrt(D)
-  // Query rows per warp of the mma.sync forward main loop: 0 = the default (kFwdRowsPerWarp), 16 or 32
+  // Query rows per warp of the mma.sync forward main loop: 0 = the default (kFwdRowsPerWarp; 16 at Dv = 256), 16 or 32
   // (kept selectable so the benchmark can measure both; docs/kernels.md says which wins and why).
-  int16_t rows_per_warp = 0;
+  int8_t rows_per_warp = 0;
   DType dtype = DType::kBf16;  // of q, k, v and o
+  // Columns of V and O (Dv); 0 = head_dim. head_dim is Dqk (the columns of Q and K). The supported (Dqk, Dv) pairs
+  // are kAttentionDims. (Host-only, like rows_per_warp and dtype: it sits in their gap and no kernel reads it.)
+  int16_t value_dim = 0;
   using Mainloop = cuda::Mainloop;
   Mainloop mainloop = Mainloop::kDefault;
   // Optional device workspace of attention_forward_workspace_bytes() bytes. With it, the warp-specialised forward runs
@@ -208,9 +211,14 @@ struct AttentionBackwardParams {
   float* dsum = nullptr;  // [q_rows, Hq] contiguous fp32 workspace: rowsum(dO * O) (filled unless ready)
   bool dsum_ready = false;  // true: dsum already holds the value (e.g. from merge_sink_backward)
   DType dtype = DType::kBf16;  // of q, k, v, o and d_o
-  float* dq = nullptr;    // fp32 [q_rows, Hq, D], added into (atomics: many KV tiles per q row)
-  float* dk = nullptr;    // fp32 [kv_rows, Hkv, D], added into (each KV tile owned by one block)
-  float* dv = nullptr;
+  int16_t value_dim = 0;       // columns of V, O, dO and dV (Dv); 0 = head_dim (Dqk: Q, K, dQ, dK); kAttentionDims
+  // dv's strides (elements) where they differ from dk's (Dv != Dqk with contiguous rows): 0 = dk_row_stride /
+  // dk_head_stride. int32 and split over two gaps of the layout (here and after `mainloop`) so that the fields the
+  // existing kernels read keep their offsets.
+  int32_t dv_row_stride = 0;
+  float* dq = nullptr;    // fp32 [q_rows, Hq, Dqk], added into (atomics: many KV tiles per q row)
+  float* dk = nullptr;    // fp32 [kv_rows, Hkv, Dqk], added into (each KV tile owned by one block)
+  float* dv = nullptr;    // fp32 [kv_rows, Hkv, Dv], same strides as dk
   int64_t q_row_stride = 0, q_head_stride = 0;
   int64_t k_row_stride = 0, k_head_stride = 0;
   int64_t v_row_stride = 0, v_head_stride = 0;
@@ -221,8 +229,26 @@ struct AttentionBackwardParams {
   int32_t hq = 0, hkv = 0, head_dim = 0;
   float scale = 0.f;
   using Mainloop = cuda::Mainloop;
-  Mainloop mainloop = Mainloop::kDefault;  // kDefault: ws / wgmma at head dim 128, mma.sync at 64
+  Mainloop mainloop = Mainloop::kDefault;  // kDefault: ws / wgmma at head dim 128, mma.sync elsewhere
+  int32_t dv_head_stride = 0;  // see dv_row_stride; 0 = dk_head_stride
 };
+
+// The (Dqk, Dv) pairs the kernels are instantiated for: (64, 64), (128, 128), MLA's dense form (192, 128) and
+// (256, 256). Which main loop exists at each is in attention_dims_supported's comment and docs/kernels.md.
+struct AttentionDims {
+  int32_t qk, v;
+};
+inline constexpr AttentionDims kAttentionDims[] = {{64, 64}, {128, 128}, {192, 128}, {256, 256}};
+inline constexpr bool attention_dims_supported(int32_t qk, int32_t v) {
+  for (const AttentionDims& d : kAttentionDims)
+    if (d.qk == qk && d.v == v) return true;
+  return false;
+}
+// "(64, 64), (128, 128), (192, 128), (256, 256)": for refusals.
+const char* attention_dims_list();
+// Dv of a params struct: its value_dim, or head_dim where that is 0.
+inline int32_t value_dim_of(const AttentionForwardParams& p) { return p.value_dim != 0 ? p.value_dim : p.head_dim; }
+inline int32_t value_dim_of(const AttentionBackwardParams& p) { return p.value_dim != 0 ? p.value_dim : p.head_dim; }
 
 // Launch on `stream`; throw treecp::Error on bad arguments or a failed launch.
 void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& plan, cudaStream_t stream = nullptr);

@@ -102,4 +102,34 @@ __device__ __forceinline__ void bwd_store_dkdv(const BwdArgs& args, const float 
   }
 }
 
+// The same for Dqk != Dv: dK's D / 2 registers, then dV's DV / 2 (same layout, DV columns).
+template <int D, int DV>
+__device__ __forceinline__ void bwd_store_dkdv(const BwdArgs& args, const float (&dk)[D / 2], const float (&dv)[DV / 2],
+                                               int key_lo, int k_end, int kvh, int lane) {
+  const AttentionBackwardParams& p = args.p;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + 8 * h;
+    if (key >= k_end) continue;  // the next KV tile's row (or past kv_rows): another block owns it
+    float* dkp = p.dk + key * p.dk_row_stride + kvh * p.dk_head_stride + 2 * (lane % 4);
+    // the dispatch filled dv_row_stride / dv_head_stride in (attention_backward)
+    float* dvp = p.dv + static_cast<int64_t>(key) * p.dv_row_stride + static_cast<int64_t>(kvh) * p.dv_head_stride +
+                 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      float2 a = *reinterpret_cast<float2*>(dkp + j * 8);
+      a.x += dk[4 * j + 2 * h] * p.scale;
+      a.y += dk[4 * j + 2 * h + 1] * p.scale;
+      *reinterpret_cast<float2*>(dkp + j * 8) = a;
+    }
+#pragma unroll
+    for (int j = 0; j < DV / 8; ++j) {
+      float2 b = *reinterpret_cast<float2*>(dvp + j * 8);
+      b.x += dv[4 * j + 2 * h];
+      b.y += dv[4 * j + 2 * h + 1];
+      *reinterpret_cast<float2*>(dvp + j * 8) = b;
+    }
+  }
+}
+
 }  // namespace treecp::cuda::detail

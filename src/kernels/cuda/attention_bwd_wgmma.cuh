@@ -12,8 +12,10 @@
 //                    engine's bulk reductions, as FA3 does, measured 1-2% slower here: docs/benchmarks-gpu.md);
 //                    by default those adds are issued under the next step's S^T / dP^T (BwdOverlap below)
 // The accumulator layouts equal attention_bwd.cuh's per-warp fragments (warp w of the block holds keys
-// 16 w .. 16 w + 15), so visibility and the softmax gradient are the same code. Head dim 128 only
-// (the dQ split gives each warpgroup one 64-column panel); head dim 64 keeps the mma.sync kernel.
+// 16 w .. 16 w + 15), so visibility and the softmax gradient are the same code. Head dims 128 (the dQ split
+// gives each warpgroup one 64-column panel) and 64: there dQ has one panel, so each warpgroup computes dQ over
+// its own 64 keys for all 64 columns (bwd_issue_dq_own_keys) and both add theirs: twice the dQ reductions per
+// element of dQ that head dim 128 issues, the same number per step.
 #pragma once
 
 #include "kernels/cuda/attention_bwd_tile.cuh"
@@ -30,7 +32,9 @@ struct BwdWgmmaShape {
   static constexpr int kThreads = 256;  // two warpgroups x 64 keys
   // K, V; two stages of Q, dO (16-bit) and of dS^T (16-bit); two of LSE and Dsum (fp32); 1 KiB alignment
   static constexpr int kSmemBytes = (2 * kKeys * D + 4 * kRows * D + 2 * kKeys * kRows) * 2 + 4 * kRows * 4 + 1024;
-  static_assert(D == 128 && kRows == 64 && kKeys == 128, "wgmma backward: 128 keys x 64 rows, head dim 128");
+  static_assert((D == 64 || D == 128) && kRows == 64 && kKeys == 128, "wgmma backward: 128 keys x 64 rows, head dim 64 or 128");
+  // dQ columns of warpgroup wg start at wg * kDqCol: a 64-column panel each at D = 128, all 64 at D = 64
+  static constexpr int kDqCol = D == 128 ? 64 : 0;
 };
 
 // How much of a query step overlaps the next one (each level includes the one before):
@@ -118,7 +122,8 @@ __device__ __forceinline__ void bwd_softmax_grad(const BwdArgs& args, const Tile
 // fp32 dQ with red.global.add.v2.f32 for the query tile at token t0 (none when t0 < 0). Predicated, branch-free:
 // it runs while the next step's S^T / dP^T GEMMs are in flight. kAdd = false keeps only the adds of the value
 // 1234.5, i.e. none in practice: the timing-only variant without dQ reductions.
-template <bool kAdd = true>
+// kDqCol: the first column of warpgroup wg's dQ is wg * kDqCol (64: a panel each; 0: both add all columns).
+template <bool kAdd = true, int kDqCol = 64>
 __device__ __forceinline__ void bwd_red_add_dq(const BwdArgs& args, float* dq, const float (&pend)[32], int t0, int G,
                                                int valid_rows, int kvh, int warp, int wg, int lane) {
   const AttentionBackwardParams& p = args.p;
@@ -127,7 +132,7 @@ __device__ __forceinline__ void bwd_red_add_dq(const BwdArgs& args, float* dq, c
     const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
     const int t = t0 + r / G;
     const bool ok = t0 >= 0 && r < valid_rows && t < args.q_rows;
-    float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
+    float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * kDqCol + 2 * (lane % 4);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       red_add_f32x2_if(ok && (kAdd || pend[4 * j + 2 * h] == 1234.5f), dst + j * 8, pend[4 * j + 2 * h],
@@ -158,6 +163,20 @@ __device__ __forceinline__ void bwd_issue_dq(float (&acc)[32], uint32_t dss16, u
     wgmma_ss_m64n64k16<true, true, E>(acc, wgmma_desc16<BN * 128, 1024>(dss16 + kk * 16 * 128 / 16),
                                    wgmma_desc16<BN * 128, 1024>(k16 + wg * BN * 128 / 16 + kk * 16 * 128 / 16),
                                    kAccFirst || kk > 0);
+  wgmma_commit();
+}
+
+// dQ = dS K at head dim 64 over warpgroup wg's own keys 64 wg .. +64 only, all 64 columns (K has one panel): the
+// partial sums of both warpgroups are added into dQ. k16 step kk = keys 64 wg + 16 kk .. +16; one group.
+template <int BN, bool kAccFirst, DType E = DType::kBf16>
+__device__ __forceinline__ void bwd_issue_dq_own_keys(float (&acc)[32], uint32_t dss16, uint32_t k16, int wg) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 32; ++kk) {
+    const uint32_t key16 = (wg * (BN / 2) + kk * 16) * 128 / 16;
+    wgmma_ss_m64n64k16<true, true, E>(acc, wgmma_desc16<BN * 128, 1024>(dss16 + key16),
+                                   wgmma_desc16<BN * 128, 1024>(k16 + key16), kAccFirst || kk > 0);
+  }
   wgmma_commit();
 }
 
@@ -261,14 +280,14 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
   float pend[32];
   auto add_dq = [&](int t0) {
     if constexpr (kOverlap == BwdOverlap::kDkvDq) {
-      bwd_red_add_dq<kAddDq>(args, dq, pend, t0, G, valid_rows, kvh, warp, wg, lane);
+      bwd_red_add_dq<kAddDq, S::kDqCol>(args, dq, pend, t0, G, valid_rows, kvh, warp, wg, lane);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = (warp % 4) * 16 + lane / 4 + 8 * h;
         const int t = t0 + r / G;
         if (r >= valid_rows || t >= args.q_rows) continue;
-        float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * 64 + 2 * (lane % 4);
+        float* dst = dq + t * p.dq_row_stride + (kvh * G + r % G) * p.dq_head_stride + wg * S::kDqCol + 2 * (lane % 4);
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           if constexpr (kAddDq) red_add_f32x2(dst + j * 8, acc[4 * j + 2 * h] * p.scale, acc[4 * j + 2 * h + 1] * p.scale);
@@ -336,7 +355,8 @@ __global__ void __launch_bounds__(BwdWgmmaShape<D>::kThreads, 1) attention_bwd_w
 #pragma unroll
       for (int i = 0; i < 32; ++i) acc[i] = 0.f;
     }
-    bwd_issue_dq<BN, kAccZero, E>(acc, ds16 + stage * kDsStage16, k16, wg);
+    if constexpr (D == 128) bwd_issue_dq<BN, kAccZero, E>(acc, ds16 + stage * kDsStage16, k16, wg);
+    else bwd_issue_dq_own_keys<BN, kAccZero, E>(acc, ds16 + stage * kDsStage16, k16, wg);
     wgmma_wait<0>();  // dQ (and, past kNone, dV / dK: groups retire in order)
     wgmma_fence_operands(acc);
     if constexpr (kOverlap != BwdOverlap::kNone) {

@@ -12,30 +12,34 @@
 
 namespace treecp::cuda::detail {
 
-// M = row fragments of 16 per warp. M = 1: 8 warps x 16 rows, Q fragments kept in registers.
+// M = row fragments of 16 per warp. M = 1: 8 warps x 16 rows, Q fragments kept in registers (up to Dqk = 128; past
+// it Q is re-read from shared memory, as at M = 2, to stay under 255 registers).
 // M = 2: 4 warps x 32 rows, each K/V fragment read from shared memory feeds two MMAs (half the
 // shared-memory traffic per FLOP), Q re-read from shared memory to stay under 255 registers, and two
 // blocks per SM instead of one.
-template <int D, int M>
+// D is Dqk (the columns of Q and K), DV the columns of V and O (attention.hpp's kAttentionDims).
+template <int D, int M, int DV = D>
 struct FwdShape {
   static constexpr int kRows = kFwdBlockRows;
   static constexpr int kKeys = kFwdBlockKeys;
   static constexpr int kWarps = kRows / (16 * M);
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlocksPerSm = M == 1 ? 1 : 2;
-  static constexpr int kSmemBytes = (kRows + 4 * kKeys) * D * 2;  // Q + two stages of K and V
+  static constexpr int kSmemBytes = ((kRows + 2 * kKeys) * D + 2 * kKeys * DV) * 2;  // Q + two stages of K and V
+  static constexpr bool kQInRegisters = M == 1 && D <= 128;
+  static_assert(kSmemBytes <= 227 * 1024, "mma.sync forward: Q and two K/V stages must fit 227 KiB");
 };
 
-template <int D, int M, DType E = DType::kBf16>
-__global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlocksPerSm)
+template <int D, int M, DType E = DType::kBf16, int DV = D>
+__global__ void __launch_bounds__(FwdShape<D, M, DV>::kThreads, FwdShape<D, M, DV>::kBlocksPerSm)
     attention_fwd_kernel(const FwdArgs args) {
-  using S = FwdShape<D, M>;
+  using S = FwdShape<D, M, DV>;
   using T = elem_t<E>;
   constexpr int BM = S::kRows, BN = S::kKeys;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + BM * D;
-  T* sV = sK + 2 * BN * D;
+  T* sV = sK + 2 * BN * D;  // [2][BN][DV]
 
   const AttentionForwardParams& p = args.p;
   const auto& L = args.lists;
@@ -64,7 +68,7 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
     load_tile_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const T* {
       return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
     });
-    load_tile_async<D, S::kThreads>(sV + stage * BN * D, BN, v, [&](int r) -> const T* {
+    load_tile_async<DV, S::kThreads>(sV + stage * BN * DV, BN, v, [&](int r) -> const T* {
       return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
     });
   };
@@ -80,15 +84,15 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
       row[f][h] = warp * 16 * M + 16 * f + lane / 4 + 8 * h;
       tok[f][h] = t0 + row[f][h] / G;
     }
-  float o[M][D / 8][4];
+  float o[M][DV / 8][4];
 #pragma unroll
   for (int f = 0; f < M; ++f)
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j) o[f][j][0] = o[f][j][1] = o[f][j][2] = o[f][j][3] = 0.f;
+    for (int j = 0; j < DV / 8; ++j) o[f][j][0] = o[f][j][1] = o[f][j][2] = o[f][j][3] = 0.f;
   float m[M][2], l[M][2];
 #pragma unroll
   for (int f = 0; f < M; ++f) m[f][0] = m[f][1] = -INFINITY, l[f][0] = l[f][1] = 0.f;
-  constexpr int kQRegs = M == 1 ? D / 16 : 1;  // M = 1 keeps Q in registers
+  constexpr int kQRegs = S::kQInRegisters ? D / 16 : 1;  // M = 1 keeps Q in registers (up to Dqk = 128)
   uint32_t qf[kQRegs][4];
   const float sl2 = p.scale * kLog2e;  // softmax in base 2: exp(x * scale) = exp2(x * scale * log2 e)
 
@@ -98,7 +102,7 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    if constexpr (M == 1) {
+    if constexpr (S::kQInRegisters) {
       if (first) {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
@@ -106,7 +110,7 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
       }
     }
     const T* k_s = sK + stage * BN * D;
-    const T* v_s = sV + stage * BN * D;
+    const T* v_s = sV + stage * BN * DV;
 
     // S = Q K^T for this warp's 16 M rows x BN keys
     float s[M][BN / 8][4];
@@ -117,7 +121,7 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[M][4];
-      if constexpr (M == 1) {
+      if constexpr (S::kQInRegisters) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) a[0][c] = qf[kk][c];
       } else {
@@ -185,7 +189,7 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < D / 8; ++j) {
+          for (int j = 0; j < DV / 8; ++j) {
             o[f][j][2 * h] *= corrs[f][h];
             o[f][j][2 * h + 1] *= corrs[f][h];
           }
@@ -203,9 +207,9 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
         a[f][3] = pack2<E>(s[f][2 * kk + 1][2], s[f][2 * kk + 1][3]);
       }
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
+      for (int dp = 0; dp < DV / 16; ++dp) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, smem_addr(v_s + swz<D>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, dp * 16 + (lane / 16) * 8)));
+        ldmatrix_x4_trans(b, smem_addr(v_s + swz<DV>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8, dp * 16 + (lane / 16) * 8)));
 #pragma unroll
         for (int f = 0; f < M; ++f) {
           mma_m16n8k16<E>(o[f][2 * dp], a[f], b[0], b[1]);
@@ -231,7 +235,7 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
       const int head = kvh * G + row[f][h] % G;
       T* dst = out + tok[f][h] * p.o_row_stride + head * p.o_head_stride + 2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j)
+      for (int j = 0; j < DV / 8; ++j)
         *reinterpret_cast<uint32_t*>(dst + j * 8) = pack2<E>(o[f][j][2 * h] * inv, o[f][j][2 * h + 1] * inv);
       // natural-log LSE = max * ln 2 + ln(sum) with max kept in base-2 units
       if (lane % 4 == 0)
@@ -239,14 +243,15 @@ __global__ void __launch_bounds__(FwdShape<D, M>::kThreads, FwdShape<D, M>::kBlo
     }
 }
 
-template <int D, int M, DType E = DType::kBf16>
+template <int D, int M, DType E = DType::kBf16, int DV = D>
 void launch_fwd(const FwdArgs& a, cudaStream_t stream) {
-  using S = FwdShape<D, M>;
+  using S = FwdShape<D, M, DV>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  check_cuda(cudaFuncSetAttribute(attention_fwd_kernel<D, M, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
+  check_cuda(cudaFuncSetAttribute(attention_fwd_kernel<D, M, E, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  S::kSmemBytes),
              "attention_forward: shared memory limit");
-  attention_fwd_kernel<D, M, E><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
+  attention_fwd_kernel<D, M, E, DV><<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
   check_cuda(cudaGetLastError(), "attention_forward: launch");
 }
 

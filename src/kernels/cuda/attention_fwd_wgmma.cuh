@@ -19,16 +19,21 @@
 
 namespace treecp::cuda::detail {
 
-template <int D>
+// D is Dqk (Q, K), DV the columns of V and O (attention.hpp's kAttentionDims).
+template <int D, int DV = D>
 struct FwdWgmmaShape {
   static constexpr int kRows = kFwdBlockRows;
   static constexpr int kKeys = kFwdBlockKeys;
   static constexpr int kWarpgroups = kRows / 64;
   static constexpr int kThreads = kWarpgroups * 128;
-  static constexpr int kBlocksPerSm = 2;  // 2 x (Q + two K/V stages) = 2 x 96 KiB at D = 128
+  // 2 x (Q + two K/V stages) = 2 x 96 KiB at D = 128; one block at (192, 128) (129 KiB) and (256, 256) (193 KiB),
+  // whose 255 registers a thread then also hold O's DV / 2 fp32
+  static constexpr int kBlocksPerSm = D <= 128 && DV <= 128 ? 2 : 1;
   // Q + two stages of K and V, plus 1 KiB to align the panels to 1024 bytes (the swizzle atom)
-  static constexpr int kSmemBytes = (kRows + 4 * kKeys) * D * 2 + 1024;
+  static constexpr int kSmemBytes = ((kRows + 2 * kKeys) * D + 2 * kKeys * DV) * 2 + 1024;
   static_assert(kRows % 64 == 0 && kKeys == 64, "wgmma forward: 64-row warpgroups, S of 64 keys (m64n64)");
+  static_assert(kSmemBytes * kBlocksPerSm <= 227 * 1024, "wgmma forward: shared memory per SM");
+  static_assert(D % 64 == 0 && (DV == 64 || DV == 128 || DV == 256), "wgmma forward: whole panels, O of N = 64 .. 256");
 };
 
 // Block barriers per 64-key tile:
@@ -211,11 +216,23 @@ __device__ __forceinline__ void fwd_rescale_o(float (&o)[D / 2], bool rescale, c
 
 // Issues O += P V for one tile: k16 step kk takes keys 16 kk .. +16 of the V stage at vs16 (its start
 // address >> 4); the caller fences before and commits / waits after.
+// At D = 256 (the columns of V and O) two m64n128k16 per k step, on V's panels 0-1 and 2-3 and O's registers
+// 0 .. 63 and 64 .. 127 (columns 0 .. 127 and 128 .. 255 in the accumulator layout).
 template <int D, int BN, DType E = DType::kBf16>
 __device__ __forceinline__ void fwd_issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BN / 16][4], uint32_t vs16) {
+  if constexpr (D == 256) {
+    auto& lo = reinterpret_cast<float (&)[64]>(o[0]);
+    auto& hi = reinterpret_cast<float (&)[64]>(o[64]);
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk)
-    wgmma_rs_trans_b<D, E>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      wgmma_rs_m64n128k16<true, E>(lo, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
+      wgmma_rs_m64n128k16<true, E>(hi, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + (2 * BN * 128 + kk * 16 * 128) / 16));
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_rs_trans_b<D, E>(o, pa[kk], wgmma_desc16<BN * 128, 1024>(vs16 + kk * 16 * 128 / 16));
+  }
 }
 
 // O += P V issued and waited for: O and P are the thread's again once it returns.
@@ -319,16 +336,16 @@ __device__ __forceinline__ void fwd_stage_o_lse(const FwdArgs& args, const float
   }
 }
 
-template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads, DType E = DType::kBf16>
-__global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::kBlocksPerSm)
+template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads, DType E = DType::kBf16, int DV = D>
+__global__ void __launch_bounds__(FwdWgmmaShape<D, DV>::kThreads, FwdWgmmaShape<D, DV>::kBlocksPerSm)
     attention_fwd_wgmma_kernel(const FwdArgs args) {
-  using S = FwdWgmmaShape<D>;
+  using S = FwdWgmmaShape<D, DV>;
   using T = elem_t<E>;
   constexpr bool kOne = kBarriers == FwdBarriers::kOne;
   constexpr int BM = S::kRows, BN = S::kKeys;
   T* sQ = reinterpret_cast<T*>(dynamic_smem_1024());
   T* sK = sQ + BM * D;        // [2][BN x D panels]
-  T* sV = sK + 2 * BN * D;    // [2][BN x D panels]
+  T* sV = sK + 2 * BN * D;    // [2][BN x DV panels]
 
   const AttentionForwardParams& p = args.p;
   const auto& L = args.lists;
@@ -352,15 +369,17 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
   const int e_end = L.offsets[tile + 1];
   prefetch_entries_l1(L.entries, L.offsets[tile], e_end);
   RunCursor cur = RunCursor::first(L.entries, L.offsets[tile], e_end);
-  // kPerThread: this thread's chunk, first row and shared offset (element units) in every K/V tile
+  // kPerThread: this thread's chunk, first row and shared offset (element units) in every K/V tile. Only where K and
+  // V rows have the same width and a whole number of rows per step (not at (192, 128): those take kGeneric).
   constexpr int kChunks = D / 8, kRowStep = S::kThreads / kChunks, kLoadIters = BN / kRowStep;
-  static_assert(S::kThreads % kChunks == 0 && BN % kRowStep == 0 && kRowStep % 8 == 0,
+  constexpr bool kPerThreadLoads = kLoads == FwdLoads::kPerThread && D == DV && S::kThreads % kChunks == 0;
+  static_assert(!kPerThreadLoads || (S::kThreads % kChunks == 0 && BN % kRowStep == 0 && kRowStep % 8 == 0),
                 "kPerThread loads: whole rows per step, row step a multiple of the 8-row swizzle period");
   const int ld_row = threadIdx.x / kChunks, ld_chunk = threadIdx.x % kChunks;
   const uint32_t ld_smem = swz_panel(ld_row, ld_chunk * 8, BN);  // + j * kRowStep * 64 for row ld_row + j * kRowStep
   auto load_kv = [&](int kt, int stage) {
     const int k0 = L.minor_start[kt];  // BN rows from the tile's start, whatever its length
-    if constexpr (kLoads == FwdLoads::kPerThread) {
+    if constexpr (kPerThreadLoads) {
       const int r0 = k0 + ld_row;
       const T* ks = k + static_cast<int64_t>(r0) * p.k_row_stride + kvh * p.k_head_stride + ld_chunk * 8;
       const T* vs = v + static_cast<int64_t>(r0) * p.v_row_stride + kvh * p.v_head_stride + ld_chunk * 8;
@@ -376,7 +395,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
       load_panel_async<D, S::kThreads>(sK + stage * BN * D, BN, k, [&](int r) -> const T* {
         return k0 + r < args.kv_rows ? k + (k0 + r) * p.k_row_stride + kvh * p.k_head_stride : nullptr;
       });
-      load_panel_async<D, S::kThreads>(sV + stage * BN * D, BN, v, [&](int r) -> const T* {
+      load_panel_async<DV, S::kThreads>(sV + stage * BN * DV, BN, v, [&](int r) -> const T* {
         return k0 + r < args.kv_rows ? v + (k0 + r) * p.v_row_stride + kvh * p.v_head_stride : nullptr;
       });
     }
@@ -391,15 +410,16 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
     row[h] = warp * 16 + lane / 4 + 8 * h;
     tok[h] = t0 + row[h] / G;
   }
-  float o[D / 2];  // register 4 j + c: (row h = c / 2, column 8 j + 2 (lane % 4) + c % 2)
+  float o[DV / 2];  // register 4 j + c: (row h = c / 2, column 8 j + 2 (lane % 4) + c % 2)
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const float sl2 = p.scale * kLog2e;  // softmax in base 2: exp(x * scale) = exp2(x * scale * log2 e)
   // descriptor start addresses (bytes >> 4): this warpgroup's 64 rows of Q's panel 0; K and V stage 0
   const uint32_t q16 = (smem_addr(sQ) + wg * 64 * 128) >> 4;
   const uint32_t k16 = smem_addr(sK) >> 4, v16 = smem_addr(sV) >> 4;
-  constexpr uint32_t kStage16 = BN * D * 2 / 16;  // one K (or V) stage
+  constexpr uint32_t kStage16 = BN * D * 2 / 16;    // one K stage
+  constexpr uint32_t kVStage16 = BN * DV * 2 / 16;  // one V stage
 
   for (int stage = 0; cur.entry < e_end; stage ^= 1) {
     const RunCursor next = cur.next(L.entries, e_end);
@@ -416,7 +436,7 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
       if (next.entry < e_end) load_kv(next.tile, stage ^ 1);
       cp_async_commit();
     }
-    const uint32_t ks16 = k16 + stage * kStage16, vs16 = v16 + stage * kStage16;
+    const uint32_t ks16 = k16 + stage * kStage16, vs16 = v16 + stage * kVStage16;
 
     // S = Q K^T for the warpgroup's 64 rows x BN keys; step kk covers head-dim columns 16 kk .. +16
     float s[BN / 2];
@@ -438,24 +458,24 @@ __global__ void __launch_bounds__(FwdWgmmaShape<D>::kThreads, FwdWgmmaShape<D>::
 
     float corrs[2];
     const bool rescale = fwd_tile_softmax<BN>(s, args, cur, lane, tok, m, l, sl2, corrs);
-    fwd_rescale_o<D>(o, rescale, corrs);
+    fwd_rescale_o<DV>(o, rescale, corrs);
     uint32_t pa[BN / 16][4];
     fwd_pack_p<BN, E>(s, pa);
-    fwd_pv_waited<D, BN, E>(o, pa, vs16);
+    fwd_pv_waited<DV, BN, E>(o, pa, vs16);
     if constexpr (!kOne) __syncthreads();  // the next iteration's prefetch overwrites this stage
     cur = next;
   }
   cp_async_wait<0>();
 
-  fwd_store_o_lse<D, E>(args, o, m, l, row, tok, kvh, lane);
+  fwd_store_o_lse<DV, E>(args, o, m, l, row, tok, kvh, lane);
 }
 
-template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads, DType E = DType::kBf16>
+template <int D, FwdBarriers kBarriers = kFwdBarriers, FwdLoads kLoads = kFwdLoads, DType E = DType::kBf16, int DV = D>
 void launch_fwd_wgmma(const FwdArgs& a, cudaStream_t stream) {
-  using S = FwdWgmmaShape<D>;
+  using S = FwdWgmmaShape<D, DV>;
   const int64_t blocks = static_cast<int64_t>(a.lists.num_major) * a.p.hkv;
   if (blocks == 0) return;
-  auto* kernel = attention_fwd_wgmma_kernel<D, kBarriers, kLoads, E>;
+  auto* kernel = attention_fwd_wgmma_kernel<D, kBarriers, kLoads, E, DV>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes),
              "attention_forward: shared memory limit");
   kernel<<<static_cast<unsigned>(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);

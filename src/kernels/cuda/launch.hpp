@@ -25,10 +25,17 @@ struct BwdArgs {
 // Each launcher takes the instantiation of the params' dtype (bf16 or fp16).
 void launch_fwd_d64(const FwdArgs& a, int rows_per_warp, cudaStream_t stream);
 void launch_fwd_d128(const FwdArgs& a, int rows_per_warp, cudaStream_t stream);
+void launch_fwd_d192(const FwdArgs& a, int rows_per_warp, cudaStream_t stream);  // (Dqk, Dv) = (192, 128)
+void launch_fwd_d256(const FwdArgs& a, cudaStream_t stream);                     // (256, 256), 16 rows per warp
 void launch_fwd_wgmma_d64(const FwdArgs& a, cudaStream_t stream);
 void launch_fwd_wgmma_d128(const FwdArgs& a, cudaStream_t stream);
+void launch_fwd_wgmma_d192(const FwdArgs& a, cudaStream_t stream);  // (Dqk, Dv) = (192, 128)
+void launch_fwd_wgmma_d256(const FwdArgs& a, cudaStream_t stream);  // (256, 256)
 void launch_bwd_d64(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_d128(const BwdArgs& a, cudaStream_t stream);
+void launch_bwd_d192(const BwdArgs& a, cudaStream_t stream);  // (Dqk, Dv) = (192, 128)
+void launch_bwd_d256(const BwdArgs& a, cudaStream_t stream);  // (256, 256)
+void launch_bwd_wgmma_d64(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_wgmma_d128(const BwdArgs& a, cudaStream_t stream);
 void launch_bwd_wgmma_d128_f16(const BwdArgs& a, cudaStream_t stream);  // its fp16 instantiation (a unit of its own)
 void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream);

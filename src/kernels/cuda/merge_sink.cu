@@ -364,11 +364,15 @@ namespace detail {
 void launch_bwd_dsum(const BwdArgs& a, cudaStream_t stream) {
   const int64_t pairs = static_cast<int64_t>(a.q_rows) * a.p.hq;
   if (pairs == 0) return;
-  const int64_t threads = pairs * (a.p.head_dim / 8);
+  const int dv = value_dim_of(a.p);  // O and dO have Dv columns
+  require(dv == 64 || dv == 128 || dv == 256, "attention_backward: the Dsum kernel takes Dv 64, 128 or 256, got ", dv);
+  const int64_t threads = pairs * (dv / 8);
   with_dtype(a.p.dtype, [&](auto e) {
     constexpr DType E = decltype(e)::value;
-    if (a.p.head_dim == 64) dsum_kernel<64, E><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(a);
-    else dsum_kernel<128, E><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(a);
+    const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+    if (dv == 64) dsum_kernel<64, E><<<blocks, 256, 0, stream>>>(a);
+    else if (dv == 128) dsum_kernel<128, E><<<blocks, 256, 0, stream>>>(a);
+    else dsum_kernel<256, E><<<blocks, 256, 0, stream>>>(a);
   });
   check_cuda(cudaGetLastError(), "attention_backward: dsum launch");
 }
