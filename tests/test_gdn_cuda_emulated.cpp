@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <thread>
+#include <tuple>
 
 #include "common/gdn_cuda.hpp"
 #include "kernels/cpu/conv1d.hpp"
@@ -271,6 +272,64 @@ TEST(GdnCudaEmulatedLaunch, SplitForward) {
   b.tensor_cores = true;
   dev.x.threads = 256;
   check_forward(dev, b, /*y_f32=*/true);
+}
+
+// The FLA-like split forward (GdnCudaParams::fla_split: compact prep, the scan's state in mma fragments, the
+// chunk-parallel output; every product bf16) against the double recurrence within the bf16 model's bounds, at the
+// GPU's 256 threads (its bodies assume 8 warps): ragged runs from initial states (chunks of 37 and 6 rows, an empty
+// run), dk and dv 64 and 128 in each pairing, 16, 32 and 64 state columns, y bf16 and fp32, the final states; a
+// long run of 1,000 tokens; and the summary on the same parameters (which runs the classic kernels in the same
+// workspace).
+TEST(GdnCudaEmulatedLaunch, FlaSplitForward) {
+  EmulatedDev dev;
+  dev.x.threads = detail::kGdnThreads;
+  uint64_t seed = 60;
+  for (const auto& [dk, dv, cols] : {std::tuple{64, 64, 0}, std::tuple{128, 128, 16}, std::tuple{64, 128, 64},
+                                    std::tuple{128, 64, 32}}) {
+    Case c(ragged_tokens(1), 2, dk, dv, GdnGate::Scalar, ragged_runs(1), 4, ++seed);
+    c.precision = GdnPrecision::bf16_tensor_scans;
+    c.fla_split = true;
+    c.scan_columns = cols;
+    check_forward(dev, c, /*y_f32=*/cols % 32 == 0);
+    if (dk == 64 && dv == 64) check_summary(dev, c);
+  }
+  Case l(1000, 1, 128, 128, GdnGate::Scalar, {{0, 1000, 0, 0}}, 1, ++seed);
+  l.precision = GdnPrecision::bf16_tensor_scans;
+  l.fla_split = true;
+  check_forward(dev, l, /*y_f32=*/false);
+}
+
+// The split's refusals, each naming what is wrong.
+TEST(GdnCudaEmulatedChecks, FlaSplitRefusesWhatItDoesNotTake) {
+  GdnCudaParams p;
+  p.tokens = 10; p.heads = 1; p.dk = 128; p.dv = 128; p.fla_split = true;
+  p.precision = GdnPrecision::bf16_tensor_scans;
+  const std::vector<GdnCudaRun> runs = {{0, 10}};
+  auto message = [&] {
+    try {
+      detail::gdn_check(p, runs, false);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message(), "");
+  p.scan_columns = 64;
+  EXPECT_EQ(message(), "");
+  p.gate = GdnGate::PerChannel;
+  EXPECT_NE(message().find("scalar gate"), std::string::npos);
+  p.gate = GdnGate::Scalar;
+  p.dk = 96;
+  EXPECT_NE(message().find("dk and dv of 64 or 128"), std::string::npos);
+  p.dk = 128;
+  p.precision = GdnPrecision::bf16_tensor;
+  EXPECT_NE(message().find("bf16_tensor_scans"), std::string::npos);
+  p.precision = GdnPrecision::bf16_tensor_scans;
+  p.split_forward = true;
+  EXPECT_NE(message().find("split_forward"), std::string::npos);
+  p.split_forward = false;
+  p.fla_split = false;
+  EXPECT_NE(message().find("scan_columns"), std::string::npos);  // 64 columns only with the split
 }
 
 // fp16 activations (check_fp16: both gates, ragged and odd shapes, forward, backward, summary, 3xTF32, the split

@@ -9,7 +9,10 @@
 // FLOPs (gdn_chunk_flops): the chunked form's useful multiply-adds x 2 per (chunk of c tokens, head):
 //   P and C (lower triangles) 2 c^2 dk, the triangular solve for U and W c^2 (dk + dv), D = U - W S, Qst S and
 //   Rᵀ D 6 c dk dv, C D c^2 dv; the backward counted as twice the forward (forward+backward = 3x).
-// Usage: bench_gdn_cuda [--tokens T] [--docs N] [--heads H] [--dim D] [--reps R]
+// --fla 1 adds the FLA-like split forward (GdnCudaParams::fla_split, scalar gate only: bf16 products throughout, the
+// scan's state in mma fragments) at 32, 64 and 16 columns; --fla only runs that path alone (the GDN rows only). Its
+// per-kernel rows are "gdn fla prep", "gdn fla scan" and "gdn fla output"; its backward is bf16_tensor_scans'.
+// Usage: bench_gdn_cuda [--tokens T] [--docs N] [--heads H] [--dim D] [--reps R] [--fla 0|1|only]
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -102,6 +105,7 @@ struct TimedExec {
 int main(int argc, char** argv) {
   int64_t T = 40960;
   int docs = 1, H = 32, D = 128, reps = 10;
+  std::string fla = "0";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--tokens") T = std::stoll(argv[i + 1]);
@@ -109,6 +113,7 @@ int main(int argc, char** argv) {
     else if (a == "--heads") H = std::stoi(argv[i + 1]);
     else if (a == "--dim") D = std::stoi(argv[i + 1]);
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
+    else if (a == "--fla") fla = argv[i + 1];
     else {
       std::fprintf(stderr, "bench_gdn_cuda: unknown option %s\n", a.c_str());
       return 2;
@@ -116,6 +121,7 @@ int main(int argc, char** argv) {
   }
   try {
     require(T >= 128 && docs >= 1 && docs <= T && H >= 2 && reps >= 1, "bench_gdn_cuda: bad sizes");
+    require(fla == "0" || fla == "1" || fla == "only", "bench_gdn_cuda: --fla takes 0, 1 or only, got ", fla);
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "device properties");
     std::vector<GdnCudaRun> runs;
@@ -127,6 +133,7 @@ int main(int argc, char** argv) {
     std::printf("|---|---|---|---|---|---|---|---|\n");
     std::vector<std::pair<std::string, std::map<std::string, double>>> breakdowns;
     for (const GdnGate gate : {GdnGate::Scalar, GdnGate::PerChannel}) {
+      if (fla == "only" && gate != GdnGate::Scalar) continue;
       const int64_t nqk = T * H * D, ng = gate == GdnGate::Scalar ? T * H : T * H * D;
       GdnCudaParams p;
       p.tokens = T; p.heads = H; p.dk = D; p.dv = D; p.gate = gate;
@@ -197,22 +204,27 @@ int main(int argc, char** argv) {
         GdnPrecision precision;
         bool split;
         const char* label;
+        bool fla = false;
       };
       constexpr GdnPrecision f32 = GdnPrecision::fp32, b16 = GdnPrecision::bf16_tensor,
                              b16s = GdnPrecision::bf16_tensor_scans;
-      const Path paths[6] = {{false, f32, false, "fp32 FMA"},
-                             {true, f32, false, "3xTF32 mma"},
-                             {false, b16, false, "bf16 mma prep+grads"},
-                             {false, f32, true, "fp32 FMA, split forward"},
-                             {false, b16, true, "bf16 mma prep+grads, split fwd"},
-                             {false, b16s, true, "bf16 mma all, split fwd"}};
+      std::vector<Path> paths;
+      if (fla != "only")
+        paths = {{false, f32, false, "fp32 FMA"},
+                 {true, f32, false, "3xTF32 mma"},
+                 {false, b16, false, "bf16 mma prep+grads"},
+                 {false, f32, true, "fp32 FMA, split forward"},
+                 {false, b16, true, "bf16 mma prep+grads, split fwd"},
+                 {false, b16s, true, "bf16 mma all, split fwd"}};
+      if (fla != "0" && gate == GdnGate::Scalar) paths.push_back({false, b16s, false, "bf16 mma all, FLA split fwd", true});
       auto set_path = [&](const Path& x) {
         p.tensor_cores = x.tensor;
         p.precision = x.precision;
         p.split_forward = x.split;
+        p.fla_split = x.fla;
       };
       for (const Path& path : paths)
-        for (const int cols : {32, 16}) {
+        for (const int cols : path.fla ? std::vector<int>{32, 64, 16} : std::vector<int>{32, 16}) {
           p.scan_columns = cols;
           set_path(path);
           const double err = check_y();

@@ -97,6 +97,7 @@ struct Case {
   bool tensor_cores = false;                  // GdnCudaParams::tensor_cores
   GdnPrecision precision = GdnPrecision::fp32;  // GdnCudaParams::precision
   bool split_forward = false;                   // GdnCudaParams::split_forward
+  bool fla_split = false;                       // GdnCudaParams::fla_split (with precision bf16_tensor_scans)
   DType dtype = DType::kBf16;                   // GdnCudaParams::dtype: the inputs' (and 16-bit y's) type
   bool bf16() const { return precision != GdnPrecision::fp32; }
   // v and dy times 2^v_exp, the initial states times 2^s_exp: exact (the rounded values only change exponent while
@@ -204,6 +205,7 @@ inline GdnCudaParams device_params_shape(const Case& c) {
   p.tensor_cores = c.tensor_cores;
   p.precision = c.precision;
   p.split_forward = c.split_forward;
+  p.fla_split = c.fla_split;
   p.dtype = c.dtype;
   return p;
 }

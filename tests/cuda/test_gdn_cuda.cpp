@@ -196,6 +196,37 @@ TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GdnCuda,
                          all_shapes(), shape_name);
 
+// The FLA-like split forward (GdnCudaParams::fla_split: compact prep, the scan's state in mma.sync fragments, the
+// chunk-parallel output, every product bf16) against the double recurrence within the bf16 model's bounds: ragged
+// runs over 4 heads at each pairing of dk, dv in {64, 128}, 16, 32 and 64 state columns, y bf16 and fp32, the final
+// states; a long run (4,000 tokens from an initial state, 2 heads) at 128 / 128 and 32 and 64 columns; the summary on
+// the same parameters. The GPU is where the fragments' register positions (the loads feeding mma.sync) are checked.
+TEST(GdnCudaFla, SplitForwardMatchesTheRecurrence) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  GpuDev dev;
+  uint64_t seed = 160;
+  for (const int dk : {64, 128})
+    for (const int dv : {64, 128})
+      for (const int cols : {16, 32, 64}) {
+        Case c(ragged_tokens(4), 4, dk, dv, GdnGate::Scalar, ragged_runs(4), 4, ++seed);
+        c.precision = GdnPrecision::bf16_tensor_scans;
+        c.fla_split = true;
+        c.scan_columns = cols;
+        std::printf("  dk %d dv %d, %d columns\n", dk, dv, cols);
+        check_forward(dev, c, /*y_f32=*/true);
+        check_forward(dev, c, /*y_f32=*/false);
+        if (cols == 32) check_summary(dev, c);
+      }
+  for (const int cols : {32, 64}) {
+    Case l(4000, 2, 128, 128, GdnGate::Scalar, {{0, 4000, 0, 0}}, 1, ++seed);
+    l.precision = GdnPrecision::bf16_tensor_scans;
+    l.fla_split = true;
+    l.scan_columns = cols;
+    std::printf("  long run, %d columns\n", cols);
+    check_forward(dev, l, /*y_f32=*/true);
+  }
+}
+
 // fp16 activations (tests/common/gdn_cuda.hpp's check_fp16, which the CPU suite's emulation runs too).
 TEST(GdnCudaFp16, MatchesTheRecurrence) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";

@@ -1978,6 +1978,12 @@ struct GdnRowMatKernel {
   }
 };
 
+}  // namespace treecp::cuda::detail
+
+#include "kernels/cuda/gdn_fla_device.cuh"  // the FLA-like split forward (GdnCudaParams::fla_split)
+
+namespace treecp::cuda::detail {
+
 #if defined(__CUDACC__)
 // ---- the device executor: each body as one __global__ kernel, launched on one stream
 template <class K>
@@ -2027,8 +2033,19 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
   require(p.dv >= 1 && p.dv <= kGdnMaxDim, "gdn (cuda): dv must be in [1, ", kGdnMaxDim, "], got ", p.dv);
   require(p.tokens >= 0, "gdn (cuda): tokens must be >= 0, got ", p.tokens);
   require(p.gate == GdnGate::Scalar || p.gate == GdnGate::PerChannel, "gdn (cuda): unknown gate kind");
-  require(p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32,
-          "gdn (cuda): scan_columns must be 0 (default), 16 or 32, got ", p.scan_columns);
+  require(p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32 || (p.fla_split && p.scan_columns == 64),
+          "gdn (cuda): scan_columns must be 0 (default), 16 or 32 (or 64 with fla_split), got ", p.scan_columns);
+  if (p.fla_split) {
+    require(p.gate == GdnGate::Scalar, "gdn (cuda): fla_split takes the scalar gate (GDN), not the per-channel one");
+    require((p.dk == 64 || p.dk == 128) && (p.dv == 64 || p.dv == 128),
+            "gdn (cuda): fla_split takes dk and dv of 64 or 128, got dk ", p.dk, ", dv ", p.dv);
+    require(p.dtype == DType::kBf16 && p.precision == GdnPrecision::bf16_tensor_scans,
+            "gdn (cuda): fla_split runs every product on bf16 tensor cores: it needs bf16 activations and precision "
+            "bf16_tensor_scans, got precision ", gdn_precision_name(p.precision));
+    require(!p.split_forward, "gdn (cuda): fla_split and split_forward are two forwards: set one");
+    require(!pointers || ((reinterpret_cast<uintptr_t>(p.q) | reinterpret_cast<uintptr_t>(p.k)) % 4 == 0),
+            "gdn (cuda): fla_split copies q and k rows asynchronously: they must be 4-byte aligned");
+  }
   require(gdn_precision_known(p.precision), "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
   require(p.dtype == DType::kBf16 || p.dtype == DType::kF16, "gdn (cuda): dtype must be bf16 or fp16, got ",
           static_cast<int>(p.dtype));
@@ -2058,6 +2075,7 @@ struct GdnSchedule {
   std::vector<GdnChunkDesc> chunks;
   std::vector<GdnRunDesc> runs;
   GdnBlock blk;
+  GdnFlaBlock fla;  // the split forward's blocks (GdnCudaParams::fla_split), at cache_at like the classic cache
   size_t chunks_at = 0, runs_at = 0, cache_at = 0, bytes = 0;  // workspace offsets
 
   GdnSchedule(const GdnCudaParams& p, const std::vector<GdnCudaRun>& in, bool backward) {
@@ -2073,7 +2091,16 @@ struct GdnSchedule {
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     runs_at = align(chunks.size() * sizeof(GdnChunkDesc));
     cache_at = runs_at + align(runs.size() * sizeof(GdnRunDesc));
-    bytes = cache_at + chunks.size() * static_cast<size_t>(p.heads) * static_cast<size_t>(blk.size) * sizeof(float);
+    const size_t classic = chunks.size() * static_cast<size_t>(p.heads) * static_cast<size_t>(blk.size) * sizeof(float);
+    bytes = cache_at + classic;
+    if (!backward && p.fla_split) {
+      // The same size serves gdn_summary (which runs the classic prep and scan), so the larger of the two.
+      fla = GdnFlaBlock::make(p.dk, p.dv);
+      bytes = cache_at + std::max(classic, chunks.size() * static_cast<size_t>(p.heads) * static_cast<size_t>(fla.size));
+    }
+  }
+  unsigned char* fla_cache(const GdnCudaParams& p) const {
+    return static_cast<unsigned char*>(p.workspace) + cache_at;
   }
   const GdnChunkDesc* dev_chunks(const GdnCudaParams& p) const {
     return reinterpret_cast<const GdnChunkDesc*>(static_cast<const char*>(p.workspace) + chunks_at);
@@ -2170,6 +2197,48 @@ inline void gdn_check_distinct_slots(const std::vector<GdnCudaRun>& runs, bool i
     require(slots[i] != slots[i - 1], "gdn (cuda): two runs write ", what, " slot ", slots[i]);
 }
 
+// The FLA-like split forward (GdnCudaParams::fla_split; gdn_check has taken the shape): prep per (chunk, head), the
+// scan per (run, head, column block), the output per (chunk, head) where y is wanted.
+template <int DK, int BV, class X>
+void gdn_fla_scan_launch(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnFlaScanArgs& a) {
+  x.template launch<GdnFlaScanKernel<DK, BV>>(static_cast<int64_t>(s.runs.size()) * p.heads * (p.dv / BV), a);
+}
+template <int DK, class X>
+void gdn_fla_scan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnFlaScanArgs& a) {
+  const int bv = p.scan_columns > 0 ? p.scan_columns : kGdnTile;
+  if (bv == 16)
+    gdn_fla_scan_launch<DK, 16>(x, p, s, a);
+  else if (bv == 64)
+    gdn_fla_scan_launch<DK, 64>(x, p, s, a);
+  else
+    gdn_fla_scan_launch<DK, 32>(x, p, s, a);
+}
+template <class X>
+void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
+  const int64_t chunk_blocks = static_cast<int64_t>(s.chunks.size()) * p.heads;
+  unsigned char* ws = s.fla_cache(p);
+  if (chunk_blocks > 0) x.template launch<GdnFlaPrepKernel>(chunk_blocks, GdnFlaPrepArgs{gdn_inputs(p), s.dev_chunks(p), ws, s.fla});
+  if (!s.runs.empty()) {
+    const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k), p.heads,
+                           p.dv, p.state_in, p.state_out, p.y != nullptr};
+    if (p.dk == 64)
+      gdn_fla_scan_on<64>(x, p, s, a);
+    else
+      gdn_fla_scan_on<128>(x, p, s, a);
+  }
+  if (!p.y || chunk_blocks == 0) return;
+  const GdnFlaOutArgs o{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.q), static_cast<const uint16_t*>(p.k),
+                        p.heads, p.y, p.y_f32, p.scale};
+  if (p.dk == 64 && p.dv == 64)
+    x.template launch<GdnFlaOutKernel<64, 64>>(chunk_blocks, o);
+  else if (p.dk == 64)
+    x.template launch<GdnFlaOutKernel<64, 128>>(chunk_blocks, o);
+  else if (p.dv == 64)
+    x.template launch<GdnFlaOutKernel<128, 64>>(chunk_blocks, o);
+  else
+    x.template launch<GdnFlaOutKernel<128, 128>>(chunk_blocks, o);
+}
+
 template <class X>
 void gdn_forward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs) {
   gdn_check(p, runs);
@@ -2179,6 +2248,10 @@ void gdn_forward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>&
   gdn_check_distinct_slots(runs, false, "state_out");
   const GdnSchedule s(p, runs, false);
   s.upload(x, p);
+  if (p.fla_split) {
+    gdn_fla_forward_on(x, p, s);
+    return;
+  }
   gdn_prep_on(x, p, s);
   GdnScanArgs a = gdn_scan_args(p, s, p.dv);
   a.state_in = p.state_in;

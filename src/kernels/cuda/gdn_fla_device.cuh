@@ -1,0 +1,434 @@
+// Internal, part of gdn_device.cuh (included from it after the classic kernels, whose helpers it uses): the GDN
+// forward split as FLA's chunk forward splits it (GdnCudaParams::fla_split), scalar gate, dk and dv 64 or 128, bf16
+// tensor cores throughout (GdnPrecision::bf16_tensor_scans' arithmetic):
+//   prep   per (chunk, head), fully parallel: the chunk's cumulative gate G, L⁻¹ (L = I + diag(β) K Kᵀ ⊙ Γ, strictly
+//          lower) and W = L⁻¹ diag(β) (e^G ⊙ K), U = L⁻¹ diag(β) V, written compact: W, U bf16 [64][dk | dv], G fp32.
+//   scan   per (run, head, BV state columns), chunks in order, the state h [dk][BV] in mma.sync accumulator fragments
+//          (fp32, registers): hT = bf16(h) (the chunk-start state, stored for the output kernel),
+//          v_new = U - W h (stored, bf16), h <- e^{G_last} h + Kᵀ (v_new ⊙ e^{G_last - G}); W, K, U and G of the next
+//          chunk double-buffered by cp.async while this one computes.
+//   output per (chunk, head), fully parallel: Y = scale (diag(e^G) Q h + (Q Kᵀ ⊙ Γ, j <= i) v_new).
+// Every product is mma.sync m16n8k16 on bf16 operands from shared memory with fp32 accumulation (gdn_mma_b16, whose
+// host path computes each lane's four results itself, so the CPU emulation runs these bodies; only the fragments'
+// register positions are the GPU tests' to check). The bodies assume the GPU's 256 threads (8 warps): the emulated
+// tests launch them so. Design and workspace: docs/kernels.md ("The FLA-like split forward").
+#pragma once
+
+namespace treecp::cuda::detail {
+
+// A bf16 matrix in shared memory: element (i, j) at p[i * rs + j * cs].
+struct GdnB16Mat {
+  const uint16_t* p;
+  int rs, cs;
+  TREECP_GDN_FN uint16_t at(int i, int j) const { return p[i * rs + j * cs]; }
+};
+
+// Elements (i, j) and (i, j + 1) in one register, (i, j) in the low half: one 4-byte load where they are adjacent
+// (cs 1; the layouts keep i * rs + j even), else two 2-byte loads.
+TREECP_GDN_FN uint32_t gdn_pair16(const GdnB16Mat& m, int i, int j) {
+  if (m.cs == 1) return *reinterpret_cast<const uint32_t*>(m.p + i * m.rs + j);
+  return static_cast<uint32_t>(m.at(i, j)) | (static_cast<uint32_t>(m.at(i, j + 1)) << 16);
+}
+
+// c += A[r0, r0 + 16) x [k0, k0 + 16) · B[k0, k0 + 16) x [c0, c0 + 8), B given by its transpose Bt (Bt(j, k) =
+// B(k, j)), both bf16, fp32 accumulation: mma.sync m16n8k16 (fragments: mma.cuh). The host path sums each lane's
+// four elements in order (products of two bf16 are exact in fp32; only the order of the adds differs).
+TREECP_GDN_FN void gdn_mma_b16(float (&c)[4], const GdnB16Mat& A, const GdnB16Mat& Bt, int r0, int c0, int k0,
+                               int lane) {
+  const int g = lane >> 2, q = lane & 3;
+#if defined(__CUDA_ARCH__)
+  const int k = k0 + 2 * q;
+  const uint32_t a[4] = {gdn_pair16(A, r0 + g, k), gdn_pair16(A, r0 + g + 8, k), gdn_pair16(A, r0 + g, k + 8),
+                         gdn_pair16(A, r0 + g + 8, k + 8)};
+  mma_m16n8k16<DType::kBf16>(c, a, gdn_pair16(Bt, c0 + g, k), gdn_pair16(Bt, c0 + g, k + 8));
+#else
+  for (int e = 0; e < 4; ++e) {
+    const int i = r0 + g + (e >> 1) * 8, j = c0 + 2 * q + (e & 1);
+    float acc = 0.f;
+    for (int k = k0; k < k0 + 16; ++k) acc += bf16_to_float(A.at(i, k)) * bf16_to_float(Bt.at(j, k));
+    c[e] += acc;
+  }
+#endif
+}
+
+// Two adjacent bf16 elements p[0], p[1] (p 4-byte aligned) from fp32.
+TREECP_GDN_FN void gdn_store_pair16(uint16_t* p, float lo, float hi) {
+  const uint32_t w = static_cast<uint32_t>(float_to_bf16(lo)) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint32_t*>(p) = w;
+#else
+  std::memcpy(p, &w, 4);
+#endif
+}
+
+// Byte offsets of one (chunk, head) block of the split's workspace (each 256-byte aligned).
+struct GdnFlaBlock {
+  int64_t W = 0, U = 0;  // prep: bf16 [64][dk], [64][dv] (rows past the chunk's tokens zero)
+  int64_t G = 0;         // prep: fp32 [64], the cumulative gate (rows past the chunk: its last value)
+  int64_t H = 0;         // scan: bf16 [dv][dk], the chunk-start state transposed (h[d][e] at H[e * dk + d])
+  int64_t V = 0;         // scan: bf16 [64][dv], v_new = U - W h (rows past the chunk zero)
+  int64_t size = 0;
+  static GdnFlaBlock make(int dk, int dv) {
+    GdnFlaBlock b;
+    int64_t at = 0;
+    auto take = [&](int64_t bytes) {
+      const int64_t o = at;
+      at += (bytes + 255) / 256 * 256;
+      return o;
+    };
+    b.W = take(2 * int64_t{kGdnChunk} * dk);
+    b.U = take(2 * int64_t{kGdnChunk} * dv);
+    b.G = take(4 * int64_t{kGdnChunk});
+    b.H = take(2 * int64_t{dk} * dv);
+    b.V = take(2 * int64_t{kGdnChunk} * dv);
+    b.size = at;
+    return b;
+  }
+};
+
+// ---- prep: one block per (chunk, head). Shared: beta and the gate's sums [64], the keys widened [64][dk + 1] (then
+// e^G ⊙ K in place), L⁻¹ diag(β) [64][65] and the bf16 products' panels, which first hold P [64][65] and the
+// inverse's scratch (dead once L⁻¹ is: 109 KiB at dk = dv = 128, two blocks an SM). The products are the classic prep's
+// (gdn_smem_product, gdn_block_inverse, gdn_block_bf16) on bf16 operands; only W, U and G leave the block.
+struct GdnFlaPrepArgs {
+  GdnInputs in;
+  const GdnChunkDesc* chunks;
+  unsigned char* ws;
+  GdnFlaBlock fb;
+};
+struct GdnFlaPrepKernel {
+  using Args = GdnFlaPrepArgs;
+  static constexpr const char* kName = "gdn fla prep";
+  static constexpr int kMath = kGdnBf16;
+  static constexpr DType E = DType::kBf16;
+  static TREECP_GDN_HD int row_ld(int dk) { return dk + 1; }
+  static size_t smem_bytes(const Args& a) {
+    const int dk = a.in.dk, dv = a.in.dv;
+    const int widest = dk > dv ? (dk > kGdnChunk ? dk : kGdnChunk) : (dv > kGdnChunk ? dv : kGdnChunk);
+    const int64_t lc = kGdnChunk + 1, inverse = kGdnChunk * lc + 3 * kGdnInvBlock * (kGdnInvBlock + 1);
+    const int64_t panels = gdn_product_smem(kGdnChunk, widest);
+    return static_cast<size_t>(2 * kGdnChunk + int64_t{kGdnChunk} * row_ld(dk) + kGdnChunk * lc +
+                               (panels > inverse ? panels : inverse)) *
+           sizeof(float);
+  }
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
+    const int64_t chunk = block / H;
+    const int h = static_cast<int>(block % H);
+    const GdnChunkDesc cd = a.chunks[chunk];
+    const int64_t t = cd.t;
+    const int n = cd.len;
+    unsigned char* c = a.ws + (chunk * H + h) * a.fb.size;
+    uint16_t* W = reinterpret_cast<uint16_t*>(c + a.fb.W);
+    uint16_t* U = reinterpret_cast<uint16_t*>(c + a.fb.U);
+    float* G = reinterpret_cast<float*>(c + a.fb.G);
+    const int ld = row_ld(dk), lc = kGdnChunk + 1;
+    float* bs = smem;                     // [64]
+    float* gr = smem + kGdnChunk;         // [64]
+    float* Ks = smem + 2 * kGdnChunk;     // [64][ld]
+    float* Tb = Ks + kGdnChunk * ld;      // [64][lc]: L⁻¹ diag(β)
+    float* panels = Tb + kGdnChunk * lc;  // the products' staging, over P and the inverse's scratch
+    float* Ps = panels;                   // [64][lc]
+    float* scratch = Ps + kGdnChunk * lc; // [3][16][17]
+    gdn_load_rows16<E>(Ks, ld, a.in.k + (t * H + h) * dk, static_cast<int64_t>(H) * dk, n, dk, tid, nthr);
+    for (int i = tid; i < n; i += nthr) {
+      bs[i] = a.in.b<E>(t + i, h);
+      gr[i] = a.in.gate<E>(t + i, h, 0);
+    }
+    block_sync();
+    if (tid == 0)
+      for (int i = 1; i < n; ++i) gr[i] += gr[i - 1];
+    block_sync();
+    for (int i = tid; i < kGdnChunk; i += nthr) G[i] = gr[i < n ? i : n - 1];
+    // P[i][j] = k_i · k_j e^{G_i - G_j} (j < i), 0 elsewhere.
+    const GdnTerm kk[1] = {{Ks, ld, 1, Ks, 1, ld, dk, 1.f}};
+    gdn_smem_product<kMath, 4, 4>(n, n, kk, tid, nthr, [&](int i, int j, float acc) {
+      Ps[i * lc + j] = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
+    });
+    block_sync();
+    gdn_block_inverse(Ps, lc, bs, n, Tb, lc, scratch, tid, nthr);  // ends on a barrier
+    for (int idx = tid; idx < n * n; idx += nthr) {
+      const int i = idx / n, j = idx % n;
+      Tb[i * lc + j] *= bs[j];
+    }
+    for (int idx = tid; idx < n * dk; idx += nthr) {  // Kst = e^G ⊙ K in place (P is done with K)
+      const int i = idx / dk, d = idx % dk;
+      Ks[i * ld + d] *= expf(gr[i]);
+    }
+    // (gdn_block_bf16 opens with a barrier: Tb and Kst complete before they are staged.)
+    const GdnView tb = gdn_view(Tb, lc);
+    gdn_block_product<kMath, 4, 8>(n, dv, n, tb, a.in.rows<E>(a.in.v, t, h, dv), panels, tid, nthr,
+                                   [&](int i, int e, float acc) { U[i * dv + e] = float_to_bf16(acc); });
+    gdn_block_product<kMath, 4, 8>(n, dk, n, tb, gdn_view(Ks, ld), panels, tid, nthr,
+                                   [&](int i, int d, float acc) { W[i * dk + d] = float_to_bf16(acc); });
+    for (int idx = tid; idx < (kGdnChunk - n) * dk; idx += nthr) W[n * dk + idx] = 0;
+    for (int idx = tid; idx < (kGdnChunk - n) * dv; idx += nthr) U[n * dv + idx] = 0;
+  }
+};
+
+// ---- scan: one block (8 warps) per (run, head, BV state columns); chunks in order. The state h [DK][BV] is
+// (DK / 16) x (BV / 8) accumulator tiles of 16 x 8, kHT a warp, in registers for the whole run (fp32). Shared, bf16
+// unless said: W and K [2][64][DK + 8], U's columns [2][64][BV + 8], G [2][64] fp32 (double-buffered: chunk ci + 1's
+// copies are issued right after the barrier that opens chunk ci), hT [BV][DK + 8] (h rounded to bf16, transposed: the
+// B operand of W h, k-contiguous) and vsT [BV][64 + 8] (v_new ⊙ e^{G_last - G}, transposed: the B operand of Kᵀ vs).
+// Row strides of 4 words mod 32 put a fragment's lanes 4g + q (row g, word q) on distinct banks; Kᵀ's fragments read
+// K [t][d] by 2-byte loads (word 8q + g / 2). Three barriers a chunk.
+struct GdnFlaScanArgs {
+  const GdnRunDesc* runs;
+  const GdnChunkDesc* chunks;
+  unsigned char* ws;
+  GdnFlaBlock fb;
+  const uint16_t* k;  // [S, H, dk]
+  int32_t heads, dv;
+  const float* state_in;  // [slot][H][dk][dv], by in_slot; null or -1 = zero
+  float* state_out;       // by out_slot; null = not written
+  bool save;              // hT and v_new into the workspace (for the output kernel)
+};
+template <int DK, int BV>
+struct GdnFlaScanKernel {
+  using Args = GdnFlaScanArgs;
+  static constexpr const char* kName = "gdn fla scan";
+  static constexpr int kWarps = kGdnThreads / 32;
+  static constexpr int kLk = DK + 8, kLu = BV + 8, kLv = kGdnChunk + 8;  // row strides (elements)
+  static constexpr int kMT = DK / 16, kNT = BV / 8;
+  static constexpr int kHT = kMT * kNT / kWarps;                 // state tiles a warp
+  static constexpr int kVT = (kGdnChunk / 16) * kNT / kWarps;    // v_new tiles a warp
+  static_assert(DK % 16 == 0 && BV % 8 == 0 && kHT >= 1 && kVT >= 1 && kHT * kWarps == kMT * kNT &&
+                    kVT * kWarps == (kGdnChunk / 16) * kNT,
+                "the warps split the state and v_new tiles evenly");
+  static constexpr int64_t kWBytes = 2 * int64_t{kGdnChunk} * kLk, kUBytes = 2 * int64_t{kGdnChunk} * kLu;
+  static constexpr int64_t kGBytes = 4 * kGdnChunk;
+  static constexpr int64_t kBufBytes = 2 * kWBytes + kUBytes + kGBytes;  // W, K, U, G of one chunk
+  static constexpr int64_t kBytes = 2 * kBufBytes + 2 * int64_t{BV} * kLk + 2 * int64_t{BV} * kLv;
+  static size_t smem_bytes(const Args&) { return static_cast<size_t>(kBytes); }
+
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int H = a.heads, dv = a.dv;
+    const int64_t nt = dv / BV;
+    const int64_t r = block / (H * nt);
+    const int h = static_cast<int>((block / nt) % H);
+    const int e0 = static_cast<int>(block % nt) * BV;
+    const GdnRunDesc rd = a.runs[r];
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+    unsigned char* sm = reinterpret_cast<unsigned char*>(smem);
+    auto Wsm = [&](int b) { return reinterpret_cast<uint16_t*>(sm + b * kBufBytes); };
+    auto Ksm = [&](int b) { return reinterpret_cast<uint16_t*>(sm + b * kBufBytes + kWBytes); };
+    auto Usm = [&](int b) { return reinterpret_cast<uint16_t*>(sm + b * kBufBytes + 2 * kWBytes); };
+    auto Gsm = [&](int b) { return reinterpret_cast<float*>(sm + b * kBufBytes + 2 * kWBytes + kUBytes); };
+    uint16_t* hT = reinterpret_cast<uint16_t*>(sm + 2 * kBufBytes);  // [BV][kLk]
+    uint16_t* vsT = hT + BV * kLk;                                    // [BV][kLv]
+    auto blk_of = [&](int ci) { return a.ws + (static_cast<int64_t>(rd.chunk_begin + ci) * H + h) * a.fb.size; };
+    // Chunk ci's operands into buffer b, one group (empty past the last chunk, so that the waits count alike).
+    auto issue = [&](int ci, int b) {
+      if (ci < rd.chunk_count) {
+        const GdnChunkDesc cd = a.chunks[rd.chunk_begin + ci];
+        const unsigned char* c = blk_of(ci);
+        gdn_stage_async(Wsm(b), c + a.fb.W, kGdnChunk, 2 * DK, 2 * DK, 2 * kLk, tid, nthr);
+        gdn_stage_async(Usm(b), c + a.fb.U + 2 * e0, kGdnChunk, 2 * BV, 2 * int64_t{dv}, 2 * kLu, tid, nthr);
+        gdn_stage_async(Gsm(b), c + a.fb.G, 1, static_cast<int>(kGBytes), kGBytes, static_cast<int>(kGBytes), tid,
+                        nthr);
+        gdn_stage_async(Ksm(b), a.k + (cd.t * H + h) * DK, cd.len, 2 * DK, 2 * int64_t{H} * DK, 2 * kLk, tid, nthr);
+        uint16_t* K = Ksm(b);
+        for (int idx = tid; idx < (kGdnChunk - cd.len) * DK; idx += nthr)  // rows past the chunk: zero, not stale
+          K[(cd.len + idx / DK) * kLk + idx % DK] = 0;
+      }
+      gdn_async_commit();
+    };
+    issue(0, 0);
+    // The warp's state tiles: tile T = warp kHT + j is rows 16 (T / kNT), columns 8 (T % kNT) of h.
+    float acc[kHT][4];
+    const float* sin =
+        (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * DK * dv : nullptr;
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kHT; ++j) {
+      const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int d = m * 16 + g + (e >> 1) * 8, col = nn * 8 + 2 * q + (e & 1);
+        acc[j][e] = sin ? sin[d * dv + e0 + col] : 0.f;
+      }
+    }
+    for (int ci = 0; ci < rd.chunk_count; ++ci) {
+      const int b = ci & 1;
+      const int n = a.chunks[rd.chunk_begin + ci].len;
+      unsigned char* c = blk_of(ci);
+      gdn_async_wait<0>();
+      block_sync();  // chunk ci's operands landed for every thread; chunk ci - 1 done with buffer b ^ 1, hT and vsT
+      issue(ci + 1, b ^ 1);
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < kHT; ++j) {  // hT = bf16(h)ᵀ
+        const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+        TREECP_GDN_UNROLL
+        for (int e = 0; e < 4; ++e)
+          hT[(nn * 8 + 2 * q + (e & 1)) * kLk + m * 16 + g + (e >> 1) * 8] = float_to_bf16(acc[j][e]);
+      }
+      block_sync();  // hT complete
+      if (a.save) {  // hT's BV rows into H[e0 + e][d], 16 bytes a copy
+        uint16_t* gh = reinterpret_cast<uint16_t*>(c + a.fb.H) + static_cast<int64_t>(e0) * DK;
+        for (int idx = tid; idx < BV * DK / 8; idx += nthr) {
+          const int row = idx / (DK / 8), col = (idx % (DK / 8)) * 8;
+#if defined(__CUDA_ARCH__)
+          *reinterpret_cast<uint4*>(gh + row * DK + col) = *reinterpret_cast<const uint4*>(hT + row * kLk + col);
+#else
+          std::memcpy(gh + row * DK + col, hT + row * kLk + col, 16);
+#endif
+        }
+      }
+      // v_new = U - W h; vsT = (v_new ⊙ e^{G_last - G})ᵀ, zero past the chunk's tokens.
+      const float* Gc = Gsm(b);
+      const float gl = Gc[n - 1];
+      const GdnB16Mat Wm{Wsm(b), kLk, 1}, Hm{hT, kLk, 1};
+      const uint16_t* Us = Usm(b);
+      uint16_t* gv = reinterpret_cast<uint16_t*>(c + a.fb.V);
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < kVT; ++j) {
+        const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        TREECP_GDN_UNROLL
+        for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(v, Wm, Hm, m * 16, nn * 8, k0, lane);
+        TREECP_GDN_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          const int t = m * 16 + g + half * 8, col = nn * 8 + 2 * q;
+          const float x0 = bf16_to_float(Us[t * kLu + col]) - v[2 * half];
+          const float x1 = bf16_to_float(Us[t * kLu + col + 1]) - v[2 * half + 1];
+          if (a.save) gdn_store_pair16(gv + t * dv + e0 + col, x0, x1);
+          const float f = t < n ? expf(gl - Gc[t]) : 0.f;
+          vsT[col * kLv + t] = float_to_bf16(x0 * f);
+          vsT[(col + 1) * kLv + t] = float_to_bf16(x1 * f);
+        }
+      }
+      block_sync();  // vsT complete
+      // h <- e^{G_last} h + Kᵀ vs
+      const float eg = expf(gl);
+      const GdnB16Mat Kt{Ksm(b), 1, kLk}, Vm{vsT, kLv, 1};
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < kHT; ++j) {
+        const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+        TREECP_GDN_UNROLL
+        for (int e = 0; e < 4; ++e) acc[j][e] *= eg;
+        TREECP_GDN_UNROLL
+        for (int k0 = 0; k0 < kGdnChunk; k0 += 16) gdn_mma_b16(acc[j], Kt, Vm, m * 16, nn * 8, k0, lane);
+      }
+    }
+    gdn_async_wait<0>();  // the empty group past the last chunk
+    if (a.state_out && rd.out_slot >= 0) {
+      float* so = a.state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * DK * dv;
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < kHT; ++j) {
+        const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+        TREECP_GDN_UNROLL
+        for (int e = 0; e < 4; ++e)
+          so[(m * 16 + g + (e >> 1) * 8) * dv + e0 + nn * 8 + 2 * q + (e & 1)] = acc[j][e];
+      }
+    }
+  }
+};
+
+// ---- output: one block (8 warps) per (chunk, head). Shared, bf16: Q and K rows [64][DK + 8] (from the inputs; rows
+// past the chunk are never stored), the chunk-start state hT [DV][DK + 8], v_new [64][DV + 8], the masked pair matrix
+// C [64][72], and G [64] fp32. C = Q Kᵀ ⊙ e^{G_i - G_j} (j <= i < n) in 32 tiles of 16 x 8, 4 a warp (tiles wholly
+// above the diagonal skipped); then Y = scale (diag(e^G) Q h + C v_new) in 4 x DV / 8 tiles, DV / 16 a warp, both
+// products into the same accumulators (C's column blocks past the tile's rows skipped). v_new's fragments are read
+// by 2-byte loads (its k index, the token, strides rows).
+struct GdnFlaOutArgs {
+  const GdnChunkDesc* chunks;
+  const unsigned char* ws;
+  GdnFlaBlock fb;
+  const uint16_t* q;
+  const uint16_t* k;
+  int32_t heads;
+  void* y;
+  bool y_f32;
+  float scale;
+};
+template <int DK, int DV>
+struct GdnFlaOutKernel {
+  using Args = GdnFlaOutArgs;
+  static constexpr const char* kName = "gdn fla output";
+  static constexpr int kWarps = kGdnThreads / 32;
+  static constexpr int kLk = DK + 8, kLv = DV + 8, kLc = kGdnChunk + 8;
+  static constexpr int kCT = (kGdnChunk / 16) * (kGdnChunk / 8) / kWarps;  // C tiles a warp
+  static constexpr int kOT = (kGdnChunk / 16) * (DV / 8) / kWarps;         // Y tiles a warp
+  static_assert(DK % 16 == 0 && DV % 16 == 0 && kOT * kWarps == (kGdnChunk / 16) * (DV / 8), "tiles split evenly");
+  static constexpr int64_t kQBytes = 2 * int64_t{kGdnChunk} * kLk;
+  static constexpr int64_t kHBytes = 2 * int64_t{DV} * kLk, kVBytes = 2 * int64_t{kGdnChunk} * kLv;
+  static constexpr int64_t kCBytes = 2 * int64_t{kGdnChunk} * kLc;
+  static constexpr int64_t kBytes = 2 * kQBytes + kHBytes + kVBytes + kCBytes + 4 * kGdnChunk;
+  static size_t smem_bytes(const Args&) { return static_cast<size_t>(kBytes); }
+
+  static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
+    const int H = a.heads;
+    const int64_t chunk = block / H;
+    const int h = static_cast<int>(block % H);
+    const GdnChunkDesc cd = a.chunks[chunk];
+    const int n = cd.len;
+    const unsigned char* c = a.ws + (chunk * H + h) * a.fb.size;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+    unsigned char* sm = reinterpret_cast<unsigned char*>(smem);
+    uint16_t* Qs = reinterpret_cast<uint16_t*>(sm);
+    uint16_t* Ks = reinterpret_cast<uint16_t*>(sm + kQBytes);
+    uint16_t* Hs = reinterpret_cast<uint16_t*>(sm + 2 * kQBytes);
+    uint16_t* Vs = reinterpret_cast<uint16_t*>(sm + 2 * kQBytes + kHBytes);
+    uint16_t* Cs = reinterpret_cast<uint16_t*>(sm + 2 * kQBytes + kHBytes + kVBytes);
+    float* Gs = reinterpret_cast<float*>(sm + 2 * kQBytes + kHBytes + kVBytes + kCBytes);
+    const int64_t row = 2 * int64_t{H} * DK;  // bytes between tokens of q and k
+    gdn_stage_async(Qs, a.q + (cd.t * H + h) * DK, n, 2 * DK, row, 2 * kLk, tid, nthr);
+    gdn_stage_async(Ks, a.k + (cd.t * H + h) * DK, n, 2 * DK, row, 2 * kLk, tid, nthr);
+    gdn_stage_async(Hs, c + a.fb.H, DV, 2 * DK, 2 * DK, 2 * kLk, tid, nthr);
+    gdn_stage_async(Vs, c + a.fb.V, kGdnChunk, 2 * DV, 2 * DV, 2 * kLv, tid, nthr);
+    gdn_stage_async(Gs, c + a.fb.G, 1, 4 * kGdnChunk, 4 * kGdnChunk, 4 * kGdnChunk, tid, nthr);
+    gdn_async_commit();
+    gdn_async_wait<0>();
+    block_sync();
+    // C: tile T = warp kCT + j is rows 16 (T / 8), columns 8 (T % 8); masked (select: stale rows past n never enter).
+    const GdnB16Mat Qm{Qs, kLk, 1}, Km{Ks, kLk, 1};
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kCT; ++j) {
+      const int T = warp * kCT + j, m = T / (kGdnChunk / 8), nn = T % (kGdnChunk / 8);
+      float cc[4] = {0.f, 0.f, 0.f, 0.f};
+      if (nn * 8 <= m * 16 + 15) {
+        TREECP_GDN_UNROLL
+        for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(cc, Qm, Km, m * 16, nn * 8, k0, lane);
+      }
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = m * 16 + g + (e >> 1) * 8, jj = nn * 8 + 2 * q + (e & 1);
+        Cs[i * kLc + jj] = float_to_bf16(jj <= i && i < n ? cc[e] * expf(Gs[i] - Gs[jj]) : 0.f);
+      }
+    }
+    block_sync();  // C complete
+    const GdnB16Mat Hm{Hs, kLk, 1}, Cm{Cs, kLc, 1}, Vt{Vs, 1, kLv};
+    float o[kOT][4];
+    const int m = (warp * kOT) / (DV / 8);  // the warp's tiles share one row block
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kOT; ++j)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+    TREECP_GDN_UNROLL
+    for (int k0 = 0; k0 < DK; k0 += 16)
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < kOT; ++j) gdn_mma_b16(o[j], Qm, Hm, m * 16, ((warp * kOT + j) % (DV / 8)) * 8, k0, lane);
+    const float eg0 = expf(Gs[m * 16 + g]), eg1 = expf(Gs[m * 16 + g + 8]);
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kOT; ++j) {
+      o[j][0] *= eg0; o[j][1] *= eg0;
+      o[j][2] *= eg1; o[j][3] *= eg1;
+    }
+    TREECP_GDN_UNROLL
+    for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
+      if (k0 > m * 16) break;  // C is zero past the rows' diagonal
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < kOT; ++j) gdn_mma_b16(o[j], Cm, Vt, m * 16, ((warp * kOT + j) % (DV / 8)) * 8, k0, lane);
+    }
+    const int64_t y0 = (cd.t * H + h) * static_cast<int64_t>(DV), y_row = static_cast<int64_t>(H) * DV;
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kOT; ++j)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = m * 16 + g + (e >> 1) * 8, col = ((warp * kOT + j) % (DV / 8)) * 8 + 2 * q + (e & 1);
+        if (i < n) store_out<DType::kBf16>(a.y, a.y_f32, y0 + i * y_row + col, a.scale * o[j][e]);
+      }
+  }
+};
+
+}  // namespace treecp::cuda::detail
