@@ -12,10 +12,11 @@ namespace {
 // G dividing 64) before kBwdMainloop. Which kernels exist at each (Dqk, Dv): docs/kernels.md.
 constexpr Mainloop kFwdMainloop = Mainloop::kWgmma;
 constexpr Mainloop kBwdMainloop = Mainloop::kWgmma;
-// kDefault at the other dims, until the H200 measures them (docs/kernels.md): the wgmma forward at (192, 128) and
-// (256, 256) and the wgmma backward at 64 exist and are selected by kWgmma; kDefault keeps mma.sync there.
-constexpr Mainloop kFwdMainloopNewDims = Mainloop::kMmaSync;  // (192, 128), (256, 256)
-constexpr Mainloop kBwdMainloop64 = Mainloop::kMmaSync;
+// kDefault at the other dims, measured on an H200 (run 139, docs/benchmarks-gpu.md): the wgmma forward at (192, 128)
+// and (256, 256) (1.4-2.0x mma.sync) and the wgmma backward at 64 (1.4-1.5x); the backward at (192, 128) and
+// (256, 256) has only mma.sync (docs/kernels.md says why).
+constexpr Mainloop kFwdMainloopNewDims = Mainloop::kWgmma;    // (192, 128), (256, 256)
+constexpr Mainloop kBwdMainloop64 = Mainloop::kWgmma;
 // The main loop kDefault stands for, per direction and head dim (the warp-specialised kernels are tried first at 128).
 Mainloop default_fwd_mainloop(int32_t head_dim) { return head_dim <= 128 ? kFwdMainloop : kFwdMainloopNewDims; }
 Mainloop default_bwd_mainloop(int32_t head_dim) {
