@@ -360,7 +360,8 @@ int main(int argc, char** argv) {
     } catch (const std::exception&) {
     }
     if (!attention_dims_supported(qk, v)) {
-      std::fprintf(stderr, "bench_attention: --dims %s is not one of %s (DQKxDV)\n", n.c_str(), attention_dims_list());
+      std::fprintf(stderr, "bench_attention: --dims %s is not one of %s (DQKxDV)\n", n.c_str(),
+                   attention_dims_list().c_str());
       return 2;
     }
     dims.push_back({qk, v});

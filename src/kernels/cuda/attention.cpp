@@ -82,8 +82,6 @@ void launch_bwd_mma(const detail::BwdArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-const char* attention_dims_list() { return "(64, 64), (128, 128), (192, 128), (256, 256)"; }
-
 size_t attention_forward_workspace_bytes() { return detail::fwd_ws_workspace_bytes(); }
 
 void attention_forward(const AttentionForwardParams& p, const DeviceTilePlan& plan, cudaStream_t stream) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cuda/attention_dims.hpp"
 #include "kernels/cuda/dtype.hpp"
 #include "kernels/cuda/tiles.hpp"
 #include "kernels/slice.hpp"
@@ -233,19 +234,6 @@ struct AttentionBackwardParams {
   int32_t dv_head_stride = 0;  // see dv_row_stride; 0 = dk_head_stride
 };
 
-// The (Dqk, Dv) pairs the kernels are instantiated for: (64, 64), (128, 128), MLA's dense form (192, 128) and
-// (256, 256). Which main loop exists at each is in attention_dims_supported's comment and docs/kernels.md.
-struct AttentionDims {
-  int32_t qk, v;
-};
-inline constexpr AttentionDims kAttentionDims[] = {{64, 64}, {128, 128}, {192, 128}, {256, 256}};
-inline constexpr bool attention_dims_supported(int32_t qk, int32_t v) {
-  for (const AttentionDims& d : kAttentionDims)
-    if (d.qk == qk && d.v == v) return true;
-  return false;
-}
-// "(64, 64), (128, 128), (192, 128), (256, 256)": for refusals.
-const char* attention_dims_list();
 // Dv of a params struct: its value_dim, or head_dim where that is 0.
 inline int32_t value_dim_of(const AttentionForwardParams& p) { return p.value_dim != 0 ? p.value_dim : p.head_dim; }
 inline int32_t value_dim_of(const AttentionBackwardParams& p) { return p.value_dim != 0 ? p.value_dim : p.head_dim; }
