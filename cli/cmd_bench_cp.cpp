@@ -20,6 +20,7 @@
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "core/random.hpp"
+#include "kernels/cuda/attention_dims.hpp"
 #include "launcher.hpp"
 #include "plan/baselines.hpp"
 #include "plan/cost.hpp"
@@ -55,7 +56,7 @@ struct BenchConfig {
   std::vector<std::string> presets;
   int reps = 10, trees = 16;
   int64_t scale = 1;
-  AttentionShape shape{32, 4, 128, 128};  // --hq, --hkv, --d (= dv); no window
+  AttentionShape shape{32, 4, 128, 128};  // --hq, --hkv, --d, --dv (= d unless given); no window
   double warm_s = 0.5;
   bool ring = true, links = true;
   std::string rows_dir, json_path, svg_path, costs_path;
@@ -214,17 +215,18 @@ class Bench {
   };
   const AttentionShape& dims() const { return cfg_.shape; }
   Buffers buffers(const RowMap& owned, uint64_t seed) {
-    const int64_t rows = owned.rows(), qw = cfg_.shape.q_width(), kw = cfg_.shape.k_width();
+    const AttentionShape& sh = cfg_.shape;
+    const int64_t rows = owned.rows(), qw = sh.q_width(), kw = sh.k_width(), vw = sh.v_width(), ow = sh.o_width();
     Buffers b;
     b.q = env_.input(16 * seed + 1, owned.ranges(), qw);
     b.k = env_.input(16 * seed + 2, owned.ranges(), kw);
-    b.v = env_.input(16 * seed + 3, owned.ranges(), kw);
-    b.dy = env_.input(16 * seed + 4, owned.ranges(), qw);
-    b.y = env_.act(rows * qw);
-    b.lse = env_.stat(rows * cfg_.shape.hq);
+    b.v = env_.input(16 * seed + 3, owned.ranges(), vw);
+    b.dy = env_.input(16 * seed + 4, owned.ranges(), ow);
+    b.y = env_.act(rows * ow);
+    b.lse = env_.stat(rows * sh.hq);
     b.dq = env_.grad(rows * qw);
     b.dk = env_.grad(rows * kw);
-    b.dv = env_.grad(rows * kw);
+    b.dv = env_.grad(rows * vw);
     return b;
   }
   void step(DenseAttentionCP<typename Env::Backend>& cp, Buffers& b) {
@@ -489,7 +491,8 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   Args args(argv);
   // --cp here lists the rank counts measured, so it is no spelling of --ranks.
   args.value("--device").value("--ranks").value("--timeout").value("--cp").value("--presets").value("--reps").value("--trees")
-      .value("--scale").value("--hq").value("--hkv").value("--d").value("--costs").value("--rows").value("--json")
+      .value("--scale").value("--hq").value("--hkv").value("--d").value("--dv").value("--costs").value("--rows")
+      .value("--json")
       .value("--svg").value("--warm").flag("--no-ring").flag("--no-links");
   args.parse();
   const std::string device = args.get_or("--device", "cuda");
@@ -517,7 +520,8 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   cfg.scale = args.get_int_or("--scale", gpu ? 1 : 64);
   cfg.shape.hq = static_cast<int>(args.get_int_or("--hq", gpu ? 32 : 4));
   cfg.shape.hkv = static_cast<int>(args.get_int_or("--hkv", gpu ? 4 : 2));
-  cfg.shape.d = cfg.shape.dv = static_cast<int>(args.get_int_or("--d", gpu ? 128 : 32));
+  cfg.shape.d = static_cast<int>(args.get_int_or("--d", gpu ? 128 : 32));
+  cfg.shape.dv = static_cast<int>(args.get_int_or("--dv", cfg.shape.d));
   cfg.warm_s = args.get_double_or("--warm", gpu ? 0.5 : 0.0);
   cfg.ring = !args.get_flag("--no-ring");
   cfg.links = !args.get_flag("--no-links");
@@ -526,8 +530,12 @@ int bench_cp_main(const std::vector<std::string>& argv) {
   require(cfg.scale >= 1, "--scale must be >= 1");
   require(cfg.shape.hq >= 1 && cfg.shape.hkv >= 1 && cfg.shape.hq % cfg.shape.hkv == 0,
           "--hq must be a positive multiple of --hkv");
-  require(!gpu || cfg.shape.d == 64 || cfg.shape.d == 128, "--d must be 64 or 128 on GPUs");
   require(cfg.shape.d >= 1 && cfg.shape.d <= 512, "--d must be in [1, 512]");
+  require(cfg.shape.dv >= 1 && cfg.shape.dv <= 512, "--dv must be in [1, 512]");
+  // CPU ranks take any head dims; the GPU's kernels are instantiated for a few (D, Dv) pairs only.
+  require(!gpu || cuda::attention_dims_supported(cfg.shape.d, cfg.shape.dv),
+          "--d and --dv on GPUs must be one of (D, Dv) ", cuda::attention_dims_list(), ", got (", cfg.shape.d, ", ",
+          cfg.shape.dv, ")");
   require(cfg.warm_s >= 0 && cfg.warm_s <= 60, "--warm must be in [0, 60] seconds");
   cfg.rows_dir = args.get_or("--rows", "");
   cfg.json_path = args.get_or("--json", "");
@@ -639,7 +647,8 @@ int bench_cp_main(const std::vector<std::string>& argv) {
 
 const Register kBenchCp("bench cp",
                         "[--device cuda|cpu] [--ranks N] [--timeout S] [--cp 1,2,...] [--presets a,b] [--reps N] "
-                        "[--trees N] [--scale S] [--hq H] [--hkv H] [--d D] [--warm S] [--costs FILE] [--json FILE] "
+                        "[--trees N] [--scale S] [--hq H] [--hkv H] [--d D] [--dv D] [--warm S] [--costs FILE] "
+                        "[--json FILE] "
                         "[--svg FILE] [--rows DIR] [--no-ring] [--no-links]",
                         "weak-scaling table of dense attention CP (treecp's plan and the ring baseline in the same run)",
                         bench_cp_main);

@@ -25,6 +25,7 @@
 #include "core/random.hpp"
 #include "core/trace.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cuda/attention_dims.hpp"
 #include "launcher.hpp"
 #include "runtime/reference.hpp"
 #include "plan/cost.hpp"
@@ -49,7 +50,7 @@ struct RunConfig {
   bool gpu = false;          // --device cuda
   std::string preset, tree;  // one of them; the preset by default
   int64_t scale = 64;
-  AttentionShape shape{8, 2, 64, 64};  // --hq, --hkv, --d (= Dv), --window
+  AttentionShape shape{8, 2, 64, 64};  // --hq, --hkv, --d, --dv (= D unless given), --window
   bool sink = false;
   uint64_t seed = 0;
   bool json = false;
@@ -67,8 +68,8 @@ struct RunConfig {
 void declare_options(Args& args) {
   declare_rank_options(args);
   args.value("--preset").value("--tree").value("--window").value("--layout").value("--scale").value("--seed")
-      .value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dtype").value("--device")
-      .value("--reps").value("--backward-kv").value("--trace").flag("--sink").flag("--json").flag("--full");
+      .value("--costs").value("--chunk").value("--hq").value("--hkv").value("--d").value("--dv").value("--dtype")
+      .value("--device").value("--reps").value("--backward-kv").value("--trace").flag("--sink").flag("--json").flag("--full");
 }
 
 RunConfig read_options(const Args& args) {
@@ -89,8 +90,12 @@ RunConfig read_options(const Args& args) {
   shape.hq = static_cast<int>(args.get_int_in("--hq", cfg.gpu ? 32 : 8, 1, 65536));
   shape.hkv = static_cast<int>(args.get_int_in("--hkv", cfg.gpu ? 4 : 2, 1, shape.hq));
   require(shape.hq % shape.hkv == 0, "option --hq (", shape.hq, ") must be a multiple of --hkv (", shape.hkv, ")");
-  shape.d = shape.dv = static_cast<int>(args.get_int_in("--d", cfg.gpu ? 128 : 64, 1, 512));
-  if (cfg.gpu) require(shape.d == 64 || shape.d == 128, "option --d must be 64 or 128 on GPUs, got ", shape.d);
+  shape.d = static_cast<int>(args.get_int_in("--d", cfg.gpu ? 128 : 64, 1, 512));
+  shape.dv = static_cast<int>(args.get_int_in("--dv", shape.d, 1, 512));
+  // CPU ranks take any head dims; the GPU's kernels are instantiated for a few (D, Dv) pairs only.
+  if (cfg.gpu)
+    require(cuda::attention_dims_supported(shape.d, shape.dv), "options --d and --dv on GPUs must be one of (D, Dv) ",
+            cuda::attention_dims_list(), ", got (", shape.d, ", ", shape.dv, ")");
   shape.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
   cfg.sink = args.get_flag("--sink");
   cfg.json = args.get_flag("--json");
@@ -134,10 +139,13 @@ struct RunJob {
 // and received KV, rank 0's single-process reference (with double copies in float), and the plans.
 double job_memory_bytes(const RunJob& job) {
   const RunConfig& c = job.cfg;
-  const double S = static_cast<double>(job.row.tokens()), qw = double(c.shape.hq) * c.shape.d, kw = double(c.shape.hkv) * c.shape.d;
-  const double full = S * (2 * qw + 2 * kw);  // q, k, v and dO (and as many outputs)
+  const double S = static_cast<double>(job.row.tokens());
+  const double qw = double(c.shape.q_width()), kw = double(c.shape.k_width()), vw = double(c.shape.v_width()),
+               ow = double(c.shape.o_width());
+  const double full = S * (qw + kw + vw + ow);  // q, k, v and dO (and as many outputs)
   const double elem = c.dtype == "double" ? 8 : 4, ranks = static_cast<double>(c.ranks.count);
-  const double cp = elem * (3 * full + ranks * S * 2 * kw), reference = elem * 3 * full + (elem == 4 ? 16 * full : 0);
+  const double cp = elem * (3 * full + ranks * S * (kw + vw));
+  const double reference = elem * 3 * full + (elem == 4 ? 16 * full : 0);
   return cp + reference + ranks * plan_memory_estimate_bytes(job.row, c.shape.window, c.plan.chunk_tokens, static_cast<int>(ranks));
 }
 
@@ -159,7 +167,8 @@ RunJob prepare(const Args& args) {
     require_memory(job_memory_bytes(job), count_of(c.ranks.count, "rank") +
                                               " of attention forward and backward and the reference, " +
                                               count_of(job.row.tokens(), "token") + ", Hq " + std::to_string(c.shape.hq) +
-                                              ", Hkv " + std::to_string(c.shape.hkv) + ", D " + std::to_string(c.shape.d));
+                                              ", Hkv " + std::to_string(c.shape.hkv) + ", D " + std::to_string(c.shape.d) +
+                                              (c.shape.dv != c.shape.d ? ", Dv " + std::to_string(c.shape.dv) : ""));
   }
   job.plan = make_plan(job.row, static_cast<int>(c.ranks.count), c.shape, job.costs, c.plan, &job.report);
   return job;
@@ -207,7 +216,7 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   const int me = comm.rank(), n = comm.size();
   const int64_t S = row.tokens();
   const AttentionShape& shape = cfg.shape;
-  const int64_t qw = shape.q_width(), kw = shape.k_width(), ow = shape.o_width();
+  const int64_t qw = shape.q_width(), kw = shape.k_width(), vw = shape.v_width(), ow = shape.o_width();
   CpuBackend<T> be;
   DenseAttentionCP<CpuBackend<T>> cp(plan, row, shape, comm, be);
 
@@ -217,14 +226,14 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   const uint64_t s = cfg.seed * 16;
   const auto q = redistribute(comm, be, shard_values<T>(s + 1, mine, qw), loader, owners, qw);
   const auto k = redistribute(comm, be, shard_values<T>(s + 2, mine, kw), loader, owners, kw);
-  const auto v = redistribute(comm, be, shard_values<T>(s + 3, mine, kw), loader, owners, kw);
+  const auto v = redistribute(comm, be, shard_values<T>(s + 3, mine, vw), loader, owners, vw);
   const auto dy = redistribute(comm, be, shard_values<T>(s + 4, mine, ow), loader, owners, ow);
   std::vector<T> sink(static_cast<size_t>(cfg.shape.hq));
   for (int h = 0; h < cfg.shape.hq; ++h) sink[static_cast<size_t>(h)] = static_cast<T>(2 * uniform_at(s + 5, static_cast<uint64_t>(h)));
 
   const int64_t rows = cp.owned_rows();
   std::vector<T> y(static_cast<size_t>(rows * ow)), lse(static_cast<size_t>(rows * cfg.shape.hq)), dq(static_cast<size_t>(rows * qw)),
-      dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * kw)), dsink(static_cast<size_t>(cfg.shape.hq), T(0));
+      dk(static_cast<size_t>(rows * kw)), dv(static_cast<size_t>(rows * vw)), dsink(static_cast<size_t>(cfg.shape.hq), T(0));
   // Measured spans: the calls this command makes, and the runtime's stages inside them.
   SpanRecorder spans(me);
   comm.barrier();
@@ -271,12 +280,12 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
   const auto lse0 = gather_to_root(comm, be, lse, owners, shape.hq);
   const auto dq0 = gather_to_root(comm, be, dq, owners, qw);
   const auto dk0 = gather_to_root(comm, be, dk, owners, kw);
-  const auto dv0 = gather_to_root(comm, be, dv, owners, kw);
+  const auto dv0 = gather_to_root(comm, be, dv, owners, vw);
   int status = 0;
   if (me == 0) {
     const TokenRange all{0, S};
     const auto fq = shard_values<T>(s + 1, all, qw), fk = shard_values<T>(s + 2, all, kw),
-               fv = shard_values<T>(s + 3, all, kw), fdy = shard_values<T>(s + 4, all, ow);
+               fv = shard_values<T>(s + 3, all, vw), fdy = shard_values<T>(s + 4, all, ow);
     AttentionInputs<T> prob;
     prob.q = fq.data(), prob.k = fk.data(), prob.v = fv.data(), prob.dout = fdy.data();
     prob.sink = cfg.sink ? sink.data() : nullptr;
@@ -360,7 +369,8 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
                   count_of(st.segments, "segment").c_str(), count_of(st.families, "family", "families").c_str(),
                   st.depth, count_of(st.visible_pairs, "visible pair").c_str(),
                   cfg.shape.window > 0 ? (" (window " + std::to_string(cfg.shape.window) + ")").c_str() : "");
-      std::printf("attention: Hq %d, Hkv %d, D %d%s\n", cfg.shape.hq, cfg.shape.hkv, cfg.shape.d, cfg.sink ? ", learned sink" : "");
+      std::printf("attention: Hq %d, Hkv %d, D %d, Dv %d%s\n", cfg.shape.hq, cfg.shape.hkv, cfg.shape.d, cfg.shape.dv,
+                  cfg.sink ? ", learned sink" : "");
       std::printf("costs: %s; %s for %s\n", cfg.costs_path.c_str(),
                   count_of(std::thread::hardware_concurrency(), "hardware thread").c_str(), count_of(n, "rank").c_str());
       std::printf("plan: %s, %s of %s, %s (backward KV %s), predicted makespan %.3f ms, planned in %.2f ms\n",
@@ -432,8 +442,9 @@ int run_main(const std::vector<std::string>& argv) {
 
 const Register kRun("run",
                     "[--preset NAME | --tree FILE] [--ranks N] [--timeout S] [--device cpu|cuda] [--window W] [--sink] "
-                    "[--layout L] [--dtype float|double|bf16|fp16] [--scale F] [--seed S] [--hq H] [--hkv H] [--d D] [--chunk C] "
-                    "[--costs FILE] [--trace FILE] [--full] [--reps N] [--backward-kv auto|keep|refetch] [--json]",
+                    "[--layout L] [--dtype float|double|bf16|fp16] [--scale F] [--seed S] [--hq H] [--hkv H] [--d D] "
+                    "[--dv D] [--chunk C] [--costs FILE] [--trace FILE] [--full] [--reps N] "
+                    "[--backward-kv auto|keep|refetch] [--json]",
                     "the main job: plan, run dense attention CP forward+backward on N ranks (CPU processes or GPUs), "
                     "check against one process, report",
                     run_main);

@@ -100,7 +100,7 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
                RankTraffic* traffic, std::vector<StageSpan>* spans = nullptr) {
   const int me = nccl.rank(), n = nccl.size();
   const int64_t S = row.tokens();
-  const int64_t qw = cfg.shape.q_width(), kw = cfg.shape.k_width();
+  const int64_t qw = cfg.shape.q_width(), kw = cfg.shape.k_width(), vw = cfg.shape.v_width(), ow = cfg.shape.o_width();
   DenseAttentionCP<CudaBackend> cp(plan, row, cfg.shape, nccl, be, opt);
   const Ownership loader = contiguous_ownership(S, n), owners = plan_ownership(plan);
   const TokenRange mine = loader[static_cast<size_t>(me)].empty() ? TokenRange{} : loader[static_cast<size_t>(me)][0];
@@ -111,15 +111,15 @@ Outputs run_cp(NcclCommunicator& nccl, CudaBackend& be, const Row& row, const Pl
                        be.dtype());
     return redistribute(nccl, be, shard, loader, owners, width);
   };
-  const CudaBackend::Act q = input(kQ, qw), k = input(kK, kw), v = input(kV, kw), dy = input(kDy, qw);
+  const CudaBackend::Act q = input(kQ, qw), k = input(kK, kw), v = input(kV, vw), dy = input(kDy, ow);
   const int64_t rows = cp.owned_rows();
   CudaBackend::Stat sink = be.alloc_stat(cfg.shape.hq), dsink = be.alloc_stat(cfg.shape.hq), lse = be.alloc_stat(rows * cfg.shape.hq);
   std::vector<float> sink_host(static_cast<size_t>(cfg.shape.hq));
   for (int h = 0; h < cfg.shape.hq; ++h)
     sink_host[static_cast<size_t>(h)] = static_cast<float>(2 * uniform_at(s + kSink, static_cast<uint64_t>(h)));
   be.upload(sink, sink_host);
-  CudaBackend::Act y = be.alloc_act(rows * qw);
-  CudaBackend::Grad dq = be.alloc_grad(rows * qw), dk = be.alloc_grad(rows * kw), dv = be.alloc_grad(rows * kw);
+  CudaBackend::Act y = be.alloc_act(rows * ow);
+  CudaBackend::Grad dq = be.alloc_grad(rows * qw), dk = be.alloc_grad(rows * kw), dv = be.alloc_grad(rows * vw);
   for (int step = 0; step < reps; ++step) {
     be.zero(dsink);
     cp.forward(q, k, v, cfg.sink ? &sink : nullptr, y, lse);
@@ -166,7 +166,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
                 const GpuRunConfig& cfg) {
   const int me = world.rank(), n = world.size();
   const int64_t S = row.tokens();
-  const int64_t qw = cfg.shape.q_width(), kw = cfg.shape.k_width();
+  const int64_t qw = cfg.shape.q_width(), kw = cfg.shape.k_width(), vw = cfg.shape.v_width(), ow = cfg.shape.o_width();
   auto nccl = gpu_communicator(world, cfg.timeout_s);
   CudaBackend be(nullptr, cfg.dtype);
   nccl->set_compute_stream(be.stream());
@@ -213,11 +213,11 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
   CpuBackend<double> host;
   const Ownership owners = plan_ownership(plan);
   Outputs cp;
-  cp.o = gather_to_root(world, host, mine.o, owners, qw);
+  cp.o = gather_to_root(world, host, mine.o, owners, ow);
   cp.lse = gather_to_root(world, host, mine.lse, owners, cfg.shape.hq);
   cp.dq = gather_to_root(world, host, mine.dq, owners, qw);
   cp.dk = gather_to_root(world, host, mine.dk, owners, kw);
-  cp.dv = gather_to_root(world, host, mine.dv, owners, kw);
+  cp.dv = gather_to_root(world, host, mine.dv, owners, vw);
   cp.dsink = mine.dsink;
 
   int status = 0;
@@ -252,7 +252,7 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
     } else {
       const uint64_t s = cfg.seed * 16;
       const auto fq = host_values(s + kQ, S * qw, cfg.dtype), fk = host_values(s + kK, S * kw, cfg.dtype),
-                 fv = host_values(s + kV, S * kw, cfg.dtype), fdy = host_values(s + kDy, S * qw, cfg.dtype);
+                 fv = host_values(s + kV, S * vw, cfg.dtype), fdy = host_values(s + kDy, S * ow, cfg.dtype);
       std::vector<double> sink(static_cast<size_t>(cfg.shape.hq));
       for (int h = 0; h < cfg.shape.hq; ++h)
         sink[static_cast<size_t>(h)] =
@@ -332,8 +332,8 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       std::printf("row: %lld tokens, %lld segments, depth %d, %lld visible pairs%s\n", static_cast<long long>(S),
                   static_cast<long long>(st.segments), st.depth, static_cast<long long>(st.visible_pairs),
                   cfg.shape.window > 0 ? (" (window " + std::to_string(cfg.shape.window) + ")").c_str() : "");
-      std::printf("attention: Hq %d, Hkv %d, D %d%s; backward KV %s\n", cfg.shape.hq, cfg.shape.hkv, cfg.shape.d,
-                  cfg.sink ? ", learned sink" : "", plan.refetch_backward ? "fetched again" : "kept");
+      std::printf("attention: Hq %d, Hkv %d, D %d, Dv %d%s; backward KV %s\n", cfg.shape.hq, cfg.shape.hkv, cfg.shape.d,
+                  cfg.shape.dv, cfg.sink ? ", learned sink" : "", plan.refetch_backward ? "fetched again" : "kept");
       std::printf("plan: %s, %zu chunks, %d waves, predicted makespan %.3f ms, planned in %.2f ms (costs %s)\n",
                   layout_name(plan.layout), plan.chunk_owner.size(), plan.num_waves, plan.predicted_makespan_ms,
                   report.planning_ms, cfg.costs_path.c_str());

@@ -69,6 +69,14 @@ if [ -z "${SKIP_RUN:-}" ]; then
     "${launch[@]}" "$treecp" run --device cuda --ranks "$n" --preset varied5k --scale 32 --backward-kv refetch \
       --sink 2>&1 | tee -a "$out/run.log" | tail -n 4
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    # the kernels' other (D, Dv) pairs (MLA's dense form, 256) through the whole GPU pipeline
+    for dims in "192 128" "256 256"; do
+      read -r d dv <<<"$dims"
+      step "treecp run --device cuda, $n GPU(s), (D, Dv) = ($d, $dv), window and sink, vs the CPU double reference"
+      "${launch[@]}" "$treecp" run --device cuda --ranks "$n" --preset varied5k --scale 32 --d "$d" --dv "$dv" \
+        --window 700 --sink 2>&1 | tee -a "$out/run.log" | tail -n 4
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
     step "treecp run --device cuda, $n GPU(s), full size, vs one GPU"
     "${launch[@]}" "$treecp" run --device cuda --ranks "$n" --preset fixed5k --full 2>&1 | tee -a "$out/run.log" | tail -n 8
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

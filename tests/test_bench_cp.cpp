@@ -86,10 +86,24 @@ TEST(BenchCp, CpuRanksWriteTheWeakScalingRecords) {
   EXPECT_GT(fitted.local_forward_pairs_per_ms, 0.0);
 }
 
+// --dv apart from --d (V, O, dO and dV buffers Dv wide): the steps run and the JSON names the layer planned for.
+TEST(BenchCp, CpuRanksTakeAValueHeadDimUnlikeTheKeyHeadDim) {
+  testing::TempDir dir("treecp_bench_cp_dv");
+  const auto run = testing::run_treecp("bench cp --device cpu --cp 1 --presets fixed5k --trees 1 --reps 1 --scale 256 "
+                                       "--d 16 --dv 40 --no-links --json " + dir / "b.json",
+                                       dir / "log");
+  ASSERT_EQ(run.status, 0) << run.log;
+  const json::Value doc = json::parse(testing::read_text(dir / "b.json"));
+  EXPECT_EQ(doc.at("shape").at("d").as_int(), 16);
+  EXPECT_EQ(doc.at("shape").at("dv").as_int(), 40);
+  ASSERT_GT(doc.at("records").size(), 0u);
+  EXPECT_GT(doc.at("records")[0].at("forward_backward_ms").as_double(), 0.0);
+}
+
 TEST(BenchCp, RefusesBadOptionsInOneLine) {
   testing::TempDir dir("treecp_bench_cp_bad");
   for (const char* args : {"--device cpu --ranks 2 --cp 3", "--device cpu --cp 2,1 --ranks 2", "--device tpu",
-                           "--device cpu --presets nope", "--device cpu --reps 0"}) {
+                           "--device cpu --presets nope", "--device cpu --reps 0", "--device cpu --dv 0"}) {
     const auto run = testing::run_treecp(std::string("bench cp ") + args, dir / "log");
     EXPECT_NE(run.status, 0) << args;
     EXPECT_EQ(std::count(run.log.begin(), run.log.end(), '\n'), 1) << args << ":\n" << run.log;

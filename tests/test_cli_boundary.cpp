@@ -117,6 +117,7 @@ TEST(Boundary, MultiRankOptionErrorsAreOneLineBeforeAnyRankStarts) {
       {"--dtype fp16", "--dtype fp16 goes with --device cuda (CPU ranks compute in float or double)"},
       {"--hq 6 --hkv 4", "option --hq (6) must be a multiple of --hkv (4)"},
       {"--d 0", "option --d must be in [1, 512], got 0"},
+      {"--dv 513", "option --dv must be in [1, 512], got 513"},
       {"--layout bogus", "option --layout must be one of"},
       {"--chunk 2", "at least the kernel tile of 128 tokens, got 2"},
       {"--timeout 0", "option --timeout must be a number of seconds in (0, 1e6]"},
@@ -125,6 +126,30 @@ TEST(Boundary, MultiRankOptionErrorsAreOneLineBeforeAnyRankStarts) {
   };
   for (const auto& c : cases) expect_one_line(treecp("run --ranks 2 " + c.args, dir), "run", c.expected);
   expect_one_line(treecp("plan --preset fixed5k --ranks 8 --chunk 1", dir), "plan", "kernel tile of 128 tokens");
+}
+
+// On GPUs the head dims are the kernels' (D, Dv) pairs, refused in one line with the list (a build without CUDA
+// refuses --device cuda first). --dv is D unless given, so --d 192 alone asks for (192, 192).
+TEST(Boundary, GpuHeadDimsOutsideTheKernelsPairsAreRefusedWithTheList) {
+  TempDir dir("treecp_boundary_dims");
+  const struct {
+    std::string command, args, got;
+  } cases[] = {
+      {"run", "--device cuda --d 96", "(96, 96)"},
+      {"run", "--device cuda --d 192", "(192, 192)"},
+      {"run", "--device cuda --d 128 --dv 64", "(128, 64)"},
+      {"bench cp", "--device cuda --d 256 --dv 128", "(256, 128)"},
+      {"bench cp", "--device cuda --d 192", "(192, 192)"},
+  };
+  for (const auto& c : cases) {
+    const Outcome o = treecp(c.command + " " + c.args, dir);
+    EXPECT_EQ(o.rc, 1) << o.log;
+    EXPECT_EQ(std::count(o.log.begin(), o.log.end(), '\n'), 1) << o.log;
+    const bool listed = o.log.find("must be one of (D, Dv) (64, 64), (128, 128), (192, 128), (256, 256), got " +
+                                   c.got) != std::string::npos;
+    const bool no_gpu_build = o.log.find("--device cuda: this treecp was built without CUDA") != std::string::npos;
+    EXPECT_TRUE(listed || no_gpu_build) << c.command << " " << c.args << ": " << o.log;
+  }
 }
 
 TEST(Boundary, OutputDirectoryIsCheckedBeforeTheComputeAndNeverHalfWritten) {
