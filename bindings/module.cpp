@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "kernels/cuda/attention_dims.hpp"
 #include "key.hpp"
 #include "plan/cost.hpp"
 #include "plan/planner.hpp"
@@ -277,6 +278,11 @@ NB_MODULE(_core, m) {
   m.attr("has_cuda_backend") = py::KeyCore::has_cuda();
   // Whether CUDA tensors can run under CP: the NCCL communicator the package makes from a torch group.
   m.attr("has_nccl") = py::KeyCore::has_nccl();
+  // The (D, Dv) pairs the CUDA attention kernels take, from the kernels' own table (CUDA-free, so a build without
+  // CUDA answers too): the package refuses other pairs on CUDA tensors by name, before any collective.
+  nb::list dims;
+  for (const cuda::AttentionDims& d : cuda::kAttentionDims) dims.append(nb::make_tuple(d.qk, d.v));
+  m.attr("cuda_attention_dims") = nb::tuple(dims);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

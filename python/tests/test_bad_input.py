@@ -1,5 +1,7 @@
 """Every bad input raises ValueError (TypeError for a non-key) naming the argument, before anything runs."""
 
+import re
+
 import pytest
 import torch
 
@@ -58,6 +60,24 @@ def test_a_key_from_another_row_or_group_size_is_refused(key):
         key.undispatch(torch.zeros(8, 3))
 
 
+CUDA_DIMS_MESSAGE = (r"on CUDA the head dims \(D of q and k, Dv of v\) must be one of \(D, Dv\) \(64, 64\), "
+                     r"\(128, 128\), \(192, 128\), \(256, 256\), got \(%d, %d\)")
+
+
+def test_the_cuda_head_dims_come_from_the_kernels_table_in_every_build():
+    # the extension answers from kernels/cuda/attention_dims.hpp whether or not it was built with CUDA
+    assert treecp._core.cuda_attention_dims == ((64, 64), (128, 128), (192, 128), (256, 256))
+    assert tt.CUDA_ATTENTION_DIMS == treecp._core.cuda_attention_dims
+    from treecp.torch._ops import _cuda_attention_dims_problem
+    for d, dv in tt.CUDA_ATTENTION_DIMS:
+        assert _cuda_attention_dims_problem("attention", d, dv) is None
+    # pairs the kernels lack (MLA's 192 with a Dv of 192, Dv 128 beside D 256, ...): refused, the list in the message
+    for d, dv in ((192, 192), (128, 192), (256, 128), (64, 128), (128, 64), (8, 8), (96, 96)):
+        problem = _cuda_attention_dims_problem("attention", d, dv)
+        assert problem is not None and problem.startswith("attention: "), (d, dv)
+        assert re.search(CUDA_DIMS_MESSAGE % (d, dv), problem), problem
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
 def test_cuda_tensors_are_refused_by_name_where_the_kernels_cannot_take_them(key):
     q, k, v = (x.cuda().bfloat16() for x in qkv())  # head dim 8
@@ -65,8 +85,13 @@ def test_cuda_tensors_are_refused_by_name_where_the_kernels_cannot_take_them(key
         with pytest.raises(ValueError, match="q is on cuda.*no CUDA backend"):
             tt.attention(q, k, v, key)
         return
-    with pytest.raises(ValueError, match="head dims must be 64 or 128"):
+    with pytest.raises(ValueError, match=CUDA_DIMS_MESSAGE % (8, 8)):
         tt.attention(q, k, v, key)
+    # pairs the kernels lack, Dv != D among them, are refused with the list (MLA's (192, 128) itself is taken)
+    for d, dv in ((192, 192), (128, 64), (256, 128)):
+        q, k, v = (x.cuda().bfloat16() for x in qkv(d=d, dv=dv))
+        with pytest.raises(ValueError, match=CUDA_DIMS_MESSAGE % (d, dv)):
+            tt.attention(q, k, v, key)
     # attention takes bfloat16 or float16, q, k, v and sink in one of them; float32 and mixtures are refused by name
     q, k, v = (x.cuda() for x in qkv(d=64, dv=64, dtype=torch.float16))
     with pytest.raises(ValueError, match="q has dtype torch.float32; on CUDA treecp takes bfloat16 or float16"):

@@ -22,18 +22,20 @@ pytestmark = [
 ATTENTION_ATOL = {torch.bfloat16: 1e-3, torch.float16: 1e-3 * 2.0 ** -3}
 
 
+# Every (D, Dv) pair of the kernels' table (tt.CUDA_ATTENTION_DIMS), MLA's dense form (192, 128) included.
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (192, 128), (256, 256)])
 @pytest.mark.parametrize("window", [None, 90])
-def test_attention_on_cuda_is_as_accurate_as_torch_in_the_same_precision(d, window, dtype):
+def test_attention_on_cuda_is_as_accurate_as_torch_in_the_same_precision(d, dv, window, dtype):
     gen = torch.Generator().manual_seed(5)
     parents, lengths = random_row(gen, 12, 100)
     row = treecp.Row.from_segments(parents, lengths)
     key = tt.plan(row, window=window)
     t, hq, hkv = row.tokens, 8, 2
-    q, k, v = (torch.randn(t, h, d, dtype=torch.float64, generator=gen) for h in (hq, hkv, hkv))
+    q, k = (torch.randn(t, h, d, dtype=torch.float64, generator=gen) for h in (hq, hkv))
+    v = torch.randn(t, hkv, dv, dtype=torch.float64, generator=gen)
     sink = torch.randn(hq, dtype=torch.float64, generator=gen)
-    g = torch.randn(t, hq, d, dtype=torch.float64, generator=gen)
+    g = torch.randn(t, hq, dv, dtype=torch.float64, generator=gen)
     mask = visibility_mask(parents, lengths, window)
     leaves = [x.requires_grad_() for x in (q, k, v, sink)]
     o64, _ = dense_attention(q, k, v, mask, sink)
@@ -45,6 +47,7 @@ def test_attention_on_cuda_is_as_accurate_as_torch_in_the_same_precision(d, wind
     o, _ = tt.attention(*dev[:3], key, sink=dev[3])
     got = torch.autograd.grad((o * g.to(dtype).cuda()).sum(), dev)
     assert o.dtype == dtype and all(g_.dtype == dtype for g_ in got)
+    assert o.shape == (t, hq, dv) and [g_.shape for g_ in got] == [x.shape for x in dev]
     for name, a, b, c in zip(("o", "dq", "dk", "dv", "dsink"), (o,) + got, (o_ref,) + ref, (o64,) + truth):
         err = (a.double().cpu() - c).abs().max().item()
         err_ref = (b.double() - c).abs().max().item()
@@ -52,10 +55,12 @@ def test_attention_on_cuda_is_as_accurate_as_torch_in_the_same_precision(d, wind
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cuda_attention_runs_on_a_side_stream_and_under_compile(dtype):
+@pytest.mark.parametrize("d,dv", [(64, 64), (192, 128)])
+def test_cuda_attention_runs_on_a_side_stream_and_under_compile(d, dv, dtype):
+    # (192, 128): the fake implementation's output is [n, Hq, Dv] as the CUDA op's is
     row = treecp.Row.from_segments([-1, 0, 0], [200, 100, 50])
     key = tt.plan(row)
-    q, k, v = (torch.randn(row.tokens, h, 64, device="cuda", dtype=dtype) for h in (4, 2, 2))
+    q, k, v = (torch.randn(row.tokens, h, w, device="cuda", dtype=dtype) for h, w in ((4, d), (2, d), (2, dv)))
     ref, _ = tt.attention(q, k, v, key)
     assert ref.dtype == dtype
     side = torch.cuda.Stream()

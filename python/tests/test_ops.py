@@ -75,6 +75,42 @@ def test_attention_float32_error_is_bounded_by_a_float32_reference():
     assert err <= 4 * err_ref + 1e-6, (err, err_ref)
 
 
+@pytest.mark.parametrize("d,dv", [(192, 128), (64, 128)])
+def test_attention_with_v_narrower_or_wider_than_q_matches_the_reference_on_cpu(d, dv):
+    # MLA's dense form (q, k 192 wide, v 128) and the reverse on the CPU path: the output and every gradient against
+    # the dense float64 reference and its autograd (the gradcheck above takes D 3, Dv 2 by finite differences); float32
+    # within what a float32 reference differs from float64.
+    gen = torch.Generator().manual_seed(17)
+    parents, lengths = random_row(gen, 6, 7)
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row, window=5)
+    mask = visibility_mask(parents, lengths, 5)
+    q, k, v, sink = attention_inputs(row.tokens, 4, 2, d, dv, torch.float64, gen)
+    leaves = [x.requires_grad_() for x in (q, k, v, sink)]
+    o, lse = tt.attention(q, k, v, key, sink=sink)
+    o_ref, lse_ref = dense_attention(q, k, v, mask, sink=sink)
+    assert o.shape == (row.tokens, 4, dv) and lse.shape == (row.tokens, 4)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-12, atol=1e-12)
+    w = rand(*o.shape, gen=gen)
+    truth = torch.autograd.grad((o_ref * w).sum(), leaves)
+    got = torch.autograd.grad((o * w).sum(), leaves)
+    for name, a, b in zip(("dq", "dk", "dv", "dsink"), got, truth):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)
+    f32 = [x.detach().float().requires_grad_() for x in leaves]
+    o32_ref, _ = dense_attention(*f32[:3], mask, f32[3])
+    ref32 = (o32_ref,) + torch.autograd.grad((o32_ref * w.float()).sum(), f32)
+    f32_op = [x.detach().clone().requires_grad_() for x in f32]
+    o32, _ = tt.attention(*f32_op[:3], key, sink=f32_op[3])
+    got32 = (o32,) + torch.autograd.grad((o32 * w.float()).sum(), f32_op)
+    for name, a, b, c in zip(("o", "dq", "dk", "dv", "dsink"), got32, ref32, (o_ref,) + truth):
+        assert a.dtype == torch.float32, name
+        err = (a.double() - c).abs().max().item()
+        err_ref = (b.double() - c).abs().max().item()
+        assert err <= 4 * err_ref + 1e-6, (name, err, err_ref)
+
+
 def test_packed_equals_flattened_trajectories():
     # Each trajectory alone (a row of one segment) gives the same outputs and summed gradients as the tree.
     gen = torch.Generator().manual_seed(5)

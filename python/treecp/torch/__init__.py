@@ -3,7 +3,7 @@ and short convolutions on this rank's tokens, with autograd and torch.compile su
 
     key = treecp.torch.plan(row, group=None)          # once per row (and process group)
     x = key.dispatch(x_packed)                         # [tokens, ...] -> this rank's [n, ...]
-    o, lse = treecp.torch.attention(q, k, v, key)      # q [n, Hq, D], k/v [n, Hkv, D]
+    o, lse = treecp.torch.attention(q, k, v, key)      # q [n, Hq, D], k [n, Hkv, D], v [n, Hkv, Dv]
     y = key.undispatch(o)                              # back to [tokens, ...]
 
 Contract for gradients under CP (a group of cp > 1 ranks): every op returns this rank's contribution to
@@ -17,9 +17,10 @@ from typing import Optional
 
 from .. import Row
 from ._key import Key
+from ._ops import _CUDA_ATTENTION_DIMS as CUDA_ATTENTION_DIMS
 from ._ops import attention, gated_delta_rule, short_conv
 
-__all__ = ["Key", "plan", "attention", "gated_delta_rule", "short_conv"]
+__all__ = ["Key", "plan", "attention", "gated_delta_rule", "short_conv", "CUDA_ATTENTION_DIMS"]
 
 
 def plan(row: Row, group=None, window: Optional[int] = None, layout: str = "searched", costs=None) -> Key:

@@ -24,6 +24,9 @@ from ._key import Key, default_scale, key_of
 _CPU_DTYPES = (torch.float32, torch.float64)
 # On CUDA every op's kernels take bf16 or fp16 (attention, GDN/KDA, the short convolution).
 _CUDA_DTYPES = (torch.bfloat16, torch.float16)
+# The (D, Dv) pairs of q/k's and v's head dims the CUDA attention kernels are instantiated for: the extension's copy
+# of the kernels' table (kernels/cuda/attention_dims.hpp), there in builds without CUDA too.
+_CUDA_ATTENTION_DIMS = tuple(tuple(p) for p in _core.cuda_attention_dims)
 
 
 def _positive_number(x) -> bool:
@@ -123,6 +126,13 @@ def _key_argument(op: str, key) -> Key:
 # ---------------------------------------------------------------- attention
 
 
+def _cuda_attention_dims_problem(op: str, d: int, dv: int) -> Optional[str]:
+    if (d, dv) in _CUDA_ATTENTION_DIMS:
+        return None
+    pairs = ", ".join(f"({a}, {b})" for a, b in _CUDA_ATTENTION_DIMS)
+    return f"{op}: on CUDA the head dims (D of q and k, Dv of v) must be one of (D, Dv) {pairs}, got ({d}, {dv})"
+
+
 def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
     op = "attention"
     n = key.local_tokens
@@ -143,9 +153,7 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
     if p:
         return p
     if q.device.type == "cuda":
-        if v.shape[2] != d or d not in (64, 128):
-            return f"{op}: on CUDA the head dims must be 64 or 128 with v's equal to q's, got q {d} and v {v.shape[2]}"
-        p = _cuda_key_problem(op, key, "q", q)
+        p = _first(_cuda_attention_dims_problem(op, d, dv), _cuda_key_problem(op, key, "q", q))
         if p:
             return p
     if not _positive_number(scale):
@@ -208,7 +216,7 @@ def _cuda_state(key, device):
 
 def _cuda_attention_forward(key, q, k, v, sink, scale):
     _cuda_state(key, q.device)
-    y = torch.empty_like(q)
+    y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])  # [n, Hq, Dv]
     lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
     o_presink = torch.empty_like(y) if sink is not None else q.new_empty(0)
     sink32 = sink.detach().float().contiguous() if sink is not None else None
@@ -282,8 +290,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, key: Key, sink: Optional[Tensor] 
     Returns ``o [n, Hq, Dv]`` (the learned sink ``[Hq]``, if given, applied once) and ``lse [n, Hq]``, the
     natural log of the softmax denominator over the visible tokens (before the sink; no gradient flows
     through it). ``softmax_scale`` defaults to 1/sqrt(D). The sink's gradient is this rank's contribution.
-    q, k, v and sink share one dtype: float32 or float64 on CPU, bfloat16 or float16 on CUDA (head dims 64 or
-    128; fp32 LSE, softmax and accumulation either way, gradients in the inputs' dtype).
+    q, k, v and sink share one dtype: float32 or float64 on CPU (any head dims), bfloat16 or float16 on CUDA, where
+    (D, Dv) must be one of ``treecp.torch.CUDA_ATTENTION_DIMS``: (64, 64), (128, 128), (192, 128) (MLA's dense form)
+    or (256, 256) (fp32 LSE, softmax and accumulation, gradients in the inputs' dtype).
     """
     key = _key_argument("attention", key)
     if softmax_scale is None:
