@@ -8,7 +8,7 @@
 // Backward and forward+backward include zeroing the fp32 gradients (the contract accumulates).
 // Usage: bench_attention [--out DIR] [--reps N] [--presets a,b,c] [--experiments 0|1] [--dims DQKxDV,...]
 //   --experiments 0 skips the timings of the earlier experiments (decided ones; they print as nan), not their checks.
-//   --dims 192x128,256x256,64x64 (pairs of attention.hpp's kAttentionDims) runs the head-dim table instead of the
+//   --dims 192x128,256x256,64x64 (pairs of attention_dims.hpp's kAttentionDims) runs the head-dim table instead of the
 //   D = 128 tables: per preset and pair, every forward main loop the pair has (kDefault, kWgmma, kMmaSync at 16 and
 //   32 rows per warp) and every backward one (kDefault, kMmaSync, kWgmma where it exists), sustained, with the
 //   sampled O check of each forward. Without --dims nothing changes.

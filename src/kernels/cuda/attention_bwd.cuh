@@ -12,7 +12,7 @@
 
 namespace treecp::cuda::detail {
 
-// D is Dqk (the columns of Q, K, dQ and dK), DV the columns of V, dO and dV (attention.hpp's kAttentionDims).
+// D is Dqk (the columns of Q, K, dQ and dK), DV the columns of V, dO and dV (attention_dims.hpp's kAttentionDims).
 template <int D, int DV = D>
 struct BwdShape {
   static constexpr int kRows = kBwdBlockRows;

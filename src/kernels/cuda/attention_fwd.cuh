@@ -17,7 +17,7 @@ namespace treecp::cuda::detail {
 // M = 2: 4 warps x 32 rows, each K/V fragment read from shared memory feeds two MMAs (half the
 // shared-memory traffic per FLOP), Q re-read from shared memory to stay under 255 registers, and two
 // blocks per SM instead of one.
-// D is Dqk (the columns of Q and K), DV the columns of V and O (attention.hpp's kAttentionDims).
+// D is Dqk (the columns of Q and K), DV the columns of V and O (attention_dims.hpp's kAttentionDims).
 template <int D, int M, int DV = D>
 struct FwdShape {
   static constexpr int kRows = kFwdBlockRows;

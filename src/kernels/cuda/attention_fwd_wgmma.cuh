@@ -19,7 +19,7 @@
 
 namespace treecp::cuda::detail {
 
-// D is Dqk (Q, K), DV the columns of V and O (attention.hpp's kAttentionDims).
+// D is Dqk (Q, K), DV the columns of V and O (attention_dims.hpp's kAttentionDims).
 template <int D, int DV = D>
 struct FwdWgmmaShape {
   static constexpr int kRows = kFwdBlockRows;
