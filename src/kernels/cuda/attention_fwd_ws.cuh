@@ -189,13 +189,14 @@ struct FwdWsProducer {
 // ---- Tile schedulers ----------------------------------------------------------------------------------------------
 
 // An item as the consumers take it: query tile (tile < 0: no more), KV head, its runs [e_begin, e_end) and the first
-// run's first tile.
+// run's first tile (the walk's start: the scheduler's cursor()).
 struct FwdWsItem {
-  int tile, kvh, e_begin, e_end, first;
+  int tile, kvh, e_begin, e_end, first, t0;  // t0: the tile's first token
 };
 
 // Each scheduler is the kernel's parameter for one form: produce() is the producer thread's walk over the block's
-// items; start() runs before the first, next_item(j) gives the consumers item j once its Q has landed (false: no more), release_q(j) says they hold
+// items; start() runs before the first, next_item(j) gives the consumers item j once its Q has landed (false: no more)
+// and cursor() its walk's start, release_q(j) says they hold
 // item j's Q in registers and have read it, read_ahead(j) runs under item j's first GEMMs (or at once where the item
 // is empty).
 
@@ -227,13 +228,13 @@ struct FwdWsSingleTileScheduler {
       if (t == 1) trace.stamp(9);  // the first K/V tile's loads are issued
     });
   }
-  // The consumers' one item (the kernel takes no second).
-  __device__ __forceinline__ bool next_item(const FwdWsArgs& w, const Smem& sm, int, FwdWsItem& it) const {
+  // The consumers' one item (the kernel takes no second); its runs' start is read by cursor().
+  __device__ __forceinline__ bool next_item(const FwdWsArgs&, const Smem& sm, int, FwdWsItem& it) const {
     mbar_wait(sm.qfull(), 0);
-    const RunCursor c = first(w);
-    it = FwdWsItem{tile, kvh, c.entry, e_end, c.tile};
+    it = FwdWsItem{tile, kvh, 0, e_end, 0, t0};
     return true;
   }
+  __device__ __forceinline__ RunCursor cursor(const FwdWsArgs& w, const FwdWsItem&) const { return first(w); }
   __device__ __forceinline__ void start(const Smem&) const {}
   __device__ __forceinline__ void release_q(const Smem&, int, int) const {}  // Q's buffer is not refilled
   __device__ __forceinline__ void read_ahead(const Smem&, int) {}
@@ -329,7 +330,7 @@ struct FwdWsPersistentScheduler {
   // The consumers, before their first item: kPrefetch, item 0's words.
   __device__ __forceinline__ void start(const Smem& sm) { read_ahead(sm, -1); }
   // The consumers' item j: kPrefetch, as read ahead; else read once its qfull phase has completed.
-  __device__ __forceinline__ bool next_item(const FwdWsArgs&, const Smem& sm, int j, FwdWsItem& it) {
+  __device__ __forceinline__ bool next_item(const FwdWsArgs& w, const Smem& sm, int j, FwdWsItem& it) {
     int4 a, b;
     if constexpr (kPrefetch) {
       a = ahead;
@@ -342,8 +343,11 @@ struct FwdWsPersistentScheduler {
       b = ld_volatile(scratch + 1);  // the first run's first tile, the item's index
       if (a.x < 0) return false;
     }
-    it = FwdWsItem{a.x, a.y, a.z, a.w, b.x};
+    it = FwdWsItem{a.x, a.y, a.z, a.w, b.x, a.x * w.a.lists.major_tile_rows};
     return true;
+  }
+  __device__ __forceinline__ RunCursor cursor(const FwdWsArgs&, const FwdWsItem& it) const {
+    return RunCursor{it.e_begin, it.first};
   }
   // each consumer warp once it holds Q in registers and has read the item: the producer may refill either
   __device__ __forceinline__ void release_q(const Smem& sm, int, int lane) const {
@@ -526,17 +530,21 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     if (threadIdx.x == 0) trace.stamp(2);
     if constexpr (kQReg) fwd_ws_load_q_regs(sm.sQ, warp, lane, qf);
     sched.release_q(sm, j, lane);
-    const int t0 = it.tile * L.major_tile_rows;
+    const int t0 = it.t0;
     const int tok[2] = {t0 + rq[0], t0 + rq[1]};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    if (it.e_begin == it.e_end) {  // no visible key: O = 0 and LSE = -inf, stored directly; pending work stays pending
-      Epilogue::store_empty(args, row, tok, it.kvh, lane);
-      sched.read_ahead(sm, j);
-      if constexpr (kP) continue;  // (an if-else here costs the wgmmas their overlap: ptxas C7513)
-      else break;
+    // No visible key: O = 0 and LSE = -inf. The persistent form stores them directly and leaves pending work
+    // pending (an if-else here instead of `continue` costs the wgmmas their overlap: ptxas C7513); one block per
+    // item runs no step and its epilogue divides by l = 0 into the same.
+    if constexpr (kP) {
+      if (it.e_begin == it.e_end) {
+        Epilogue::store_empty(args, row, tok, it.kvh, lane);
+        sched.read_ahead(sm, j);
+        continue;
+      }
     }
     const int e_end = it.e_end;
-    RunCursor cur{it.e_begin, it.first};
+    RunCursor cur = sched.cursor(w, it);
     bool held = false;  // kSoftmax held: every row of the warp has its offset
     // One step. The persistent form peels each item's first (kFirst): it may find a P V pending from the previous
     // item (never the block's first) and does that item's epilogue; the loop over the other steps holds neither.
@@ -619,10 +627,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     pt0 = t0;
     if constexpr (!kP) break;  // one block per item: no second
   }
-  if (pending) {  // the last step's P V
-    fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.empty(prev_s));
+  if constexpr (kP) {
+    if (pending) {  // the last step's P V
+      fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sm.empty(prev_s));
+    }
+  } else if constexpr (kOverlap) {
+    if (n > 0) fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);  // the last step's P V (the producer is done with the ring)
   }
   if (threadIdx.x == 0) {
     trace.stamp(4);
