@@ -235,6 +235,7 @@ struct FwdWsSingleTileScheduler {
     return true;
   }
   __device__ __forceinline__ RunCursor cursor(const FwdWsArgs& w, const FwdWsItem&) const { return first(w); }
+  __device__ __forceinline__ int token_base() const { return t0; }  // the consumers' rows hold the item's tokens
   __device__ __forceinline__ void start(const Smem&) const {}
   __device__ __forceinline__ void release_q(const Smem&, int, int) const {}  // Q's buffer is not refilled
   __device__ __forceinline__ void read_ahead(const Smem&, int) {}
@@ -327,6 +328,7 @@ struct FwdWsPersistentScheduler {
     }
   }
 
+  __device__ __forceinline__ int token_base() const { return 0; }  // the consumers add each item's first token
   // The consumers, before their first item: kPrefetch, item 0's words.
   __device__ __forceinline__ void start(const Smem& sm) { read_ahead(sm, -1); }
   // The consumers' item j: kPrefetch, as read ahead; else read once its qfull phase has completed.
@@ -507,11 +509,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4;
-  int row[2], rq[2];  // this thread's two packed rows and their tokens from the item's first
-  fwd_ws_rows(warp, lane, G, 0, row, rq);
+  int row[2], rq[2];  // this thread's two packed rows and their tokens (one block per item: its own; else from the item's first)
+  fwd_ws_rows(warp, lane, G, sched.token_base(), row, rq);
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // the item's rows' running offset (base 2) and sum
   const float sl2 = args.p.scale * kLog2e;
   const uint32_t q16 = (sm.sQ + wg * 64 * 128) >> 4, k16 = sm.sK() >> 4, v16 = sm.sV() >> 4;
   constexpr uint32_t kStage16 = BN * D * 2 / 16;
@@ -531,8 +534,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     if constexpr (kQReg) fwd_ws_load_q_regs(sm.sQ, warp, lane, qf);
     sched.release_q(sm, j, lane);
     const int t0 = it.t0;
-    const int tok[2] = {t0 + rq[0], t0 + rq[1]};
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const int tok[2] = {kP ? t0 + rq[0] : rq[0], kP ? t0 + rq[1] : rq[1]};
+    if constexpr (kP) {  // a new item's rows (one block per item has them from the start)
+      m[0] = m[1] = -INFINITY;
+      l[0] = l[1] = 0.f;
+    }
     // No visible key: O = 0 and LSE = -inf. The persistent form stores them directly and leaves pending work
     // pending (an if-else here instead of `continue` costs the wgmmas their overlap: ptxas C7513); one block per
     // item runs no step and its epilogue divides by l = 0 into the same.
@@ -546,12 +552,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     const int e_end = it.e_end;
     RunCursor cur = sched.cursor(w, it);
     bool held = false;  // kSoftmax held: every row of the warp has its offset
-    // One step. The persistent form peels each item's first (kFirst): it may find a P V pending from the previous
-    // item (never the block's first) and does that item's epilogue; the loop over the other steps holds neither.
-    // One block per item does not peel (ptxas then serialises its wgmmas, C7513): its first step is n == 0.
-    auto step = [&](auto first) {
-      constexpr bool kFirst = decltype(first)::value;
-      const bool pv_due = kP ? !kFirst || pending : n > 0;  // kOverlap: the previous step's P V is issued here
+    // The item's steps. The persistent form's first (`first`) may find a P V pending from the previous item (never
+    // the block's first) and does that item's epilogue. (A loop, not a lambda per step: a lambda changes the
+    // one-block-per-item form's machine code.)
+    for (bool first = true; cur.entry < e_end; first = false) {
       const int s = n % kWsStages;
       mbar_wait(sm.full(s), (n / kWsStages) & 1);
       if (n == 0 && threadIdx.x == 0) trace.stamp(10);
@@ -570,9 +574,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
       }
       wgmma_commit();
       if constexpr (kOverlap) {
-        if (pv_due) fwd_issue_pv<D, BN, E>(o, pa, prev_vs16);
+        // the previous step's P V (tested where used, not held in a register: as the old kernels did)
+        if (kP ? !first || pending : n > 0) fwd_issue_pv<D, BN, E>(o, pa, prev_vs16);
         wgmma_commit();
-        if constexpr (kFirst) sched.read_ahead(sm, j);  // kPrefetch: under the GEMMs; used at the next item's start
+        if (kP && first) sched.read_ahead(sm, j);  // kPrefetch: under the GEMMs; used at the next item's start
         wgmma_wait<1>();  // S(n) only: P V(n - 1), maybe the previous item's last, stays in flight under the softmax
       } else {
         wgmma_wait<0>();
@@ -586,13 +591,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
         wgmma_wait<0>();  // P V(n - 1): O and the old P are free again
         wgmma_fence_operands(o);
         wgmma_fence_operands(pa);
-        if (pv_due) {
+        if (kP ? !first || pending : n > 0) {
           __syncwarp();
           if (lane == 0) mbar_arrive(sm.empty(prev_s));
         }
       }
-      if constexpr (kP && kFirst) {
-        if (due) {  // O holds the previous item's result; this step's corrs are 0 (m was -inf)
+      if constexpr (kP) {
+        if (first && due) {  // O holds the previous item's result; this step's corrs are 0 (m was -inf)
           Epilogue::store(w, sm, o, pm, pl, row, ptok, pkvh, G, pt0, wg, lane, trace);
           due = false;
         }
@@ -613,9 +618,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
       }
       cur = cur.next(L.entries, e_end);
       ++n;
-    };
-    if constexpr (kP) step(std::true_type{});
-    while (cur.entry < e_end) step(std::false_type{});
+    }
+    if constexpr (!kP) {  // one block per item: the last step's P V, then the epilogue; no second item
+      if constexpr (kOverlap) {
+        if (n > 0) fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);  // (the producer is done with the ring)
+      }
+      if (threadIdx.x == 0) {
+        trace.stamp(4);
+        trace.set(6, n);
+      }
+      Epilogue::store(w, sm, o, m, l, row, tok, it.kvh, G, t0, wg, lane, trace);
+      return;
+    }
     due = true;  // this item's epilogue, once its last P V has retired
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -625,20 +639,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
     }
     pkvh = it.kvh;
     pt0 = t0;
-    if constexpr (!kP) break;  // one block per item: no second
   }
-  if constexpr (kP) {
-    if (pending) {  // the last step's P V
-      fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sm.empty(prev_s));
-    }
-  } else if constexpr (kOverlap) {
-    if (n > 0) fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);  // the last step's P V (the producer is done with the ring)
-  }
-  if (threadIdx.x == 0) {
-    trace.stamp(4);
-    trace.set(6, n);
+  if (pending) {  // the last item's last P V, then its epilogue
+    fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(sm.empty(prev_s));
   }
   if (due) Epilogue::store(w, sm, o, pm, pl, row, ptok, pkvh, G, pt0, wg, lane, trace);
   Epilogue::drain();
