@@ -195,10 +195,9 @@ struct FwdWsItem {
 };
 
 // Each scheduler is the kernel's parameter for one form: produce() is the producer thread's walk over the block's
-// items; start() runs before the first, next_item(j) gives the consumers item j once its Q has landed (false: no more)
-// and cursor() its walk's start, release_q(j) says they hold
-// item j's Q in registers and have read it, read_ahead(j) runs under item j's first GEMMs (or at once where the item
-// is empty).
+// items. The consumers call start() before the first item; next_item(j) gives them item j once its Q has landed
+// (false: no more) and cursor() its walk's start; release_q(j) says they hold item j's Q in registers and have read
+// the item; read_ahead(j) runs under item j's first GEMMs (or at once where the item is empty).
 
 // One block per item (query tile, KV head): block b takes query tile L.order[b / hkv] (longest first) and KV head
 // b % hkv.
