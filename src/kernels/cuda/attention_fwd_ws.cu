@@ -1,4 +1,4 @@
-// The warp-specialised forward's two library configs, bf16 and fp16 (attention_fwd_ws.cuh has the kernels).
+// The warp-specialised forward's two library configs, bf16 and fp16 (attention_fwd_ws.cuh has the kernel).
 #include "kernels/cuda/attention_fwd_ws.cuh"
 
 namespace treecp::cuda::detail {

@@ -7,9 +7,11 @@
 // shared memory and TMA stores. Needs head dim 128, G dividing 128 (Q's TMA box is 64 columns x G heads x 128 / G
 // tokens), 16-byte aligned rows.
 //
-// The kernels and launch_fwd_ws<C> for any FwdWsConfig (launch.hpp). attention_fwd_ws.cu instantiates the library's
-// two configs; bench/cuda/bench_attention.cu includes this header to time the others beside them. The kernels live in
-// an unnamed namespace: each translation unit that includes this header gets its own instantiations.
+// One kernel, attention_fwd_ws_kernel<C, E>, for any FwdWsConfig C (launch.hpp), made of parts: shared memory
+// layout, producer, tile scheduler (one block per item or persistent: C.persistent), softmax and epilogue; and
+// launch_fwd_ws<C>. attention_fwd_ws.cu instantiates the library's two configs; bench/cuda/bench_attention.cu
+// includes this header to time the others beside them. The kernel lives in an unnamed namespace: each translation
+// unit that includes this header gets its own instantiations.
 #pragma once
 
 #include <algorithm>
@@ -186,10 +188,22 @@ struct FwdWsProducer {
 
 // ---- Tile schedulers ----------------------------------------------------------------------------------------------
 
+// An item as the consumers take it: query tile (tile < 0: no more), KV head, its runs [e_begin, e_end) and the first
+// run's first tile (the walk's start: the scheduler's cursor()).
+struct FwdWsItem {
+  int tile, kvh, e_begin, e_end, first, t0;  // t0: the tile's first token
+};
+
+// Each scheduler is the kernel's parameter for one form: produce() is the producer thread's walk over the block's
+// items. The consumers call start() before the first item; next_item(j) gives them item j once its Q has landed
+// (false: no more) and cursor() its walk's start; release_q(j) says they hold item j's Q in registers and have read
+// the item; read_ahead(j) runs under item j's first GEMMs (or at once where the item is empty).
+
 // One block per item (query tile, KV head): block b takes query tile L.order[b / hkv] (longest first) and KV head
 // b % hkv.
 struct FwdWsSingleTileScheduler {
-  static constexpr bool kPersistent = false;
+  static constexpr bool kPersistent = false, kItemBars = false;
+  using Smem = FwdWsSmem<false>;
   // the item: its query tile, KV head (with G query heads each), first token and the end of its runs
   int tile, kvh, G, t0, e_end;
 
@@ -213,6 +227,17 @@ struct FwdWsSingleTileScheduler {
       if (t == 1) trace.stamp(9);  // the first K/V tile's loads are issued
     });
   }
+  // The consumers' one item (the kernel takes no second); its runs' start is read by cursor().
+  __device__ __forceinline__ bool next_item(const FwdWsArgs&, const Smem& sm, int, FwdWsItem& it) const {
+    mbar_wait(sm.qfull(), 0);
+    it = FwdWsItem{tile, kvh, 0, e_end, 0, t0};
+    return true;
+  }
+  __device__ __forceinline__ RunCursor cursor(const FwdWsArgs& w, const FwdWsItem&) const { return first(w); }
+  __device__ __forceinline__ int token_base() const { return t0; }  // the consumers' rows hold the item's tokens
+  __device__ __forceinline__ void start(const Smem&) const {}
+  __device__ __forceinline__ void release_q(const Smem&, int, int) const {}  // Q's buffer is not refilled
+  __device__ __forceinline__ void read_ahead(const Smem&, int) {}
 };
 
 // The persistent form: one block per SM takes items (query tile, KV head) in the order of the one-block-per-item
@@ -230,19 +255,21 @@ struct FwdWsSingleTileScheduler {
 // step, so that the read's L2 round trip is off the item boundary. Without it the item is read at the boundary.
 template <bool kPrefetch>
 struct FwdWsPersistentScheduler {
-  static constexpr bool kPersistent = true;
+  static constexpr bool kPersistent = true, kItemBars = kPrefetch;
   using Smem = FwdWsSmem<true>;
   static constexpr int D = kWsD, BM = kWsRows;
   int4* scratch;  // kPrefetch: item i in scratch + 2 (i % 2)
+  int4 ahead = make_int4(0, 0, 0, 0), ahead2 = ahead;  // kPrefetch, the consumers: the next item's words
 
   __device__ __forceinline__ explicit FwdWsPersistentScheduler(const FwdWsArgs& w)
       : scratch(reinterpret_cast<int4*>(w.counter) + 2 + 4 * blockIdx.x) {}
 
   // The producer's walk over the block's items: each item's Q, then its K/V.
   template <class Trace>
-  __device__ __forceinline__ void produce(const FwdWsArgs& w, const FwdWsProducer<true>& producer, int G, const Trace&) const {
+  __device__ __forceinline__ void produce(const FwdWsArgs& w, const FwdWsProducer<true>& producer, const Trace&) const {
     const AttentionForwardParams& p = w.a.p;
     const auto& L = w.a.lists;
+    const int G = w.a.group;
     const Smem& sm = producer.sm;
     int4* const scratch = this->scratch;
     const int items = L.num_major * p.hkv;
@@ -297,6 +324,43 @@ struct FwdWsPersistentScheduler {
       producer.issue_q(kvh * G, tile * L.major_tile_rows);
       load_runs(e_begin, first, e_end, kvh);
       index = next;
+    }
+  }
+
+  __device__ __forceinline__ int token_base() const { return 0; }  // the consumers add each item's first token
+  // The consumers, before their first item: kPrefetch, item 0's words.
+  __device__ __forceinline__ void start(const Smem& sm) { read_ahead(sm, -1); }
+  // The consumers' item j: kPrefetch, as read ahead; else read once its qfull phase has completed.
+  __device__ __forceinline__ bool next_item(const FwdWsArgs& w, const Smem& sm, int j, FwdWsItem& it) {
+    int4 a, b;
+    if constexpr (kPrefetch) {
+      a = ahead;
+      b = ahead2;
+      if (a.x < 0) return false;
+      mbar_wait(sm.qfull(), j & 1);
+    } else {
+      mbar_wait(sm.qfull(), j & 1);
+      a = ld_volatile(scratch);      // tile (-1: no more), KV head, runs [begin, end)
+      b = ld_volatile(scratch + 1);  // the first run's first tile, the item's index
+      if (a.x < 0) return false;
+    }
+    it = FwdWsItem{a.x, a.y, a.z, a.w, b.x, a.x * w.a.lists.major_tile_rows};
+    return true;
+  }
+  __device__ __forceinline__ RunCursor cursor(const FwdWsArgs&, const FwdWsItem& it) const {
+    return RunCursor{it.e_begin, it.first};
+  }
+  // each consumer warp once it holds Q in registers and has read the item: the producer may refill either
+  __device__ __forceinline__ void release_q(const Smem& sm, int, int lane) const {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(sm.qempty());
+  }
+  // kPrefetch: item j + 1's words, once published
+  __device__ __forceinline__ void read_ahead(const Smem& sm, int j) {
+    if constexpr (kPrefetch) {
+      mbar_wait(sm.itemfull(j + 1), ((j + 1) >> 1) & 1);
+      ahead = ld_volatile(scratch + 2 * ((j + 1) & 1));
+      ahead2 = ld_volatile(scratch + 2 * ((j + 1) & 1) + 1);
     }
   }
 };
@@ -377,11 +441,12 @@ struct FwdWsEpilogue {
       fwd_store_o_lse<D, E>(args, o, m, l, row, tok, kvh, lane);
     }
   }
-  // kPersistent, at the end: shared memory stays until the last store has read it
+  // At the end (kPersistent: shared memory stays until the last store has read it; one block per item has waited).
   __device__ __forceinline__ static void drain() {
-    if (threadIdx.x % 128 == 0) bulk_wait_group_read0();
+    if constexpr (kPersistent)
+      if (threadIdx.x % 128 == 0) bulk_wait_group_read0();
   }
-  // kPersistent: O = 0 and LSE = -inf for this thread's rows of an item with no visible key (their part of
+  // O = 0 and LSE = -inf for this thread's rows of an item with no visible key (their part of
   // fwd_store_o_lse), stored directly.
   __device__ __forceinline__ static void store_empty(const FwdArgs& args, const int (&row)[2], const int (&tok)[2],
                                                      int kvh, int lane) {
@@ -399,36 +464,43 @@ struct FwdWsEpilogue {
   }
 };
 
-// ---- The kernels --------------------------------------------------------------------------------------------------
+// ---- The kernel ---------------------------------------------------------------------------------------------------
 
-// kQReg: Q in registers (ldmatrix once per block) as the A operand of S = Q K^T, so that GEMM reads only K
+// One body for both forms; the scheduler (C.persistent) picks the tile scheduler (and with it the shared memory layout and the
+// epilogue's staging). The consumers walk the scheduler's items; with C.overlap they carry FA3's intra-warpgroup
+// overlap across the item boundary: a new item's first S GEMM is issued with the previous item's last P V, and the
+// previous item's epilogue runs once that P V has retired (one block per item has no previous item: those branches
+// compile away with the single-tile scheduler, whose loop runs once).
+// kQReg (C.q_in_registers): Q in registers (ldmatrix once per item) as the A operand of S = Q K^T, so that GEMM reads only K
 // from shared memory (half its operand traffic); costs 32 of the consumers' 240 registers.
-// kOverlap: FA3's intra-warpgroup overlap. Tile n issues S(n) and then P V of tile n - 1; it waits only
-// for S(n), and its mask and softmax run while P V(n - 1) is still on the tensor cores. O is rescaled
-// once that P V has retired, and tile n's P goes to a second set of A registers.
-// kTmaO: the epilogue stages O and stores it by TMA (FwdWsEpilogue).
+// kOverlap (C.overlap): tile n issues S(n) and then P V of tile n - 1; it waits only for S(n), and its mask and softmax run while
+// P V(n - 1) is still on the tensor cores. O is rescaled once that P V has retired, and tile n's P goes to a second
+// set of A registers. Without it each tile's P V is issued and waited for after its softmax.
+// kTmaO (C.o_by_tma): the epilogue stages O and stores it by TMA (FwdWsEpilogue). kSoftmax: FwdWsRowSoftmax's form.
 // kTrace (bench only): stamps of the block's phases (FwdWsConfig::trace names them).
-template <bool kQReg, bool kOverlap, bool kTmaO = false, bool kTrace = false, DType E = DType::kBf16>
+// (nvcc takes no class-typed template argument on a kernel: launch_fwd_ws<C> passes C as the scheduler and scalars.)
+template <class Sched, bool kQReg, bool kOverlap, bool kTmaO, bool kTrace, FwdWsSoftmax kSoftmax, DType E>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const __grid_constant__ FwdWsArgs w) {
+  constexpr bool kP = Sched::kPersistent;
   constexpr int D = kWsD, BM = kWsRows, BN = kWsKeys;
-  using Smem = FwdWsSmem<false>;
+  using Smem = FwdWsSmem<kP>;
+  using Epilogue = FwdWsEpilogue<kP, kTmaO, E>;
+  using Softmax = FwdWsRowSoftmax<kSoftmax, E>;
   const FwdWsTrace<kTrace> trace(w);
   if (threadIdx.x == 0) trace.start();
   const FwdArgs& args = w.a;
   const Smem sm(dynamic_smem_1024());
-
-  const AttentionForwardParams& p = args.p;
   const auto& L = args.lists;
-  const FwdWsSingleTileScheduler sched(w);
-  const int kvh = sched.kvh, G = sched.G, t0 = sched.t0, e_end = sched.e_end;
+  const int G = args.group;
+  Sched sched(w);
 
-  if (threadIdx.x == 0) sm.init_barriers<false>();
+  if (threadIdx.x == 0) sm.template init_barriers<Sched::kItemBars>();
   __syncthreads();
 
   if (threadIdx.x >= 256) {
     setmaxnreg_dec<24>();
     if (threadIdx.x != 256) return;
-    const FwdWsProducer<false> producer{w, sm};
+    const FwdWsProducer<kP> producer{w, sm};
     sched.produce(w, producer, trace);
     return;
   }
@@ -436,225 +508,98 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_kernel(const _
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wg = warp / 4;
-  int row[2], tok[2];
-  fwd_ws_rows(warp, lane, G, t0, row, tok);
+  int row[2], rq[2];  // this thread's two packed rows and their tokens (one block per item: its own; else from the item's first)
+  fwd_ws_rows(warp, lane, G, sched.token_base(), row, rq);
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  using Softmax = FwdWsRowSoftmax<FwdWsSoftmax::kOnline, E>;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  bool held = false;
-  const float sl2 = p.scale * kLog2e;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // the item's rows' running offset (base 2) and sum
+  const float sl2 = args.p.scale * kLog2e;
   const uint32_t q16 = (sm.sQ + wg * 64 * 128) >> 4, k16 = sm.sK() >> 4, v16 = sm.sV() >> 4;
   constexpr uint32_t kStage16 = BN * D * 2 / 16;
-  mbar_wait(sm.qfull(), 0);
-  if (threadIdx.x == 0) trace.stamp(2);
+
   uint32_t qf[D / 16][4];  // kQReg: this warp's 16 rows of Q, one A fragment per k16 step
-  if constexpr (kQReg) fwd_ws_load_q_regs(sm.sQ, warp, lane, qf);
-
   uint32_t pa[BN / 16][4];  // P of the tile whose P V is issued next (kOverlap: of the previous tile)
-  int prev_s = 0;
-  uint32_t prev_vs16 = 0;
-  int n = 0;
-  RunCursor cur = sched.first(w);
-  for (; cur.entry < e_end; ++n) {
-    const int s = n % kWsStages;
-    mbar_wait(sm.full(s), (n / kWsStages) & 1);
-    if (n == 0 && threadIdx.x == 0) trace.stamp(10);
-    const uint32_t ks16 = k16 + s * kStage16, vs16 = v16 + s * kStage16;
-    float sc[BN / 2];
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;
-      if constexpr (kQReg)
-        wgmma_rs_m64n64k16_kmajor<E>(sc, qf[kk], wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + off) / 16), kk > 0);
-      else
-        wgmma_ss_m64n64k16<false, false, E>(sc, wgmma_desc16<16, 1024>(q16 + ((kk / 4) * BM * 128 + off) / 16),
-                                         wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + off) / 16), kk > 0);
-    }
-    wgmma_commit();
-    if constexpr (kOverlap) {
-      if (n > 0) fwd_issue_pv<D, BN, E>(o, pa, prev_vs16);
-      wgmma_commit();
-      wgmma_wait<1>();  // S(n) only: P V(n - 1) stays in flight under the softmax
-    } else {
-      wgmma_wait<0>();
-    }
-    wgmma_fence_operands(sc);
-    if (n == 0 && threadIdx.x == 0) trace.stamp(3);
-
-    float corrs[2];
-    uint32_t pn[BN / 16][4];  // this tile's P
-    const bool rescale = Softmax::tile(sc, args, cur, lane, tok, m, l, held, sl2, corrs, pn);
-    if constexpr (kOverlap) {
-      wgmma_wait<0>();  // P V(n - 1): O and the old P are free again
-      wgmma_fence_operands(o);
-      wgmma_fence_operands(pa);
-      if (n > 0) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(sm.empty(prev_s));
-      }
-    }
-    fwd_rescale_o<D>(o, rescale, corrs);
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) pa[kk][c] = pn[kk][c];
-    if constexpr (kOverlap) {
-      prev_s = s;
-      prev_vs16 = vs16;
-      cur = cur.next(L.entries, e_end);
-      continue;
-    }
-    fwd_pv_waited<D, BN, E>(o, pa, vs16);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.empty(s));  // this warp's reads of stage s are done
-    cur = cur.next(L.entries, e_end);
-  }
-  if constexpr (kOverlap) {
-    if (n > 0) fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);  // the last tile's P V
-  }
-  if (threadIdx.x == 0) {
-    trace.stamp(4);
-    trace.set(6, n);
-  }
-  FwdWsEpilogue<false, kTmaO, E>::store(w, sm, o, m, l, row, tok, kvh, G, t0, wg, lane, trace);
-}
-
-// The persistent form (FwdWsPersistentScheduler). The consumers carry the overlap across the item boundary: a new
-// item's first S GEMM is issued with the previous item's last P V, and the previous item's epilogue runs once that
-// P V has retired.
-// kHeld (FwdWsConfig::softmax): 1, the held-offset softmax (fwd_tile_p_held) after each item's first step; 2 (the
-// default, kPersistent): with P packed before the guard's vote.
-template <bool kPrefetch, int kHeld = 0, DType E = DType::kBf16>
-__global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_kernel(const __grid_constant__ FwdWsArgs w) {
-  constexpr int D = kWsD, BN = kWsKeys;
-  using Smem = FwdWsSmem<true>;
-  using Epilogue = FwdWsEpilogue<true, true, E>;
-  using Softmax = FwdWsRowSoftmax<static_cast<FwdWsSoftmax>(kHeld), E>;
-  const FwdWsTrace<false> trace(w);
-  const FwdArgs& args = w.a;
-  const Smem sm(dynamic_smem_1024());
-
-  const AttentionForwardParams& p = args.p;
-  const auto& L = args.lists;
-  const int G = args.group;
-
-  if (threadIdx.x == 0) sm.init_barriers<kPrefetch>();
-  __syncthreads();
-
-  const FwdWsPersistentScheduler<kPrefetch> sched(w);
-  if (threadIdx.x >= 256) {
-    setmaxnreg_dec<24>();
-    if (threadIdx.x != 256) return;
-    const FwdWsProducer<true> producer{w, sm};
-    sched.produce(w, producer, G, trace);
-    return;
-  }
-  setmaxnreg_inc<240>();
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wg = warp / 4;
-  int row[2], rq[2];
-  fwd_ws_rows(warp, lane, G, 0, row, rq);
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  const float sl2 = p.scale * kLog2e;
-  const uint32_t k16 = sm.sK() >> 4, v16 = sm.sV() >> 4;
-  constexpr uint32_t kStage16 = BN * D * 2 / 16;
-
-  uint32_t qf[D / 16][4], pa[BN / 16][4];
-  bool pending = false;  // P V of step n - 1 (pa, stage prev_s) is still to be issued
+  bool pending = false;  // kOverlap: P V of step n - 1 (pa, stage prev_s) is still to be issued
   bool due = false;      // the previous item's epilogue is due once that P V has retired
   float pm[2], pl[2];    // the previous item's row max and sum, its tokens, head and first token
   int ptok[2], pkvh = 0, pt0 = 0;
   int prev_s = 0, n = 0;
   uint32_t prev_vs16 = 0;
-  auto flush = [&] {  // the pending P V, then the previous item's epilogue
-    if (pending) {
-      fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sm.empty(prev_s));
-      pending = false;
+  FwdWsItem it;
+  sched.start(sm);
+  for (int j = 0; sched.next_item(w, sm, j, it); ++j) {
+    if (threadIdx.x == 0) trace.stamp(2);
+    if constexpr (kQReg) fwd_ws_load_q_regs(sm.sQ, warp, lane, qf);
+    sched.release_q(sm, j, lane);
+    const int t0 = it.t0;
+    const int tok[2] = {kP ? t0 + rq[0] : rq[0], kP ? t0 + rq[1] : rq[1]};
+    if constexpr (kP) {  // a new item's rows (one block per item has them from the start)
+      m[0] = m[1] = -INFINITY;
+      l[0] = l[1] = 0.f;
     }
-    if (due) {
-      Epilogue::store(w, sm, o, pm, pl, row, ptok, pkvh, G, pt0, wg, lane, trace);
-      due = false;
-    }
-  };
-  int4* scratch = sched.scratch;
-  int4 item = make_int4(0, 0, 0, 0), item2 = item, next_item = item, next_item2 = item;
-  auto read_next = [&](int j) {  // item j + 1's words, once published
-    mbar_wait(sm.itemfull(j + 1), ((j + 1) >> 1) & 1);
-    next_item = ld_volatile(scratch + 2 * ((j + 1) & 1));
-    next_item2 = ld_volatile(scratch + 2 * ((j + 1) & 1) + 1);
-  };
-  if constexpr (kPrefetch) {
-    read_next(-1);
-    item = next_item;
-    item2 = next_item2;
-  }
-  for (int j = 0;; ++j) {
-    if constexpr (kPrefetch) {
-      if (item.x < 0) break;
-      mbar_wait(sm.qfull(), j & 1);
-    } else {
-      mbar_wait(sm.qfull(), j & 1);
-      item = ld_volatile(scratch);       // tile (-1: no more), KV head, runs [begin, end)
-      item2 = ld_volatile(scratch + 1);  // the first run's first tile, the item's index
-      if (item.x < 0) break;
-    }
-    const int tile = item.x, kvh = item.y, e_begin = item.z, e_end = item.w;
-    fwd_ws_load_q_regs(sm.sQ, warp, lane, qf);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.qempty());
-    const int t0 = tile * L.major_tile_rows;
-    const int tok[2] = {t0 + rq[0], t0 + rq[1]};
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    if (e_begin == e_end) {  // no visible key: O = 0 and LSE = -inf, stored directly; pending work stays pending
-      Epilogue::store_empty(args, row, tok, kvh, lane);
-      if constexpr (kPrefetch) {
-        read_next(j);
-        item = next_item;
-        item2 = next_item2;
+    // No visible key: O = 0 and LSE = -inf. The persistent form stores them directly and leaves pending work
+    // pending (an if-else here instead of `continue` costs the wgmmas their overlap: ptxas C7513); one block per
+    // item runs no step and its epilogue divides by l = 0 into the same.
+    if constexpr (kP) {
+      if (it.e_begin == it.e_end) {
+        Epilogue::store_empty(args, row, tok, it.kvh, lane);
+        sched.read_ahead(sm, j);
+        continue;
       }
-      continue;
     }
-    // One step; the item's first (kFirst) may find no P V pending (the block's first item) and does the previous
-    // item's epilogue. The loop over the other steps holds neither, like the one-block-per-item kernel's.
-    RunCursor cur{e_begin, item2.x};
-    bool held = false;  // kHeld: every row of the warp has its offset
-    auto step = [&](auto first) {
-      constexpr bool kFirst = decltype(first)::value;
+    const int e_end = it.e_end;
+    RunCursor cur = sched.cursor(w, it);
+    bool held = false;  // kSoftmax held: every row of the warp has its offset
+    // The item's steps. The persistent form peels its first (pass 0, `first`): it may find a P V pending from the
+    // previous item (never the block's first) and does that item's epilogue; pass 1 is the loop over the other
+    // steps, which holds neither, and all one block per item runs. (Peeled by unrolling the passes: the persistent
+    // form runs 8-10% slower unpeeled, run 142, and a lambda per step changes the one-block form's machine code.)
+#pragma unroll
+    for (int pass = kP ? 0 : 1; pass < 2; ++pass)
+    for (const bool first = pass == 0; cur.entry < e_end;) {
       const int s = n % kWsStages;
       mbar_wait(sm.full(s), (n / kWsStages) & 1);
+      if (n == 0 && threadIdx.x == 0) trace.stamp(10);
       const uint32_t ks16 = k16 + s * kStage16, vs16 = v16 + s * kStage16;
       float sc[BN / 2];
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_rs_m64n64k16_kmajor<E>(sc, qf[kk],
-                                     wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + (kk % 4) * 32) / 16), kk > 0);
-      wgmma_commit();
-      if (!kFirst || pending) fwd_issue_pv<D, BN, E>(o, pa, prev_vs16);
-      wgmma_commit();
-      if constexpr (kPrefetch && kFirst) read_next(j);  // kPrefetch: under the GEMMs; used at the next item's start
-      wgmma_wait<1>();  // S(n) only: P V(n - 1), maybe the previous item's last, stays in flight under the softmax
-      wgmma_fence_operands(sc);
-      float corrs[2] = {1.f, 1.f};
-      uint32_t pn[BN / 16][4];
-      const bool rescale = Softmax::tile(sc, args, cur, lane, tok, m, l, held, sl2, corrs, pn);
-      wgmma_wait<0>();
-      wgmma_fence_operands(o);
-      wgmma_fence_operands(pa);
-      if (!kFirst || pending) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(sm.empty(prev_s));
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t off = (kk % 4) * 32;
+        if constexpr (kQReg)
+          wgmma_rs_m64n64k16_kmajor<E>(sc, qf[kk], wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + off) / 16),
+                                       kk > 0);
+        else
+          wgmma_ss_m64n64k16<false, false, E>(sc, wgmma_desc16<16, 1024>(q16 + ((kk / 4) * BM * 128 + off) / 16),
+                                              wgmma_desc16<16, 1024>(ks16 + ((kk / 4) * BN * 128 + off) / 16), kk > 0);
       }
-      if constexpr (kFirst) {
-        if (due) {  // O holds the previous item's result; this step's corrs are 0 (m was -inf)
+      wgmma_commit();
+      if constexpr (kOverlap) {
+        // the previous step's P V (tested where used, not held in a register: as the old kernels did)
+        if (kP ? !first || pending : n > 0) fwd_issue_pv<D, BN, E>(o, pa, prev_vs16);
+        wgmma_commit();
+        if (kP && first) sched.read_ahead(sm, j);  // kPrefetch: under the GEMMs; used at the next item's start
+        wgmma_wait<1>();  // S(n) only: P V(n - 1), maybe the previous item's last, stays in flight under the softmax
+      } else {
+        wgmma_wait<0>();
+      }
+      wgmma_fence_operands(sc);
+      if (n == 0 && threadIdx.x == 0) trace.stamp(3);
+      float corrs[2] = {1.f, 1.f};
+      uint32_t pn[BN / 16][4];  // this tile's P
+      const bool rescale = Softmax::tile(sc, args, cur, lane, tok, m, l, held, sl2, corrs, pn);
+      if constexpr (kOverlap) {
+        wgmma_wait<0>();  // P V(n - 1): O and the old P are free again
+        wgmma_fence_operands(o);
+        wgmma_fence_operands(pa);
+        if (kP ? !first || pending : n > 0) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(sm.empty(prev_s));
+        }
+      }
+      if constexpr (kP) {
+        if (first && due) {  // O holds the previous item's result; this step's corrs are 0 (m was -inf)
           Epilogue::store(w, sm, o, pm, pl, row, ptok, pkvh, G, pt0, wg, lane, trace);
           due = false;
         }
@@ -664,36 +609,52 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_fwd_ws_persistent_ker
       for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
         for (int c = 0; c < 4; ++c) pa[kk][c] = pn[kk][c];
-      pending = true;
-      prev_s = s;
-      prev_vs16 = vs16;
+      if constexpr (kOverlap) {
+        pending = true;
+        prev_s = s;
+        prev_vs16 = vs16;
+      } else {
+        fwd_pv_waited<D, BN, E>(o, pa, vs16);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(sm.empty(s));  // this warp's reads of stage s are done
+      }
       cur = cur.next(L.entries, e_end);
       ++n;
-    };
-    step(std::true_type{});
-    while (cur.entry < e_end) step(std::false_type{});
-    if constexpr (kPrefetch) {
-      item = next_item;
-      item2 = next_item2;
+      if (first) break;  // pass 0: one step
     }
-    due = true;  // this item's last P V is pending
+    if constexpr (!kP) {  // one block per item: the last step's P V, then the epilogue; no second item
+      if constexpr (kOverlap) {
+        if (n > 0) fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);  // (the producer is done with the ring)
+      }
+      if (threadIdx.x == 0) {
+        trace.stamp(4);
+        trace.set(6, n);
+      }
+      Epilogue::store(w, sm, o, m, l, row, tok, it.kvh, G, t0, wg, lane, trace);
+      return;
+    }
+    due = true;  // this item's epilogue, once its last P V has retired
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       pm[h] = m[h];
       pl[h] = l[h];
       ptok[h] = tok[h];
     }
-    pkvh = kvh;
+    pkvh = it.kvh;
     pt0 = t0;
   }
-  flush();
+  if (pending) {  // the last item's last P V, then its epilogue
+    fwd_pv_waited<D, BN, E>(o, pa, prev_vs16);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(sm.empty(prev_s));
+  }
+  if (due) Epilogue::store(w, sm, o, pm, pl, row, ptok, pkvh, G, pt0, wg, lane, trace);
   Epilogue::drain();
 }
 
-
-// Launches config C (FwdWsConfig's fields choose the kernel and its template arguments); false when the kernel does
-// not apply (launch_fwd_ws_d128 in launch.hpp says when). `trace`: C.trace's stamps; `counter`: C.persistent's
-// workspace. E: the element type (a.p.dtype must be it).
+// Launches config C (FwdWsConfig's fields choose the scheduler and the kernel's other template arguments); false when
+// the kernel does not apply (launch_fwd_ws_d128 in launch.hpp says when). `trace`: C.trace's stamps; `counter`:
+// C.persistent's workspace. E: the element type (a.p.dtype must be it).
 template <FwdWsConfig C, DType E = DType::kBf16>
 bool launch_fwd_ws(const FwdArgs& a, cudaStream_t stream, unsigned long long* trace, int* counter) {
   static_assert(!C.persistent || (C.q_in_registers && C.overlap && C.o_by_tma && !C.trace),
@@ -715,23 +676,20 @@ bool launch_fwd_ws(const FwdArgs& a, cudaStream_t stream, unsigned long long* tr
   if constexpr (C.o_by_tma)
     w.to = tensor_map_d128(kWho, E, a.p.o, a.q_rows, a.p.hq, a.p.o_row_stride, a.p.o_head_stride,
                            static_cast<uint32_t>(a.group), static_cast<uint32_t>(64 / a.group));
+  unsigned grid = static_cast<unsigned>(blocks);
   if constexpr (C.persistent) {
     require(counter != nullptr, kWho, ": the persistent forward needs a counter");
     check_cuda(cudaMemsetAsync(counter, 0, sizeof(int), stream), "attention_forward (ws): zero the item counter");
-    constexpr int kSmem = FwdWsSmem<true>::kBytes;
-    auto* pk = attention_fwd_ws_persistent_kernel<C.prefetch, static_cast<int>(C.softmax), E>;
-    check_cuda(cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-               "attention_forward (ws): shared memory limit");
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks, sm_count()));
-    pk<<<grid, kWsThreads, kSmem, stream>>>(w);
+    grid = static_cast<unsigned>(std::min<int64_t>(blocks, sm_count()));
   } else {
     require(!C.trace || trace != nullptr, kWho, ": the traced forward needs a trace buffer");
-    constexpr int kSmem = FwdWsSmem<false>::kBytes;
-    auto* kernel = attention_fwd_ws_kernel<C.q_in_registers, C.overlap, C.o_by_tma, C.trace, E>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-               "attention_forward (ws): shared memory limit");
-    kernel<<<static_cast<unsigned>(blocks), kWsThreads, kSmem, stream>>>(w);
   }
+  constexpr int kSmem = FwdWsSmem<C.persistent>::kBytes;
+  using Sched = std::conditional_t<C.persistent, FwdWsPersistentScheduler<C.prefetch>, FwdWsSingleTileScheduler>;
+  auto* kernel = attention_fwd_ws_kernel<Sched, C.q_in_registers, C.overlap, C.o_by_tma, C.trace, C.softmax, E>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+             "attention_forward (ws): shared memory limit");
+  kernel<<<grid, kWsThreads, kSmem, stream>>>(w);
   check_cuda(cudaGetLastError(), "attention_forward (ws): launch");
   return true;
 }
