@@ -332,6 +332,49 @@ TEST(GdnCudaEmulatedChecks, FlaSplitRefusesWhatItDoesNotTake) {
   EXPECT_NE(message().find("scan_columns"), std::string::npos);  // 64 columns only with the split
 }
 
+// gdn_fla_split_takes (which CudaBackend::set_gdn_fla_split asks, to fall back to the classic forward elsewhere) holds
+// exactly where gdn_check takes the split: over every gate, head dims around the two taken, both dtypes, every
+// precision, split_forward, the column counts and q / k alignment.
+TEST(GdnCudaEmulatedChecks, FlaSplitTakesIsWhatTheCheckTakes) {
+  const std::vector<GdnCudaRun> runs = {{0, 10}};
+  alignas(4) static const uint16_t buf[4] = {};
+  const void* aligned = buf;
+  const void* odd = reinterpret_cast<const unsigned char*>(buf) + 1;
+  int taken = 0, cases = 0;
+  for (const GdnGate gate : {GdnGate::Scalar, GdnGate::PerChannel})
+    for (const int dk : {32, 64, 96, 128, 256})
+      for (const int dv : {64, 80, 128})
+        for (const DType dt : {DType::kBf16, DType::kF16})
+          for (const GdnPrecision pr : kGdnPrecisions)
+            for (const bool split : {false, true})
+              for (const int cols : {0, 16, 32, 64})
+                for (const void* qk : {aligned, odd}) {
+                  GdnCudaParams p;
+                  p.tokens = 10; p.heads = 2; p.dk = dk; p.dv = dv; p.gate = gate; p.dtype = dt; p.precision = pr;
+                  p.split_forward = split; p.scan_columns = cols; p.q = qk; p.k = qk;
+                  p.v = p.g = p.beta = aligned;
+                  bool checked = true;
+                  try {
+                    p.fla_split = true;
+                    detail::gdn_check(p, runs);
+                  } catch (const Error&) {
+                    checked = false;
+                  }
+                  p.fla_split = false;  // the question is asked before the split is chosen
+                  EXPECT_EQ(gdn_fla_split_takes(p), checked)
+                      << "gate " << static_cast<int>(gate) << " dk " << dk << " dv " << dv << " dtype "
+                      << static_cast<int>(dt) << " precision " << gdn_precision_name(pr) << " split_forward " << split
+                      << " columns " << cols << " q/k " << qk;
+                  taken += checked;
+                  ++cases;
+                }
+  EXPECT_GT(taken, 0);
+  EXPECT_LT(taken, cases);
+  GdnCudaParams shape;  // a size query has no pointers: they count as aligned
+  shape.tokens = 10; shape.heads = 1; shape.dk = shape.dv = 128; shape.precision = GdnPrecision::bf16_tensor_scans;
+  EXPECT_TRUE(gdn_fla_split_takes(shape));
+}
+
 // fp16 activations (check_fp16: both gates, ragged and odd shapes, forward, backward, summary, 3xTF32, the split
 // forward, large values, the bf16 precisions refused); once at the GPU's 256 threads.
 TEST(GdnCudaEmulatedFp16, MatchesTheRecurrence) {

@@ -381,6 +381,7 @@ void CudaBackend::gdn_forward(const GdnShape& sh, const GdnInputs<Act>& in, int6
   p.y = y.data();
   p.state_in = state.data();
   p.state_out = state.data();
+  p.fla_split = gdn_fla_split_ && cuda::gdn_fla_split_takes(p);  // elsewhere the classic forward (set_gdn_fla_split)
   p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, false);
   Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
   p.workspace = ws.data();
