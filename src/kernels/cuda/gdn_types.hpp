@@ -29,6 +29,9 @@ inline const char* gdn_precision_name(GdnPrecision p) {
   return "unknown";
 }
 
+// Which call a workspace serves (gdn_workspace_bytes): each carves its own arrays (docs/kernels.md, "Workspace").
+enum class GdnCallKind : int32_t { forward = 0, summary = 1, backward = 2 };
+
 // One run of consecutive tokens [t0, t1) of every head, as kernels/cpu's gdn_* calls take one, with its
 // initial state (slot `in_slot` of GdnCudaParams::state_in, -1 = zero) and where its final state goes
 // (slot `out_slot` of state_out, -1 = not written). Runs of one call must not overlap.
