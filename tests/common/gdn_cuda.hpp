@@ -372,6 +372,8 @@ void check_summary(Dev& dev, const Case& c) {
   float* out = dev.put(std::vector<float>(ne, 0.f));
   dev.apply(static_cast<int64_t>(c.slots) * c.H, c.dk, c.dv, M, E, dev.put(s), out);
   p.state_out = dev.put(std::vector<float>(ne, 0.f));
+  p.workspace_bytes = dev.workspace_bytes(p, from_state, GdnCallKind::forward);  // the forward's own carving
+  p.workspace = dev.workspace(p.workspace_bytes);
   dev.forward(p, from_state);
   const auto applied = dev.get(out, ne), final_states = dev.get(p.state_out, ne);
   Case from = c;
