@@ -369,8 +369,8 @@ TEST(GdnCudaEmulatedChecks, FlaSplitTakesIsWhatTheCheckTakes) {
                 for (const void* qk : {aligned, odd}) {
                   GdnCudaParams p;
                   p.tokens = 10; p.heads = 2; p.dk = dk; p.dv = dv; p.gate = gate; p.dtype = dt; p.precision = pr;
-                  p.split_forward = split; p.scan_columns = cols; p.q = qk; p.k = qk;
-                  p.v = p.g = p.beta = aligned;
+                  p.split_forward = split; p.scan_columns = cols; p.q = qk; p.k = qk; p.v = qk;
+                  p.g = p.beta = aligned;
                   bool checked = true;
                   try {
                     p.fla_split = true;

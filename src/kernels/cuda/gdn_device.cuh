@@ -2043,8 +2043,9 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
             "gdn (cuda): fla_split runs every product on bf16 tensor cores: it needs bf16 activations and precision "
             "bf16_tensor_scans, got precision ", gdn_precision_name(p.precision));
     require(!p.split_forward, "gdn (cuda): fla_split and split_forward are two forwards: set one");
-    require(!pointers || ((reinterpret_cast<uintptr_t>(p.q) | reinterpret_cast<uintptr_t>(p.k)) % 4 == 0),
-            "gdn (cuda): fla_split copies q and k rows asynchronously: they must be 4-byte aligned");
+    require(!pointers || ((reinterpret_cast<uintptr_t>(p.q) | reinterpret_cast<uintptr_t>(p.k) |
+                           reinterpret_cast<uintptr_t>(p.v)) % 4 == 0),
+            "gdn (cuda): fla_split copies q, k and v rows asynchronously: they must be 4-byte aligned");
   }
   require(gdn_precision_known(p.precision), "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
   require(p.dtype == DType::kBf16 || p.dtype == DType::kF16, "gdn (cuda): dtype must be bf16 or fp16, got ",
@@ -2233,7 +2234,19 @@ template <class X>
 void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   const int64_t chunk_blocks = static_cast<int64_t>(s.chunks.size()) * p.heads;
   unsigned char* ws = s.fla_cache(p);
-  if (chunk_blocks > 0) x.template launch<GdnFlaPrepKernel>(chunk_blocks, GdnFlaPrepArgs{gdn_inputs(p), s.dev_chunks(p), ws, s.fla});
+  if (chunk_blocks > 0) {
+    const GdnFlaPrepArgs a{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k),
+                           static_cast<const uint16_t*>(p.v), static_cast<const uint16_t*>(p.g),
+                           static_cast<const uint16_t*>(p.beta), p.heads};
+    if (p.dk == 64 && p.dv == 64)
+      x.template launch<GdnFlaPrepKernel<64, 64>>(chunk_blocks, a);
+    else if (p.dk == 64)
+      x.template launch<GdnFlaPrepKernel<64, 128>>(chunk_blocks, a);
+    else if (p.dv == 64)
+      x.template launch<GdnFlaPrepKernel<128, 64>>(chunk_blocks, a);
+    else
+      x.template launch<GdnFlaPrepKernel<128, 128>>(chunk_blocks, a);
+  }
   if (!s.runs.empty()) {
     const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k), p.heads,
                            p.dv, p.state_in, p.state_out, p.y != nullptr};

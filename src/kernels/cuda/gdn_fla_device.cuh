@@ -86,83 +86,266 @@ struct GdnFlaBlock {
   }
 };
 
-// ---- prep: one block per (chunk, head). Shared: beta and the gate's sums [64], the keys widened [64][dk + 1] (then
-// e^G ⊙ K in place), L⁻¹ diag(β) [64][65] and the bf16 products' panels, which first hold P [64][65] and the
-// inverse's scratch (dead once L⁻¹ is: 109 KiB at dk = dv = 128, two blocks an SM). The products are the classic prep's
-// (gdn_smem_product, gdn_block_inverse, gdn_block_bf16) on bf16 operands; only W, U and G leave the block.
+// ---- prep: one block (8 warps) per (chunk, head), every array in shared memory, nothing but W, U and G leaving it.
+// The chunk's k and v rows land by cp.async straight as bf16 (the mma operands, no widening); beta and the gate by
+// scalar loads meanwhile. Then, with few barriers and no thread alone on a serial chain:
+//   G      a thread a row sums the gates j <= i in order (the serial sum's rounding; 64 broadcast loads, not a
+//          64-step chain on one thread while 255 wait);
+//   A      = diag(β) (K Kᵀ ⊙ e^{G_i - G_j}), strictly lower, fp32 [64][68]: 20 of the 32 tiles of 16 x 8 on bf16 mma
+//          (those wholly above the diagonal skipped);
+//   X      = L⁻¹ (L = I + A) in fp32, as the classic prep's model: the four diagonal 16 x 16 blocks by forward
+//          substitution in registers (two warps, a lane a column: 120 FMAs on broadcast loads, no shared-memory
+//          round trip per row), while the other six warps form Kst = bf16(e^G ⊙ K) over K in place; then the blocks
+//          below by two doublings instead of three sub-diagonals: X_10 and X_32 (-X_ii A_ij X_jj), then the 32 x 32
+//          block X_[23][01] = -X_[23][23] A_[23][01] X_[01][01], each as two fp32 products a thread 2 or 4 elements
+//          (four barriers), the intermediates in A's dead upper triangle;
+//   Tb     = bf16(X diag(β)) (zero above the diagonal and past the chunk) over A;
+//   U, W   = Tb V, Tb Kst on bf16 mma (k blocks past each row block's diagonal skipped; a warp 1/8 of the columns of
+//          all four row blocks, so that the triangle's work is even across warps), staged bf16 in shared memory (U
+//          over X, W over Kst once every warp is done with it) and written out in 16-byte stores.
+// Shared at dk = dv = 128: 69 KiB, three blocks an SM (kMinBlocks: <= 85 registers a thread). Twelve barriers.
 struct GdnFlaPrepArgs {
-  GdnInputs in;
   const GdnChunkDesc* chunks;
   unsigned char* ws;
   GdnFlaBlock fb;
+  const uint16_t* k;     // [S, H, DK]
+  const uint16_t* v;     // [S, H, DV]
+  const uint16_t* g;     // [S, H], the log decay
+  const uint16_t* beta;  // [S, H]
+  int32_t heads;
 };
+template <int DK, int DV>
 struct GdnFlaPrepKernel {
   using Args = GdnFlaPrepArgs;
   static constexpr const char* kName = "gdn fla prep";
-  static constexpr int kMath = kGdnBf16;
-  static constexpr DType E = DType::kBf16;
-  static TREECP_GDN_HD int row_ld(int dk) { return dk + 1; }
-  static size_t smem_bytes(const Args& a) {
-    const int dk = a.in.dk, dv = a.in.dv;
-    const int widest = dk > dv ? (dk > kGdnChunk ? dk : kGdnChunk) : (dv > kGdnChunk ? dv : kGdnChunk);
-    const int64_t lc = kGdnChunk + 1, inverse = kGdnChunk * lc + 3 * kGdnInvBlock * (kGdnInvBlock + 1);
-    const int64_t panels = gdn_product_smem(kGdnChunk, widest);
-    return static_cast<size_t>(2 * kGdnChunk + int64_t{kGdnChunk} * row_ld(dk) + kGdnChunk * lc +
-                               (panels > inverse ? panels : inverse)) *
-           sizeof(float);
-  }
+  static constexpr int kMinBlocks = 3;
+  static constexpr int kWarps = kGdnThreads / 32;
+  static constexpr int C = kGdnChunk;
+  static constexpr int kLk = DK + 8, kLv = DV + 8;  // bf16 row strides: 4 words mod 32, fragment lanes on 32 banks
+  static constexpr int kLa = C + 4;                  // fp32 row stride of A and X (16-byte aligned rows)
+  static constexpr int kLt = C + 8;                  // bf16 row stride of Tb
+  static constexpr int kWT = DK / 8 / kWarps, kUT = DV / 8 / kWarps;  // 8-column tiles a warp (of W, of U)
+  static_assert((DK == 64 || DK == 128) && (DV == 64 || DV == 128) && kWT >= 1 && kUT >= 1, "dk, dv 64 or 128");
+  static constexpr int64_t kKBytes = 2 * int64_t{C} * kLk, kVBytes = 2 * int64_t{C} * kLv;
+  static constexpr int64_t kABytes = 4 * int64_t{C} * kLa;  // A fp32, then Tb bf16 [64][kLt]
+  static constexpr int64_t kXBytes = kABytes > 2 * int64_t{C} * kLv ? kABytes : 2 * int64_t{C} * kLv;  // X, then U
+  static constexpr int64_t kBytes = kKBytes + kVBytes + kABytes + kXBytes + 3 * 4 * C;  // + beta, G, e^G
+  static_assert(2 * int64_t{C} * kLt <= kABytes, "Tb fits over A");
+  static size_t smem_bytes(const Args&) { return static_cast<size_t>(kBytes); }
+
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
-    const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
+    const int H = a.heads;
     const int64_t chunk = block / H;
     const int h = static_cast<int>(block % H);
     const GdnChunkDesc cd = a.chunks[chunk];
     const int64_t t = cd.t;
     const int n = cd.len;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     unsigned char* c = a.ws + (chunk * H + h) * a.fb.size;
+    unsigned char* sm = reinterpret_cast<unsigned char*>(smem);
+    uint16_t* Ks = reinterpret_cast<uint16_t*>(sm);                    // [64][kLk]: K, then Kst, then W
+    uint16_t* Vs = reinterpret_cast<uint16_t*>(sm + kKBytes);          // [64][kLv]: V
+    float* Af = reinterpret_cast<float*>(sm + kKBytes + kVBytes);      // [64][kLa]: A
+    uint16_t* Tb = reinterpret_cast<uint16_t*>(Af);                    // [64][kLt]: over A once X is done
+    float* Xf = reinterpret_cast<float*>(sm + kKBytes + kVBytes + kABytes);  // [64][kLa]: X = L⁻¹
+    uint16_t* Us = reinterpret_cast<uint16_t*>(Xf);                    // [64][kLv]: U, over X once Tb is formed
+    float* bs = reinterpret_cast<float*>(sm + kKBytes + kVBytes + kABytes + kXBytes);  // [64]
+    float* Gs = bs + C;   // [64]: the gates, then their cumulative sums
+    float* eGs = Gs + C;  // [64]: e^G
+    const int64_t row_k = 2 * int64_t{H} * DK, row_v = 2 * int64_t{H} * DV;  // bytes between tokens
+    gdn_stage_async(Ks, a.k + (t * H + h) * DK, n, 2 * DK, row_k, 2 * kLk, tid, nthr);
+    gdn_stage_async(Vs, a.v + (t * H + h) * DV, n, 2 * DV, row_v, 2 * kLv, tid, nthr);
+    gdn_async_commit();
+    for (int idx = tid; idx < (C - n) * DK; idx += nthr) Ks[(n + idx / DK) * kLk + idx % DK] = 0;  // not stale
+    for (int idx = tid; idx < (C - n) * DV; idx += nthr) Vs[(n + idx / DV) * kLv + idx % DV] = 0;
+    for (int i = tid; i < C; i += nthr) {
+      bs[i] = i < n ? bf16_to_float(a.beta[(t + i) * H + h]) : 0.f;
+      Gs[i] = i < n ? bf16_to_float(a.g[(t + i) * H + h]) : 0.f;
+    }
+    block_sync();  // the gates in
+    float Gi = 0.f;
+    if (tid < C)  // rows past the chunk take its last value (GdnFlaBlock::G)
+      for (int j = 0; j <= (tid < n ? tid : n - 1); ++j) Gi += Gs[j];
+    gdn_async_wait<0>();
+    block_sync();  // every gate read; K and V landed for every thread
+    if (tid < C) {
+      Gs[tid] = Gi;
+      eGs[tid] = expf(Gi);
+      reinterpret_cast<float*>(c + a.fb.G)[tid] = Gi;
+    }
+    // A: warp w is row block w / 2, column tiles 4 (w % 2) .. + 3.
+    const GdnB16Mat Km{Ks, kLk, 1};
+    const int pm = warp / 2;
+    float pc[4][4];
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) pc[j][e] = 0.f;
+      const int nn = (warp % 2) * 4 + j;
+      if (nn * 8 <= pm * 16 + 15) {
+        TREECP_GDN_UNROLL
+        for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(pc[j], Km, Km, pm * 16, nn * 8, k0, lane);
+      }
+    }
+    block_sync();  // G complete
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < 4; ++j)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = pm * 16 + g + (e >> 1) * 8, jj = ((warp % 2) * 4 + j) * 8 + 2 * q + (e & 1);
+        Af[i * kLa + jj] = jj < i && i < n ? bs[i] * (pc[j][e] * expf(Gs[i] - Gs[jj])) : 0.f;
+      }
+    block_sync();  // A complete; every warp done reading K
+    if (warp < 2) {
+      // Diagonal block b, column col: x = X_bb e_col by forward substitution, right-looking (acc[r] gathers
+      // Σ_{j<r} A_rj x_j in order of j): rows above col come out 0, the upper triangle's zeros.
+      const int b = warp * 2 + (lane >> 4), col = lane & 15, r0 = b * 16;
+      float x[16], acc[16];
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < 16; ++r) acc[r] = 0.f;
+      TREECP_GDN_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        x[i] = (i == col ? 1.f : 0.f) - acc[i];
+        TREECP_GDN_UNROLL
+        for (int r = i + 1; r < 16; ++r) acc[r] += Af[(r0 + r) * kLa + r0 + i] * x[i];
+      }
+      TREECP_GDN_UNROLL
+      for (int i = 0; i < 16; ++i) Xf[(r0 + i) * kLa + r0 + col] = x[i];
+    } else {
+      for (int idx = tid - 64; idx < C * DK / 2; idx += nthr - 64) {  // Kst = bf16(e^G ⊙ K), pairs in place
+        const int i = idx / (DK / 2), d = 2 * (idx % (DK / 2));
+        gdn_store_pair16(Ks + i * kLk + d, eGs[i] * bf16_to_float(Ks[i * kLk + d]),
+                         eGs[i] * bf16_to_float(Ks[i * kLk + d + 1]));
+      }
+    }
+    block_sync();  // the diagonal blocks of X
+    // X_10 and X_32: T = A_ij X_jj (16 x 16 each) into A's upper triangle at rows j0, columns i0 (never read as A),
+    // then X_ij = -X_ii T. A thread two adjacent columns of one row.
+    {
+      const int blk = tid / 128, e = tid % 128, r = e / 8, cc = (e % 8) * 2;
+      const int i0 = blk ? 48 : 16, j0 = i0 - 16;
+      {
+        float s0 = 0.f, s1 = 0.f;
+        for (int k = 0; k < 16; ++k) {
+          const float ak = Af[(i0 + r) * kLa + j0 + k];
+          s0 += ak * Xf[(j0 + k) * kLa + j0 + cc];
+          s1 += ak * Xf[(j0 + k) * kLa + j0 + cc + 1];
+        }
+        Af[(j0 + r) * kLa + i0 + cc] = s0;
+        Af[(j0 + r) * kLa + i0 + cc + 1] = s1;
+      }
+      block_sync();
+      {
+        float s0 = 0.f, s1 = 0.f;
+        for (int m = 0; m <= r; ++m) {
+          const float xm = Xf[(i0 + r) * kLa + i0 + m];
+          s0 += xm * Af[(j0 + m) * kLa + i0 + cc];
+          s1 += xm * Af[(j0 + m) * kLa + i0 + cc + 1];
+        }
+        Xf[(i0 + r) * kLa + j0 + cc] = -s0;
+        Xf[(i0 + r) * kLa + j0 + cc + 1] = -s1;
+      }
+      block_sync();
+    }
+    // X_[23][01]: M = A_[23][01] X_[01][01] (32 x 32, k from the column's block: X is zero above it) into A's dead
+    // rows 32.., columns 32.. (its diagonal blocks and X_32's T, all done), then X = -X_[23][23] M. A thread four
+    // adjacent columns of one row.
+    {
+      const int r = tid / 8, cc = (tid % 8) * 4, kb = cc < 16 ? 0 : 16;
+      {
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k = kb; k < 32; ++k) {
+          const float ak = Af[(32 + r) * kLa + k];
+          TREECP_GDN_UNROLL
+          for (int u = 0; u < 4; ++u) s[u] += ak * Xf[k * kLa + cc + u];
+        }
+        TREECP_GDN_UNROLL
+        for (int u = 0; u < 4; ++u) Af[(32 + r) * kLa + 32 + cc + u] = s[u];
+      }
+      block_sync();
+      {
+        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int m = 0; m <= r; ++m) {
+          const float xm = Xf[(32 + r) * kLa + 32 + m];
+          TREECP_GDN_UNROLL
+          for (int u = 0; u < 4; ++u) s[u] += xm * Af[(32 + m) * kLa + 32 + cc + u];
+        }
+        TREECP_GDN_UNROLL
+        for (int u = 0; u < 4; ++u) Xf[(32 + r) * kLa + cc + u] = -s[u];
+      }
+      block_sync();  // X complete; A dead
+    }
+    for (int idx = tid; idx < C * C / 2; idx += nthr) {  // Tb = bf16(X diag(β)), j <= i < n, over A
+      const int i = idx / (C / 2), j = 2 * (idx % (C / 2));
+      const bool row = i < n;
+      gdn_store_pair16(Tb + i * kLt + j, row && j <= i ? Xf[i * kLa + j] * bs[j] : 0.f,
+                       row && j + 1 <= i ? Xf[i * kLa + j + 1] * bs[j + 1] : 0.f);
+    }
+    block_sync();  // Tb complete; X dead
+    // U = Tb V, then W = Tb Kst: warp w the column tiles [w NT, (w + 1) NT) of every row block m, whose k blocks stop
+    // at its diagonal (Tb is zero past it). B operands by 2-byte loads (their k index, the token, strides rows).
+    const GdnB16Mat Tm{Tb, kLt, 1}, Vt{Vs, 1, kLv}, Kt{Ks, 1, kLk};
+    {
+      float o[4][kUT][4];
+      TREECP_GDN_UNROLL
+      for (int m = 0; m < 4; ++m)
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kUT; ++j) {
+          TREECP_GDN_UNROLL
+          for (int e = 0; e < 4; ++e) o[m][j][e] = 0.f;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 <= m * 16; k0 += 16) gdn_mma_b16(o[m][j], Tm, Vt, m * 16, (warp * kUT + j) * 8, k0, lane);
+        }
+      TREECP_GDN_UNROLL
+      for (int m = 0; m < 4; ++m)
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kUT; ++j)
+          TREECP_GDN_UNROLL
+          for (int half = 0; half < 2; ++half)
+            gdn_store_pair16(Us + (m * 16 + g + half * 8) * kLv + (warp * kUT + j) * 8 + 2 * q, o[m][j][2 * half],
+                             o[m][j][2 * half + 1]);
+    }
+    {
+      float o[4][kWT][4];
+      TREECP_GDN_UNROLL
+      for (int m = 0; m < 4; ++m)
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kWT; ++j) {
+          TREECP_GDN_UNROLL
+          for (int e = 0; e < 4; ++e) o[m][j][e] = 0.f;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 <= m * 16; k0 += 16) gdn_mma_b16(o[m][j], Tm, Kt, m * 16, (warp * kWT + j) * 8, k0, lane);
+        }
+      block_sync();  // every warp done reading Kst
+      TREECP_GDN_UNROLL
+      for (int m = 0; m < 4; ++m)
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kWT; ++j)
+          TREECP_GDN_UNROLL
+          for (int half = 0; half < 2; ++half)
+            gdn_store_pair16(Ks + (m * 16 + g + half * 8) * kLk + (warp * kWT + j) * 8 + 2 * q, o[m][j][2 * half],
+                             o[m][j][2 * half + 1]);
+    }
+    block_sync();  // W and U staged
+    // Out in 16-byte units: all 64 rows (past the chunk Tb's zero rows made them 0).
     uint16_t* W = reinterpret_cast<uint16_t*>(c + a.fb.W);
     uint16_t* U = reinterpret_cast<uint16_t*>(c + a.fb.U);
-    float* G = reinterpret_cast<float*>(c + a.fb.G);
-    const int ld = row_ld(dk), lc = kGdnChunk + 1;
-    float* bs = smem;                     // [64]
-    float* gr = smem + kGdnChunk;         // [64]
-    float* Ks = smem + 2 * kGdnChunk;     // [64][ld]
-    float* Tb = Ks + kGdnChunk * ld;      // [64][lc]: L⁻¹ diag(β)
-    float* panels = Tb + kGdnChunk * lc;  // the products' staging, over P and the inverse's scratch
-    float* Ps = panels;                   // [64][lc]
-    float* scratch = Ps + kGdnChunk * lc; // [3][16][17]
-    gdn_load_rows16<E>(Ks, ld, a.in.k + (t * H + h) * dk, static_cast<int64_t>(H) * dk, n, dk, tid, nthr);
-    for (int i = tid; i < n; i += nthr) {
-      bs[i] = a.in.b<E>(t + i, h);
-      gr[i] = a.in.gate<E>(t + i, h, 0);
+    for (int idx = tid; idx < C * DK / 8; idx += nthr) {
+      const int row = idx / (DK / 8), col = (idx % (DK / 8)) * 8;
+#if defined(__CUDA_ARCH__)
+      *reinterpret_cast<uint4*>(W + row * DK + col) = *reinterpret_cast<const uint4*>(Ks + row * kLk + col);
+#else
+      std::memcpy(W + row * DK + col, Ks + row * kLk + col, 16);
+#endif
     }
-    block_sync();
-    if (tid == 0)
-      for (int i = 1; i < n; ++i) gr[i] += gr[i - 1];
-    block_sync();
-    for (int i = tid; i < kGdnChunk; i += nthr) G[i] = gr[i < n ? i : n - 1];
-    // P[i][j] = k_i · k_j e^{G_i - G_j} (j < i), 0 elsewhere.
-    const GdnTerm kk[1] = {{Ks, ld, 1, Ks, 1, ld, dk, 1.f}};
-    gdn_smem_product<kMath, 4, 4>(n, n, kk, tid, nthr, [&](int i, int j, float acc) {
-      Ps[i * lc + j] = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
-    });
-    block_sync();
-    gdn_block_inverse(Ps, lc, bs, n, Tb, lc, scratch, tid, nthr);  // ends on a barrier
-    for (int idx = tid; idx < n * n; idx += nthr) {
-      const int i = idx / n, j = idx % n;
-      Tb[i * lc + j] *= bs[j];
+    for (int idx = tid; idx < C * DV / 8; idx += nthr) {
+      const int row = idx / (DV / 8), col = (idx % (DV / 8)) * 8;
+#if defined(__CUDA_ARCH__)
+      *reinterpret_cast<uint4*>(U + row * DV + col) = *reinterpret_cast<const uint4*>(Us + row * kLv + col);
+#else
+      std::memcpy(U + row * DV + col, Us + row * kLv + col, 16);
+#endif
     }
-    for (int idx = tid; idx < n * dk; idx += nthr) {  // Kst = e^G ⊙ K in place (P is done with K)
-      const int i = idx / dk, d = idx % dk;
-      Ks[i * ld + d] *= expf(gr[i]);
-    }
-    // (gdn_block_bf16 opens with a barrier: Tb and Kst complete before they are staged.)
-    const GdnView tb = gdn_view(Tb, lc);
-    gdn_block_product<kMath, 4, 8>(n, dv, n, tb, a.in.rows<E>(a.in.v, t, h, dv), panels, tid, nthr,
-                                   [&](int i, int e, float acc) { U[i * dv + e] = float_to_bf16(acc); });
-    gdn_block_product<kMath, 4, 8>(n, dk, n, tb, gdn_view(Ks, ld), panels, tid, nthr,
-                                   [&](int i, int d, float acc) { W[i * dk + d] = float_to_bf16(acc); });
-    for (int idx = tid; idx < (kGdnChunk - n) * dk; idx += nthr) W[n * dk + idx] = 0;
-    for (int idx = tid; idx < (kGdnChunk - n) * dv; idx += nthr) U[n * dv + idx] = 0;
   }
 };
 

@@ -111,7 +111,7 @@ struct GdnCudaGrads {
 };
 
 // Whether a forward of p's shape, dtype and precision may run the FLA-like split (GdnCudaParams::fla_split): the
-// scalar gate, dk and dv 64 or 128, bf16 activations, precision bf16_tensor_scans, not split_forward, q and k 4-byte
+// scalar gate, dk and dv 64 or 128, bf16 activations, precision bf16_tensor_scans, not split_forward, q, k and v 4-byte
 // aligned (null counts as aligned: a size query has no pointers), and scan_columns 0, 16, 32 or 64: exactly what
 // gdn_check takes with fla_split set. Callers that offer the split as a setting (CudaBackend::set_gdn_fla_split) set
 // fla_split only where this holds and run the classic forward elsewhere.
@@ -120,7 +120,7 @@ inline bool gdn_fla_split_takes(const GdnCudaParams& p) {
   return p.gate == GdnGate::Scalar && (p.dk == 64 || p.dk == 128) && (p.dv == 64 || p.dv == 128) &&
          p.dtype == DType::kBf16 && p.precision == GdnPrecision::bf16_tensor_scans && !p.split_forward &&
          (p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32 || p.scan_columns == 64) &&
-         aligned(p.q) && aligned(p.k);
+         aligned(p.q) && aligned(p.k) && aligned(p.v);
 }
 
 }  // namespace treecp::cuda
