@@ -51,6 +51,33 @@ TREECP_GDN_FN void gdn_mma_b16(float (&c)[4], const GdnB16Mat& A, const GdnB16Ma
 #endif
 }
 
+// c0 += A[r0, r0 + 16) x [k0, k0 + 16) · B[k0, k0 + 16) x [n0, n0 + 8) and c1 the same at columns [n0 + 8, n0 + 16),
+// bf16 in shared memory with 16-byte aligned rows: A row-major (k contiguous, row stride lda); B as [k][n] (kBkn: n
+// contiguous, row stride ldb, V or Kst by token) or as its transpose [n][k] (k contiguous, K by token). On the GPU two
+// ldmatrix.x4 (.trans for [k][n]) load A's fragment and B's for both tiles: 2 load instructions for two mma where
+// gdn_mma_b16 takes 12 to 16 (its B operands strided by rows are two 2-byte loads a register). Lane l addresses row
+// l % 8 of 8 x 8 matrix l / 8, the matrices in the fragments' register order (mma.cuh; as the attention kernels
+// load them). The host path is gdn_mma_b16's on the same elements.
+template <bool kBkn>
+TREECP_GDN_FN void gdn_mma_b16_pair(float (&c0)[4], float (&c1)[4], const uint16_t* A, int lda, const uint16_t* B,
+                                    int ldb, int r0, int n0, int k0, int lane) {
+#if defined(__CUDA_ARCH__)
+  const int mi = lane >> 3, ri = lane & 7;
+  uint32_t a[4], b[4];
+  ldmatrix_x4(a, smem_addr(A + (r0 + ri + (mi & 1) * 8) * lda + k0 + (mi >> 1) * 8));
+  if constexpr (kBkn)
+    ldmatrix_x4_trans(b, smem_addr(B + (k0 + ri + (mi & 1) * 8) * ldb + n0 + (mi >> 1) * 8));
+  else
+    ldmatrix_x4(b, smem_addr(B + (n0 + ri + (mi >> 1) * 8) * ldb + k0 + (mi & 1) * 8));
+  mma_m16n8k16<DType::kBf16>(c0, a, b[0], b[1]);
+  mma_m16n8k16<DType::kBf16>(c1, a, b[2], b[3]);
+#else
+  const GdnB16Mat Am{A, lda, 1}, Bt = kBkn ? GdnB16Mat{B, 1, ldb} : GdnB16Mat{B, ldb, 1};
+  gdn_mma_b16(c0, Am, Bt, r0, n0, k0, lane);
+  gdn_mma_b16(c1, Am, Bt, r0, n0 + 8, k0, lane);
+#endif
+}
+
 // Two adjacent bf16 elements p[0], p[1] (p 4-byte aligned) from fp32.
 TREECP_GDN_FN void gdn_store_pair16(uint16_t* p, float lo, float hi) {
   const uint32_t w = static_cast<uint32_t>(float_to_bf16(lo)) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
@@ -100,9 +127,11 @@ struct GdnFlaBlock {
 //          block X_[23][01] = -X_[23][23] A_[23][01] X_[01][01], each as two fp32 products a thread 2 or 4 elements
 //          (four barriers), the intermediates in A's dead upper triangle;
 //   Tb     = bf16(X diag(β)) (zero above the diagonal and past the chunk) over A;
-//   U, W   = Tb V, Tb Kst on bf16 mma (k blocks past each row block's diagonal skipped; a warp 1/8 of the columns of
-//          all four row blocks, so that the triangle's work is even across warps), staged bf16 in shared memory (U
-//          over X, W over Kst once every warp is done with it) and written out in 16-byte stores.
+//   U, W   = Tb V, Tb Kst on bf16 mma (k blocks past each row block's diagonal skipped; a warp 16 columns of all
+//          four row blocks, or of two whose triangles sum alike, so that the work is even across warps), staged bf16
+//          in shared memory (U over X, W over Kst once every warp is done with it), written out in 16-byte stores.
+// The products' fragments come by ldmatrix.x4 (gdn_mma_b16_pair: two load instructions for two mma), so that
+// shared-memory load instructions (~600 a block for the products, ~2,800 for the fp32 inverse) do not bound it.
 // Shared at dk = dv = 128: 69 KiB, three blocks an SM (kMinBlocks: <= 85 registers a thread). Twelve barriers.
 struct GdnFlaPrepArgs {
   const GdnChunkDesc* chunks;
@@ -124,14 +153,48 @@ struct GdnFlaPrepKernel {
   static constexpr int kLk = DK + 8, kLv = DV + 8;  // bf16 row strides: 4 words mod 32, fragment lanes on 32 banks
   static constexpr int kLa = C + 4;                  // fp32 row stride of A and X (16-byte aligned rows)
   static constexpr int kLt = C + 8;                  // bf16 row stride of Tb
-  static constexpr int kWT = DK / 8 / kWarps, kUT = DV / 8 / kWarps;  // 8-column tiles a warp (of W, of U)
-  static_assert((DK == 64 || DK == 128) && (DV == 64 || DV == 128) && kWT >= 1 && kUT >= 1, "dk, dv 64 or 128");
+  static_assert((DK == 64 || DK == 128) && (DV == 64 || DV == 128), "dk, dv 64 or 128");
   static constexpr int64_t kKBytes = 2 * int64_t{C} * kLk, kVBytes = 2 * int64_t{C} * kLv;
   static constexpr int64_t kABytes = 4 * int64_t{C} * kLa;  // A fp32, then Tb bf16 [64][kLt]
   static constexpr int64_t kXBytes = kABytes > 2 * int64_t{C} * kLv ? kABytes : 2 * int64_t{C} * kLv;  // X, then U
   static constexpr int64_t kBytes = kKBytes + kVBytes + kABytes + kXBytes + 3 * 4 * C;  // + beta, G, e^G
   static_assert(2 * int64_t{C} * kLt <= kABytes, "Tb fits over A");
   static size_t smem_bytes(const Args&) { return static_cast<size_t>(kBytes); }
+
+  // out = Tb B (64 x WIDTH, B [64][WIDTH] by token, row stride ldb) as bf16 into `out` (row stride ldo); out null:
+  // into B itself, once every warp is done reading it (one barrier, which every thread reaches).
+  template <int WIDTH>
+  static TREECP_GDN_FN void product_out(const uint16_t* Tb, uint16_t* B, int ldb, uint16_t* out, int ldo, int warp,
+                                        int lane, int g, int q) {
+    constexpr int NP = WIDTH / 16, kRB = 4 * NP / kWarps;  // column pairs; row blocks a warp
+    static_assert(kRB == 2 || kRB == 4, "width 64 or 128");
+    const int n0 = (warp % NP) * 16, half = warp / NP;
+    float o[kRB][2][4];
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < kRB; ++r) {
+      const int m = kRB == 4 ? r : r == 0 ? half : 3 - half;
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) o[r][0][e] = o[r][1][e] = 0.f;
+      TREECP_GDN_UNROLL
+      for (int k0 = 0; k0 <= 48; k0 += 16)
+        if (k0 <= m * 16) gdn_mma_b16_pair<true>(o[r][0], o[r][1], Tb, kLt, B, ldb, m * 16, n0, k0, lane);
+    }
+    if (!out) {
+      block_sync();
+      out = B;
+      ldo = ldb;
+    }
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < kRB; ++r) {
+      const int m = kRB == 4 ? r : r == 0 ? half : 3 - half;
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < 2; ++j)
+        TREECP_GDN_UNROLL
+        for (int hh = 0; hh < 2; ++hh)
+          gdn_store_pair16(out + (m * 16 + g + hh * 8) * ldo + n0 + j * 8 + 2 * q, o[r][j][2 * hh],
+                           o[r][j][2 * hh + 1]);
+    }
+  }
 
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.heads;
@@ -173,18 +236,21 @@ struct GdnFlaPrepKernel {
       eGs[tid] = expf(Gi);
       reinterpret_cast<float*>(c + a.fb.G)[tid] = Gi;
     }
-    // A: warp w is row block w / 2, column tiles 4 (w % 2) .. + 3.
-    const GdnB16Mat Km{Ks, kLk, 1};
+    // A: warp w is row block w / 2, column tiles 4 (w % 2) .. + 3, in pairs of 16 columns (pair p holds a tile at or
+    // below the diagonal exactly when p <= the row block).
     const int pm = warp / 2;
     float pc[4][4];
     TREECP_GDN_UNROLL
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 4; ++j)
       TREECP_GDN_UNROLL
       for (int e = 0; e < 4; ++e) pc[j][e] = 0.f;
-      const int nn = (warp % 2) * 4 + j;
-      if (nn * 8 <= pm * 16 + 15) {
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < 4; j += 2) {
+      const int n0 = ((warp % 2) * 4 + j) * 8;
+      if (n0 / 16 <= pm) {
         TREECP_GDN_UNROLL
-        for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(pc[j], Km, Km, pm * 16, nn * 8, k0, lane);
+        for (int k0 = 0; k0 < DK; k0 += 16)
+          gdn_mma_b16_pair<false>(pc[j], pc[j + 1], Ks, kLk, Ks, kLk, pm * 16, n0, k0, lane);
       }
     }
     block_sync();  // G complete
@@ -282,50 +348,11 @@ struct GdnFlaPrepKernel {
                        row && j + 1 <= i ? Xf[i * kLa + j + 1] * bs[j + 1] : 0.f);
     }
     block_sync();  // Tb complete; X dead
-    // U = Tb V, then W = Tb Kst: warp w the column tiles [w NT, (w + 1) NT) of every row block m, whose k blocks stop
-    // at its diagonal (Tb is zero past it). B operands by 2-byte loads (their k index, the token, strides rows).
-    const GdnB16Mat Tm{Tb, kLt, 1}, Vt{Vs, 1, kLv}, Kt{Ks, 1, kLk};
-    {
-      float o[4][kUT][4];
-      TREECP_GDN_UNROLL
-      for (int m = 0; m < 4; ++m)
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kUT; ++j) {
-          TREECP_GDN_UNROLL
-          for (int e = 0; e < 4; ++e) o[m][j][e] = 0.f;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 <= m * 16; k0 += 16) gdn_mma_b16(o[m][j], Tm, Vt, m * 16, (warp * kUT + j) * 8, k0, lane);
-        }
-      TREECP_GDN_UNROLL
-      for (int m = 0; m < 4; ++m)
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kUT; ++j)
-          TREECP_GDN_UNROLL
-          for (int half = 0; half < 2; ++half)
-            gdn_store_pair16(Us + (m * 16 + g + half * 8) * kLv + (warp * kUT + j) * 8 + 2 * q, o[m][j][2 * half],
-                             o[m][j][2 * half + 1]);
-    }
-    {
-      float o[4][kWT][4];
-      TREECP_GDN_UNROLL
-      for (int m = 0; m < 4; ++m)
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kWT; ++j) {
-          TREECP_GDN_UNROLL
-          for (int e = 0; e < 4; ++e) o[m][j][e] = 0.f;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 <= m * 16; k0 += 16) gdn_mma_b16(o[m][j], Tm, Kt, m * 16, (warp * kWT + j) * 8, k0, lane);
-        }
-      block_sync();  // every warp done reading Kst
-      TREECP_GDN_UNROLL
-      for (int m = 0; m < 4; ++m)
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kWT; ++j)
-          TREECP_GDN_UNROLL
-          for (int half = 0; half < 2; ++half)
-            gdn_store_pair16(Ks + (m * 16 + g + half * 8) * kLk + (warp * kWT + j) * 8 + 2 * q, o[m][j][2 * half],
-                             o[m][j][2 * half + 1]);
-    }
+    // U = Tb V, then W = Tb Kst, in pairs of 8-column tiles: warp w the column pair w % NP (NP = width / 16) of
+    // kRB row blocks, all four (width 128) or two whose triangles sum alike (width 64: {0, 3} or {1, 2}); a row
+    // block m's k blocks stop at its diagonal (Tb is zero past it).
+    product_out<DV>(Tb, Vs, kLv, Us, kLv, warp, lane, g, q);
+    product_out<DK>(Tb, Ks, kLk, nullptr, 0, warp, lane, g, q);  // W over Kst, after a barrier inside
     block_sync();  // W and U staged
     // Out in 16-byte units: all 64 rows (past the chunk Tb's zero rows made them 0).
     uint16_t* W = reinterpret_cast<uint16_t*>(c + a.fb.W);
