@@ -291,22 +291,24 @@ struct GdnFlaPrepKernel {
       const int blk = tid / 128, e = tid % 128, r = e / 8, cc = (e % 8) * 2;
       const int i0 = blk ? 48 : 16, j0 = i0 - 16;
       {
-        float s0 = 0.f, s1 = 0.f;
+        float s0 = 0.f, s1 = 0.f, x[2];
         for (int k = 0; k < 16; ++k) {
           const float ak = Af[(i0 + r) * kLa + j0 + k];
-          s0 += ak * Xf[(j0 + k) * kLa + j0 + cc];
-          s1 += ak * Xf[(j0 + k) * kLa + j0 + cc + 1];
+          gdn_load_vec(Xf + (j0 + k) * kLa + j0 + cc, x);  // 8-byte aligned: even columns, kLa even
+          s0 += ak * x[0];
+          s1 += ak * x[1];
         }
         Af[(j0 + r) * kLa + i0 + cc] = s0;
         Af[(j0 + r) * kLa + i0 + cc + 1] = s1;
       }
       block_sync();
       {
-        float s0 = 0.f, s1 = 0.f;
+        float s0 = 0.f, s1 = 0.f, x[2];
         for (int m = 0; m <= r; ++m) {
           const float xm = Xf[(i0 + r) * kLa + i0 + m];
-          s0 += xm * Af[(j0 + m) * kLa + i0 + cc];
-          s1 += xm * Af[(j0 + m) * kLa + i0 + cc + 1];
+          gdn_load_vec(Af + (j0 + m) * kLa + i0 + cc, x);
+          s0 += xm * x[0];
+          s1 += xm * x[1];
         }
         Xf[(i0 + r) * kLa + j0 + cc] = -s0;
         Xf[(i0 + r) * kLa + j0 + cc + 1] = -s1;
@@ -319,22 +321,24 @@ struct GdnFlaPrepKernel {
     {
       const int r = tid / 8, cc = (tid % 8) * 4, kb = cc < 16 ? 0 : 16;
       {
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, x[4];
         for (int k = kb; k < 32; ++k) {
           const float ak = Af[(32 + r) * kLa + k];
+          gdn_load_vec(Xf + k * kLa + cc, x);  // 16-byte aligned: columns by 4, kLa a multiple of 4
           TREECP_GDN_UNROLL
-          for (int u = 0; u < 4; ++u) s[u] += ak * Xf[k * kLa + cc + u];
+          for (int u = 0; u < 4; ++u) s[u] += ak * x[u];
         }
         TREECP_GDN_UNROLL
         for (int u = 0; u < 4; ++u) Af[(32 + r) * kLa + 32 + cc + u] = s[u];
       }
       block_sync();
       {
-        float s[4] = {0.f, 0.f, 0.f, 0.f};
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, x[4];
         for (int m = 0; m <= r; ++m) {
           const float xm = Xf[(32 + r) * kLa + 32 + m];
+          gdn_load_vec(Af + (32 + m) * kLa + 32 + cc, x);
           TREECP_GDN_UNROLL
-          for (int u = 0; u < 4; ++u) s[u] += xm * Af[(32 + m) * kLa + 32 + cc + u];
+          for (int u = 0; u < 4; ++u) s[u] += xm * x[u];
         }
         TREECP_GDN_UNROLL
         for (int u = 0; u < 4; ++u) Xf[(32 + r) * kLa + cc + u] = -s[u];
