@@ -52,19 +52,23 @@ TREECP_GDN_FN void gdn_mma_b16(float (&c)[4], const GdnB16Mat& A, const GdnB16Ma
 }
 
 // c0 += A[r0, r0 + 16) x [k0, k0 + 16) · B[k0, k0 + 16) x [n0, n0 + 8) and c1 the same at columns [n0 + 8, n0 + 16),
-// bf16 in shared memory with 16-byte aligned rows: A row-major (k contiguous, row stride lda); B as [k][n] (kBkn: n
-// contiguous, row stride ldb, V or Kst by token) or as its transpose [n][k] (k contiguous, K by token). On the GPU two
-// ldmatrix.x4 (.trans for [k][n]) load A's fragment and B's for both tiles: 2 load instructions for two mma where
-// gdn_mma_b16 takes 12 to 16 (its B operands strided by rows are two 2-byte loads a register). Lane l addresses row
-// l % 8 of 8 x 8 matrix l / 8, the matrices in the fragments' register order (mma.cuh; as the attention kernels
-// load them). The host path is gdn_mma_b16's on the same elements.
-template <bool kBkn>
+// bf16 in shared memory with 16-byte aligned rows: A row-major [m][k] (k contiguous, row stride lda) or (kAkm) stored
+// as [k][m] (m contiguous: Kᵀ from K by token); B as [k][n] (kBkn: n contiguous, row stride ldb, V or Kst by token)
+// or as its transpose [n][k] (k contiguous, K by token). On the GPU two ldmatrix.x4 (.trans for the operands stored
+// k-major) load A's fragment and B's for both tiles: 2 load instructions for two mma where gdn_mma_b16 takes 12 to 20
+// (its operands strided by rows are two 2-byte loads a register). Lane l addresses row l % 8 of 8 x 8 matrix l / 8,
+// the matrices in the fragments' register order (mma.cuh; as the attention kernels load them, the transposed A as
+// the backward's dSᵀ). The host path is gdn_mma_b16's on the same elements.
+template <bool kAkm, bool kBkn>
 TREECP_GDN_FN void gdn_mma_b16_pair(float (&c0)[4], float (&c1)[4], const uint16_t* A, int lda, const uint16_t* B,
                                     int ldb, int r0, int n0, int k0, int lane) {
 #if defined(__CUDA_ARCH__)
   const int mi = lane >> 3, ri = lane & 7;
   uint32_t a[4], b[4];
-  ldmatrix_x4(a, smem_addr(A + (r0 + ri + (mi & 1) * 8) * lda + k0 + (mi >> 1) * 8));
+  if constexpr (kAkm)
+    ldmatrix_x4_trans(a, smem_addr(A + (k0 + ri + (mi >> 1) * 8) * lda + r0 + (mi & 1) * 8));
+  else
+    ldmatrix_x4(a, smem_addr(A + (r0 + ri + (mi & 1) * 8) * lda + k0 + (mi >> 1) * 8));
   if constexpr (kBkn)
     ldmatrix_x4_trans(b, smem_addr(B + (k0 + ri + (mi & 1) * 8) * ldb + n0 + (mi >> 1) * 8));
   else
@@ -72,7 +76,8 @@ TREECP_GDN_FN void gdn_mma_b16_pair(float (&c0)[4], float (&c1)[4], const uint16
   mma_m16n8k16<DType::kBf16>(c0, a, b[0], b[1]);
   mma_m16n8k16<DType::kBf16>(c1, a, b[2], b[3]);
 #else
-  const GdnB16Mat Am{A, lda, 1}, Bt = kBkn ? GdnB16Mat{B, 1, ldb} : GdnB16Mat{B, ldb, 1};
+  const GdnB16Mat Am = kAkm ? GdnB16Mat{A, 1, lda} : GdnB16Mat{A, lda, 1};
+  const GdnB16Mat Bt = kBkn ? GdnB16Mat{B, 1, ldb} : GdnB16Mat{B, ldb, 1};
   gdn_mma_b16(c0, Am, Bt, r0, n0, k0, lane);
   gdn_mma_b16(c1, Am, Bt, r0, n0 + 8, k0, lane);
 #endif
@@ -177,7 +182,7 @@ struct GdnFlaPrepKernel {
       for (int e = 0; e < 4; ++e) o[r][0][e] = o[r][1][e] = 0.f;
       TREECP_GDN_UNROLL
       for (int k0 = 0; k0 <= 48; k0 += 16)
-        if (k0 <= m * 16) gdn_mma_b16_pair<true>(o[r][0], o[r][1], Tb, kLt, B, ldb, m * 16, n0, k0, lane);
+        if (k0 <= m * 16) gdn_mma_b16_pair<false, true>(o[r][0], o[r][1], Tb, kLt, B, ldb, m * 16, n0, k0, lane);
     }
     if (!out) {
       block_sync();
@@ -250,7 +255,7 @@ struct GdnFlaPrepKernel {
       if (n0 / 16 <= pm) {
         TREECP_GDN_UNROLL
         for (int k0 = 0; k0 < DK; k0 += 16)
-          gdn_mma_b16_pair<false>(pc[j], pc[j + 1], Ks, kLk, Ks, kLk, pm * 16, n0, k0, lane);
+          gdn_mma_b16_pair<false, false>(pc[j], pc[j + 1], Ks, kLk, Ks, kLk, pm * 16, n0, k0, lane);
       }
     }
     block_sync();  // G complete
@@ -385,8 +390,10 @@ struct GdnFlaPrepKernel {
 // unless said: W and K [2][64][DK + 8], U's columns [2][64][BV + 8], G [2][64] fp32 (double-buffered: chunk ci + 1's
 // copies are issued right after the barrier that opens chunk ci), hT [BV][DK + 8] (h rounded to bf16, transposed: the
 // B operand of W h, k-contiguous) and vsT [BV][64 + 8] (v_new ⊙ e^{G_last - G}, transposed: the B operand of Kᵀ vs).
-// Row strides of 4 words mod 32 put a fragment's lanes 4g + q (row g, word q) on distinct banks; Kᵀ's fragments read
-// K [t][d] by 2-byte loads (word 8q + g / 2). Three barriers a chunk.
+// Row strides of 4 words mod 32 put a fragment's lanes 4g + q (row g, word q) on distinct banks, and the 8 rows of
+// an ldmatrix phase too. Where a warp's tiles come in pairs of one row block (kVT, kHT even: every BV but 16) the
+// fragments load by ldmatrix.x4 (gdn_mma_b16_pair; Kᵀ's by .trans from K [t][d]), else by gdn_mma_b16 (Kᵀ's by 2-byte
+// loads). Three barriers a chunk.
 struct GdnFlaScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -494,17 +501,35 @@ struct GdnFlaScanKernel {
       const GdnB16Mat Wm{Wsm(b), kLk, 1}, Hm{hT, kLk, 1};
       const uint16_t* Us = Usm(b);
       uint16_t* gv = reinterpret_cast<uint16_t*>(c + a.fb.V);
+      float v[kVT][4];
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < kVT; ++j)
+        TREECP_GDN_UNROLL
+        for (int e = 0; e < 4; ++e) v[j][e] = 0.f;
+      if constexpr (kVT % 2 == 0) {  // tiles T, T + 1 (T even) share their rows: one ldmatrix pair a k step
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kVT; j += 2) {
+          const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 < DK; k0 += 16)
+            gdn_mma_b16_pair<false, false>(v[j], v[j + 1], Wsm(b), kLk, hT, kLk, m * 16, nn * 8, k0, lane);
+        }
+      } else {
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kVT; ++j) {
+          const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(v[j], Wm, Hm, m * 16, nn * 8, k0, lane);
+        }
+      }
       TREECP_GDN_UNROLL
       for (int j = 0; j < kVT; ++j) {
         const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        TREECP_GDN_UNROLL
-        for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(v, Wm, Hm, m * 16, nn * 8, k0, lane);
         TREECP_GDN_UNROLL
         for (int half = 0; half < 2; ++half) {
           const int t = m * 16 + g + half * 8, col = nn * 8 + 2 * q;
-          const float x0 = bf16_to_float(Us[t * kLu + col]) - v[2 * half];
-          const float x1 = bf16_to_float(Us[t * kLu + col + 1]) - v[2 * half + 1];
+          const float x0 = bf16_to_float(Us[t * kLu + col]) - v[j][2 * half];
+          const float x1 = bf16_to_float(Us[t * kLu + col + 1]) - v[j][2 * half + 1];
           if (a.save) gdn_store_pair16(gv + t * dv + e0 + col, x0, x1);
           const float f = t < n ? expf(gl - Gc[t]) : 0.f;
           vsT[col * kLv + t] = float_to_bf16(x0 * f);
@@ -516,12 +541,24 @@ struct GdnFlaScanKernel {
       const float eg = expf(gl);
       const GdnB16Mat Kt{Ksm(b), 1, kLk}, Vm{vsT, kLv, 1};
       TREECP_GDN_UNROLL
-      for (int j = 0; j < kHT; ++j) {
-        const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+      for (int j = 0; j < kHT; ++j)
         TREECP_GDN_UNROLL
         for (int e = 0; e < 4; ++e) acc[j][e] *= eg;
+      if constexpr (kHT % 2 == 0) {  // as v_new's: Kᵀ's fragment by ldmatrix.trans from K [t][d]
         TREECP_GDN_UNROLL
-        for (int k0 = 0; k0 < kGdnChunk; k0 += 16) gdn_mma_b16(acc[j], Kt, Vm, m * 16, nn * 8, k0, lane);
+        for (int j = 0; j < kHT; j += 2) {
+          const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 < kGdnChunk; k0 += 16)
+            gdn_mma_b16_pair<true, false>(acc[j], acc[j + 1], Ksm(b), kLk, vsT, kLv, m * 16, nn * 8, k0, lane);
+        }
+      } else {
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kHT; ++j) {
+          const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 < kGdnChunk; k0 += 16) gdn_mma_b16(acc[j], Kt, Vm, m * 16, nn * 8, k0, lane);
+        }
       }
     }
     gdn_async_wait<0>();  // the empty group past the last chunk
