@@ -579,8 +579,8 @@ struct GdnFlaScanKernel {
 // past the chunk are never stored), the chunk-start state hT [DV][DK + 8], v_new [64][DV + 8], the masked pair matrix
 // C [64][72], and G [64] fp32. C = Q Kᵀ ⊙ e^{G_i - G_j} (j <= i < n) in 32 tiles of 16 x 8, 4 a warp (tiles wholly
 // above the diagonal skipped); then Y = scale (diag(e^G) Q h + C v_new) in 4 x DV / 8 tiles, DV / 16 a warp, both
-// products into the same accumulators (C's column blocks past the tile's rows skipped). v_new's fragments are read
-// by 2-byte loads (its k index, the token, strides rows).
+// products into the same accumulators (C's column blocks past the tile's rows skipped). Every fragment by ldmatrix.x4
+// (gdn_mma_b16_pair; v_new's by .trans: its k index, the token, strides rows).
 struct GdnFlaOutArgs {
   const GdnChunkDesc* chunks;
   const unsigned char* ws;
@@ -600,7 +600,9 @@ struct GdnFlaOutKernel {
   static constexpr int kLk = DK + 8, kLv = DV + 8, kLc = kGdnChunk + 8;
   static constexpr int kCT = (kGdnChunk / 16) * (kGdnChunk / 8) / kWarps;  // C tiles a warp
   static constexpr int kOT = (kGdnChunk / 16) * (DV / 8) / kWarps;         // Y tiles a warp
-  static_assert(DK % 16 == 0 && DV % 16 == 0 && kOT * kWarps == (kGdnChunk / 16) * (DV / 8), "tiles split evenly");
+  static_assert(DK % 16 == 0 && DV % 16 == 0 && kOT * kWarps == (kGdnChunk / 16) * (DV / 8) && kOT % 2 == 0 &&
+                    kCT % 2 == 0,
+                "tiles split evenly, in pairs of one row block");
   static constexpr int64_t kQBytes = 2 * int64_t{kGdnChunk} * kLk;
   static constexpr int64_t kHBytes = 2 * int64_t{DV} * kLk, kVBytes = 2 * int64_t{kGdnChunk} * kLv;
   static constexpr int64_t kCBytes = 2 * int64_t{kGdnChunk} * kLc;
@@ -632,23 +634,32 @@ struct GdnFlaOutKernel {
     gdn_async_wait<0>();
     block_sync();
     // C: tile T = warp kCT + j is rows 16 (T / 8), columns 8 (T % 8); masked (select: stale rows past n never enter).
-    const GdnB16Mat Qm{Qs, kLk, 1}, Km{Ks, kLk, 1};
+    // Pairs of tiles (T, T + 1), T even, share their rows: ldmatrix fragments (gdn_mma_b16_pair); pair p of 16
+    // columns holds a tile at or below the diagonal exactly when p <= the row block.
+    float cc[kCT][4];
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kCT; ++j)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) cc[j][e] = 0.f;
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kCT; j += 2) {
+      const int T = warp * kCT + j, m = T / (kGdnChunk / 8), nn = T % (kGdnChunk / 8);
+      if (nn / 2 <= m) {
+        TREECP_GDN_UNROLL
+        for (int k0 = 0; k0 < DK; k0 += 16)
+          gdn_mma_b16_pair<false, false>(cc[j], cc[j + 1], Qs, kLk, Ks, kLk, m * 16, nn * 8, k0, lane);
+      }
+    }
     TREECP_GDN_UNROLL
     for (int j = 0; j < kCT; ++j) {
       const int T = warp * kCT + j, m = T / (kGdnChunk / 8), nn = T % (kGdnChunk / 8);
-      float cc[4] = {0.f, 0.f, 0.f, 0.f};
-      if (nn * 8 <= m * 16 + 15) {
-        TREECP_GDN_UNROLL
-        for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(cc, Qm, Km, m * 16, nn * 8, k0, lane);
-      }
       TREECP_GDN_UNROLL
       for (int e = 0; e < 4; ++e) {
         const int i = m * 16 + g + (e >> 1) * 8, jj = nn * 8 + 2 * q + (e & 1);
-        Cs[i * kLc + jj] = float_to_bf16(jj <= i && i < n ? cc[e] * expf(Gs[i] - Gs[jj]) : 0.f);
+        Cs[i * kLc + jj] = float_to_bf16(jj <= i && i < n ? cc[j][e] * expf(Gs[i] - Gs[jj]) : 0.f);
       }
     }
     block_sync();  // C complete
-    const GdnB16Mat Hm{Hs, kLk, 1}, Cm{Cs, kLc, 1}, Vt{Vs, 1, kLv};
     float o[kOT][4];
     const int m = (warp * kOT) / (DV / 8);  // the warp's tiles share one row block
     TREECP_GDN_UNROLL
@@ -658,7 +669,9 @@ struct GdnFlaOutKernel {
     TREECP_GDN_UNROLL
     for (int k0 = 0; k0 < DK; k0 += 16)
       TREECP_GDN_UNROLL
-      for (int j = 0; j < kOT; ++j) gdn_mma_b16(o[j], Qm, Hm, m * 16, ((warp * kOT + j) % (DV / 8)) * 8, k0, lane);
+      for (int j = 0; j < kOT; j += 2)
+        gdn_mma_b16_pair<false, false>(o[j], o[j + 1], Qs, kLk, Hs, kLk, m * 16, ((warp * kOT + j) % (DV / 8)) * 8,
+                                       k0, lane);
     const float eg0 = expf(Gs[m * 16 + g]), eg1 = expf(Gs[m * 16 + g + 8]);
     TREECP_GDN_UNROLL
     for (int j = 0; j < kOT; ++j) {
@@ -669,7 +682,9 @@ struct GdnFlaOutKernel {
     for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
       if (k0 > m * 16) break;  // C is zero past the rows' diagonal
       TREECP_GDN_UNROLL
-      for (int j = 0; j < kOT; ++j) gdn_mma_b16(o[j], Cm, Vt, m * 16, ((warp * kOT + j) % (DV / 8)) * 8, k0, lane);
+      for (int j = 0; j < kOT; j += 2)
+        gdn_mma_b16_pair<false, true>(o[j], o[j + 1], Cs, kLc, Vs, kLv, m * 16, ((warp * kOT + j) % (DV / 8)) * 8, k0,
+                                      lane);
     }
     const int64_t y0 = (cd.t * H + h) * static_cast<int64_t>(DV), y_row = static_cast<int64_t>(H) * DV;
     TREECP_GDN_UNROLL
