@@ -302,8 +302,10 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitForward) {
   EmulatedDev dev;
   dev.x.threads = detail::kGdnThreads;
   uint64_t seed = 60;
+  // The scan's (dk, columns) pairs each way its warps' tiles split: state and v_new tiles in pairs (64 / 32, 64 / 64,
+  // 128 / 64: gdn_mma_b16_pair), the state's only (128 / 16), neither (64 / 16: gdn_mma_b16).
   for (const auto& [dk, dv, cols] : {std::tuple{64, 64, 0}, std::tuple{128, 128, 16}, std::tuple{64, 128, 64},
-                                    std::tuple{128, 64, 32}}) {
+                                    std::tuple{128, 64, 32}, std::tuple{128, 128, 64}, std::tuple{64, 64, 16}}) {
     Case c(ragged_tokens(1), 2, dk, dv, GdnGate::Scalar, ragged_runs(1), 4, ++seed);
     c.precision = GdnPrecision::bf16_tensor_scans;
     c.fla_split = true;
