@@ -408,6 +408,7 @@ void KeyCore::cuda_gdn_forward(const GdnCall& c, int device, bool fp16, uintptr_
   Communicator& comm = cuda_comm(device, "gated_delta_rule", fp16);
   CudaBackend& be = *cuda_->backend;
   be.set_gdn_precision(static_cast<cuda::GdnPrecision>(c.precision));
+  be.set_gdn_fla_split(c.fla_split);
   const int64_t n = owned_tokens_;
   const CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);
   const int64_t vw = run.shape.v_width();
@@ -421,6 +422,7 @@ void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr
   Communicator& comm = cuda_comm(device, "gated_delta_rule", fp16);
   CudaBackend& be = *cuda_->backend;
   be.set_gdn_precision(static_cast<cuda::GdnPrecision>(c.precision));  // the forward's, recomputed: the same choice
+  be.set_gdn_fla_split(c.fla_split);  // the states the forward started each run from, as the forward computed them
   const int64_t n = owned_tokens_;
   // The backward needs the states the forward started each run from: run the forward again, as on the CPU.
   CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);

@@ -36,6 +36,7 @@ struct GdnCall {
   double scale = 1.0;
   int chunk = 64;
   int precision = 0;  // CUDA: cuda::GdnPrecision (0 fp32, 1 bf16_tensor, 2 bf16_tensor_scans); the CPU ignores it
+  bool fla_split = false;  // CUDA: CudaBackend::set_gdn_fla_split (the FLA-like forward where the call qualifies)
 };
 
 class KeyCore {

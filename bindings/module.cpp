@@ -431,17 +431,19 @@ NB_MODULE(_core, m) {
   key.def(
       "cuda_gdn_forward",
       [](py::KeyCore& k, int heads, int dk, int dv, bool per_channel, double scale, int chunk, int precision,
-         int device, bool fp16, uintptr_t q, uintptr_t kk, uintptr_t v, uintptr_t g, uintptr_t beta, uintptr_t y) {
-        k.cuda_gdn_forward({heads, dk, dv, per_channel, scale, chunk, precision}, device, fp16, q, kk, v, g, beta, y);
+         bool fla_split, int device, bool fp16, uintptr_t q, uintptr_t kk, uintptr_t v, uintptr_t g, uintptr_t beta,
+         uintptr_t y) {
+        k.cuda_gdn_forward({heads, dk, dv, per_channel, scale, chunk, precision, fla_split}, device, fp16, q, kk, v, g,
+                           beta, y);
       },
       Compute());
   key.def(
       "cuda_gdn_backward",
       [](py::KeyCore& k, int heads, int dk, int dv, bool per_channel, double scale, int chunk, int precision,
-         int device, bool fp16, uintptr_t q, uintptr_t kk, uintptr_t v, uintptr_t g, uintptr_t beta, uintptr_t dy,
-         uintptr_t dq, uintptr_t dk_, uintptr_t dv_, uintptr_t dg, uintptr_t dbeta) {
-        k.cuda_gdn_backward({heads, dk, dv, per_channel, scale, chunk, precision}, device, fp16, q, kk, v, g, beta,
-                            dy, dq, dk_, dv_, dg, dbeta);
+         bool fla_split, int device, bool fp16, uintptr_t q, uintptr_t kk, uintptr_t v, uintptr_t g, uintptr_t beta,
+         uintptr_t dy, uintptr_t dq, uintptr_t dk_, uintptr_t dv_, uintptr_t dg, uintptr_t dbeta) {
+        k.cuda_gdn_backward({heads, dk, dv, per_channel, scale, chunk, precision, fla_split}, device, fp16, q, kk, v, g,
+                            beta, dy, dq, dk_, dv_, dg, dbeta);
       },
       Compute());
   key.def("cuda_conv_forward", &py::KeyCore::cuda_conv_forward, Compute());

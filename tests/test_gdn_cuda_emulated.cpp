@@ -70,21 +70,39 @@ struct EmulatedDev {
   std::vector<T> get(const T* p, size_t n) {
     return std::vector<T>(p, p + n);
   }
+  // Each workspace is followed by a guard of 0xff bytes that every call checks afterwards: the sizes are exact
+  // (workspace_bytes), so a kernel writing past its call's carving shows here, and one reading past it reads NaN.
+  static constexpr size_t kGuard = 4096;
+  std::vector<const unsigned char*> guards;
   void* workspace(size_t bytes) {
-    void* p = raw(bytes);
-    std::memset(p, 0xff, bytes);
+    unsigned char* p = static_cast<unsigned char*>(raw(bytes + kGuard));
+    std::memset(p, 0xff, bytes + kGuard);
+    guards.push_back(p + bytes);
     return p;
   }
-  size_t workspace_bytes(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, bool backward) {
-    detail::gdn_check(p, runs, false);
-    return detail::GdnSchedule(p, runs, backward).bytes;
+  void check_guards(const char* call) {
+    for (const unsigned char* g : guards)
+      for (size_t i = 0; i < kGuard; ++i)
+        if (g[i] != 0xff) {
+          ADD_FAILURE() << call << " wrote " << i << " bytes past the end of its workspace";
+          return;
+        }
   }
-  void forward(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs) { detail::gdn_forward_on(x, p, runs); }
+  size_t workspace_bytes(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, GdnCallKind kind) {
+    detail::gdn_check(p, runs, false);
+    return detail::GdnSchedule(p, runs, kind).bytes;
+  }
+  void forward(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs) {
+    detail::gdn_forward_on(x, p, runs);
+    check_guards("gdn_forward");
+  }
   void summary(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, float* M, float* E) {
     detail::gdn_summary_on(x, p, runs, M, E);
+    check_guards("gdn_summary");
   }
   void backward(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, const GdnCudaGrads& g) {
     detail::gdn_backward_on(x, p, runs, g);
+    check_guards("gdn_backward");
   }
   void compose(int64_t n, int dk, int dv, const float* MB, const float* EB, const float* MA, const float* EA, float* M,
                float* E) {
@@ -284,8 +302,10 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitForward) {
   EmulatedDev dev;
   dev.x.threads = detail::kGdnThreads;
   uint64_t seed = 60;
+  // The scan's (dk, columns) pairs each way its warps' tiles split: state and v_new tiles in pairs (64 / 32, 64 / 64,
+  // 128 / 64: gdn_mma_b16_pair), the state's only (128 / 16), neither (64 / 16: gdn_mma_b16).
   for (const auto& [dk, dv, cols] : {std::tuple{64, 64, 0}, std::tuple{128, 128, 16}, std::tuple{64, 128, 64},
-                                    std::tuple{128, 64, 32}}) {
+                                    std::tuple{128, 64, 32}, std::tuple{128, 128, 64}, std::tuple{64, 64, 16}}) {
     Case c(ragged_tokens(1), 2, dk, dv, GdnGate::Scalar, ragged_runs(1), 4, ++seed);
     c.precision = GdnPrecision::bf16_tensor_scans;
     c.fla_split = true;
@@ -332,6 +352,112 @@ TEST(GdnCudaEmulatedChecks, FlaSplitRefusesWhatItDoesNotTake) {
   EXPECT_NE(message().find("scan_columns"), std::string::npos);  // 64 columns only with the split
 }
 
+// gdn_fla_split_takes (which CudaBackend::set_gdn_fla_split asks, to fall back to the classic forward elsewhere) holds
+// exactly where gdn_check takes the split: over every gate, head dims around the two taken, both dtypes, every
+// precision, split_forward, the column counts and q / k alignment.
+TEST(GdnCudaEmulatedChecks, FlaSplitTakesIsWhatTheCheckTakes) {
+  const std::vector<GdnCudaRun> runs = {{0, 10}};
+  alignas(4) static const uint16_t buf[4] = {};
+  const void* aligned = buf;
+  const void* odd = reinterpret_cast<const unsigned char*>(buf) + 1;
+  int taken = 0, cases = 0;
+  for (const GdnGate gate : {GdnGate::Scalar, GdnGate::PerChannel})
+    for (const int dk : {32, 64, 96, 128, 256})
+      for (const int dv : {64, 80, 128})
+        for (const DType dt : {DType::kBf16, DType::kF16})
+          for (const GdnPrecision pr : kGdnPrecisions)
+            for (const bool split : {false, true})
+              for (const int cols : {0, 16, 32, 64})
+                for (const void* qk : {aligned, odd}) {
+                  GdnCudaParams p;
+                  p.tokens = 10; p.heads = 2; p.dk = dk; p.dv = dv; p.gate = gate; p.dtype = dt; p.precision = pr;
+                  p.split_forward = split; p.scan_columns = cols; p.q = qk; p.k = qk; p.v = qk;
+                  p.g = p.beta = aligned;
+                  bool checked = true;
+                  try {
+                    p.fla_split = true;
+                    detail::gdn_check(p, runs);
+                  } catch (const Error&) {
+                    checked = false;
+                  }
+                  p.fla_split = false;  // the question is asked before the split is chosen
+                  EXPECT_EQ(gdn_fla_split_takes(p), checked)
+                      << "gate " << static_cast<int>(gate) << " dk " << dk << " dv " << dv << " dtype "
+                      << static_cast<int>(dt) << " precision " << gdn_precision_name(pr) << " split_forward " << split
+                      << " columns " << cols << " q/k " << qk;
+                  taken += checked;
+                  ++cases;
+                }
+  EXPECT_GT(taken, 0);
+  EXPECT_LT(taken, cases);
+  GdnCudaParams shape;  // a size query has no pointers: they count as aligned
+  shape.tokens = 10; shape.heads = 1; shape.dk = shape.dv = 128; shape.precision = GdnPrecision::bf16_tensor_scans;
+  EXPECT_TRUE(gdn_fla_split_takes(shape));
+}
+
+// The workspace of each call is exactly its carving (GdnSchedule::carves: the descriptors, then one block a (chunk,
+// head)), against sizes worked out here from the arrays' definitions (docs/kernels.md): 256-byte aligned carves in
+// order, without overlap, the last ending at `bytes`; the forward with fla_split the split's compact blocks, the
+// summary the classic prep's (without split_forward's S0 and D, which only the forward's output kernel reads). At
+// T = 40,960, H = 32, dk = dv = 128 that is issue 29's 1.68 GB for the split against the classic 5.0 GB. That the
+// kernels stay inside the sizes is the other tests' guard (EmulatedDev::check_guards, and NaN past the end).
+TEST(GdnCudaEmulatedChecks, WorkspaceIsExactlyTheCallsCarving) {
+  auto a256 = [](size_t x) { return (x + 255) / 256 * 256; };
+  auto a64 = [](size_t x) { return (x + 63) / 64 * 64; };  // floats of a 256-byte aligned array
+  struct Runs {
+    int64_t tokens;
+    std::vector<GdnCudaRun> runs;
+  };
+  const std::vector<Runs> run_sets = {{ragged_tokens(1), ragged_runs(1)}, {1000, {{0, 1000, 0, 0}}}, {10, {}},
+                                      {40960, {{0, 40960}}}};
+  int checked = 0;
+  for (const auto& [dk, dv] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{64, 128}, std::pair{48, 80}})
+    for (const Runs& rs : run_sets)
+      for (const GdnPrecision pr : kGdnPrecisions)
+        for (const int mode : {0, 1, 2}) {  // classic, split_forward, fla_split
+          GdnCudaParams p;
+          p.tokens = rs.tokens; p.heads = rs.tokens == 40960 ? 32 : 3; p.dk = dk; p.dv = dv; p.precision = pr;
+          p.split_forward = mode == 1;
+          p.fla_split = mode == 2;
+          if (p.fla_split && !gdn_fla_split_takes(p)) continue;
+          size_t chunks = 0;
+          for (const GdnCudaRun& r : rs.runs) chunks += static_cast<size_t>((r.t1 - r.t0 + 63) / 64);
+          const size_t pairs = chunks * static_cast<size_t>(p.heads);
+          const size_t descriptors = a256(chunks * 16) + a256(rs.runs.size() * 16);
+          // G, Qst, Kst, R, W [64][dk]; U [64][dv]; P, C, L⁻¹ [64][64]; e^{G_last} [dk], floats.
+          const size_t classic = 5 * a64(64 * size_t(dk)) + a64(64 * size_t(dv)) + 3 * 4096 + a64(dk);
+          const size_t per = pr == GdnPrecision::fp32 ? 1 : 2;  // S0 and D elements a float holds
+          const size_t states = a64((size_t(dk) * dv + per - 1) / per) + a64((64 * size_t(dv) + per - 1) / per);
+          // W, U bf16; G fp32 [64]; hT bf16 [dv][dk]; v_new bf16 [64][dv], bytes.
+          const size_t fla = a256(128 * size_t(dk)) + a256(128 * size_t(dv)) + 256 + a256(2 * size_t(dk) * dv) +
+                             a256(128 * size_t(dv));
+          for (const GdnCallKind kind : {GdnCallKind::forward, GdnCallKind::summary, GdnCallKind::backward}) {
+            const detail::GdnSchedule s(p, rs.runs, kind);
+            const auto carves = s.carves();
+            size_t at = 0;
+            for (const auto& c : carves) {
+              EXPECT_EQ(c.begin % 256, 0u) << c.what;
+              EXPECT_GE(c.begin, at) << c.what << " overlaps the carve before it";
+              EXPECT_LE(c.begin, c.end) << c.what;
+              at = c.end;
+            }
+            EXPECT_EQ(carves.back().end, s.bytes) << "bytes past the last carve";
+            EXPECT_EQ(carves.front().begin, 0u);
+            if (kind == GdnCallKind::backward) continue;  // its sizes: the gradients' arrays (GdnBlock::make)
+            const bool fwd = kind == GdnCallKind::forward;
+            const size_t block = fwd && p.fla_split ? fla : 4 * (classic + (fwd && p.split_forward ? states : 0));
+            EXPECT_EQ(s.bytes, descriptors + pairs * block)
+                << "dk " << dk << " dv " << dv << " mode " << mode << " kind " << static_cast<int>(kind);
+            ++checked;
+            if (rs.tokens == 40960 && dk == 128 && dv == 128 && mode == 2) {
+              if (fwd) EXPECT_NEAR(s.bytes * 1e-9, 1.683, 0.001);  // 20,480 blocks of 80.25 KiB
+              else EXPECT_NEAR(s.bytes * 1e-9, 5.043, 0.001);     // the summary's classic 240.5 KiB blocks
+            }
+          }
+        }
+  EXPECT_GT(checked, 100);
+}
+
 // fp16 activations (check_fp16: both gates, ragged and odd shapes, forward, backward, summary, 3xTF32, the split
 // forward, large values, the bf16 precisions refused); once at the GPU's 256 threads.
 TEST(GdnCudaEmulatedFp16, MatchesTheRecurrence) {
@@ -352,7 +478,7 @@ TEST(GdnCudaEmulatedAlgebra, ComposeIsAssociativeAndAppliesMatchTheCpu) {
 TEST(GdnCudaEmulatedChecks, BadArgumentsAreNamed) {
   EmulatedDev dev;
   const Case c(ragged_tokens(1), 2, 64, 64, GdnGate::Scalar, ragged_runs(1), 4, 5);
-  GdnCudaParams p = device_params(dev, c, false);
+  GdnCudaParams p = device_params(dev, c, GdnCallKind::forward);
   p.state_out = dev.put(std::vector<float>(c.state_in.size()));
   auto message = [&](std::vector<GdnCudaRun> runs) {
     try {

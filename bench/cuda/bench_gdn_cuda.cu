@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
         for (auto& [k2, ms] : fwd_parts) parts["forward: " + k2] = ms;
         for (auto& [k2, ms] : bwd_parts) parts["backward: " + k2] = ms;
         char ws[64];  // the forward's workspace on this path (the split forward keeps S0 and D)
-        std::snprintf(ws, sizeof(ws), " (fwd workspace %.2f GB)", gdn_workspace_bytes(p, runs, false) * 1e-9);
+        std::snprintf(ws, sizeof(ws), " (fwd workspace %.2f GB)", gdn_workspace_bytes(p, runs, GdnCallKind::forward) * 1e-9);
         breakdowns.push_back({std::string(name) + ", " + path.label + ws, parts});
       }
       for (const void* ptr : {p.q, p.k, p.v, p.g, p.beta, static_cast<const void*>(p.y), static_cast<const void*>(p.workspace),

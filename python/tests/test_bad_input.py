@@ -139,6 +139,12 @@ def test_gdn_refuses_bad_input(key):
         tt.gated_delta_rule(q, k, v, g, beta, key, precision="bf16")
     with pytest.raises(ValueError, match="precision 'bf16_tensor' chooses the CUDA kernels' products; on CPU"):
         tt.gated_delta_rule(q, k, v, g, beta, key, precision="bf16_tensor")
+    # fla_split is a bool, and its arithmetic is bf16_tensor_scans' (which the CPU refuses above)
+    with pytest.raises(ValueError, match="fla_split must be a bool, got int"):
+        tt.gated_delta_rule(q, k, v, g, beta, key, fla_split=1)
+    with pytest.raises(ValueError, match="fla_split runs every product on bf16 tensor cores: it needs "
+                                         "precision='bf16_tensor_scans', got 'fp32'"):
+        tt.gated_delta_rule(q, k, v, g, beta, key, fla_split=True)
     # fp32 is the CPU's own arithmetic: the same output as without the argument
     torch.testing.assert_close(tt.gated_delta_rule(q, k, v, g, beta, key, precision="fp32"),
                                tt.gated_delta_rule(q, k, v, g, beta, key), rtol=0, atol=0)

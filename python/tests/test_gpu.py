@@ -183,6 +183,34 @@ def test_gated_delta_rule_precision_bf16_tensor_reaches_the_kernels(kda):
             assert err <= ERR_FACTOR * err_ref + ATOL + ROUNDING[torch.bfloat16] + extra, (precision, name, err, err_ref)
 
 
+@pytest.mark.parametrize("kda", [False, True])
+def test_gated_delta_rule_fla_split_reaches_the_kernels(kda):
+    """fla_split=True (with precision="bf16_tensor_scans") runs the FLA-like split forward for GDN at K = V = 128: its
+    y differs from the classic forward's at the same precision and stays bf16-accurate (the bound of the bf16 test
+    above), and so do the gradients (the backward recomputes the states with the split); KDA's per-channel gate does
+    not qualify, so there the result is the classic forward's, bit for bit."""
+    gen = torch.Generator().manual_seed(43 + kda)
+    parents, lengths = random_row(gen, 10, 90)
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row)
+    *inputs, w = gdn_inputs(gen, row.tokens, 2, 128, 128, kda)
+    runs = {}
+    for split in (False, True):
+        runs[split] = run_op(lambda *a: tt.gated_delta_rule(*a, key, precision="bf16_tensor_scans", fla_split=split),
+                             inputs, w, "cuda", torch.bfloat16)
+    f32 = run_op(lambda *a: tt.gated_delta_rule(*a, key), inputs, w, "cpu", torch.float32)
+    f64 = run_op(lambda *a: tt.gated_delta_rule(*a, key), inputs, w, "cpu", torch.float64)
+    if kda:
+        assert torch.equal(runs[False][0], runs[True][0])
+    else:
+        assert not torch.equal(runs[False][0], runs[True][0])
+    got = runs[True]
+    for name, a, b, c in zip(("y", "dq", "dk", "dv", "dg", "dbeta"), (got[0], *got[1]), (f32[0], *f32[1]),
+                             (f64[0], *f64[1])):
+        err, err_ref = rel_err(a, c), rel_err(b, c)
+        assert err <= ERR_FACTOR * err_ref + ATOL + ROUNDING[torch.bfloat16] + 4 * 2.0 ** -8, (name, err, err_ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("silu", [False, True])
 def test_short_conv_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(silu, dtype):

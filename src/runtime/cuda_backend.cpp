@@ -381,7 +381,8 @@ void CudaBackend::gdn_forward(const GdnShape& sh, const GdnInputs<Act>& in, int6
   p.y = y.data();
   p.state_in = state.data();
   p.state_out = state.data();
-  p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, false);
+  p.fla_split = gdn_fla_split_ && cuda::gdn_fla_split_takes(p);  // elsewhere the classic forward (set_gdn_fla_split)
+  p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, cuda::GdnCallKind::forward);  // the split's own, if it runs
   Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
   p.workspace = ws.data();
   cuda::gdn_forward(p, runs, stream_);
@@ -410,7 +411,7 @@ void CudaBackend::gdn_backward(const GdnShape& sh, const GdnInputs<Act>& in, int
   g.d_state_in = dstate.data();
   const std::vector<cuda::GdnCudaRun> runs = {{row, row + rows, 0, 0}};
   p.state_in = state_in.data();
-  p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, true);
+  p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, cuda::GdnCallKind::backward);
   Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
   p.workspace = ws.data();
   cuda::gdn_backward(p, runs, g, stream_);
@@ -422,7 +423,7 @@ void CudaBackend::gdn_summary(const GdnShape& sh, const GdnInputs<Act>& in, int6
   const AffineShape af = sh.affine();
   check_rows(maps.size(), item, 1, af.map_elements(), "gdn maps");
   const std::vector<cuda::GdnCudaRun> runs = {{row, row + rows, -1, 0}};
-  p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, false);
+  p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, cuda::GdnCallKind::summary);
   Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
   p.workspace = ws.data();
   Grad me = alloc_grad(af.map_elements());  // M [H][dk][dk] then E [H][dk][dv], contiguous

@@ -4,7 +4,8 @@
 //   template <class T> T* put(const std::vector<T>&);  template <class T> std::vector<T> get(const T*, size_t);
 //   void* workspace(size_t bytes) (256-byte aligned, every byte 0xff: reads of unwritten scratch show as NaN);
 //   forward(p, runs), summary(p, runs, M, E), backward(p, runs, grads), compose(...), apply(...),
-//   apply_transposed(...) as in kernels/cuda/gdn.hpp; workspace_bytes(p, runs, backward).
+//   apply_transposed(...) as in kernels/cuda/gdn.hpp; workspace_bytes(p, runs, kind) (GdnCallKind: each call gets
+//   exactly its own size, so that a kernel's access past its call's carving shows).
 // Oracle: kernels/cpu's token recurrence in double on the inputs rounded to the case's 16-bit type (bf16 or fp16).
 // Tolerance: k x the error of the CPU chunked form in float against it, plus a small atol (plus one rounding of the
 // 16-bit type, rounding(dtype), where the output is 16-bit). For
@@ -211,12 +212,12 @@ inline GdnCudaParams device_params_shape(const Case& c) {
 }
 
 template <class Dev>
-GdnCudaParams device_params(Dev& dev, const Case& c, bool backward) {
+GdnCudaParams device_params(Dev& dev, const Case& c, GdnCallKind kind) {
   GdnCudaParams p = device_params_shape(c);
   p.q = dev.put(c.q.bits); p.k = dev.put(c.k.bits); p.v = dev.put(c.v.bits);
   p.g = dev.put(c.g.bits); p.beta = dev.put(c.beta.bits);
   p.state_in = dev.put(std::vector<float>(c.state_in.begin(), c.state_in.end()));
-  p.workspace_bytes = dev.workspace_bytes(p, c.runs, backward);
+  p.workspace_bytes = dev.workspace_bytes(p, c.runs, kind);
   p.workspace = dev.workspace(p.workspace_bytes);
   return p;
 }
@@ -232,7 +233,7 @@ inline std::vector<bool> uncovered(const Case& c) {
 template <class Dev>
 void check_forward(Dev& dev, const Case& c, bool y_f32) {
   const Reference ref = cpu_reference<double>(c, false, false), f32 = same_precision_reference(c, false);
-  GdnCudaParams p = device_params(dev, c, false);
+  GdnCudaParams p = device_params(dev, c, GdnCallKind::forward);
   const size_t ny = c.v.val.size();
   constexpr float kSentinel = 12288.f;  // exact in bf16 and fp16 (3 x 2^12)
   void* y = y_f32 ? static_cast<void*>(dev.put(std::vector<float>(ny, kSentinel)))
@@ -280,7 +281,7 @@ void check_forward(Dev& dev, const Case& c, bool y_f32) {
 template <class Dev>
 void check_backward(Dev& dev, const Case& c, bool dy_f32) {
   const Reference ref = cpu_reference<double>(c, false, true), f32 = same_precision_reference(c, true);
-  GdnCudaParams p = device_params(dev, c, true);
+  GdnCudaParams p = device_params(dev, c, GdnCallKind::backward);
   p.y_f32 = dy_f32;
   GdnCudaGrads g;
   if (dy_f32)
@@ -326,7 +327,7 @@ void check_summary(Dev& dev, const Case& c) {
   const auto hd = c.host<double>();
   const GdnParams<double> pd = c.cpu_params(hd);
   const int64_t mk = static_cast<int64_t>(c.dk) * c.dk, ssz = c.ssz();
-  GdnCudaParams p = device_params(dev, c, false);
+  GdnCudaParams p = device_params(dev, c, GdnCallKind::summary);
   const size_t nm = static_cast<size_t>(c.slots) * c.H * mk, ne = static_cast<size_t>(c.slots) * c.H * ssz;
   float* M = dev.put(std::vector<float>(nm, 0.f));
   float* E = dev.put(std::vector<float>(ne, 0.f));
@@ -371,6 +372,8 @@ void check_summary(Dev& dev, const Case& c) {
   float* out = dev.put(std::vector<float>(ne, 0.f));
   dev.apply(static_cast<int64_t>(c.slots) * c.H, c.dk, c.dv, M, E, dev.put(s), out);
   p.state_out = dev.put(std::vector<float>(ne, 0.f));
+  p.workspace_bytes = dev.workspace_bytes(p, from_state, GdnCallKind::forward);  // the forward's own carving
+  p.workspace = dev.workspace(p.workspace_bytes);
   dev.forward(p, from_state);
   const auto applied = dev.get(out, ne), final_states = dev.get(p.state_out, ne);
   Case from = c;
@@ -536,7 +539,7 @@ void check_fp16(Dev& dev) {
     Case b(ragged_tokens(1), 1, 64, 64, GdnGate::Scalar, ragged_runs(1), 4, 5, DType::kF16);
     b.precision = pr;
     try {
-      dev.workspace_bytes(device_params_shape(b), b.runs, false);
+      dev.workspace_bytes(device_params_shape(b), b.runs, GdnCallKind::forward);
       ADD_FAILURE() << "fp16 with a bf16 precision accepted";
     } catch (const Error& e) {
       const std::string m = e.what();

@@ -55,8 +55,8 @@ struct GpuDev {
     check_cuda(cudaGetLastError(), what);
     check_cuda(cudaDeviceSynchronize(), what);
   }
-  size_t workspace_bytes(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, bool backward) {
-    return gdn_workspace_bytes(p, runs, backward);
+  size_t workspace_bytes(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, GdnCallKind kind) {
+    return gdn_workspace_bytes(p, runs, kind);
   }
   void forward(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs) {
     gdn_forward(p, runs);
@@ -252,6 +252,17 @@ TEST(GdnCudaChecks, BadArgumentsThrowBeforeAnyLaunch) {
   EXPECT_THROW(gdn_forward(p, {{0, 5}}), Error);  // no inputs
   p.dk = 0;
   EXPECT_THROW(gdn_workspace_bytes(p, {{0, 5}}, true), Error);
+  // The bool query covers both calls that take backward = false: with fla_split those differ (the forward's compact
+  // blocks, the summary's classic ones), and the larger is the summary's.
+  p.dk = p.dv = 128;
+  p.precision = GdnPrecision::bf16_tensor_scans;
+  p.fla_split = true;
+  const std::vector<GdnCudaRun> runs = {{0, 10}};
+  const size_t fwd = gdn_workspace_bytes(p, runs, GdnCallKind::forward),
+               sum = gdn_workspace_bytes(p, runs, GdnCallKind::summary);
+  EXPECT_LT(fwd, sum);
+  EXPECT_EQ(gdn_workspace_bytes(p, runs, false), sum);
+  EXPECT_EQ(gdn_workspace_bytes(p, runs, true), gdn_workspace_bytes(p, runs, GdnCallKind::backward));
 }
 
 }  // namespace

@@ -314,7 +314,7 @@ _CUDA_GDN_MAX_DIM = 256  # the CUDA scans' state tile (kernels/cuda/gdn_device.c
 _GDN_PRECISIONS = ("fp32", "bf16_tensor", "bf16_tensor_scans")
 
 
-def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk, precision="fp32") -> Optional[str]:
+def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk, precision="fp32", fla_split=False) -> Optional[str]:
     op = "gated_delta_rule"
     n = key.local_tokens
     what = "tokens this rank owns under the key"
@@ -352,6 +352,12 @@ def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk, precision="fp32") -> 
         if q.dtype != torch.bfloat16:
             return (f"{op}: precision {precision!r} needs bfloat16 inputs, got {q.dtype} (float16 runs the fp32 "
                     "products: the bf16 paths' intermediates could overflow float16)")
+    if not isinstance(fla_split, bool):
+        return f"{op}: fla_split must be a bool, got {type(fla_split).__name__}"
+    if fla_split and precision != "bf16_tensor_scans":
+        # The split's arithmetic is bf16_tensor_scans': asking for it with another precision is a contradiction.
+        return (f"{op}: fla_split runs every product on bf16 tensor cores: it needs precision='bf16_tensor_scans', "
+                f"got {precision!r}")
     return None
 
 
@@ -365,36 +371,36 @@ def _fp32_like(*xs):
     return [torch.empty(x.shape, dtype=torch.float32, device=x.device) for x in xs]
 
 
-def _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk, precision):
+def _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk, precision, fla_split):
     # The CUDA kernels' chunk is their own (64): chunk_size steers only the plan's cost model here.
     _cuda_state(key, q.device)
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     with _KeyStream(key, q.device):
         key._core.cuda_gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
-                                   _GDN_PRECISIONS.index(precision), q.device.index,
+                                   _GDN_PRECISIONS.index(precision), fla_split, q.device.index,
                                    q.dtype == torch.float16, *_ptrs(q, k, v, g, beta, y))
     return y
 
 
-def _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk, precision):
+def _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk, precision, fla_split):
     _cuda_state(key, q.device)
     dy = dy.to(q.dtype).contiguous()
     grads = _fp32_like(q, k, v, g, beta)
     with _KeyStream(key, q.device) as scope:
         dy.record_stream(scope.stream)
         key._core.cuda_gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
-                                    _GDN_PRECISIONS.index(precision), q.device.index,
+                                    _GDN_PRECISIONS.index(precision), fla_split, q.device.index,
                                     q.dtype == torch.float16, *_ptrs(q, k, v, g, beta, dy, *grads))
     return tuple(d.to(x.dtype) for d, x in zip(grads, (q, k, v, g, beta)))
 
 
 @torch.library.custom_op("treecp::gated_delta_rule", mutates_args=())
 def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: str, scale: float,
-            chunk: int, precision: str) -> Tensor:
+            chunk: int, precision: str, fla_split: bool) -> Tensor:
     key = key_of(key_id)
-    _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk, precision))
+    _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk, precision, fla_split))
     if q.device.type == "cuda":
-        return _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk, precision)
+        return _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk, precision, fla_split)
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     key._core.gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
                           *_detached(q, k, v, g, beta), y)
@@ -402,16 +408,16 @@ def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: st
 
 
 @_gdn_op.register_fake
-def _(q, k, v, g, beta, key_id, scale, chunk, precision):
+def _(q, k, v, g, beta, key_id, scale, chunk, precision, fla_split):
     return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
 
 
 @torch.library.custom_op("treecp::gated_delta_rule_backward", mutates_args=())
 def _gdn_backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, dy: Tensor, key_id: str, scale: float,
-                     chunk: int, precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                     chunk: int, precision: str, fla_split: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     key = key_of(key_id)
     if q.device.type == "cuda":
-        return _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk, precision)
+        return _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk, precision, fla_split)
     grads = [torch.empty_like(x) for x in (q, k, v, g, beta)]
     key._core.gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
                            *_detached(q, k, v, g, beta, dy.contiguous()), *grads)
@@ -419,28 +425,29 @@ def _gdn_backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, d
 
 
 @_gdn_backward_op.register_fake
-def _(q, k, v, g, beta, dy, key_id, scale, chunk, precision):
+def _(q, k, v, g, beta, dy, key_id, scale, chunk, precision, fla_split):
     return tuple(torch.empty_like(x) for x in (q, k, v, g, beta))
 
 
 def _gdn_setup(ctx, inputs, output):
-    q, k, v, g, beta, key_id, scale, chunk, precision = inputs
+    q, k, v, g, beta, key_id, scale, chunk, precision, fla_split = inputs
     ctx.save_for_backward(q, k, v, g, beta)
-    ctx.key_id, ctx.scale, ctx.chunk, ctx.precision = key_id, scale, chunk, precision
+    ctx.key_id, ctx.scale, ctx.chunk, ctx.precision, ctx.fla_split = key_id, scale, chunk, precision, fla_split
     ctx.key = key_of(key_id)  # keys are held by id: the graph keeps this one alive until backward
 
 
 def _gdn_grad(ctx, dy):
     q, k, v, g, beta = ctx.saved_tensors
-    return (*_gdn_backward_op(q, k, v, g, beta, dy, ctx.key_id, ctx.scale, ctx.chunk, ctx.precision),
-            None, None, None, None)
+    return (*_gdn_backward_op(q, k, v, g, beta, dy, ctx.key_id, ctx.scale, ctx.chunk, ctx.precision, ctx.fla_split),
+            None, None, None, None, None)
 
 
 torch.library.register_autograd("treecp::gated_delta_rule", _gdn_grad, setup_context=_gdn_setup)
 
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key: Key,
-                     scale: Optional[float] = None, chunk_size: int = 64, precision: str = "fp32") -> Tensor:
+                     scale: Optional[float] = None, chunk_size: int = 64, precision: str = "fp32",
+                     fla_split: bool = False) -> Tensor:
     """Gated DeltaNet over the tree on this rank's tokens (FLA's conventions, token-major).
 
     ``q, k [n, H, K]``, ``v [n, H, V]``, ``g`` the log decay, ``[n, H]`` (GDN) or ``[n, H, K]`` (KDA), and
@@ -451,13 +458,17 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, k
     gradients accumulate in fp32, and the kernels' own chunk (64) is used: ``chunk_size`` then steers the plan only.
     ``precision`` picks the CUDA kernels' products: ``"fp32"`` (the default), or bf16 tensor cores on bf16-rounded
     operands, ``"bf16_tensor"`` (prep and gradients: on an H200 about 20% faster forward+backward) or
-    ``"bf16_tensor_scans"`` (the scans too); the bf16 paths take bfloat16 inputs on CUDA only.
+    ``"bf16_tensor_scans"`` (the scans too); the bf16 paths take bfloat16 inputs on CUDA only. ``fla_split=True``
+    (with ``precision="bf16_tensor_scans"``, whose arithmetic it is) asks for the forward split as FLA splits it
+    (compact prep, the scan's state in registers, a chunk-parallel output; ``CudaBackend::set_gdn_fla_split``):
+    where the call does not qualify (KDA's per-channel gate, K or V other than 64 or 128) the classic forward runs.
+    The backward, which recomputes the forward's states, uses the same choice.
     """
     key = _key_argument("gated_delta_rule", key)
     if scale is None:
         scale = default_scale(q.shape[-1] if isinstance(q, Tensor) and q.dim() > 0 else 1)
-    _verdict(key, "gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk_size, precision))
-    return _gdn_op(q, k, v, g, beta, key.id, float(scale), int(chunk_size), precision)
+    _verdict(key, "gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk_size, precision, fla_split))
+    return _gdn_op(q, k, v, g, beta, key.id, float(scale), int(chunk_size), precision, fla_split)
 
 
 # ---------------------------------------------------------------- short convolution

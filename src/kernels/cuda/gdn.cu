@@ -4,11 +4,18 @@
 
 #include "kernels/cuda/gdn_device.cuh"
 
+#include <algorithm>
+
 namespace treecp::cuda {
 
-size_t gdn_workspace_bytes(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, bool backward) {
+size_t gdn_workspace_bytes(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, GdnCallKind kind) {
   detail::gdn_check(p, runs, false);
-  return detail::GdnSchedule(p, runs, backward).bytes;
+  return detail::GdnSchedule(p, runs, kind).bytes;
+}
+
+size_t gdn_workspace_bytes(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, bool backward) {
+  if (backward) return gdn_workspace_bytes(p, runs, GdnCallKind::backward);
+  return std::max(gdn_workspace_bytes(p, runs, GdnCallKind::forward), gdn_workspace_bytes(p, runs, GdnCallKind::summary));
 }
 
 void gdn_forward(const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs, cudaStream_t stream) {

@@ -2043,8 +2043,9 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
             "gdn (cuda): fla_split runs every product on bf16 tensor cores: it needs bf16 activations and precision "
             "bf16_tensor_scans, got precision ", gdn_precision_name(p.precision));
     require(!p.split_forward, "gdn (cuda): fla_split and split_forward are two forwards: set one");
-    require(!pointers || ((reinterpret_cast<uintptr_t>(p.q) | reinterpret_cast<uintptr_t>(p.k)) % 4 == 0),
-            "gdn (cuda): fla_split copies q and k rows asynchronously: they must be 4-byte aligned");
+    require(!pointers || ((reinterpret_cast<uintptr_t>(p.q) | reinterpret_cast<uintptr_t>(p.k) |
+                           reinterpret_cast<uintptr_t>(p.v)) % 4 == 0),
+            "gdn (cuda): fla_split copies q, k and v rows asynchronously: they must be 4-byte aligned");
   }
   require(gdn_precision_known(p.precision), "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
   require(p.dtype == DType::kBf16 || p.dtype == DType::kF16, "gdn (cuda): dtype must be bf16 or fp16, got ",
@@ -2071,14 +2072,31 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
           "gdn (cuda): q, k, v, g and beta must be given");
 }
 
+// The chunk schedule of one call and its carving of the workspace: the chunk and run descriptors, then one block a
+// (chunk, head) of the cache the call's kernels use: the classic kernels' GdnBlock (with S0 and D for split_forward's
+// forward, the gradients' arrays for the backward) or, for a forward with fla_split, the split's GdnFlaBlock (the
+// classic prep never runs then). `bytes` is where the last carve ends: what the call needs, no more.
 struct GdnSchedule {
   std::vector<GdnChunkDesc> chunks;
   std::vector<GdnRunDesc> runs;
   GdnBlock blk;
   GdnFlaBlock fla;  // the split forward's blocks (GdnCudaParams::fla_split), at cache_at like the classic cache
+  bool fla_split = false;  // the cache is fla's blocks
   size_t chunks_at = 0, runs_at = 0, cache_at = 0, bytes = 0;  // workspace offsets
 
-  GdnSchedule(const GdnCudaParams& p, const std::vector<GdnCudaRun>& in, bool backward) {
+  // A carve [begin, end) of the workspace, for the checks (tests/test_gdn_cuda_emulated.cpp).
+  struct Carve {
+    const char* what;
+    size_t begin, end;
+  };
+  std::vector<Carve> carves() const {
+    return {{"chunk descriptors", chunks_at, chunks_at + chunks.size() * sizeof(GdnChunkDesc)},
+            {"run descriptors", runs_at, runs_at + runs.size() * sizeof(GdnRunDesc)},
+            {fla_split ? "fla blocks" : "chunk blocks", cache_at, bytes}};
+  }
+
+  GdnSchedule(const GdnCudaParams& p, const std::vector<GdnCudaRun>& in, GdnCallKind kind) {
+    const bool backward = kind == GdnCallKind::backward;
     for (size_t r = 0; r < in.size(); ++r) {
       GdnRunDesc d{static_cast<int32_t>(chunks.size()), 0, in[r].in_slot, in[r].out_slot};
       for (int64_t t = in[r].t0; t < in[r].t1; t += kGdnChunk) {
@@ -2087,17 +2105,16 @@ struct GdnSchedule {
       }
       runs.push_back(d);
     }
-    blk = GdnBlock::make(p.dk, p.dv, backward, p.split_forward, p.precision != GdnPrecision::fp32);
+    // S0 and D only where the split forward's output kernel reads them (the summary never does).
+    blk = GdnBlock::make(p.dk, p.dv, backward, kind == GdnCallKind::forward && p.split_forward,
+                         p.precision != GdnPrecision::fp32);
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     runs_at = align(chunks.size() * sizeof(GdnChunkDesc));
     cache_at = runs_at + align(runs.size() * sizeof(GdnRunDesc));
-    const size_t classic = chunks.size() * static_cast<size_t>(p.heads) * static_cast<size_t>(blk.size) * sizeof(float);
-    bytes = cache_at + classic;
-    if (!backward && p.fla_split) {
-      // The same size serves gdn_summary (which runs the classic prep and scan), so the larger of the two.
-      fla = GdnFlaBlock::make(p.dk, p.dv);
-      bytes = cache_at + std::max(classic, chunks.size() * static_cast<size_t>(p.heads) * static_cast<size_t>(fla.size));
-    }
+    const size_t pairs = chunks.size() * static_cast<size_t>(p.heads);
+    fla_split = kind == GdnCallKind::forward && p.fla_split;
+    if (fla_split) fla = GdnFlaBlock::make(p.dk, p.dv);
+    bytes = cache_at + pairs * (fla_split ? static_cast<size_t>(fla.size) : static_cast<size_t>(blk.size) * sizeof(float));
   }
   unsigned char* fla_cache(const GdnCudaParams& p) const {
     return static_cast<unsigned char*>(p.workspace) + cache_at;
@@ -2217,7 +2234,19 @@ template <class X>
 void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   const int64_t chunk_blocks = static_cast<int64_t>(s.chunks.size()) * p.heads;
   unsigned char* ws = s.fla_cache(p);
-  if (chunk_blocks > 0) x.template launch<GdnFlaPrepKernel>(chunk_blocks, GdnFlaPrepArgs{gdn_inputs(p), s.dev_chunks(p), ws, s.fla});
+  if (chunk_blocks > 0) {
+    const GdnFlaPrepArgs a{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k),
+                           static_cast<const uint16_t*>(p.v), static_cast<const uint16_t*>(p.g),
+                           static_cast<const uint16_t*>(p.beta), p.heads};
+    if (p.dk == 64 && p.dv == 64)
+      x.template launch<GdnFlaPrepKernel<64, 64>>(chunk_blocks, a);
+    else if (p.dk == 64)
+      x.template launch<GdnFlaPrepKernel<64, 128>>(chunk_blocks, a);
+    else if (p.dv == 64)
+      x.template launch<GdnFlaPrepKernel<128, 64>>(chunk_blocks, a);
+    else
+      x.template launch<GdnFlaPrepKernel<128, 128>>(chunk_blocks, a);
+  }
   if (!s.runs.empty()) {
     const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k), p.heads,
                            p.dv, p.state_in, p.state_out, p.y != nullptr};
@@ -2246,9 +2275,9 @@ void gdn_forward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>&
     require(runs[r].out_slot < 0 || p.state_out, "gdn (cuda): run ", r, " has out_slot ", runs[r].out_slot,
             " but state_out is null");
   gdn_check_distinct_slots(runs, false, "state_out");
-  const GdnSchedule s(p, runs, false);
+  const GdnSchedule s(p, runs, GdnCallKind::forward);
   s.upload(x, p);
-  if (p.fla_split) {
+  if (s.fla_split) {
     gdn_fla_forward_on(x, p, s);
     return;
   }
@@ -2275,7 +2304,7 @@ void gdn_summary_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>&
   gdn_check(p, runs);
   require(M && E, "gdn (cuda) summary: M and E must be given");
   gdn_check_distinct_slots(runs, false, "summary");
-  const GdnSchedule s(p, runs, false);
+  const GdnSchedule s(p, runs, GdnCallKind::summary);
   s.upload(x, p);
   gdn_prep_on(x, p, s);
   // M: the state recurrence without V from S_in = I; E: with V from S_in = 0.
@@ -2296,7 +2325,7 @@ void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>
   for (const GdnCudaRun& r : runs) any_tokens = any_tokens || r.t1 > r.t0;
   require(!any_tokens || g.dy, "gdn (cuda) backward: dy must be given");
   if (g.d_state_in) gdn_check_distinct_slots(runs, true, "d_state_in");
-  const GdnSchedule s(p, runs, true);
+  const GdnSchedule s(p, runs, GdnCallKind::backward);
   s.upload(x, p);
   gdn_prep_on(x, p, s);
   GdnScanArgs a = gdn_scan_args(p, s, p.dv);  // the chunk-start states and D, no output

@@ -51,6 +51,38 @@ TREECP_GDN_FN void gdn_mma_b16(float (&c)[4], const GdnB16Mat& A, const GdnB16Ma
 #endif
 }
 
+// c0 += A[r0, r0 + 16) x [k0, k0 + 16) · B[k0, k0 + 16) x [n0, n0 + 8) and c1 the same at columns [n0 + 8, n0 + 16),
+// bf16 in shared memory with 16-byte aligned rows: A row-major [m][k] (k contiguous, row stride lda) or (kAkm) stored
+// as [k][m] (m contiguous: Kᵀ from K by token); B as [k][n] (kBkn: n contiguous, row stride ldb, V or Kst by token)
+// or as its transpose [n][k] (k contiguous, K by token). On the GPU two ldmatrix.x4 (.trans for the operands stored
+// k-major) load A's fragment and B's for both tiles: 2 load instructions for two mma where gdn_mma_b16 takes 12 to 20
+// (its operands strided by rows are two 2-byte loads a register). Lane l addresses row l % 8 of 8 x 8 matrix l / 8,
+// the matrices in the fragments' register order (mma.cuh; as the attention kernels load them, the transposed A as
+// the backward's dSᵀ). The host path is gdn_mma_b16's on the same elements.
+template <bool kAkm, bool kBkn>
+TREECP_GDN_FN void gdn_mma_b16_pair(float (&c0)[4], float (&c1)[4], const uint16_t* A, int lda, const uint16_t* B,
+                                    int ldb, int r0, int n0, int k0, int lane) {
+#if defined(__CUDA_ARCH__)
+  const int mi = lane >> 3, ri = lane & 7;
+  uint32_t a[4], b[4];
+  if constexpr (kAkm)
+    ldmatrix_x4_trans(a, smem_addr(A + (k0 + ri + (mi >> 1) * 8) * lda + r0 + (mi & 1) * 8));
+  else
+    ldmatrix_x4(a, smem_addr(A + (r0 + ri + (mi & 1) * 8) * lda + k0 + (mi >> 1) * 8));
+  if constexpr (kBkn)
+    ldmatrix_x4_trans(b, smem_addr(B + (k0 + ri + (mi & 1) * 8) * ldb + n0 + (mi >> 1) * 8));
+  else
+    ldmatrix_x4(b, smem_addr(B + (n0 + ri + (mi >> 1) * 8) * ldb + k0 + (mi & 1) * 8));
+  mma_m16n8k16<DType::kBf16>(c0, a, b[0], b[1]);
+  mma_m16n8k16<DType::kBf16>(c1, a, b[2], b[3]);
+#else
+  const GdnB16Mat Am = kAkm ? GdnB16Mat{A, 1, lda} : GdnB16Mat{A, lda, 1};
+  const GdnB16Mat Bt = kBkn ? GdnB16Mat{B, 1, ldb} : GdnB16Mat{B, ldb, 1};
+  gdn_mma_b16(c0, Am, Bt, r0, n0, k0, lane);
+  gdn_mma_b16(c1, Am, Bt, r0, n0 + 8, k0, lane);
+#endif
+}
+
 // Two adjacent bf16 elements p[0], p[1] (p 4-byte aligned) from fp32.
 TREECP_GDN_FN void gdn_store_pair16(uint16_t* p, float lo, float hi) {
   const uint32_t w = static_cast<uint32_t>(float_to_bf16(lo)) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
@@ -86,83 +118,270 @@ struct GdnFlaBlock {
   }
 };
 
-// ---- prep: one block per (chunk, head). Shared: beta and the gate's sums [64], the keys widened [64][dk + 1] (then
-// e^G ⊙ K in place), L⁻¹ diag(β) [64][65] and the bf16 products' panels, which first hold P [64][65] and the
-// inverse's scratch (dead once L⁻¹ is: 109 KiB at dk = dv = 128, two blocks an SM). The products are the classic prep's
-// (gdn_smem_product, gdn_block_inverse, gdn_block_bf16) on bf16 operands; only W, U and G leave the block.
+// ---- prep: one block (8 warps) per (chunk, head), every array in shared memory, nothing but W, U and G leaving it.
+// The chunk's k and v rows land by cp.async straight as bf16 (the mma operands, no widening); beta and the gate by
+// scalar loads meanwhile. Then, with few barriers and no thread alone on a serial chain:
+//   G      a thread a row sums the gates j <= i in order (the serial sum's rounding; 64 broadcast loads, not a
+//          64-step chain on one thread while 255 wait);
+//   A      = diag(β) (K Kᵀ ⊙ e^{G_i - G_j}), strictly lower, fp32 [64][68]: 20 of the 32 tiles of 16 x 8 on bf16 mma
+//          (those wholly above the diagonal skipped);
+//   X      = L⁻¹ (L = I + A) in fp32, as the classic prep's model: the four diagonal 16 x 16 blocks by forward
+//          substitution in registers (two warps, a lane a column: 120 FMAs on broadcast loads, no shared-memory
+//          round trip per row), while the other six warps form Kst = bf16(e^G ⊙ K) over K in place; then the blocks
+//          below by two doublings instead of three sub-diagonals: X_10 and X_32 (-X_ii A_ij X_jj), then the 32 x 32
+//          block X_[23][01] = -X_[23][23] A_[23][01] X_[01][01], each as two fp32 products a thread 2 or 4 elements
+//          (four barriers), the intermediates in A's dead upper triangle;
+//   Tb     = bf16(X diag(β)) (zero above the diagonal and past the chunk) over A;
+//   U, W   = Tb V, Tb Kst on bf16 mma (k blocks past each row block's diagonal skipped; a warp 16 columns of all
+//          four row blocks, or of two whose triangles sum alike, so that the work is even across warps), staged bf16
+//          in shared memory (U over X, W over Kst once every warp is done with it), written out in 16-byte stores.
+// The products' fragments come by ldmatrix.x4 (gdn_mma_b16_pair: two load instructions for two mma), so that
+// shared-memory load instructions (~600 a block for the products, ~2,800 for the fp32 inverse) do not bound it.
+// Shared at dk = dv = 128: 69 KiB, three blocks an SM (kMinBlocks: <= 85 registers a thread). Twelve barriers.
 struct GdnFlaPrepArgs {
-  GdnInputs in;
   const GdnChunkDesc* chunks;
   unsigned char* ws;
   GdnFlaBlock fb;
+  const uint16_t* k;     // [S, H, DK]
+  const uint16_t* v;     // [S, H, DV]
+  const uint16_t* g;     // [S, H], the log decay
+  const uint16_t* beta;  // [S, H]
+  int32_t heads;
 };
+template <int DK, int DV>
 struct GdnFlaPrepKernel {
   using Args = GdnFlaPrepArgs;
   static constexpr const char* kName = "gdn fla prep";
-  static constexpr int kMath = kGdnBf16;
-  static constexpr DType E = DType::kBf16;
-  static TREECP_GDN_HD int row_ld(int dk) { return dk + 1; }
-  static size_t smem_bytes(const Args& a) {
-    const int dk = a.in.dk, dv = a.in.dv;
-    const int widest = dk > dv ? (dk > kGdnChunk ? dk : kGdnChunk) : (dv > kGdnChunk ? dv : kGdnChunk);
-    const int64_t lc = kGdnChunk + 1, inverse = kGdnChunk * lc + 3 * kGdnInvBlock * (kGdnInvBlock + 1);
-    const int64_t panels = gdn_product_smem(kGdnChunk, widest);
-    return static_cast<size_t>(2 * kGdnChunk + int64_t{kGdnChunk} * row_ld(dk) + kGdnChunk * lc +
-                               (panels > inverse ? panels : inverse)) *
-           sizeof(float);
+  static constexpr int kMinBlocks = 3;
+  static constexpr int kWarps = kGdnThreads / 32;
+  static constexpr int C = kGdnChunk;
+  static constexpr int kLk = DK + 8, kLv = DV + 8;  // bf16 row strides: 4 words mod 32, fragment lanes on 32 banks
+  static constexpr int kLa = C + 4;                  // fp32 row stride of A and X (16-byte aligned rows)
+  static constexpr int kLt = C + 8;                  // bf16 row stride of Tb
+  static_assert((DK == 64 || DK == 128) && (DV == 64 || DV == 128), "dk, dv 64 or 128");
+  static constexpr int64_t kKBytes = 2 * int64_t{C} * kLk, kVBytes = 2 * int64_t{C} * kLv;
+  static constexpr int64_t kABytes = 4 * int64_t{C} * kLa;  // A fp32, then Tb bf16 [64][kLt]
+  static constexpr int64_t kXBytes = kABytes > 2 * int64_t{C} * kLv ? kABytes : 2 * int64_t{C} * kLv;  // X, then U
+  static constexpr int64_t kBytes = kKBytes + kVBytes + kABytes + kXBytes + 3 * 4 * C;  // + beta, G, e^G
+  static_assert(2 * int64_t{C} * kLt <= kABytes, "Tb fits over A");
+  static size_t smem_bytes(const Args&) { return static_cast<size_t>(kBytes); }
+
+  // out = Tb B (64 x WIDTH, B [64][WIDTH] by token, row stride ldb) as bf16 into `out` (row stride ldo); out null:
+  // into B itself, once every warp is done reading it (one barrier, which every thread reaches).
+  template <int WIDTH>
+  static TREECP_GDN_FN void product_out(const uint16_t* Tb, uint16_t* B, int ldb, uint16_t* out, int ldo, int warp,
+                                        int lane, int g, int q) {
+    constexpr int NP = WIDTH / 16, kRB = 4 * NP / kWarps;  // column pairs; row blocks a warp
+    static_assert(kRB == 2 || kRB == 4, "width 64 or 128");
+    const int n0 = (warp % NP) * 16, half = warp / NP;
+    float o[kRB][2][4];
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < kRB; ++r) {
+      const int m = kRB == 4 ? r : r == 0 ? half : 3 - half;
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) o[r][0][e] = o[r][1][e] = 0.f;
+      TREECP_GDN_UNROLL
+      for (int k0 = 0; k0 <= 48; k0 += 16)
+        if (k0 <= m * 16) gdn_mma_b16_pair<false, true>(o[r][0], o[r][1], Tb, kLt, B, ldb, m * 16, n0, k0, lane);
+    }
+    if (!out) {
+      block_sync();
+      out = B;
+      ldo = ldb;
+    }
+    TREECP_GDN_UNROLL
+    for (int r = 0; r < kRB; ++r) {
+      const int m = kRB == 4 ? r : r == 0 ? half : 3 - half;
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < 2; ++j)
+        TREECP_GDN_UNROLL
+        for (int hh = 0; hh < 2; ++hh)
+          gdn_store_pair16(out + (m * 16 + g + hh * 8) * ldo + n0 + j * 8 + 2 * q, o[r][j][2 * hh],
+                           o[r][j][2 * hh + 1]);
+    }
   }
+
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
-    const int H = a.in.heads, dk = a.in.dk, dv = a.in.dv;
+    const int H = a.heads;
     const int64_t chunk = block / H;
     const int h = static_cast<int>(block % H);
     const GdnChunkDesc cd = a.chunks[chunk];
     const int64_t t = cd.t;
     const int n = cd.len;
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     unsigned char* c = a.ws + (chunk * H + h) * a.fb.size;
+    unsigned char* sm = reinterpret_cast<unsigned char*>(smem);
+    uint16_t* Ks = reinterpret_cast<uint16_t*>(sm);                    // [64][kLk]: K, then Kst, then W
+    uint16_t* Vs = reinterpret_cast<uint16_t*>(sm + kKBytes);          // [64][kLv]: V
+    float* Af = reinterpret_cast<float*>(sm + kKBytes + kVBytes);      // [64][kLa]: A
+    uint16_t* Tb = reinterpret_cast<uint16_t*>(Af);                    // [64][kLt]: over A once X is done
+    float* Xf = reinterpret_cast<float*>(sm + kKBytes + kVBytes + kABytes);  // [64][kLa]: X = L⁻¹
+    uint16_t* Us = reinterpret_cast<uint16_t*>(Xf);                    // [64][kLv]: U, over X once Tb is formed
+    float* bs = reinterpret_cast<float*>(sm + kKBytes + kVBytes + kABytes + kXBytes);  // [64]
+    float* Gs = bs + C;   // [64]: the gates, then their cumulative sums
+    float* eGs = Gs + C;  // [64]: e^G
+    const int64_t row_k = 2 * int64_t{H} * DK, row_v = 2 * int64_t{H} * DV;  // bytes between tokens
+    gdn_stage_async(Ks, a.k + (t * H + h) * DK, n, 2 * DK, row_k, 2 * kLk, tid, nthr);
+    gdn_stage_async(Vs, a.v + (t * H + h) * DV, n, 2 * DV, row_v, 2 * kLv, tid, nthr);
+    gdn_async_commit();
+    for (int idx = tid; idx < (C - n) * DK; idx += nthr) Ks[(n + idx / DK) * kLk + idx % DK] = 0;  // not stale
+    for (int idx = tid; idx < (C - n) * DV; idx += nthr) Vs[(n + idx / DV) * kLv + idx % DV] = 0;
+    for (int i = tid; i < C; i += nthr) {
+      bs[i] = i < n ? bf16_to_float(a.beta[(t + i) * H + h]) : 0.f;
+      Gs[i] = i < n ? bf16_to_float(a.g[(t + i) * H + h]) : 0.f;
+    }
+    block_sync();  // the gates in
+    float Gi = 0.f;
+    if (tid < C)  // rows past the chunk take its last value (GdnFlaBlock::G)
+      for (int j = 0; j <= (tid < n ? tid : n - 1); ++j) Gi += Gs[j];
+    gdn_async_wait<0>();
+    block_sync();  // every gate read; K and V landed for every thread
+    if (tid < C) {
+      Gs[tid] = Gi;
+      eGs[tid] = expf(Gi);
+      reinterpret_cast<float*>(c + a.fb.G)[tid] = Gi;
+    }
+    // A: warp w is row block w / 2, column tiles 4 (w % 2) .. + 3, in pairs of 16 columns (pair p holds a tile at or
+    // below the diagonal exactly when p <= the row block).
+    const int pm = warp / 2;
+    float pc[4][4];
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < 4; ++j)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) pc[j][e] = 0.f;
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < 4; j += 2) {
+      const int n0 = ((warp % 2) * 4 + j) * 8;
+      if (n0 / 16 <= pm) {
+        TREECP_GDN_UNROLL
+        for (int k0 = 0; k0 < DK; k0 += 16)
+          gdn_mma_b16_pair<false, false>(pc[j], pc[j + 1], Ks, kLk, Ks, kLk, pm * 16, n0, k0, lane);
+      }
+    }
+    block_sync();  // G complete
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < 4; ++j)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int i = pm * 16 + g + (e >> 1) * 8, jj = ((warp % 2) * 4 + j) * 8 + 2 * q + (e & 1);
+        Af[i * kLa + jj] = jj < i && i < n ? bs[i] * (pc[j][e] * expf(Gs[i] - Gs[jj])) : 0.f;
+      }
+    block_sync();  // A complete; every warp done reading K
+    if (warp < 2) {
+      // Diagonal block b, column col: x = X_bb e_col by forward substitution, right-looking (acc[r] gathers
+      // Σ_{j<r} A_rj x_j in order of j): rows above col come out 0, the upper triangle's zeros.
+      const int b = warp * 2 + (lane >> 4), col = lane & 15, r0 = b * 16;
+      float x[16], acc[16];
+      TREECP_GDN_UNROLL
+      for (int r = 0; r < 16; ++r) acc[r] = 0.f;
+      TREECP_GDN_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        x[i] = (i == col ? 1.f : 0.f) - acc[i];
+        TREECP_GDN_UNROLL
+        for (int r = i + 1; r < 16; ++r) acc[r] += Af[(r0 + r) * kLa + r0 + i] * x[i];
+      }
+      TREECP_GDN_UNROLL
+      for (int i = 0; i < 16; ++i) Xf[(r0 + i) * kLa + r0 + col] = x[i];
+    } else {
+      for (int idx = tid - 64; idx < C * DK / 2; idx += nthr - 64) {  // Kst = bf16(e^G ⊙ K), pairs in place
+        const int i = idx / (DK / 2), d = 2 * (idx % (DK / 2));
+        gdn_store_pair16(Ks + i * kLk + d, eGs[i] * bf16_to_float(Ks[i * kLk + d]),
+                         eGs[i] * bf16_to_float(Ks[i * kLk + d + 1]));
+      }
+    }
+    block_sync();  // the diagonal blocks of X
+    // X_10 and X_32: T = A_ij X_jj (16 x 16 each) into A's upper triangle at rows j0, columns i0 (never read as A),
+    // then X_ij = -X_ii T. A thread two adjacent columns of one row.
+    {
+      const int blk = tid / 128, e = tid % 128, r = e / 8, cc = (e % 8) * 2;
+      const int i0 = blk ? 48 : 16, j0 = i0 - 16;
+      {
+        float s0 = 0.f, s1 = 0.f, x[2];
+        for (int k = 0; k < 16; ++k) {
+          const float ak = Af[(i0 + r) * kLa + j0 + k];
+          gdn_load_vec(Xf + (j0 + k) * kLa + j0 + cc, x);  // 8-byte aligned: even columns, kLa even
+          s0 += ak * x[0];
+          s1 += ak * x[1];
+        }
+        Af[(j0 + r) * kLa + i0 + cc] = s0;
+        Af[(j0 + r) * kLa + i0 + cc + 1] = s1;
+      }
+      block_sync();
+      {
+        float s0 = 0.f, s1 = 0.f, x[2];
+        for (int m = 0; m <= r; ++m) {
+          const float xm = Xf[(i0 + r) * kLa + i0 + m];
+          gdn_load_vec(Af + (j0 + m) * kLa + i0 + cc, x);
+          s0 += xm * x[0];
+          s1 += xm * x[1];
+        }
+        Xf[(i0 + r) * kLa + j0 + cc] = -s0;
+        Xf[(i0 + r) * kLa + j0 + cc + 1] = -s1;
+      }
+      block_sync();
+    }
+    // X_[23][01]: M = A_[23][01] X_[01][01] (32 x 32, k from the column's block: X is zero above it) into A's dead
+    // rows 32.., columns 32.. (its diagonal blocks and X_32's T, all done), then X = -X_[23][23] M. A thread four
+    // adjacent columns of one row.
+    {
+      const int r = tid / 8, cc = (tid % 8) * 4, kb = cc < 16 ? 0 : 16;
+      {
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, x[4];
+        for (int k = kb; k < 32; ++k) {
+          const float ak = Af[(32 + r) * kLa + k];
+          gdn_load_vec(Xf + k * kLa + cc, x);  // 16-byte aligned: columns by 4, kLa a multiple of 4
+          TREECP_GDN_UNROLL
+          for (int u = 0; u < 4; ++u) s[u] += ak * x[u];
+        }
+        TREECP_GDN_UNROLL
+        for (int u = 0; u < 4; ++u) Af[(32 + r) * kLa + 32 + cc + u] = s[u];
+      }
+      block_sync();
+      {
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, x[4];
+        for (int m = 0; m <= r; ++m) {
+          const float xm = Xf[(32 + r) * kLa + 32 + m];
+          gdn_load_vec(Af + (32 + m) * kLa + 32 + cc, x);
+          TREECP_GDN_UNROLL
+          for (int u = 0; u < 4; ++u) s[u] += xm * x[u];
+        }
+        TREECP_GDN_UNROLL
+        for (int u = 0; u < 4; ++u) Xf[(32 + r) * kLa + cc + u] = -s[u];
+      }
+      block_sync();  // X complete; A dead
+    }
+    for (int idx = tid; idx < C * C / 2; idx += nthr) {  // Tb = bf16(X diag(β)), j <= i < n, over A
+      const int i = idx / (C / 2), j = 2 * (idx % (C / 2));
+      const bool row = i < n;
+      gdn_store_pair16(Tb + i * kLt + j, row && j <= i ? Xf[i * kLa + j] * bs[j] : 0.f,
+                       row && j + 1 <= i ? Xf[i * kLa + j + 1] * bs[j + 1] : 0.f);
+    }
+    block_sync();  // Tb complete; X dead
+    // U = Tb V, then W = Tb Kst, in pairs of 8-column tiles: warp w the column pair w % NP (NP = width / 16) of
+    // kRB row blocks, all four (width 128) or two whose triangles sum alike (width 64: {0, 3} or {1, 2}); a row
+    // block m's k blocks stop at its diagonal (Tb is zero past it).
+    product_out<DV>(Tb, Vs, kLv, Us, kLv, warp, lane, g, q);
+    product_out<DK>(Tb, Ks, kLk, nullptr, 0, warp, lane, g, q);  // W over Kst, after a barrier inside
+    block_sync();  // W and U staged
+    // Out in 16-byte units: all 64 rows (past the chunk Tb's zero rows made them 0).
     uint16_t* W = reinterpret_cast<uint16_t*>(c + a.fb.W);
     uint16_t* U = reinterpret_cast<uint16_t*>(c + a.fb.U);
-    float* G = reinterpret_cast<float*>(c + a.fb.G);
-    const int ld = row_ld(dk), lc = kGdnChunk + 1;
-    float* bs = smem;                     // [64]
-    float* gr = smem + kGdnChunk;         // [64]
-    float* Ks = smem + 2 * kGdnChunk;     // [64][ld]
-    float* Tb = Ks + kGdnChunk * ld;      // [64][lc]: L⁻¹ diag(β)
-    float* panels = Tb + kGdnChunk * lc;  // the products' staging, over P and the inverse's scratch
-    float* Ps = panels;                   // [64][lc]
-    float* scratch = Ps + kGdnChunk * lc; // [3][16][17]
-    gdn_load_rows16<E>(Ks, ld, a.in.k + (t * H + h) * dk, static_cast<int64_t>(H) * dk, n, dk, tid, nthr);
-    for (int i = tid; i < n; i += nthr) {
-      bs[i] = a.in.b<E>(t + i, h);
-      gr[i] = a.in.gate<E>(t + i, h, 0);
+    for (int idx = tid; idx < C * DK / 8; idx += nthr) {
+      const int row = idx / (DK / 8), col = (idx % (DK / 8)) * 8;
+#if defined(__CUDA_ARCH__)
+      *reinterpret_cast<uint4*>(W + row * DK + col) = *reinterpret_cast<const uint4*>(Ks + row * kLk + col);
+#else
+      std::memcpy(W + row * DK + col, Ks + row * kLk + col, 16);
+#endif
     }
-    block_sync();
-    if (tid == 0)
-      for (int i = 1; i < n; ++i) gr[i] += gr[i - 1];
-    block_sync();
-    for (int i = tid; i < kGdnChunk; i += nthr) G[i] = gr[i < n ? i : n - 1];
-    // P[i][j] = k_i · k_j e^{G_i - G_j} (j < i), 0 elsewhere.
-    const GdnTerm kk[1] = {{Ks, ld, 1, Ks, 1, ld, dk, 1.f}};
-    gdn_smem_product<kMath, 4, 4>(n, n, kk, tid, nthr, [&](int i, int j, float acc) {
-      Ps[i * lc + j] = j < i ? acc * expf(gr[i] - gr[j]) : 0.f;
-    });
-    block_sync();
-    gdn_block_inverse(Ps, lc, bs, n, Tb, lc, scratch, tid, nthr);  // ends on a barrier
-    for (int idx = tid; idx < n * n; idx += nthr) {
-      const int i = idx / n, j = idx % n;
-      Tb[i * lc + j] *= bs[j];
+    for (int idx = tid; idx < C * DV / 8; idx += nthr) {
+      const int row = idx / (DV / 8), col = (idx % (DV / 8)) * 8;
+#if defined(__CUDA_ARCH__)
+      *reinterpret_cast<uint4*>(U + row * DV + col) = *reinterpret_cast<const uint4*>(Us + row * kLv + col);
+#else
+      std::memcpy(U + row * DV + col, Us + row * kLv + col, 16);
+#endif
     }
-    for (int idx = tid; idx < n * dk; idx += nthr) {  // Kst = e^G ⊙ K in place (P is done with K)
-      const int i = idx / dk, d = idx % dk;
-      Ks[i * ld + d] *= expf(gr[i]);
-    }
-    // (gdn_block_bf16 opens with a barrier: Tb and Kst complete before they are staged.)
-    const GdnView tb = gdn_view(Tb, lc);
-    gdn_block_product<kMath, 4, 8>(n, dv, n, tb, a.in.rows<E>(a.in.v, t, h, dv), panels, tid, nthr,
-                                   [&](int i, int e, float acc) { U[i * dv + e] = float_to_bf16(acc); });
-    gdn_block_product<kMath, 4, 8>(n, dk, n, tb, gdn_view(Ks, ld), panels, tid, nthr,
-                                   [&](int i, int d, float acc) { W[i * dk + d] = float_to_bf16(acc); });
-    for (int idx = tid; idx < (kGdnChunk - n) * dk; idx += nthr) W[n * dk + idx] = 0;
-    for (int idx = tid; idx < (kGdnChunk - n) * dv; idx += nthr) U[n * dv + idx] = 0;
   }
 };
 
@@ -171,8 +390,10 @@ struct GdnFlaPrepKernel {
 // unless said: W and K [2][64][DK + 8], U's columns [2][64][BV + 8], G [2][64] fp32 (double-buffered: chunk ci + 1's
 // copies are issued right after the barrier that opens chunk ci), hT [BV][DK + 8] (h rounded to bf16, transposed: the
 // B operand of W h, k-contiguous) and vsT [BV][64 + 8] (v_new ⊙ e^{G_last - G}, transposed: the B operand of Kᵀ vs).
-// Row strides of 4 words mod 32 put a fragment's lanes 4g + q (row g, word q) on distinct banks; Kᵀ's fragments read
-// K [t][d] by 2-byte loads (word 8q + g / 2). Three barriers a chunk.
+// Row strides of 4 words mod 32 put a fragment's lanes 4g + q (row g, word q) on distinct banks, and the 8 rows of
+// an ldmatrix phase too. Where a warp's tiles come in pairs of one row block (kVT, kHT even: every BV but 16) the
+// fragments load by ldmatrix.x4 (gdn_mma_b16_pair; Kᵀ's by .trans from K [t][d]), else by gdn_mma_b16 (Kᵀ's by 2-byte
+// loads). Three barriers a chunk.
 struct GdnFlaScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -280,17 +501,35 @@ struct GdnFlaScanKernel {
       const GdnB16Mat Wm{Wsm(b), kLk, 1}, Hm{hT, kLk, 1};
       const uint16_t* Us = Usm(b);
       uint16_t* gv = reinterpret_cast<uint16_t*>(c + a.fb.V);
+      float v[kVT][4];
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < kVT; ++j)
+        TREECP_GDN_UNROLL
+        for (int e = 0; e < 4; ++e) v[j][e] = 0.f;
+      if constexpr (kVT % 2 == 0) {  // tiles T, T + 1 (T even) share their rows: one ldmatrix pair a k step
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kVT; j += 2) {
+          const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 < DK; k0 += 16)
+            gdn_mma_b16_pair<false, false>(v[j], v[j + 1], Wsm(b), kLk, hT, kLk, m * 16, nn * 8, k0, lane);
+        }
+      } else {
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kVT; ++j) {
+          const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(v[j], Wm, Hm, m * 16, nn * 8, k0, lane);
+        }
+      }
       TREECP_GDN_UNROLL
       for (int j = 0; j < kVT; ++j) {
         const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        TREECP_GDN_UNROLL
-        for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(v, Wm, Hm, m * 16, nn * 8, k0, lane);
         TREECP_GDN_UNROLL
         for (int half = 0; half < 2; ++half) {
           const int t = m * 16 + g + half * 8, col = nn * 8 + 2 * q;
-          const float x0 = bf16_to_float(Us[t * kLu + col]) - v[2 * half];
-          const float x1 = bf16_to_float(Us[t * kLu + col + 1]) - v[2 * half + 1];
+          const float x0 = bf16_to_float(Us[t * kLu + col]) - v[j][2 * half];
+          const float x1 = bf16_to_float(Us[t * kLu + col + 1]) - v[j][2 * half + 1];
           if (a.save) gdn_store_pair16(gv + t * dv + e0 + col, x0, x1);
           const float f = t < n ? expf(gl - Gc[t]) : 0.f;
           vsT[col * kLv + t] = float_to_bf16(x0 * f);
@@ -302,12 +541,24 @@ struct GdnFlaScanKernel {
       const float eg = expf(gl);
       const GdnB16Mat Kt{Ksm(b), 1, kLk}, Vm{vsT, kLv, 1};
       TREECP_GDN_UNROLL
-      for (int j = 0; j < kHT; ++j) {
-        const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+      for (int j = 0; j < kHT; ++j)
         TREECP_GDN_UNROLL
         for (int e = 0; e < 4; ++e) acc[j][e] *= eg;
+      if constexpr (kHT % 2 == 0) {  // as v_new's: Kᵀ's fragment by ldmatrix.trans from K [t][d]
         TREECP_GDN_UNROLL
-        for (int k0 = 0; k0 < kGdnChunk; k0 += 16) gdn_mma_b16(acc[j], Kt, Vm, m * 16, nn * 8, k0, lane);
+        for (int j = 0; j < kHT; j += 2) {
+          const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 < kGdnChunk; k0 += 16)
+            gdn_mma_b16_pair<true, false>(acc[j], acc[j + 1], Ksm(b), kLk, vsT, kLv, m * 16, nn * 8, k0, lane);
+        }
+      } else {
+        TREECP_GDN_UNROLL
+        for (int j = 0; j < kHT; ++j) {
+          const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 < kGdnChunk; k0 += 16) gdn_mma_b16(acc[j], Kt, Vm, m * 16, nn * 8, k0, lane);
+        }
       }
     }
     gdn_async_wait<0>();  // the empty group past the last chunk
@@ -328,8 +579,8 @@ struct GdnFlaScanKernel {
 // past the chunk are never stored), the chunk-start state hT [DV][DK + 8], v_new [64][DV + 8], the masked pair matrix
 // C [64][72], and G [64] fp32. C = Q Kᵀ ⊙ e^{G_i - G_j} (j <= i < n) in 32 tiles of 16 x 8, 4 a warp (tiles wholly
 // above the diagonal skipped); then Y = scale (diag(e^G) Q h + C v_new) in 4 x DV / 8 tiles, DV / 16 a warp, both
-// products into the same accumulators (C's column blocks past the tile's rows skipped). v_new's fragments are read
-// by 2-byte loads (its k index, the token, strides rows).
+// products into the same accumulators (C's column blocks past the tile's rows skipped). Every fragment by ldmatrix.x4
+// (gdn_mma_b16_pair; v_new's by .trans: its k index, the token, strides rows).
 struct GdnFlaOutArgs {
   const GdnChunkDesc* chunks;
   const unsigned char* ws;
@@ -349,7 +600,9 @@ struct GdnFlaOutKernel {
   static constexpr int kLk = DK + 8, kLv = DV + 8, kLc = kGdnChunk + 8;
   static constexpr int kCT = (kGdnChunk / 16) * (kGdnChunk / 8) / kWarps;  // C tiles a warp
   static constexpr int kOT = (kGdnChunk / 16) * (DV / 8) / kWarps;         // Y tiles a warp
-  static_assert(DK % 16 == 0 && DV % 16 == 0 && kOT * kWarps == (kGdnChunk / 16) * (DV / 8), "tiles split evenly");
+  static_assert(DK % 16 == 0 && DV % 16 == 0 && kOT * kWarps == (kGdnChunk / 16) * (DV / 8) && kOT % 2 == 0 &&
+                    kCT % 2 == 0,
+                "tiles split evenly, in pairs of one row block");
   static constexpr int64_t kQBytes = 2 * int64_t{kGdnChunk} * kLk;
   static constexpr int64_t kHBytes = 2 * int64_t{DV} * kLk, kVBytes = 2 * int64_t{kGdnChunk} * kLv;
   static constexpr int64_t kCBytes = 2 * int64_t{kGdnChunk} * kLc;
@@ -381,23 +634,32 @@ struct GdnFlaOutKernel {
     gdn_async_wait<0>();
     block_sync();
     // C: tile T = warp kCT + j is rows 16 (T / 8), columns 8 (T % 8); masked (select: stale rows past n never enter).
-    const GdnB16Mat Qm{Qs, kLk, 1}, Km{Ks, kLk, 1};
+    // Pairs of tiles (T, T + 1), T even, share their rows: ldmatrix fragments (gdn_mma_b16_pair); pair p of 16
+    // columns holds a tile at or below the diagonal exactly when p <= the row block.
+    float cc[kCT][4];
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kCT; ++j)
+      TREECP_GDN_UNROLL
+      for (int e = 0; e < 4; ++e) cc[j][e] = 0.f;
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kCT; j += 2) {
+      const int T = warp * kCT + j, m = T / (kGdnChunk / 8), nn = T % (kGdnChunk / 8);
+      if (nn / 2 <= m) {
+        TREECP_GDN_UNROLL
+        for (int k0 = 0; k0 < DK; k0 += 16)
+          gdn_mma_b16_pair<false, false>(cc[j], cc[j + 1], Qs, kLk, Ks, kLk, m * 16, nn * 8, k0, lane);
+      }
+    }
     TREECP_GDN_UNROLL
     for (int j = 0; j < kCT; ++j) {
       const int T = warp * kCT + j, m = T / (kGdnChunk / 8), nn = T % (kGdnChunk / 8);
-      float cc[4] = {0.f, 0.f, 0.f, 0.f};
-      if (nn * 8 <= m * 16 + 15) {
-        TREECP_GDN_UNROLL
-        for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(cc, Qm, Km, m * 16, nn * 8, k0, lane);
-      }
       TREECP_GDN_UNROLL
       for (int e = 0; e < 4; ++e) {
         const int i = m * 16 + g + (e >> 1) * 8, jj = nn * 8 + 2 * q + (e & 1);
-        Cs[i * kLc + jj] = float_to_bf16(jj <= i && i < n ? cc[e] * expf(Gs[i] - Gs[jj]) : 0.f);
+        Cs[i * kLc + jj] = float_to_bf16(jj <= i && i < n ? cc[j][e] * expf(Gs[i] - Gs[jj]) : 0.f);
       }
     }
     block_sync();  // C complete
-    const GdnB16Mat Hm{Hs, kLk, 1}, Cm{Cs, kLc, 1}, Vt{Vs, 1, kLv};
     float o[kOT][4];
     const int m = (warp * kOT) / (DV / 8);  // the warp's tiles share one row block
     TREECP_GDN_UNROLL
@@ -407,7 +669,9 @@ struct GdnFlaOutKernel {
     TREECP_GDN_UNROLL
     for (int k0 = 0; k0 < DK; k0 += 16)
       TREECP_GDN_UNROLL
-      for (int j = 0; j < kOT; ++j) gdn_mma_b16(o[j], Qm, Hm, m * 16, ((warp * kOT + j) % (DV / 8)) * 8, k0, lane);
+      for (int j = 0; j < kOT; j += 2)
+        gdn_mma_b16_pair<false, false>(o[j], o[j + 1], Qs, kLk, Hs, kLk, m * 16, ((warp * kOT + j) % (DV / 8)) * 8,
+                                       k0, lane);
     const float eg0 = expf(Gs[m * 16 + g]), eg1 = expf(Gs[m * 16 + g + 8]);
     TREECP_GDN_UNROLL
     for (int j = 0; j < kOT; ++j) {
@@ -418,7 +682,9 @@ struct GdnFlaOutKernel {
     for (int k0 = 0; k0 < kGdnChunk; k0 += 16) {
       if (k0 > m * 16) break;  // C is zero past the rows' diagonal
       TREECP_GDN_UNROLL
-      for (int j = 0; j < kOT; ++j) gdn_mma_b16(o[j], Cm, Vt, m * 16, ((warp * kOT + j) % (DV / 8)) * 8, k0, lane);
+      for (int j = 0; j < kOT; j += 2)
+        gdn_mma_b16_pair<false, true>(o[j], o[j + 1], Cs, kLc, Vs, kLv, m * 16, ((warp * kOT + j) % (DV / 8)) * 8, k0,
+                                      lane);
     }
     const int64_t y0 = (cd.t * H + h) * static_cast<int64_t>(DV), y_row = static_cast<int64_t>(H) * DV;
     TREECP_GDN_UNROLL

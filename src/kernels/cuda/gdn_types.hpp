@@ -29,6 +29,9 @@ inline const char* gdn_precision_name(GdnPrecision p) {
   return "unknown";
 }
 
+// Which call a workspace serves (gdn_workspace_bytes): each carves its own arrays (docs/kernels.md, "Workspace").
+enum class GdnCallKind : int32_t { forward = 0, summary = 1, backward = 2 };
+
 // One run of consecutive tokens [t0, t1) of every head, as kernels/cpu's gdn_* calls take one, with its
 // initial state (slot `in_slot` of GdnCudaParams::state_in, -1 = zero) and where its final state goes
 // (slot `out_slot` of state_out, -1 = not written). Runs of one call must not overlap.
@@ -106,5 +109,18 @@ struct GdnCudaGrads {
   float* dbeta = nullptr;
   bool any() const { return dq || dk || dv || dg || dbeta; }
 };
+
+// Whether a forward of p's shape, dtype and precision may run the FLA-like split (GdnCudaParams::fla_split): the
+// scalar gate, dk and dv 64 or 128, bf16 activations, precision bf16_tensor_scans, not split_forward, q, k and v 4-byte
+// aligned (null counts as aligned: a size query has no pointers), and scan_columns 0, 16, 32 or 64: exactly what
+// gdn_check takes with fla_split set. Callers that offer the split as a setting (CudaBackend::set_gdn_fla_split) set
+// fla_split only where this holds and run the classic forward elsewhere.
+inline bool gdn_fla_split_takes(const GdnCudaParams& p) {
+  const auto aligned = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 4 == 0; };
+  return p.gate == GdnGate::Scalar && (p.dk == 64 || p.dk == 128) && (p.dv == 64 || p.dv == 128) &&
+         p.dtype == DType::kBf16 && p.precision == GdnPrecision::bf16_tensor_scans && !p.split_forward &&
+         (p.scan_columns == 0 || p.scan_columns == 16 || p.scan_columns == 32 || p.scan_columns == 64) &&
+         aligned(p.q) && aligned(p.k) && aligned(p.v);
+}
 
 }  // namespace treecp::cuda
