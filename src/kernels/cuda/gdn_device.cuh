@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.hpp"
@@ -2230,6 +2231,18 @@ void gdn_fla_scan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const G
   else
     gdn_fla_scan_launch<DK, 32>(x, p, s, a);
 }
+// f(dk, dv) with the split's head dims as std::integral_constant<int, 64 or 128> (gdn_check has taken them).
+template <class F>
+void gdn_fla_with_dims(const GdnCudaParams& p, F&& f) {
+  using D64 = std::integral_constant<int, 64>;
+  using D128 = std::integral_constant<int, 128>;
+  auto with_dv = [&](auto dk) {
+    if (p.dv == 64) f(dk, D64{});
+    else f(dk, D128{});
+  };
+  if (p.dk == 64) with_dv(D64{});
+  else with_dv(D128{});
+}
 template <class X>
 void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   const int64_t chunk_blocks = static_cast<int64_t>(s.chunks.size()) * p.heads;
@@ -2238,14 +2251,9 @@ void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
     const GdnFlaPrepArgs a{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k),
                            static_cast<const uint16_t*>(p.v), static_cast<const uint16_t*>(p.g),
                            static_cast<const uint16_t*>(p.beta), p.heads};
-    if (p.dk == 64 && p.dv == 64)
-      x.template launch<GdnFlaPrepKernel<64, 64>>(chunk_blocks, a);
-    else if (p.dk == 64)
-      x.template launch<GdnFlaPrepKernel<64, 128>>(chunk_blocks, a);
-    else if (p.dv == 64)
-      x.template launch<GdnFlaPrepKernel<128, 64>>(chunk_blocks, a);
-    else
-      x.template launch<GdnFlaPrepKernel<128, 128>>(chunk_blocks, a);
+    gdn_fla_with_dims(p, [&](auto dk, auto dv) {
+      x.template launch<GdnFlaPrepKernel<decltype(dk)::value, decltype(dv)::value>>(chunk_blocks, a);
+    });
   }
   if (!s.runs.empty()) {
     const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k), p.heads,
@@ -2258,14 +2266,9 @@ void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   if (!p.y || chunk_blocks == 0) return;
   const GdnFlaOutArgs o{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.q), static_cast<const uint16_t*>(p.k),
                         p.heads, p.y, p.y_f32, p.scale};
-  if (p.dk == 64 && p.dv == 64)
-    x.template launch<GdnFlaOutKernel<64, 64>>(chunk_blocks, o);
-  else if (p.dk == 64)
-    x.template launch<GdnFlaOutKernel<64, 128>>(chunk_blocks, o);
-  else if (p.dv == 64)
-    x.template launch<GdnFlaOutKernel<128, 64>>(chunk_blocks, o);
-  else
-    x.template launch<GdnFlaOutKernel<128, 128>>(chunk_blocks, o);
+  gdn_fla_with_dims(p, [&](auto dk, auto dv) {
+    x.template launch<GdnFlaOutKernel<decltype(dk)::value, decltype(dv)::value>>(chunk_blocks, o);
+  });
 }
 
 template <class X>
