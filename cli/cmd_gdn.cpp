@@ -47,6 +47,7 @@ struct GdnInputs {
   cuda::DType dtype = cuda::DType::kBf16;  // --dtype (GPU: the inputs rounded to it on upload)
   int reps = 1;      // --reps (GPU timing: the median after a warm-up)
   cuda::GdnPrecision precision = cuda::GdnPrecision::fp32;  // --precision (GPU: the chunk kernels' arithmetic)
+  bool fla_split = false;  // --fla-split (GPU: the FLA-like split forward where the call qualifies)
   GdnLayout layout = GdnLayout::Searched;  // --layout
   std::optional<Layout> attention;         // --attention-layout
 };
@@ -58,7 +59,7 @@ void declare_options(Args& args) {
   declare_rank_options(args);
   args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
       .value("--dout").value("--out").value("--chunk").value("--device").value("--layout").value("--attention-layout")
-      .value("--reps").value("--dtype").value("--precision");
+      .value("--reps").value("--dtype").value("--precision").flag("--fla-split");
 }
 
 // Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
@@ -81,6 +82,13 @@ GdnInputs prepare(const Args& args) {
     if (precision == cuda::gdn_precision_name(p)) in.precision = p;
   require(in.dtype == cuda::DType::kBf16 || in.precision == cuda::GdnPrecision::fp32, "--precision ", precision,
           " needs --dtype bf16 (fp16 runs the fp32 products: the bf16 paths' intermediates could overflow fp16)");
+  // --fla-split: the FLA-like split forward (CudaBackend::set_gdn_fla_split), all of whose products are bf16 tensor-core
+  // ones; where a call does not qualify (KDA's per-channel gate, Dk or Dv not 64 or 128) the classic forward runs.
+  in.fla_split = args.get_flag("--fla-split");
+  require(in.gpu || !in.fla_split, "--fla-split goes with --device cuda");
+  require(!in.fla_split || in.precision == cuda::GdnPrecision::bf16_tensor_scans,
+          "--fla-split needs --precision bf16_tensor_scans (the split forward's products are all bf16 tensor-core "
+          "ones), got --precision ", precision);
   in.chunk = static_cast<int>(args.get_int_in("--chunk", 64, 1, 4096));
   in.layout = parse_gdn_layout(args.get_choice("--layout", "searched", gdn_layout_names()));
   if (args.has("--attention-layout"))
@@ -225,7 +233,7 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   const GdnArrays arrays{&in.q.data, &in.k.data, &in.v.data, &in.g.data, &in.beta.data,
                          in.has_dout ? &in.dout.data : nullptr};
   const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s, in.reps, in.dtype,
-                                      in.precision);
+                                      in.precision, in.fla_split);
   if (comm.rank() != 0) return 0;
   const std::vector<std::pair<std::string, std::vector<int64_t>>> files = {
       {"o.npy", {in.S, in.H, in.dv}}, {"dq.npy", in.q.shape}, {"dk.npy", in.k.shape},
@@ -233,9 +241,9 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   for (size_t i = 0; i < r.outputs.size(); ++i)
     out->write(files[i].first, npy_bytes(files[i].second, r.outputs[i].data(), DType::F32));
   out->commit();
-  std::printf("gdn %s %s (%s products) on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
+  std::printf("gdn %s %s (%s products%s) on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
               in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", cuda::dtype_name(in.dtype),
-              cuda::gdn_precision_name(in.precision),
+              cuda::gdn_precision_name(in.precision), in.fla_split ? ", FLA-like split forward where it applies" : "",
               count_of(N, "GPU").c_str(),
               count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(), in.H, in.dk, in.dv,
               gdn_layout_name(plan.layout), count_of(plan.chained_segments(), "chained segment").c_str(),
@@ -259,11 +267,12 @@ const Register kGdn("gdn",
                     "--tree T.json --q Q.npy --k K.npy --v V.npy --g G.npy --beta B.npy [--scale X] [--dout DO.npy] "
                     "[--ranks N] [--timeout S] [--chunk C] [--layout searched|contiguous|zigzag|doc-zigzag] "
                     "[--attention-layout L] [--device cpu|cuda] [--dtype bf16|fp16] "
-                    "[--precision fp32|bf16_tensor|bf16_tensor_scans] [--reps N] --out DIR",
+                    "[--precision fp32|bf16_tensor|bf16_tensor_scans [--fla-split]] [--reps N] --out DIR",
                     "GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy (and dq, dk, dv, dg, dbeta with "
                     "--dout); --device cuda: bf16 (or --dtype fp16) on one GPU per rank, fp32 products (or --precision "
-                    "bf16_tensor[_scans]: bf16 tensor cores, faster, less exact) (--reps N: the median of N timed calls "
-                    "after a warm-up)",
+                    "bf16_tensor[_scans]: bf16 tensor cores, faster, less exact; --fla-split with bf16_tensor_scans: the "
+                    "FLA-like split forward for GDN at Dk, Dv 64 or 128) (--reps N: the median of N timed calls after "
+                    "a warm-up)",
                     gdn_main);
 
 }  // namespace

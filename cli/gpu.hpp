@@ -75,7 +75,7 @@ struct GdnArrays {
 GpuLayerResult gdn_on_gpus(Communicator& world, const Row& row, const GdnShape& shape, const GdnPlan& plan,
                            const GdnArrays& in, double timeout_s, int reps = 1,
                            cuda::DType dtype = cuda::DType::kBf16,
-                           cuda::GdnPrecision precision = cuda::GdnPrecision::fp32);
+                           cuda::GdnPrecision precision = cuda::GdnPrecision::fp32, bool fla_split = false);
 struct ConvArrays {
   const std::vector<double>*x, *weight, *bias, *dout;  // bias, dout may be null
 };

@@ -255,6 +255,19 @@ TEST_F(GdnCli, DeviceIsCheckedAndARefusalWritesNothing) {
   EXPECT_TRUE(c.output.find("--precision bf16_tensor needs --dtype bf16") != std::string::npos ||
               c.output.find("built without CUDA") != std::string::npos)
       << c.output;
+  // --fla-split: refused on the CPU and, on a CUDA build, unless the precision is bf16_tensor_scans
+  c = run_cli(gdn + " --fla-split --out " + p("dev"));
+  EXPECT_NE(c.rc, 0);
+  EXPECT_NE(c.output.find("--fla-split goes with --device cuda"), std::string::npos) << c.output;
+  EXPECT_FALSE(fs::exists(p("dev")));
+  for (const std::string& precision : {std::string(""), std::string(" --precision bf16_tensor")}) {
+    c = run_cli(gdn + " --device cuda --fla-split" + precision + " --out " + p("dev"));
+    EXPECT_NE(c.rc, 0) << precision;
+    EXPECT_TRUE(c.output.find("--fla-split needs --precision bf16_tensor_scans") != std::string::npos ||
+                c.output.find("built without CUDA") != std::string::npos)
+        << precision << ": " << c.output;
+    EXPECT_FALSE(fs::exists(p("dev"))) << precision;
+  }
 }
 
 TEST_F(GdnCli, Conv1dMatchesTheReference) {
