@@ -241,7 +241,8 @@ def _cuda_attention_backward(key, q, k, v, sink, o, lse, dy, scale):
                                           sink32.data_ptr() if sink32 is not None else 0, o.data_ptr(), lse.data_ptr(),
                                           dy.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                                           dsink.data_ptr() if sink is not None else 0)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink.to(sink.dtype) if sink is not None else dsink
+    # (without a sink dsink is empty, in q's dtype like the fake implementation's)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsink.to(sink.dtype if sink is not None else q.dtype)
 
 
 @torch.library.custom_op("treecp::attention_backward", mutates_args=())
