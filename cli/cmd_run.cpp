@@ -19,6 +19,7 @@
 #include "checks.hpp"
 #include "command.hpp"
 #include "gpu.hpp"
+#include "run_report.hpp"
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
 #include "core/json.hpp"
@@ -175,7 +176,7 @@ RunJob prepare(const Args& args) {
 }
 
 // Per-rank figures gathered on rank 0, one fixed-size record each.
-enum Field { kTokens, kPairs, kPredFwd, kPredBwd, kFwd, kBwd, kSent, kRecv, kPeakMiB, kFields };
+enum Field { kPeakMiB = kRunCommonFields, kFields };  // after the common fields (run_report.hpp)
 
 double peak_rss_mib() {
   rusage u{};
@@ -340,24 +341,13 @@ int run_typed(Communicator& comm, const Row& row, const Plan& plan, const PlanRe
       json::Value ranks = json::Value::array();
       for (int r = 0; r < n; ++r) {
         const double* f = &all_stats[static_cast<size_t>(r * kFields)];
-        json::Value rv = json::Value::object();
-        rv.set("tokens", static_cast<int64_t>(f[kTokens]));
-        rv.set("pairs", static_cast<int64_t>(f[kPairs]));
-        rv.set("predicted_forward_ms", f[kPredFwd]);
-        rv.set("predicted_backward_ms", f[kPredBwd]);
-        rv.set("forward_ms", f[kFwd]);
-        rv.set("backward_ms", f[kBwd]);
-        rv.set("bytes_sent", static_cast<int64_t>(f[kSent]));
-        rv.set("bytes_received", static_cast<int64_t>(f[kRecv]));
+        json::Value rv = rank_record_json(f);
         rv.set("peak_rss_mib", f[kPeakMiB]);
         ranks.push_back(rv);
       }
       out.set("per_rank", ranks);
-      json::Value errs = json::Value::object(), bounds = json::Value::object();
-      for (const Check& e : errors) {
-        errs.set(e.name, e.error);
-        bounds.set(e.name, e.bound);
-      }
+      json::Value errs, bounds;
+      checks_json(errors, errs, bounds);
       out.set("max_rel_error", errs);
       out.set("error_bound", bounds);
       out.set("ok", status == 0);

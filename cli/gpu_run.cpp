@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "gpu.hpp"
+#include "run_report.hpp"
 #include "runtime/cpu_backend.hpp"
 #include "core/trace.hpp"
 #include "runtime/redistribute.hpp"
@@ -158,7 +159,7 @@ std::vector<double> host_values(uint64_t seed, int64_t n, cuda::DType dtype) {
   return out;
 }
 
-enum Field { kTokens, kPairs, kPredFwd, kPredBwd, kFwd, kBwd, kSent, kRecv, kPeak, kReserved, kFields };
+enum Field { kPeak = kRunCommonFields, kReserved, kFields };  // after the common fields (run_report.hpp)
 
 }  // namespace
 
@@ -303,25 +304,14 @@ int run_on_gpus(Communicator& world, const Row& row, const CostModel& costs, con
       json::Value ranks = json::Value::array();
       for (int r = 0; r < n; ++r) {
         const double* f = &all_stats[static_cast<size_t>(r * kFields)];
-        json::Value rv = json::Value::object();
-        rv.set("tokens", static_cast<int64_t>(f[kTokens]));
-        rv.set("pairs", static_cast<int64_t>(f[kPairs]));
-        rv.set("predicted_forward_ms", f[kPredFwd]);
-        rv.set("predicted_backward_ms", f[kPredBwd]);
-        rv.set("forward_ms", f[kFwd]);
-        rv.set("backward_ms", f[kBwd]);
-        rv.set("bytes_sent", static_cast<int64_t>(f[kSent]));
-        rv.set("bytes_received", static_cast<int64_t>(f[kRecv]));
+        json::Value rv = rank_record_json(f);
         rv.set("peak_allocated_mib", f[kPeak]);
         rv.set("reserved_mib", f[kReserved]);
         ranks.push_back(rv);
       }
       out.set("per_rank", ranks);
-      json::Value errs = json::Value::object(), bounds = json::Value::object();
-      for (const Check& c : checks) {
-        errs.set(c.name, c.error);
-        bounds.set(c.name, c.bound);
-      }
+      json::Value errs, bounds;
+      checks_json(checks, errs, bounds);
       out.set("rel_error", errs);
       out.set("error_bound", bounds);
       out.set("ok", status == 0);
