@@ -11,6 +11,7 @@
 
 #include "comm/communicator.hpp"
 #include "core/error.hpp"
+#include "kernels/cuda/attention_dims.hpp"
 #include "plan/work.hpp"
 #include "tree/row.hpp"
 #include "tree/slice.hpp"
@@ -60,6 +61,11 @@ void require_chunk(int64_t chunk_tokens) {
   require(chunk_tokens == 0 || (chunk_tokens >= kKernelTileTokens && chunk_tokens <= Row::kMaxTokens),
           "option --chunk must be 0 (the planner chooses) or at least the kernel tile of ", kKernelTileTokens,
           " tokens, got ", chunk_tokens);
+}
+
+void require_gpu_attention_dims(int d, int dv) {
+  require(cuda::attention_dims_supported(d, dv), "options --d and --dv on GPUs must be one of (D, Dv) ",
+          cuda::attention_dims_list(), ", got (", d, ", ", dv, ")");
 }
 
 double plan_memory_estimate_bytes(const Row& row, int64_t window, int64_t chunk_tokens, int cp) {

@@ -29,6 +29,9 @@ double arrays_memory_bytes(int64_t ranks, int64_t input_elements, int64_t output
 // chunks only multiply the planner's work (a 2-token chunk took 51 s and 8.9 GB) without a kernel
 // that could use them.
 void require_chunk(int64_t chunk_tokens);
+// --d and --dv on GPUs (`treecp run`, `treecp bench cp`): one of the CUDA kernels' (D, Dv) pairs, else refused with
+// their list (kernels/cuda/attention_dims.hpp). CPU ranks take any head dims.
+void require_gpu_attention_dims(int d, int dv);
 // Bytes the planner needs at most for `row` cut into chunks of `chunk_tokens` (0 = its default for
 // `cp` ranks): slices, and work-matrix entries bounded by the chunk pairs each slice touches.
 double plan_memory_estimate_bytes(const Row& row, int64_t window, int64_t chunk_tokens, int cp);

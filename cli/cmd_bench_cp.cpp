@@ -20,7 +20,6 @@
 #include "core/error.hpp"
 #include "core/json.hpp"
 #include "core/random.hpp"
-#include "kernels/cuda/attention_dims.hpp"
 #include "launcher.hpp"
 #include "plan/baselines.hpp"
 #include "plan/cost.hpp"
@@ -532,10 +531,7 @@ int bench_cp_main(const std::vector<std::string>& argv) {
           "--hq must be a positive multiple of --hkv");
   require(cfg.shape.d >= 1 && cfg.shape.d <= 512, "--d must be in [1, 512]");
   require(cfg.shape.dv >= 1 && cfg.shape.dv <= 512, "--dv must be in [1, 512]");
-  // CPU ranks take any head dims; the GPU's kernels are instantiated for a few (D, Dv) pairs only.
-  require(!gpu || cuda::attention_dims_supported(cfg.shape.d, cfg.shape.dv),
-          "--d and --dv on GPUs must be one of (D, Dv) ", cuda::attention_dims_list(), ", got (", cfg.shape.d, ", ",
-          cfg.shape.dv, ")");
+  if (gpu) require_gpu_attention_dims(cfg.shape.d, cfg.shape.dv);
   require(cfg.warm_s >= 0 && cfg.warm_s <= 60, "--warm must be in [0, 60] seconds");
   cfg.rows_dir = args.get_or("--rows", "");
   cfg.json_path = args.get_or("--json", "");

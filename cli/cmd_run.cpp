@@ -26,7 +26,6 @@
 #include "core/random.hpp"
 #include "core/trace.hpp"
 #include "kernels/cpu/attention.hpp"
-#include "kernels/cuda/attention_dims.hpp"
 #include "launcher.hpp"
 #include "runtime/reference.hpp"
 #include "plan/cost.hpp"
@@ -93,10 +92,7 @@ RunConfig read_options(const Args& args) {
   require(shape.hq % shape.hkv == 0, "option --hq (", shape.hq, ") must be a multiple of --hkv (", shape.hkv, ")");
   shape.d = static_cast<int>(args.get_int_in("--d", cfg.gpu ? 128 : 64, 1, 512));
   shape.dv = static_cast<int>(args.get_int_in("--dv", shape.d, 1, 512));
-  // CPU ranks take any head dims; the GPU's kernels are instantiated for a few (D, Dv) pairs only.
-  if (cfg.gpu)
-    require(cuda::attention_dims_supported(shape.d, shape.dv), "options --d and --dv on GPUs must be one of (D, Dv) ",
-            cuda::attention_dims_list(), ", got (", shape.d, ", ", shape.dv, ")");
+  if (cfg.gpu) require_gpu_attention_dims(shape.d, shape.dv);
   shape.window = args.get_int_in("--window", 0, 0, Row::kMaxTokens);
   cfg.sink = args.get_flag("--sink");
   cfg.json = args.get_flag("--json");
