@@ -261,7 +261,7 @@ def test_cuda_gdn_and_conv_run_on_a_side_stream_and_under_compile():
         for a, b in zip(got[1:], ref[1:]):
             torch.testing.assert_close(a, b)
     # The fake implementations agree with the CUDA ones (shapes, dtypes, autograd registration).
-    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default, (*dev, key.id, 0.125, 64, "fp32"))
+    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default, (*dev, key.id, 0.125, 64, "fp32", False))
     torch.library.opcheck(torch.ops.treecp.short_conv.default, (dev[2].flatten(1), weight, None, key.id, True))
 
 

@@ -232,6 +232,32 @@ def test_torch_compile_fullgraph_traces_a_model():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_torch_compile_takes_head_dims_that_change_between_calls():
+    # A recompilation for a new head dim makes that dim symbolic, and with it the default scale 1/sqrt(D): the checks
+    # once tested it with math.isfinite, which dynamo cannot trace ("torch.* op returned non-Tensor"). Each call,
+    # forward and gradients, equals the dense oracle at that head dim's default scale.
+    row = treecp.Row.from_segments([-1, 0, 0], [6, 4, 3])
+    key = tt.plan(row)
+    mask = visibility_mask(row.parents, row.lengths, None)
+    attn = torch.compile(lambda q, k, v: tt.attention(q, k, v, key)[0].square().sum(), fullgraph=True,
+                         backend="aot_eager")
+    gdn = torch.compile(lambda q, k, v, g, b: tt.gated_delta_rule(q, k, v, g, b, key).square().sum(), fullgraph=True,
+                        backend="aot_eager")
+    gen = torch.Generator().manual_seed(12)
+    for d in (4, 6, 8):
+        q, k, v, _ = attention_inputs(row.tokens, 4, 2, d, d, torch.float64, gen)
+        leaves = [x.requires_grad_() for x in (q, k, v)]
+        loss = attn(*leaves)
+        o, _ = dense_attention(q, k, v, mask)
+        torch.testing.assert_close(loss, o.square().sum(), rtol=1e-12, atol=1e-12)
+        for a, b in zip(torch.autograd.grad(loss, leaves), torch.autograd.grad(o.square().sum(), leaves)):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        x = [rand(row.tokens, 2, d, gen=gen) for _ in range(3)]
+        g, b = -rand(row.tokens, 2, gen=gen).abs(), rand(row.tokens, 2, gen=gen).sigmoid()
+        ref = gdn_tree(*x, g, b, row.parents, row.lengths, scale=d ** -0.5)
+        torch.testing.assert_close(gdn(*x, g, b), ref.square().sum(), rtol=1e-10, atol=1e-10)
+
+
 def test_torch_compile_takes_a_second_key_through_the_same_code():
     # A recompilation for another key must keep the key a constant of the graph (an int id became a SymInt that
     # could not name its key: "unhashable type: non-nested SymInt" in the autograd setup).
@@ -258,6 +284,11 @@ def test_custom_ops_pass_torch_library_opcheck():
     torch.library.opcheck(torch.ops.treecp.attention.default, (q, k, v, s, key.id, 0.5))
     x, w = rand(5, 4, requires_grad=True), rand(4, 2, requires_grad=True)
     torch.library.opcheck(torch.ops.treecp.short_conv.default, (x, w, None, key.id, True))
+    gen = torch.Generator().manual_seed(5)
+    qd, kd, vd = (torch.randn(5, 2, 4, generator=gen, requires_grad=True) for _ in range(3))
+    g = (-torch.rand(5, 2, generator=gen)).requires_grad_()
+    beta = torch.rand(5, 2, generator=gen).requires_grad_()
+    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default, (qd, kd, vd, g, beta, key.id, 0.5, 64, "fp32", False))
 
 
 def test_a_key_for_another_window_keeps_the_ownership():

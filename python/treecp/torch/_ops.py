@@ -156,7 +156,7 @@ def _attention_problem(key: Key, q, k, v, sink, scale) -> Optional[str]:
         p = _first(_cuda_attention_dims_problem(op, d, dv), _cuda_key_problem(op, key, "q", q))
         if p:
             return p
-    if not _positive_number(scale):
+    if scale is not None and not _positive_number(scale):  # None: the default, 1/sqrt(D)
         return f"{op}: softmax_scale must be a positive finite number, got {scale}"
     return None
 
@@ -296,10 +296,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, key: Key, sink: Optional[Tensor] 
     or (256, 256) (fp32 LSE, softmax and accumulation, gradients in the inputs' dtype).
     """
     key = _key_argument("attention", key)
-    if softmax_scale is None:
-        d = q.shape[-1] if isinstance(q, Tensor) and q.dim() > 0 else 1
-        softmax_scale = default_scale(d)
+    # The default scale is formed after the checks: under torch.compile a head dim that has changed between calls is
+    # symbolic, and so is 1/sqrt(D), which the custom op takes as it is but math.isfinite cannot test.
     _verdict(key, "attention", _attention_problem(key, q, k, v, sink, softmax_scale))
+    if softmax_scale is None:
+        softmax_scale = default_scale(q.shape[-1])
     y, lse, _ = _attention_op(q, k, v, sink, key.id, float(softmax_scale))
     return y, lse
 
@@ -340,7 +341,7 @@ def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk, precision="fp32", fla
         p = _cuda_key_problem(op, key, "q", q)
         if p:
             return p
-    if not _positive_number(scale):
+    if scale is not None and not _positive_number(scale):  # None: the default, 1/sqrt(K)
         return f"{op}: scale must be a positive finite number, got {scale}"
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 4096:
         return f"{op}: chunk_size must be in [1, 4096], got {chunk}"
@@ -466,9 +467,9 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, k
     The backward, which recomputes the forward's states, uses the same choice.
     """
     key = _key_argument("gated_delta_rule", key)
-    if scale is None:
-        scale = default_scale(q.shape[-1] if isinstance(q, Tensor) and q.dim() > 0 else 1)
     _verdict(key, "gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk_size, precision, fla_split))
+    if scale is None:  # after the checks, as attention's softmax_scale
+        scale = default_scale(q.shape[-1])
     return _gdn_op(q, k, v, g, beta, key.id, float(scale), int(chunk_size), precision, fla_split)
 
 
