@@ -319,6 +319,29 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitForward) {
   check_forward(dev, l, /*y_f32=*/false);
 }
 
+// The FLA-like split backward (gdn_fla_bwd_device.cuh: the split's prep and scan again, the local kernel, the reverse
+// scan of the state gradient, the gradients per chunk; every product bf16) against the double recurrence within the
+// bf16 model's bounds, at 256 threads: ragged runs from initial states with dL/d(final state) (chunks of 37 and 6
+// rows, an empty run), every (dk, dv) pairing and column count the forward test takes, dy bf16 and fp32; then a long
+// run of 300 tokens.
+TEST(GdnCudaEmulatedLaunch, FlaSplitBackward) {
+  EmulatedDev dev;
+  dev.x.threads = detail::kGdnThreads;
+  uint64_t seed = 80;
+  for (const auto& [dk, dv, cols] : {std::tuple{64, 64, 0}, std::tuple{128, 128, 16}, std::tuple{64, 128, 64},
+                                    std::tuple{128, 64, 32}, std::tuple{64, 64, 16}}) {
+    Case c(ragged_tokens(1), 2, dk, dv, GdnGate::Scalar, ragged_runs(1), 4, ++seed);
+    c.precision = GdnPrecision::bf16_tensor_scans;
+    c.fla_split = true;
+    c.scan_columns = cols;
+    check_backward(dev, c, /*dy_f32=*/cols % 32 == 0);
+  }
+  Case l(300, 1, 128, 128, GdnGate::Scalar, {{0, 300, 0, 0}}, 1, ++seed);
+  l.precision = GdnPrecision::bf16_tensor_scans;
+  l.fla_split = true;
+  check_backward(dev, l, /*dy_f32=*/false);
+}
+
 // The split's refusals, each naming what is wrong.
 TEST(GdnCudaEmulatedChecks, FlaSplitRefusesWhatItDoesNotTake) {
   GdnCudaParams p;

@@ -11,7 +11,8 @@
 //   Rᵀ D 6 c dk dv, C D c^2 dv; the backward counted as twice the forward (forward+backward = 3x).
 // --fla 1 adds the FLA-like split forward (GdnCudaParams::fla_split, scalar gate only: bf16 products throughout, the
 // scan's state in mma fragments) at 32, 64 and 16 columns; --fla only runs that path alone (the GDN rows only). Its
-// per-kernel rows are "gdn fla prep", "gdn fla scan" and "gdn fla output"; its backward is bf16_tensor_scans'.
+// per-kernel rows are "gdn fla prep", "gdn fla scan" and "gdn fla output"; its backward is the split backward
+// (gdn_fla_bwd_device.cuh: the prep and scan again, then "gdn fla bwd local", "gdn fla bwd scan", "gdn fla bwd grads").
 // Usage: bench_gdn_cuda [--tokens T] [--docs N] [--heads H] [--dim D] [--reps R] [--fla 0|1|only]
 #include <cuda_runtime.h>
 

@@ -411,6 +411,7 @@ void CudaBackend::gdn_backward(const GdnShape& sh, const GdnInputs<Act>& in, int
   g.d_state_in = dstate.data();
   const std::vector<cuda::GdnCudaRun> runs = {{row, row + rows, 0, 0}};
   p.state_in = state_in.data();
+  p.fla_split = gdn_fla_split_ && cuda::gdn_fla_split_takes(p);  // the split backward where the forward splits
   p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, cuda::GdnCallKind::backward);
   Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
   p.workspace = ws.data();

@@ -124,12 +124,12 @@ class CudaBackend {
   // kernels refuse the others by name.
   void set_gdn_precision(cuda::GdnPrecision precision);
   cuda::GdnPrecision gdn_precision() const { return gdn_precision_; }
-  // The GDN forward as FLA splits it (GdnCudaParams::fla_split: compact prep, the scan's state in registers, a
-  // chunk-parallel output kernel; every product bf16 tensor cores) for forwards enqueued from now on. Off by default.
-  // A request, not a demand: it applies to the calls that qualify (cuda::gdn_fla_split_takes: the scalar gate, dk and
-  // dv 64 or 128, bf16 activations, precision bf16_tensor_scans, whose arithmetic the split is); the others (KDA, other
-  // head dims, fp16, another precision) run the classic forward of the current precision, so one setting serves a
-  // model whose layers differ. gdn_summary and gdn_backward never change (their own kernels).
+  // The GDN forward and backward as FLA splits them (GdnCudaParams::fla_split: compact prep, the scans' states in
+  // registers, chunk-parallel output and gradient kernels; every product bf16 tensor cores) for calls enqueued from
+  // now on. Off by default. A request, not a demand: it applies to the calls that qualify (cuda::gdn_fla_split_takes:
+  // the scalar gate, dk and dv 64 or 128, bf16 activations, precision bf16_tensor_scans, whose arithmetic the split
+  // is); the others (KDA, other head dims, fp16, another precision) run the classic kernels of the current precision,
+  // so one setting serves a model whose layers differ. gdn_summary never changes (its own kernels).
   void set_gdn_fla_split(bool on) { gdn_fla_split_ = on; }
   bool gdn_fla_split() const { return gdn_fla_split_; }
   void synchronize();  // host wait for the compute stream

@@ -227,6 +227,30 @@ TEST(GdnCudaFla, SplitForwardMatchesTheRecurrence) {
   }
 }
 
+// The FLA-like split backward (fla_split on gdn_backward) on the GPU: the emulated suite's checks at larger sizes
+// (ragged runs from initial states, dL/d(final state), every (dk, dv) pairing and column count, dy fp32 and bf16),
+// then a long run, against the double recurrence within the bf16 model's bounds.
+TEST(GdnCudaFla, SplitBackwardMatchesTheRecurrence) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  GpuDev dev;
+  uint64_t seed = 190;
+  for (const int dk : {64, 128})
+    for (const int dv : {64, 128})
+      for (const int cols : {16, 32, 64}) {
+        Case c(ragged_tokens(4), 4, dk, dv, GdnGate::Scalar, ragged_runs(4), 4, ++seed);
+        c.precision = GdnPrecision::bf16_tensor_scans;
+        c.fla_split = true;
+        c.scan_columns = cols;
+        std::printf("  dk %d dv %d, %d columns\n", dk, dv, cols);
+        check_backward(dev, c, /*dy_f32=*/cols != 32);
+      }
+  Case l(4000, 2, 128, 128, GdnGate::Scalar, {{0, 4000, 0, 0}}, 1, ++seed);
+  l.precision = GdnPrecision::bf16_tensor_scans;
+  l.fla_split = true;
+  std::printf("  long run\n");
+  check_backward(dev, l, /*dy_f32=*/false);
+}
+
 // fp16 activations (tests/common/gdn_cuda.hpp's check_fp16, which the CPU suite's emulation runs too).
 TEST(GdnCudaFp16, MatchesTheRecurrence) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";

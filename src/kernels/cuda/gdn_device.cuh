@@ -1981,7 +1981,8 @@ struct GdnRowMatKernel {
 
 }  // namespace treecp::cuda::detail
 
-#include "kernels/cuda/gdn_fla_device.cuh"  // the FLA-like split forward (GdnCudaParams::fla_split)
+#include "kernels/cuda/gdn_fla_device.cuh"      // the FLA-like split forward (GdnCudaParams::fla_split)
+#include "kernels/cuda/gdn_fla_bwd_device.cuh"  // and its backward
 
 namespace treecp::cuda::detail {
 
@@ -2113,8 +2114,8 @@ struct GdnSchedule {
     runs_at = align(chunks.size() * sizeof(GdnChunkDesc));
     cache_at = runs_at + align(runs.size() * sizeof(GdnRunDesc));
     const size_t pairs = chunks.size() * static_cast<size_t>(p.heads);
-    fla_split = kind == GdnCallKind::forward && p.fla_split;
-    if (fla_split) fla = GdnFlaBlock::make(p.dk, p.dv);
+    fla_split = kind != GdnCallKind::summary && p.fla_split;
+    if (fla_split) fla = GdnFlaBlock::make(p.dk, p.dv, backward);
     bytes = cache_at + pairs * (fla_split ? static_cast<size_t>(fla.size) : static_cast<size_t>(blk.size) * sizeof(float));
   }
   unsigned char* fla_cache(const GdnCudaParams& p) const {
@@ -2271,6 +2272,63 @@ void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   });
 }
 
+// The FLA-like split backward (gdn_fla_bwd_device.cuh): the split forward's prep (keeping X = L⁻¹) and scan (the
+// chunk-start states and v_new) again, then the local kernel, the reverse scan of the state gradient, and the
+// gradients per (chunk, head) where any is wanted.
+template <int DK, int BV, class X>
+void gdn_fla_dscan_launch(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnFlaDscanArgs& a) {
+  x.template launch<GdnFlaDscanKernel<DK, BV>>(static_cast<int64_t>(s.runs.size()) * p.heads * (p.dv / BV), a);
+}
+template <int DK, class X>
+void gdn_fla_dscan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnFlaDscanArgs& a) {
+  const int bv = p.scan_columns > 0 ? p.scan_columns : kGdnTile;
+  if (bv == 16)
+    gdn_fla_dscan_launch<DK, 16>(x, p, s, a);
+  else if (bv == 64)
+    gdn_fla_dscan_launch<DK, 64>(x, p, s, a);
+  else
+    gdn_fla_dscan_launch<DK, 32>(x, p, s, a);
+}
+template <class X>
+void gdn_fla_backward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnCudaGrads& g) {
+  const int64_t chunk_blocks = static_cast<int64_t>(s.chunks.size()) * p.heads;
+  unsigned char* ws = s.fla_cache(p);
+  const auto* q = static_cast<const uint16_t*>(p.q);
+  const auto* k = static_cast<const uint16_t*>(p.k);
+  if (chunk_blocks > 0) {
+    GdnFlaPrepArgs a{s.dev_chunks(p), ws, s.fla, k, static_cast<const uint16_t*>(p.v),
+                     static_cast<const uint16_t*>(p.g), static_cast<const uint16_t*>(p.beta), p.heads};
+    a.save_x = true;
+    gdn_fla_with_dims(p, [&](auto dk, auto dv) {
+      x.template launch<GdnFlaPrepKernel<decltype(dk)::value, decltype(dv)::value>>(chunk_blocks, a);
+    });
+  }
+  if (s.runs.empty()) return;
+  const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, k, p.heads, p.dv, p.state_in, nullptr, true};
+  if (p.dk == 64)
+    gdn_fla_scan_on<64>(x, p, s, a);
+  else
+    gdn_fla_scan_on<128>(x, p, s, a);
+  if (chunk_blocks > 0) {
+    const GdnFlaLocalArgs l{s.dev_chunks(p), ws, s.fla, q, k, g.dy, p.y_f32, p.heads, p.scale};
+    gdn_fla_with_dims(p, [&](auto dk, auto dv) {
+      x.template launch<GdnFlaLocalKernel<decltype(dk)::value, decltype(dv)::value>>(chunk_blocks, l);
+    });
+  }
+  const GdnFlaDscanArgs d{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, q, k, p.heads, p.dv, g.d_state_out, g.d_state_in};
+  if (p.dk == 64)
+    gdn_fla_dscan_on<64>(x, p, s, d);
+  else
+    gdn_fla_dscan_on<128>(x, p, s, d);
+  if (!g.any() || chunk_blocks == 0) return;
+  const GdnFlaGradArgs r{s.dev_chunks(p), ws, s.fla, q, k, static_cast<const uint16_t*>(p.v),
+                         static_cast<const uint16_t*>(p.beta), g.dy, p.y_f32, p.heads, p.scale,
+                         g.dq, g.dk, g.dv, g.dg, g.dbeta};
+  gdn_fla_with_dims(p, [&](auto dk, auto dv) {
+    x.template launch<GdnFlaGradKernel<decltype(dk)::value, decltype(dv)::value>>(chunk_blocks, r);
+  });
+}
+
 template <class X>
 void gdn_forward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>& runs) {
   gdn_check(p, runs);
@@ -2330,6 +2388,10 @@ void gdn_backward_on(X& x, const GdnCudaParams& p, const std::vector<GdnCudaRun>
   if (g.d_state_in) gdn_check_distinct_slots(runs, true, "d_state_in");
   const GdnSchedule s(p, runs, GdnCallKind::backward);
   s.upload(x, p);
+  if (s.fla_split) {
+    gdn_fla_backward_on(x, p, s, g);
+    return;
+  }
   gdn_prep_on(x, p, s);
   GdnScanArgs a = gdn_scan_args(p, s, p.dv);  // the chunk-start states and D, no output
   a.state_in = p.state_in;

@@ -99,8 +99,14 @@ struct GdnFlaBlock {
   int64_t G = 0;         // prep: fp32 [64], the cumulative gate (rows past the chunk: its last value)
   int64_t H = 0;         // scan: bf16 [dv][dk], the chunk-start state transposed (h[d][e] at H[e * dk + d])
   int64_t V = 0;         // scan: bf16 [64][dv], v_new = U - W h (rows past the chunk zero)
+  // The backward's (gdn_fla_bwd_device.cuh), carved only for it (make's `backward`):
+  int64_t X = 0;    // prep: bf16 [64][64], X = L⁻¹ (j <= i < n, else 0)
+  int64_t DVL = 0;  // local: bf16 [64][dv], dv_loc = scale (Q Kᵀ ⊙ Γ, j <= i)ᵀ dY
+  int64_t DOS = 0;  // local: bf16 [64][dv], dYs = scale e^G ⊙ dY
+  int64_t DH = 0;   // dscan: bf16 [dv][dk], the chunk-end state gradient transposed (as H)
+  int64_t DV2 = 0;  // dscan: bf16 [64][dv], the whole gradient of v_new
   int64_t size = 0;
-  static GdnFlaBlock make(int dk, int dv) {
+  static GdnFlaBlock make(int dk, int dv, bool backward = false) {
     GdnFlaBlock b;
     int64_t at = 0;
     auto take = [&](int64_t bytes) {
@@ -113,6 +119,13 @@ struct GdnFlaBlock {
     b.G = take(4 * int64_t{kGdnChunk});
     b.H = take(2 * int64_t{dk} * dv);
     b.V = take(2 * int64_t{kGdnChunk} * dv);
+    if (backward) {
+      b.X = take(2 * int64_t{kGdnChunk} * kGdnChunk);
+      b.DVL = take(2 * int64_t{kGdnChunk} * dv);
+      b.DOS = take(2 * int64_t{kGdnChunk} * dv);
+      b.DH = take(2 * int64_t{dk} * dv);
+      b.DV2 = take(2 * int64_t{kGdnChunk} * dv);
+    }
     b.size = at;
     return b;
   }
@@ -147,6 +160,7 @@ struct GdnFlaPrepArgs {
   const uint16_t* g;     // [S, H], the log decay
   const uint16_t* beta;  // [S, H]
   int32_t heads;
+  bool save_x = false;  // X = L⁻¹ as bf16 into the block (the backward's)
 };
 template <int DK, int DV>
 struct GdnFlaPrepKernel {
@@ -349,6 +363,14 @@ struct GdnFlaPrepKernel {
         for (int u = 0; u < 4; ++u) Xf[(32 + r) * kLa + cc + u] = -s[u];
       }
       block_sync();  // X complete; A dead
+    }
+    if (a.save_x) {
+      uint16_t* gx = reinterpret_cast<uint16_t*>(c + a.fb.X);
+      for (int idx = tid; idx < C * C / 2; idx += nthr) {
+        const int i = idx / (C / 2), j = 2 * (idx % (C / 2));
+        gdn_store_pair16(gx + i * C + j, i < n && j <= i ? Xf[i * kLa + j] : 0.f,
+                         i < n && j + 1 <= i ? Xf[i * kLa + j + 1] : 0.f);
+      }
     }
     for (int idx = tid; idx < C * C / 2; idx += nthr) {  // Tb = bf16(X diag(β)), j <= i < n, over A
       const int i = idx / (C / 2), j = 2 * (idx % (C / 2));

@@ -86,9 +86,10 @@ struct GdnCudaParams {
   // a compact prep (W, U bf16 and the cumulative gate), a scan holding the state in mma.sync fragments (fp32
   // registers) that stores each chunk's start state and v_new = U - W S as bf16, and a chunk-parallel output kernel,
   // every product bf16 mma.sync with fp32 accumulation. Takes the scalar gate, dk and dv 64 or 128, bf16 activations
-  // and precision bf16_tensor_scans (whose arithmetic it is); scan_columns 0 (= 32), 16, 32 or 64. Only gdn_forward
-  // changes (gdn_summary and gdn_backward run their own kernels), and not together with split_forward. Off by default
-  // until measured on a GPU.
+  // and precision bf16_tensor_scans (whose arithmetic it is); scan_columns 0 (= 32), 16, 32 or 64. gdn_backward
+  // then runs the split backward (gdn_fla_bwd_device.cuh: the split's prep and scan again, a chunk-parallel local
+  // kernel, a reverse scan holding the state gradient in fragments, chunk-parallel gradients); gdn_summary runs its own
+  // kernels. Not together with split_forward. Off by default until measured on a GPU.
   bool fla_split = false;
   // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
   // backward the chunk-start states and their gradients).
