@@ -2218,19 +2218,25 @@ inline void gdn_check_distinct_slots(const std::vector<GdnCudaRun>& runs, bool i
 
 // The FLA-like split forward (GdnCudaParams::fla_split; gdn_check has taken the shape): prep per (chunk, head), the
 // scan per (run, head, column block), the output per (chunk, head) where y is wanted.
-template <int DK, int BV, class X>
-void gdn_fla_scan_launch(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnFlaScanArgs& a) {
-  x.template launch<GdnFlaScanKernel<DK, BV>>(static_cast<int64_t>(s.runs.size()) * p.heads * (p.dv / BV), a);
-}
-template <int DK, class X>
-void gdn_fla_scan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnFlaScanArgs& a) {
+// A scan-shaped kernel K<DK, BV> (the forward's scan, the backward's dscan) per (run, head, BV state columns) at
+// p's dk and column count (0 = 32, 16, 32 or 64; gdn_check has taken them).
+template <template <int, int> class K, class X>
+void gdn_fla_columns_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const typename K<64, 32>::Args& a) {
   const int bv = p.scan_columns > 0 ? p.scan_columns : kGdnTile;
-  if (bv == 16)
-    gdn_fla_scan_launch<DK, 16>(x, p, s, a);
-  else if (bv == 64)
-    gdn_fla_scan_launch<DK, 64>(x, p, s, a);
+  auto with_bv = [&](auto dk) {
+    constexpr int DK = decltype(dk)::value;
+    const int64_t per_column = static_cast<int64_t>(s.runs.size()) * p.heads;
+    if (bv == 16)
+      x.template launch<K<DK, 16>>(per_column * (p.dv / 16), a);
+    else if (bv == 64)
+      x.template launch<K<DK, 64>>(per_column * (p.dv / 64), a);
+    else
+      x.template launch<K<DK, 32>>(per_column * (p.dv / 32), a);
+  };
+  if (p.dk == 64)
+    with_bv(std::integral_constant<int, 64>{});
   else
-    gdn_fla_scan_launch<DK, 32>(x, p, s, a);
+    with_bv(std::integral_constant<int, 128>{});
 }
 // f(dk, dv) with the split's head dims as std::integral_constant<int, 64 or 128> (gdn_check has taken them).
 template <class F>
@@ -2259,10 +2265,7 @@ void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   if (!s.runs.empty()) {
     const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k), p.heads,
                            p.dv, p.state_in, p.state_out, p.y != nullptr};
-    if (p.dk == 64)
-      gdn_fla_scan_on<64>(x, p, s, a);
-    else
-      gdn_fla_scan_on<128>(x, p, s, a);
+    gdn_fla_columns_on<GdnFlaScanKernel>(x, p, s, a);
   }
   if (!p.y || chunk_blocks == 0) return;
   const GdnFlaOutArgs o{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.q), static_cast<const uint16_t*>(p.k),
@@ -2275,20 +2278,6 @@ void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
 // The FLA-like split backward (gdn_fla_bwd_device.cuh): the split forward's prep (keeping X = L⁻¹) and scan (the
 // chunk-start states and v_new) again, then the local kernel, the reverse scan of the state gradient, and the
 // gradients per (chunk, head) where any is wanted.
-template <int DK, int BV, class X>
-void gdn_fla_dscan_launch(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnFlaDscanArgs& a) {
-  x.template launch<GdnFlaDscanKernel<DK, BV>>(static_cast<int64_t>(s.runs.size()) * p.heads * (p.dv / BV), a);
-}
-template <int DK, class X>
-void gdn_fla_dscan_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnFlaDscanArgs& a) {
-  const int bv = p.scan_columns > 0 ? p.scan_columns : kGdnTile;
-  if (bv == 16)
-    gdn_fla_dscan_launch<DK, 16>(x, p, s, a);
-  else if (bv == 64)
-    gdn_fla_dscan_launch<DK, 64>(x, p, s, a);
-  else
-    gdn_fla_dscan_launch<DK, 32>(x, p, s, a);
-}
 template <class X>
 void gdn_fla_backward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnCudaGrads& g) {
   const int64_t chunk_blocks = static_cast<int64_t>(s.chunks.size()) * p.heads;
@@ -2305,10 +2294,7 @@ void gdn_fla_backward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, con
   }
   if (s.runs.empty()) return;
   const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, k, p.heads, p.dv, p.state_in, nullptr, true};
-  if (p.dk == 64)
-    gdn_fla_scan_on<64>(x, p, s, a);
-  else
-    gdn_fla_scan_on<128>(x, p, s, a);
+  gdn_fla_columns_on<GdnFlaScanKernel>(x, p, s, a);
   if (chunk_blocks > 0) {
     const GdnFlaLocalArgs l{s.dev_chunks(p), ws, s.fla, q, k, g.dy, p.y_f32, p.heads, p.scale};
     gdn_fla_with_dims(p, [&](auto dk, auto dv) {
@@ -2316,10 +2302,7 @@ void gdn_fla_backward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, con
     });
   }
   const GdnFlaDscanArgs d{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, q, k, p.heads, p.dv, g.d_state_out, g.d_state_in};
-  if (p.dk == 64)
-    gdn_fla_dscan_on<64>(x, p, s, d);
-  else
-    gdn_fla_dscan_on<128>(x, p, s, d);
+  gdn_fla_columns_on<GdnFlaDscanKernel>(x, p, s, d);
   if (!g.any() || chunk_blocks == 0) return;
   const GdnFlaGradArgs r{s.dev_chunks(p), ws, s.fla, q, k, static_cast<const uint16_t*>(p.v),
                          static_cast<const uint16_t*>(p.beta), g.dy, p.y_f32, p.heads, p.scale,

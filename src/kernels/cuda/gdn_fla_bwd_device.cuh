@@ -544,23 +544,21 @@ struct GdnFlaGradKernel {
       colF[2 * j + (e & 1)] -= f;
     };
     // Pairs of 8-column tiles p of the pair tiling at or below the diagonal: (half * 2 + p) <= rb.
-    auto lower_pairs = [&](float (&acc)[4][4], const uint16_t* A, int lda, const uint16_t* B, int ldb, int kb, int ke,
-                           auto akm, auto bkn) {
+    // acc += A Bᵀ (A [i][k], B [j][k], both k-contiguous) over k in [0, ke).
+    auto lower_pairs = [&](float (&acc)[4][4], const uint16_t* A, int lda, const uint16_t* B, int ldb, int ke) {
       TREECP_GDN_UNROLL
       for (int p = 0; p < 2; ++p)
         if (half * 2 + p <= rb)
-          gdn_fla_rows<decltype(akm)::value, decltype(bkn)::value, 1>(acc, 2 * p, A, lda, B, ldb, rb * 16,
-                                                                      pc0 + 16 * p, kb, ke, lane);
+          gdn_fla_rows<false, false, 1>(acc, 2 * p, A, lda, B, ldb, rb * 16, pc0 + 16 * p, 0, ke, lane);
     };
-    using F = std::false_type;
 
     // 1. S = Q Kᵀ and dA = dY v_newᵀ; dS = scale dA Γ (j <= i < n) into Ss; dS ⊙ S's pair terms.
     {
       float s[4][4], d[4][4];
       gdn_fla_zero(s);
       gdn_fla_zero(d);
-      lower_pairs(s, Qs, kLk, Ks, kLk, 0, DK, F{}, F{});
-      lower_pairs(d, Ys, kLv, Ns, kLv, 0, DV, F{}, F{});
+      lower_pairs(s, Qs, kLk, Ks, kLk, DK);
+      lower_pairs(d, Ys, kLv, Ns, kLv, DV);
       TREECP_GDN_UNROLL
       for (int j = 0; j < 4; ++j)
         TREECP_GDN_UNROLL
@@ -674,12 +672,12 @@ struct GdnFlaGradKernel {
     {
       float t[4][4];
       gdn_fla_zero(t);
-      lower_pairs(t, Wd, kLk, Ks, kLk, 0, DK, F{}, F{});
+      lower_pairs(t, Wd, kLk, Ks, kLk, DK);
       TREECP_GDN_UNROLL
       for (int j = 0; j < 4; ++j)
         TREECP_GDN_UNROLL
         for (int e = 0; e < 4; ++e) t[j][e] *= eGs[pcol(j, e)];
-      lower_pairs(t, Ds, kLv, Vs, kLv, 0, DV, F{}, F{});
+      lower_pairs(t, Ds, kLv, Vs, kLv, DV);
       TREECP_GDN_UNROLL
       for (int j = 0; j < 4; ++j)
         TREECP_GDN_UNROLL
@@ -708,8 +706,8 @@ struct GdnFlaGradKernel {
       float l[4][4], s[4][4];
       gdn_fla_zero(l);
       gdn_fla_zero(s);
-      lower_pairs(l, B2, kLc, Xs, kLc, 0, C, F{}, F{});
-      lower_pairs(s, Ks, kLk, Ks, kLk, 0, DK, F{}, F{});
+      lower_pairs(l, B2, kLc, Xs, kLc, C);
+      lower_pairs(s, Ks, kLk, Ks, kLk, DK);
       TREECP_GDN_UNROLL
       for (int j = 0; j < 4; ++j)
         TREECP_GDN_UNROLL
