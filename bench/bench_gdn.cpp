@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "comm/communicator.hpp"
 #ifdef TREECP_HAVE_MPI
 #include "comm/mpi_communicator.hpp"
@@ -288,26 +289,18 @@ int main(int argc, char** argv) {
   treecp::MpiSession session(&argc, &argv);
 #endif
   Opts o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_gdn: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--heads") o.heads = std::stoi(next());
-    else if (a == "--dk") o.dk = std::stoi(next());
-    else if (a == "--dv") o.dv = std::stoi(next());
-    else if (a == "--tokens") o.tokens = std::stoll(next());
-    else if (a == "--chunk") o.chunk = std::stoi(next());
-    else if (a == "--reps") o.reps = std::stoi(next());
+  treecp::bench::BenchArgs args("bench_gdn", argc, argv);
+  while (args.next()) {
+    const std::string& a = args.name();
+    if (a == "--heads") o.heads = args.int32_value();
+    else if (a == "--dk") o.dk = args.int32_value();
+    else if (a == "--dv") o.dv = args.int32_value();
+    else if (a == "--tokens") o.tokens = args.int_value();
+    else if (a == "--chunk") o.chunk = args.int32_value();
+    else if (a == "--reps") o.reps = args.int32_value();
     else if (a == "--kda") o.kda = true;
-    else {
-      std::fprintf(stderr, "bench_gdn: unknown option %s\n", a.c_str());
-      return 2;
-    }
+    else
+      args.unknown();
   }
 #ifdef TREECP_HAVE_MPI
   treecp::MpiCommunicator comm;

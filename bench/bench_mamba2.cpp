@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.hpp"
 #include "comm/communicator.hpp"
 #include "comm/counting_communicator.hpp"
 #ifdef TREECP_HAVE_MPI
@@ -269,31 +270,23 @@ int main(int argc, char** argv) {
   treecp::MpiSession session(&argc, &argv);
 #endif
   Opts o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_mamba2: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--heads") o.heads = std::stoi(next());
-    else if (a == "--p") o.p = std::stoi(next());
-    else if (a == "--groups") o.groups = std::stoi(next());
-    else if (a == "--n") o.n = std::stoi(next());
-    else if (a == "--tokens") o.tokens = std::stoll(next());
-    else if (a == "--chunk") o.chunk = std::stoi(next());
-    else if (a == "--reps") o.reps = std::stoi(next());
-    else if (a == "--scale") o.scale = std::stoll(next());
-    else if (a == "--preset") o.preset = next();
+  treecp::bench::BenchArgs args("bench_mamba2", argc, argv);
+  while (args.next()) {
+    const std::string& a = args.name();
+    if (a == "--heads") o.heads = args.int32_value();
+    else if (a == "--p") o.p = args.int32_value();
+    else if (a == "--groups") o.groups = args.int32_value();
+    else if (a == "--n") o.n = args.int32_value();
+    else if (a == "--tokens") o.tokens = args.int_value();
+    else if (a == "--chunk") o.chunk = args.int32_value();
+    else if (a == "--reps") o.reps = args.int32_value();
+    else if (a == "--scale") o.scale = args.int_value();
+    else if (a == "--preset") o.preset = args.value();
     else if (a == "--double") o.use_double = true;
     else if (a == "--no-kernel") o.kernel = false;
     else if (a == "--no-bytes") o.bytes = false;
-    else {
-      std::fprintf(stderr, "bench_mamba2: unknown option %s\n", a.c_str());
-      return 2;
-    }
+    else
+      args.unknown();
   }
   if (o.heads % o.groups != 0) {
     std::fprintf(stderr, "bench_mamba2: --groups must divide --heads\n");
