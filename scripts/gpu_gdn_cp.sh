@@ -8,7 +8,9 @@
 #     backward, the median of --reps calls after a warm-up; prints a markdown table.
 #   scripts/gpu_gdn_cp.sh TREECP_BINARY [WORK_DIR]
 #   GPUS=N (default: all), TOKENS_PER_RANK (default 40960), REPS (default 5), SKIP_CHECK=1, SKIP_SCALING=1,
-#   DEVICE=cpu (try the script's logic on CPU ranks: no mpirun, no --reps; the "GPU" runs are CPU runs)
+#   DEVICE=cpu (try the script's logic on CPU ranks: no mpirun, no --reps; the "GPU" runs are CPU runs),
+#   GDN_ARGS="--precision bf16_tensor_scans --fla-split" (added to every GPU call: the split kernels for the GDN gates,
+#   KDA's calls falling back to the classic kernels of that precision)
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its siblings): this script never enables it.
 set -uo pipefail
 bin=${1:?usage: gpu_gdn_cp.sh TREECP_BINARY [WORK_DIR]}
@@ -22,13 +24,14 @@ if [ "$device" = cuda ]; then gpus=${GPUS:-$(nvidia-smi -L | wc -l)}; else gpus=
 status=0
 
 # treecp gdn on n ranks of $device: launch(n, args...)
+read -r -a gdn_args <<<"${GDN_ARGS:-}"
 launch() {
   local n=$1; shift
   if [ "$device" = cuda ] && [ "$n" -gt 1 ]; then
     mpirun --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x PATH -np "$n" \
-      "$bin" gdn --device cuda --ranks "$n" "$@"
+      "$bin" gdn --device cuda --ranks "$n" "${gdn_args[@]}" "$@"
   elif [ "$device" = cuda ]; then
-    "$bin" gdn --device cuda --ranks 1 "$@"
+    "$bin" gdn --device cuda --ranks 1 "${gdn_args[@]}" "$@"
   else
     "$bin" gdn --ranks "$n" "$@"
   fi
