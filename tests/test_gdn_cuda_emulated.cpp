@@ -323,7 +323,7 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitForward) {
 // scan of the state gradient, the gradients per chunk; every product bf16) against the double recurrence within the
 // bf16 model's bounds, at 256 threads: ragged runs from initial states with dL/d(final state) (chunks of 37 and 6
 // rows, an empty run), every (dk, dv) pairing and column count the forward test takes, dy bf16 and fp32; then a long
-// run of 300 tokens.
+// run of 300 tokens, its bf16 dy also 2 bytes off a 4-byte boundary.
 TEST(GdnCudaEmulatedLaunch, FlaSplitBackward) {
   EmulatedDev dev;
   dev.x.threads = detail::kGdnThreads;
@@ -340,6 +340,7 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitBackward) {
   l.precision = GdnPrecision::bf16_tensor_scans;
   l.fla_split = true;
   check_backward(dev, l, /*dy_f32=*/false);
+  check_backward(dev, l, /*dy_f32=*/false, /*dy_unaligned=*/true);  // element loads instead of cp.async
 }
 
 // The split's refusals, each naming what is wrong.

@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -278,16 +279,23 @@ void check_forward(Dev& dev, const Case& c, bool y_f32) {
   expect_within("final states", rel_err(s_dev, s_ref), es, kErrFactor * es + kAtol);
 }
 
+// dy_unaligned: a 16-bit dy starts 2 bytes past a 4-byte boundary (the kernels that copy it asynchronously fall
+// back to element loads).
 template <class Dev>
-void check_backward(Dev& dev, const Case& c, bool dy_f32) {
+void check_backward(Dev& dev, const Case& c, bool dy_f32, bool dy_unaligned = false) {
   const Reference ref = cpu_reference<double>(c, false, true), f32 = same_precision_reference(c, true);
   GdnCudaParams p = device_params(dev, c, GdnCallKind::backward);
   p.y_f32 = dy_f32;
   GdnCudaGrads g;
-  if (dy_f32)
+  if (dy_f32) {
     g.dy = dev.put(std::vector<float>(c.dy.val.begin(), c.dy.val.end()));
-  else
+  } else if (dy_unaligned) {
+    std::vector<uint16_t> shifted(c.dy.bits.size() + 1, 0);
+    std::copy(c.dy.bits.begin(), c.dy.bits.end(), shifted.begin() + 1);
+    g.dy = dev.put(shifted) + 1;
+  } else {
     g.dy = dev.put(c.dy.bits);
+  }
   g.d_state_out = dev.put(std::vector<float>(c.d_state_out.begin(), c.d_state_out.end()));
   // Gradients are added into: start from random values and compare the difference (small ones, so that the
   // fp32 rounding of base + gradient stays far below the tolerance; an overwrite still fails by ~1e-2 / |grad|).
