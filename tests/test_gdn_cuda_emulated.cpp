@@ -307,15 +307,12 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitForward) {
   for (const auto& [dk, dv, cols] : {std::tuple{64, 64, 0}, std::tuple{128, 128, 16}, std::tuple{64, 128, 64},
                                     std::tuple{128, 64, 32}, std::tuple{128, 128, 64}, std::tuple{64, 64, 16}}) {
     Case c(ragged_tokens(1), 2, dk, dv, GdnGate::Scalar, ragged_runs(1), 4, ++seed);
-    c.precision = GdnPrecision::bf16_tensor_scans;
-    c.fla_split = true;
-    c.scan_columns = cols;
+    c.fla(cols);
     check_forward(dev, c, /*y_f32=*/cols % 32 == 0);
     if (dk == 64 && dv == 64) check_summary(dev, c);
   }
   Case l(1000, 1, 128, 128, GdnGate::Scalar, {{0, 1000, 0, 0}}, 1, ++seed);
-  l.precision = GdnPrecision::bf16_tensor_scans;
-  l.fla_split = true;
+  l.fla();
   check_forward(dev, l, /*y_f32=*/false);
 }
 
@@ -331,14 +328,11 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitBackward) {
   for (const auto& [dk, dv, cols] : {std::tuple{64, 64, 0}, std::tuple{128, 128, 16}, std::tuple{64, 128, 64},
                                     std::tuple{128, 64, 32}, std::tuple{64, 64, 16}}) {
     Case c(ragged_tokens(1), 2, dk, dv, GdnGate::Scalar, ragged_runs(1), 4, ++seed);
-    c.precision = GdnPrecision::bf16_tensor_scans;
-    c.fla_split = true;
-    c.scan_columns = cols;
+    c.fla(cols);
     check_backward(dev, c, /*dy_f32=*/cols % 32 == 0);
   }
   Case l(300, 1, 128, 128, GdnGate::Scalar, {{0, 300, 0, 0}}, 1, ++seed);
-  l.precision = GdnPrecision::bf16_tensor_scans;
-  l.fla_split = true;
+  l.fla();
   check_backward(dev, l, /*dy_f32=*/false);
   check_backward(dev, l, /*dy_f32=*/false, /*dy_unaligned=*/true);  // element loads instead of cp.async
 }

@@ -102,6 +102,13 @@ struct Case {
   bool fla_split = false;                       // GdnCudaParams::fla_split (with precision bf16_tensor_scans)
   DType dtype = DType::kBf16;                   // GdnCudaParams::dtype: the inputs' (and 16-bit y's) type
   bool bf16() const { return precision != GdnPrecision::fp32; }
+  // The FLA-like split (forward and backward) at `columns` state columns (0 = the default), on its precision.
+  Case& fla(int32_t columns = 0) {
+    precision = GdnPrecision::bf16_tensor_scans;
+    fla_split = true;
+    scan_columns = columns;
+    return *this;
+  }
   // v and dy times 2^v_exp, the initial states times 2^s_exp: exact (the rounded values only change exponent while
   // they stay normal and finite in the 16-bit type, which the caller's exponents keep).
   void scale_values(int v_exp, int s_exp) {

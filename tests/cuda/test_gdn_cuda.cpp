@@ -209,9 +209,7 @@ TEST(GdnCudaFla, SplitForwardMatchesTheRecurrence) {
     for (const int dv : {64, 128})
       for (const int cols : {16, 32, 64}) {
         Case c(ragged_tokens(4), 4, dk, dv, GdnGate::Scalar, ragged_runs(4), 4, ++seed);
-        c.precision = GdnPrecision::bf16_tensor_scans;
-        c.fla_split = true;
-        c.scan_columns = cols;
+        c.fla(cols);
         std::printf("  dk %d dv %d, %d columns\n", dk, dv, cols);
         check_forward(dev, c, /*y_f32=*/true);
         check_forward(dev, c, /*y_f32=*/false);
@@ -219,9 +217,7 @@ TEST(GdnCudaFla, SplitForwardMatchesTheRecurrence) {
       }
   for (const int cols : {32, 64}) {
     Case l(4000, 2, 128, 128, GdnGate::Scalar, {{0, 4000, 0, 0}}, 1, ++seed);
-    l.precision = GdnPrecision::bf16_tensor_scans;
-    l.fla_split = true;
-    l.scan_columns = cols;
+    l.fla(cols);
     std::printf("  long run, %d columns\n", cols);
     check_forward(dev, l, /*y_f32=*/true);
   }
@@ -239,15 +235,12 @@ TEST(GdnCudaFla, SplitBackwardMatchesTheRecurrence) {
     for (const int dv : {64, 128})
       for (const int cols : {16, 32, 64}) {
         Case c(ragged_tokens(4), 4, dk, dv, GdnGate::Scalar, ragged_runs(4), 4, ++seed);
-        c.precision = GdnPrecision::bf16_tensor_scans;
-        c.fla_split = true;
-        c.scan_columns = cols;
+        c.fla(cols);
         std::printf("  dk %d dv %d, %d columns\n", dk, dv, cols);
         check_backward(dev, c, /*dy_f32=*/cols != 32);
       }
   Case l(4000, 2, 128, 128, GdnGate::Scalar, {{0, 4000, 0, 0}}, 1, ++seed);
-  l.precision = GdnPrecision::bf16_tensor_scans;
-  l.fla_split = true;
+  l.fla();
   std::printf("  long run\n");
   check_backward(dev, l, /*dy_f32=*/false);
   check_backward(dev, l, /*dy_f32=*/false, /*dy_unaligned=*/true);  // dY by element loads, not cp.async

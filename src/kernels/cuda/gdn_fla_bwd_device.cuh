@@ -322,13 +322,7 @@ struct GdnFlaDscanKernel {
     float acc[kHT][4];
     const int64_t ssz = int64_t{DK} * dv;
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (int64_t{rd.out_slot} * H + h) * ssz : nullptr;
-    TREECP_GDN_UNROLL
-    for (int j = 0; j < kHT; ++j) {
-      const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-      TREECP_GDN_UNROLL
-      for (int e = 0; e < 4; ++e)
-        acc[j][e] = dso ? dso[(m * 16 + g + (e >> 1) * 8) * dv + e0 + nn * 8 + 2 * q + (e & 1)] : 0.f;
-    }
+    gdn_fla_state_in<kHT, kNT>(acc, dso, dv, e0, warp, g, q);
     for (int ci = last; ci >= 0; --ci) {
       const int b = ci & 1;
       const int n = a.chunks[rd.chunk_begin + ci].len;
@@ -413,16 +407,8 @@ struct GdnFlaDscanKernel {
       }
     }
     gdn_async_wait<0>();  // the empty group past the first chunk
-    if (a.d_state_in && rd.in_slot >= 0) {
-      float* dsi = a.d_state_in + (int64_t{rd.in_slot} * H + h) * ssz;
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < kHT; ++j) {
-        const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-        TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e)
-          dsi[(m * 16 + g + (e >> 1) * 8) * dv + e0 + nn * 8 + 2 * q + (e & 1)] = acc[j][e];
-      }
-    }
+    if (a.d_state_in && rd.in_slot >= 0)
+      gdn_fla_state_out<kHT, kNT>(acc, a.d_state_in + (int64_t{rd.in_slot} * H + h) * ssz, dv, e0, warp, g, q);
   }
 };
 

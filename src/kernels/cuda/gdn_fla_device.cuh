@@ -407,6 +407,29 @@ struct GdnFlaPrepKernel {
   }
 };
 
+// The scans' register tiles of a [DK][BV] state (or its gradient): tile T = warp kHT + j is rows 16 (T / kNT),
+// columns 8 (T % kNT); its element e sits at row 16 m + g + 8 (e >> 1), column 8 nn + 2 q + (e & 1). In from an fp32
+// [DK][dv] block at column e0 (null: zero), out to one.
+template <int kHT, int kNT>
+TREECP_GDN_FN void gdn_fla_state_in(float (&acc)[kHT][4], const float* s, int dv, int e0, int warp, int g, int q) {
+  TREECP_GDN_UNROLL
+  for (int j = 0; j < kHT; ++j) {
+    const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+    TREECP_GDN_UNROLL
+    for (int e = 0; e < 4; ++e)
+      acc[j][e] = s ? s[(m * 16 + g + (e >> 1) * 8) * dv + e0 + nn * 8 + 2 * q + (e & 1)] : 0.f;
+  }
+}
+template <int kHT, int kNT>
+TREECP_GDN_FN void gdn_fla_state_out(const float (&acc)[kHT][4], float* s, int dv, int e0, int warp, int g, int q) {
+  TREECP_GDN_UNROLL
+  for (int j = 0; j < kHT; ++j) {
+    const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
+    TREECP_GDN_UNROLL
+    for (int e = 0; e < 4; ++e) s[(m * 16 + g + (e >> 1) * 8) * dv + e0 + nn * 8 + 2 * q + (e & 1)] = acc[j][e];
+  }
+}
+
 // ---- scan: one block (8 warps) per (run, head, BV state columns); chunks in order. The state h [DK][BV] is
 // (DK / 16) x (BV / 8) accumulator tiles of 16 x 8, kHT a warp, in registers for the whole run (fp32). Shared, bf16
 // unless said: W and K [2][64][DK + 8], U's columns [2][64][BV + 8], G [2][64] fp32 (double-buffered: chunk ci + 1's
@@ -482,15 +505,7 @@ struct GdnFlaScanKernel {
     float acc[kHT][4];
     const float* sin =
         (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * DK * dv : nullptr;
-    TREECP_GDN_UNROLL
-    for (int j = 0; j < kHT; ++j) {
-      const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-      TREECP_GDN_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int d = m * 16 + g + (e >> 1) * 8, col = nn * 8 + 2 * q + (e & 1);
-        acc[j][e] = sin ? sin[d * dv + e0 + col] : 0.f;
-      }
-    }
+    gdn_fla_state_in<kHT, kNT>(acc, sin, dv, e0, warp, g, q);
     for (int ci = 0; ci < rd.chunk_count; ++ci) {
       const int b = ci & 1;
       const int n = a.chunks[rd.chunk_begin + ci].len;
@@ -584,16 +599,9 @@ struct GdnFlaScanKernel {
       }
     }
     gdn_async_wait<0>();  // the empty group past the last chunk
-    if (a.state_out && rd.out_slot >= 0) {
-      float* so = a.state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * DK * dv;
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < kHT; ++j) {
-        const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-        TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e)
-          so[(m * 16 + g + (e >> 1) * 8) * dv + e0 + nn * 8 + 2 * q + (e & 1)] = acc[j][e];
-      }
-    }
+    if (a.state_out && rd.out_slot >= 0)
+      gdn_fla_state_out<kHT, kNT>(acc, a.state_out + (static_cast<int64_t>(rd.out_slot) * H + h) * DK * dv, dv, e0,
+                                  warp, g, q);
   }
 };
 
