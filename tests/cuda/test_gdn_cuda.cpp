@@ -196,6 +196,20 @@ TEST_P(GdnCuda, SummaryAppliedEqualsTheForward) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GdnCuda,
                          all_shapes(), shape_name);
 
+// f(c, columns) for the split's ragged cases on the GPU: runs over 4 heads at each pairing of dk, dv in {64, 128}
+// and 16, 32 and 64 state columns, seeds from `seed` on.
+template <class F>
+void for_each_fla_case(uint64_t& seed, F&& f) {
+  for (const int dk : {64, 128})
+    for (const int dv : {64, 128})
+      for (const int cols : {16, 32, 64}) {
+        Case c(ragged_tokens(4), 4, dk, dv, GdnGate::Scalar, ragged_runs(4), 4, ++seed);
+        c.fla(cols);
+        std::printf("  dk %d dv %d, %d columns\n", dk, dv, cols);
+        f(c, cols);
+      }
+}
+
 // The FLA-like split forward (GdnCudaParams::fla_split: compact prep, the scan's state in mma.sync fragments, the
 // chunk-parallel output, every product bf16) against the double recurrence within the bf16 model's bounds: ragged
 // runs over 4 heads at each pairing of dk, dv in {64, 128}, 16, 32 and 64 state columns, y bf16 and fp32, the final
@@ -205,16 +219,11 @@ TEST(GdnCudaFla, SplitForwardMatchesTheRecurrence) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   GpuDev dev;
   uint64_t seed = 160;
-  for (const int dk : {64, 128})
-    for (const int dv : {64, 128})
-      for (const int cols : {16, 32, 64}) {
-        Case c(ragged_tokens(4), 4, dk, dv, GdnGate::Scalar, ragged_runs(4), 4, ++seed);
-        c.fla(cols);
-        std::printf("  dk %d dv %d, %d columns\n", dk, dv, cols);
-        check_forward(dev, c, /*y_f32=*/true);
-        check_forward(dev, c, /*y_f32=*/false);
-        if (cols == 32) check_summary(dev, c);
-      }
+  for_each_fla_case(seed, [&](const Case& c, int cols) {
+    check_forward(dev, c, /*y_f32=*/true);
+    check_forward(dev, c, /*y_f32=*/false);
+    if (cols == 32) check_summary(dev, c);
+  });
   for (const int cols : {32, 64}) {
     Case l(4000, 2, 128, 128, GdnGate::Scalar, {{0, 4000, 0, 0}}, 1, ++seed);
     l.fla(cols);
@@ -231,14 +240,7 @@ TEST(GdnCudaFla, SplitBackwardMatchesTheRecurrence) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   GpuDev dev;
   uint64_t seed = 190;
-  for (const int dk : {64, 128})
-    for (const int dv : {64, 128})
-      for (const int cols : {16, 32, 64}) {
-        Case c(ragged_tokens(4), 4, dk, dv, GdnGate::Scalar, ragged_runs(4), 4, ++seed);
-        c.fla(cols);
-        std::printf("  dk %d dv %d, %d columns\n", dk, dv, cols);
-        check_backward(dev, c, /*dy_f32=*/cols != 32);
-      }
+  for_each_fla_case(seed, [&](const Case& c, int cols) { check_backward(dev, c, /*dy_f32=*/cols != 32); });
   Case l(4000, 2, 128, 128, GdnGate::Scalar, {{0, 4000, 0, 0}}, 1, ++seed);
   l.fla();
   std::printf("  long run\n");

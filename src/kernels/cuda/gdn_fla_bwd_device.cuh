@@ -280,11 +280,9 @@ struct GdnFlaDscanKernel {
 
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.heads, dv = a.dv;
-    const int64_t nt = dv / BV;
-    const int64_t r = block / (H * nt);
-    const int h = static_cast<int>((block / nt) % H);
-    const int e0 = static_cast<int>(block % nt) * BV;
-    const GdnRunDesc rd = a.runs[r];
+    const GdnFlaColumnBlock cb = GdnFlaColumnBlock::of<BV>(block, H, dv);
+    const int h = cb.head, e0 = cb.e0;
+    const GdnRunDesc rd = a.runs[cb.run];
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     unsigned char* sm = reinterpret_cast<unsigned char*>(smem);
     auto Ksm = [&](int b) { return reinterpret_cast<uint16_t*>(sm + b * kBufBytes); };
@@ -346,23 +344,7 @@ struct GdnFlaDscanKernel {
       uint16_t* gd = reinterpret_cast<uint16_t*>(c + a.fb.DV2);
       float v[kVT][4];
       gdn_fla_zero(v);
-      if constexpr (kVT % 2 == 0) {
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kVT; j += 2) {
-          const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < DK; k0 += 16)
-            gdn_mma_b16_pair<false, false>(v[j], v[j + 1], Ksm(b), kLk, dhT, kLk, m * 16, nn * 8, k0, lane);
-        }
-      } else {
-        const GdnB16Mat Km{Ksm(b), kLk, 1}, Hm{dhT, kLk, 1};
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kVT; ++j) {
-          const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(v[j], Km, Hm, m * 16, nn * 8, k0, lane);
-        }
-      }
+      gdn_fla_tiles<kVT, kNT, false, false>(v, Ksm(b), kLk, dhT, kLk, DK, warp, lane);
       TREECP_GDN_UNROLL
       for (int j = 0; j < kVT; ++j) {
         const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
@@ -383,28 +365,7 @@ struct GdnFlaDscanKernel {
       for (int j = 0; j < kHT; ++j)
         TREECP_GDN_UNROLL
         for (int e = 0; e < 4; ++e) acc[j][e] *= eg;
-      if constexpr (kHT % 2 == 0) {
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kHT; j += 2) {
-          const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < C; k0 += 16) {
-            gdn_mma_b16_pair<true, true>(acc[j], acc[j + 1], Qsm(b), kLk, Ysm(b), kLu, m * 16, nn * 8, k0, lane);
-            gdn_mma_b16_pair<true, true>(acc[j], acc[j + 1], Wsm(b), kLk, nd2, kLu, m * 16, nn * 8, k0, lane);
-          }
-        }
-      } else {
-        const GdnB16Mat Qt{Qsm(b), 1, kLk}, Wt{Wsm(b), 1, kLk}, Ym{Ysm(b), 1, kLu}, Nm{nd2, 1, kLu};
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kHT; ++j) {
-          const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < C; k0 += 16) {
-            gdn_mma_b16(acc[j], Qt, Ym, m * 16, nn * 8, k0, lane);
-            gdn_mma_b16(acc[j], Wt, Nm, m * 16, nn * 8, k0, lane);
-          }
-        }
-      }
+      gdn_fla_tiles<kHT, kNT, true, true, true>(acc, Qsm(b), kLk, Ysm(b), kLu, C, warp, lane, Wsm(b), nd2);
     }
     gdn_async_wait<0>();  // the empty group past the first chunk
     if (a.d_state_in && rd.in_slot >= 0)

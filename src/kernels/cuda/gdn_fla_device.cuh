@@ -430,6 +430,51 @@ TREECP_GDN_FN void gdn_fla_state_out(const float (&acc)[kHT][4], float* s, int d
   }
 }
 
+// c += A · B (kTwo: + A2 · B2, the two interleaved a k step) on the scans' tiles of one warp: tile T = warp kT + j is
+// rows 16 (T / kNT), columns 8 (T % kNT) of the [.. x 8 kNT] result, the inner index over [0, K); A and B as
+// gdn_mma_b16_pair takes them (kAkm: A stored [k][m]; kBkn: B stored [k][n], else its transpose [n][k]; A2 and B2
+// laid out and strided as A and B). Where a warp's tiles come in pairs of one row block (kT even) the fragments load
+// by ldmatrix (gdn_mma_b16_pair), else by gdn_mma_b16.
+template <int kT, int kNT, bool kAkm, bool kBkn, bool kTwo = false>
+TREECP_GDN_FN void gdn_fla_tiles(float (&c)[kT][4], const uint16_t* A, int lda, const uint16_t* B, int ldb, int K,
+                                 int warp, int lane, const uint16_t* A2 = nullptr, const uint16_t* B2 = nullptr) {
+  if constexpr (kT % 2 == 0) {
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kT; j += 2) {
+      const int T = warp * kT + j, m = T / kNT, nn = T % kNT;
+      TREECP_GDN_UNROLL
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        gdn_mma_b16_pair<kAkm, kBkn>(c[j], c[j + 1], A, lda, B, ldb, m * 16, nn * 8, k0, lane);
+        if constexpr (kTwo) gdn_mma_b16_pair<kAkm, kBkn>(c[j], c[j + 1], A2, lda, B2, ldb, m * 16, nn * 8, k0, lane);
+      }
+    }
+  } else {
+    auto a_of = [&](const uint16_t* x) { return kAkm ? GdnB16Mat{x, 1, lda} : GdnB16Mat{x, lda, 1}; };
+    auto bt_of = [&](const uint16_t* x) { return kBkn ? GdnB16Mat{x, 1, ldb} : GdnB16Mat{x, ldb, 1}; };
+    const GdnB16Mat Am = a_of(A), Bt = bt_of(B), Am2 = a_of(kTwo ? A2 : A), Bt2 = bt_of(kTwo ? B2 : B);
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kT; ++j) {
+      const int T = warp * kT + j, m = T / kNT, nn = T % kNT;
+      TREECP_GDN_UNROLL
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        gdn_mma_b16(c[j], Am, Bt, m * 16, nn * 8, k0, lane);
+        if constexpr (kTwo) gdn_mma_b16(c[j], Am2, Bt2, m * 16, nn * 8, k0, lane);
+      }
+    }
+  }
+}
+
+// The (run, head, first state column) of a scan-shaped block (gdn_fla_columns_on's grid: runs x heads x dv / BV).
+struct GdnFlaColumnBlock {
+  int64_t run;
+  int head, e0;
+  template <int BV>
+  static TREECP_GDN_FN GdnFlaColumnBlock of(int64_t block, int heads, int dv) {
+    const int64_t nt = dv / BV;
+    return {block / (heads * nt), static_cast<int>((block / nt) % heads), static_cast<int>(block % nt) * BV};
+  }
+};
+
 // ---- scan: one block (8 warps) per (run, head, BV state columns); chunks in order. The state h [DK][BV] is
 // (DK / 16) x (BV / 8) accumulator tiles of 16 x 8, kHT a warp, in registers for the whole run (fp32). Shared, bf16
 // unless said: W and K [2][64][DK + 8], U's columns [2][64][BV + 8], G [2][64] fp32 (double-buffered: chunk ci + 1's
@@ -470,11 +515,9 @@ struct GdnFlaScanKernel {
 
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.heads, dv = a.dv;
-    const int64_t nt = dv / BV;
-    const int64_t r = block / (H * nt);
-    const int h = static_cast<int>((block / nt) % H);
-    const int e0 = static_cast<int>(block % nt) * BV;
-    const GdnRunDesc rd = a.runs[r];
+    const GdnFlaColumnBlock cb = GdnFlaColumnBlock::of<BV>(block, H, dv);
+    const int h = cb.head, e0 = cb.e0;
+    const GdnRunDesc rd = a.runs[cb.run];
     const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     unsigned char* sm = reinterpret_cast<unsigned char*>(smem);
     auto Wsm = [&](int b) { return reinterpret_cast<uint16_t*>(sm + b * kBufBytes); };
@@ -535,7 +578,6 @@ struct GdnFlaScanKernel {
       // v_new = U - W h; vsT = (v_new ⊙ e^{G_last - G})ᵀ, zero past the chunk's tokens.
       const float* Gc = Gsm(b);
       const float gl = Gc[n - 1];
-      const GdnB16Mat Wm{Wsm(b), kLk, 1}, Hm{hT, kLk, 1};
       const uint16_t* Us = Usm(b);
       uint16_t* gv = reinterpret_cast<uint16_t*>(c + a.fb.V);
       float v[kVT][4];
@@ -543,22 +585,7 @@ struct GdnFlaScanKernel {
       for (int j = 0; j < kVT; ++j)
         TREECP_GDN_UNROLL
         for (int e = 0; e < 4; ++e) v[j][e] = 0.f;
-      if constexpr (kVT % 2 == 0) {  // tiles T, T + 1 (T even) share their rows: one ldmatrix pair a k step
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kVT; j += 2) {
-          const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < DK; k0 += 16)
-            gdn_mma_b16_pair<false, false>(v[j], v[j + 1], Wsm(b), kLk, hT, kLk, m * 16, nn * 8, k0, lane);
-        }
-      } else {
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kVT; ++j) {
-          const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < DK; k0 += 16) gdn_mma_b16(v[j], Wm, Hm, m * 16, nn * 8, k0, lane);
-        }
-      }
+      gdn_fla_tiles<kVT, kNT, false, false>(v, Wsm(b), kLk, hT, kLk, DK, warp, lane);
       TREECP_GDN_UNROLL
       for (int j = 0; j < kVT; ++j) {
         const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
@@ -576,27 +603,11 @@ struct GdnFlaScanKernel {
       block_sync();  // vsT complete
       // h <- e^{G_last} h + Kᵀ vs
       const float eg = expf(gl);
-      const GdnB16Mat Kt{Ksm(b), 1, kLk}, Vm{vsT, kLv, 1};
       TREECP_GDN_UNROLL
       for (int j = 0; j < kHT; ++j)
         TREECP_GDN_UNROLL
         for (int e = 0; e < 4; ++e) acc[j][e] *= eg;
-      if constexpr (kHT % 2 == 0) {  // as v_new's: Kᵀ's fragment by ldmatrix.trans from K [t][d]
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kHT; j += 2) {
-          const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < kGdnChunk; k0 += 16)
-            gdn_mma_b16_pair<true, false>(acc[j], acc[j + 1], Ksm(b), kLk, vsT, kLv, m * 16, nn * 8, k0, lane);
-        }
-      } else {
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kHT; ++j) {
-          const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < kGdnChunk; k0 += 16) gdn_mma_b16(acc[j], Kt, Vm, m * 16, nn * 8, k0, lane);
-        }
-      }
+      gdn_fla_tiles<kHT, kNT, true, false>(acc, Ksm(b), kLk, vsT, kLv, kGdnChunk, warp, lane);  // Kᵀ by .trans
     }
     gdn_async_wait<0>();  // the empty group past the last chunk
     if (a.state_out && rd.out_slot >= 0)
