@@ -77,12 +77,27 @@ constexpr int kGdnThreads = 256;     // threads per block of every GDN kernel
 constexpr int kGdnMaxDim = 256;      // dk, dv at most (the scans' shared state tile: (dk + 64) x 32 fp32)
 
 TREECP_GDN_HD float bf16_to_float(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
-// Round to nearest even; NaN stays NaN.
+// Round to nearest even; NaN stays NaN (the device's one cvt.rn.bf16.f32 instruction; the host's integer form gives
+// the same bits for every number, and a NaN of another payload).
 TREECP_GDN_HD uint16_t float_to_bf16(float f) {
+#if defined(__CUDA_ARCH__)
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
   uint32_t u = float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
+#endif
+}
+// lo and hi rounded as float_to_bf16, packed (lo in the low half): one cvt.rn.bf16x2.f32 on the device.
+TREECP_GDN_HD uint32_t gdn_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint32_t>(float_to_bf16(lo)) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+#endif
 }
 
 // x rounded to bf16 (as float_to_bf16, back to float).
@@ -1199,6 +1214,39 @@ TREECP_GDN_FN void gdn_stage_async(void* dst, const void* src, int rows, int row
       ++i;
     }
   }
+}
+// gdn_stage_async for rows of ROW_BYTES (a multiple of 16) and at most MAX_ROWS of them, as the split kernels stage
+// their operands: where both bases and both strides are 16-byte aligned and the block has kGdnThreads threads (the
+// device's launches and the emulation), thread tid copies unit tid % (ROW_BYTES / 16) of rows tid / (ROW_BYTES / 16)
+// + k kGdnThreads / (ROW_BYTES / 16), unrolled: no division, no unit test and no loop counter a copy (the generic
+// loop's ~30 instructions a copy were a third of the scans' instructions). Otherwise the generic loop.
+template <int ROW_BYTES, int MAX_ROWS>
+TREECP_GDN_FN void gdn_stage_rows(void* dst, const void* src, int rows, int64_t src_ld, int dst_ld, int tid,
+                                  int nthr) {
+  constexpr int kPer = ROW_BYTES / 16;
+  static_assert(ROW_BYTES % 16 == 0 && kPer >= 1 && kGdnThreads % kPer == 0, "whole 16-byte units, threads per row");
+  constexpr int kStep = kGdnThreads / kPer, kIters = (MAX_ROWS + kStep - 1) / kStep;
+  const uint64_t all = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
+                       static_cast<uint64_t>(src_ld) | static_cast<uint64_t>(dst_ld);
+  if (nthr != kGdnThreads || all % 16 != 0) {
+    gdn_stage_async(dst, src, rows, ROW_BYTES, src_ld, dst_ld, tid, nthr);
+    return;
+  }
+  const int i0 = tid / kPer, off = (tid % kPer) * 16;
+  char* d = static_cast<char*>(dst) + static_cast<int64_t>(i0) * dst_ld + off;
+  const char* s = static_cast<const char*>(src) + i0 * src_ld + off;
+  TREECP_GDN_UNROLL
+  for (int k = 0; k < kIters; ++k)
+    if (i0 + k * kStep < rows) {
+#if defined(__CUDA_ARCH__)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       static_cast<unsigned>(__cvta_generic_to_shared(d + static_cast<int64_t>(k) * kStep * dst_ld))),
+                   "l"(s + k * kStep * src_ld)
+                   : "memory");
+#else
+      std::memcpy(d + static_cast<int64_t>(k) * kStep * dst_ld, s + k * kStep * src_ld, 16);
+#endif
+    }
 }
 // Columns [0, cols) of rows [0, n) of a chunk matrix in the cache (row stride src_ld floats) into shared memory with
 // row stride ld. A partial chunk's C is staged n x n: prep writes no column at or past n, so nothing reads them.

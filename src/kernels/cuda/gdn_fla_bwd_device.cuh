@@ -77,10 +77,10 @@ TREECP_GDN_FN const void* gdn_fla_dy_row(const void* dy, bool f32, int64_t at) {
 }
 // dY rows [0, n) of bf16 (token stride H DV) into shared memory by cp.async (the caller commits and waits), rows
 // [n, 64) zero: the loads in flight together, where a widening loop would wait on each behind its shared store.
-TREECP_GDN_FN void gdn_fla_stage_dy(uint16_t* dst, int ld, const uint16_t* src, int H, int n, int width, int tid,
-                                    int nthr) {
-  gdn_stage_async(dst, src, n, 2 * width, 2 * int64_t{H} * width, 2 * ld, tid, nthr);
-  for (int idx = tid; idx < (kGdnChunk - n) * width; idx += nthr) dst[(n + idx / width) * ld + idx % width] = 0;
+template <int W>
+TREECP_GDN_FN void gdn_fla_stage_dy(uint16_t* dst, int ld, const uint16_t* src, int H, int n, int tid, int nthr) {
+  gdn_stage_rows<2 * W, kGdnChunk>(dst, src, n, 2 * int64_t{H} * W, 2 * ld, tid, nthr);
+  for (int idx = tid; idx < (kGdnChunk - n) * W; idx += nthr) dst[(n + idx / W) * ld + idx % W] = 0;
 }
 
 // 64 rows of `width` bf16 from shared memory (row stride ld) to global (row stride width), 16 bytes a copy.
@@ -185,12 +185,12 @@ struct GdnFlaLocalKernel {
     float* Gs = reinterpret_cast<float*>(sm + 2 * kQBytes + 2 * kVBytes + kCBytes);
     float* fs = Gs + C;  // scale e^G
     const int64_t row = 2 * int64_t{H} * DK;
-    gdn_stage_async(Qs, a.q + (cd.t * H + h) * DK, n, 2 * DK, row, 2 * kLk, tid, nthr);
-    gdn_stage_async(Ks, a.k + (cd.t * H + h) * DK, n, 2 * DK, row, 2 * kLk, tid, nthr);
-    gdn_stage_async(Gs, c + a.fb.G, 1, 4 * C, 4 * C, 4 * C, tid, nthr);
+    gdn_stage_rows<2 * DK, C>(Qs, a.q + (cd.t * H + h) * DK, n, row, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DK, C>(Ks, a.k + (cd.t * H + h) * DK, n, row, 2 * kLk, tid, nthr);
+    gdn_stage_rows<4 * C, 1>(Gs, c + a.fb.G, 1, 4 * C, 4 * C, tid, nthr);
     const int64_t y0 = (cd.t * H + h) * int64_t{DV};
     const bool dy_async = gdn_fla_dy_async(a.dy, a.dy_f32);
-    if (dy_async) gdn_fla_stage_dy(Ys, kLv, static_cast<const uint16_t*>(a.dy) + y0, H, n, DV, tid, nthr);
+    if (dy_async) gdn_fla_stage_dy<DV>(Ys, kLv, static_cast<const uint16_t*>(a.dy) + y0, H, n, tid, nthr);
     gdn_async_commit();
     for (int idx = tid; idx < (C - n) * DK; idx += nthr) {
       Qs[(n + idx / DK) * kLk + idx % DK] = 0;
@@ -299,13 +299,12 @@ struct GdnFlaDscanKernel {
         const GdnChunkDesc cd = a.chunks[rd.chunk_begin + ci];
         const unsigned char* c = blk_of(ci);
         const int64_t row = 2 * int64_t{H} * DK;
-        gdn_stage_async(Ksm(b), a.k + (cd.t * H + h) * DK, cd.len, 2 * DK, row, 2 * kLk, tid, nthr);
-        gdn_stage_async(Qsm(b), a.q + (cd.t * H + h) * DK, cd.len, 2 * DK, row, 2 * kLk, tid, nthr);
-        gdn_stage_async(Wsm(b), c + a.fb.W, C, 2 * DK, 2 * DK, 2 * kLk, tid, nthr);
-        gdn_stage_async(Ysm(b), c + a.fb.DOS + 2 * e0, C, 2 * BV, 2 * int64_t{dv}, 2 * kLu, tid, nthr);
-        gdn_stage_async(Lsm(b), c + a.fb.DVL + 2 * e0, C, 2 * BV, 2 * int64_t{dv}, 2 * kLu, tid, nthr);
-        gdn_stage_async(Gsm(b), c + a.fb.G, 1, static_cast<int>(kGBytes), kGBytes, static_cast<int>(kGBytes), tid,
-                        nthr);
+        gdn_stage_rows<2 * DK, C>(Ksm(b), a.k + (cd.t * H + h) * DK, cd.len, row, 2 * kLk, tid, nthr);
+        gdn_stage_rows<2 * DK, C>(Qsm(b), a.q + (cd.t * H + h) * DK, cd.len, row, 2 * kLk, tid, nthr);
+        gdn_stage_rows<2 * DK, C>(Wsm(b), c + a.fb.W, C, 2 * DK, 2 * kLk, tid, nthr);
+        gdn_stage_rows<2 * BV, C>(Ysm(b), c + a.fb.DOS + 2 * e0, C, 2 * int64_t{dv}, 2 * kLu, tid, nthr);
+        gdn_stage_rows<2 * BV, C>(Lsm(b), c + a.fb.DVL + 2 * e0, C, 2 * int64_t{dv}, 2 * kLu, tid, nthr);
+        gdn_stage_rows<kGBytes, 1>(Gsm(b), c + a.fb.G, 1, kGBytes, static_cast<int>(kGBytes), tid, nthr);
         uint16_t* K = Ksm(b);
         uint16_t* Q = Qsm(b);
         for (int idx = tid; idx < (C - cd.len) * DK; idx += nthr) {  // rows past the chunk: zero, not stale
@@ -328,13 +327,7 @@ struct GdnFlaDscanKernel {
       gdn_async_wait<0>();
       block_sync();  // chunk ci's operands landed; chunk ci + 1 done with buffer b ^ 1, dhT and nd2
       issue(ci - 1, b ^ 1);
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < kHT; ++j) {  // dhT = bf16(dh')ᵀ
-        const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-        TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e)
-          dhT[(nn * 8 + 2 * q + (e & 1)) * kLk + m * 16 + g + (e >> 1) * 8] = float_to_bf16(acc[j][e]);
-      }
+      gdn_fla_store_tiles_T<kHT, kNT>(dhT, kLk, acc, warp, lane);  // dhT = bf16(dh')ᵀ
       block_sync();  // dhT complete
       gdn_fla_store_rows(reinterpret_cast<uint16_t*>(c + a.fb.DH) + int64_t{e0} * DK, dhT, kLk, BV, DK, tid, nthr);
       // dv2 = dv_loc + e^{G_C - G} ⊙ (K dh'), zero past the chunk.
@@ -352,8 +345,9 @@ struct GdnFlaDscanKernel {
         for (int half = 0; half < 2; ++half) {
           const int t = m * 16 + g + half * 8, col = nn * 8 + 2 * q;
           const float f = t < n ? expf(gl - Gc[t]) : 0.f;
-          const float x0 = t < n ? bf16_to_float(Ls[t * kLu + col]) + f * v[j][2 * half] : 0.f;
-          const float x1 = t < n ? bf16_to_float(Ls[t * kLu + col + 1]) + f * v[j][2 * half + 1] : 0.f;
+          const uint32_t l = gdn_pair16(GdnB16Mat{Ls, kLu, 1}, t, col);
+          const float x0 = t < n ? bf16_to_float(static_cast<uint16_t>(l & 0xffffu)) + f * v[j][2 * half] : 0.f;
+          const float x1 = t < n ? bf16_to_float(static_cast<uint16_t>(l >> 16)) + f * v[j][2 * half + 1] : 0.f;
           gdn_store_pair16(gd + t * dv + e0 + col, x0, x1);
           gdn_store_pair16(nd2 + t * kLu + col, -x0, -x1);
         }
@@ -454,18 +448,18 @@ struct GdnFlaGradKernel {
     float* colB = rowB + 8 * C;   // [64][32]: dβ columns
     float* st = colB + 32 * C;    // [256]: the state terms of dG_C
     const int64_t rk = 2 * int64_t{H} * DK, rv = 2 * int64_t{H} * DV;
-    gdn_stage_async(Qs, a.q + (cd.t * H + h) * DK, n, 2 * DK, rk, 2 * kLk, tid, nthr);
-    gdn_stage_async(Ks, a.k + (cd.t * H + h) * DK, n, 2 * DK, rk, 2 * kLk, tid, nthr);
-    gdn_stage_async(Vs, a.v + (cd.t * H + h) * DV, n, 2 * DV, rv, 2 * kLv, tid, nthr);
-    gdn_stage_async(Ns, c + a.fb.V, C, 2 * DV, 2 * DV, 2 * kLv, tid, nthr);
-    gdn_stage_async(Ds, c + a.fb.DV2, C, 2 * DV, 2 * DV, 2 * kLv, tid, nthr);
-    gdn_stage_async(Hs, c + a.fb.H, DV, 2 * DK, 2 * DK, 2 * kLk, tid, nthr);
-    gdn_stage_async(Gh, c + a.fb.DH, DV, 2 * DK, 2 * DK, 2 * kLk, tid, nthr);
-    gdn_stage_async(Xs, c + a.fb.X, C, 2 * C, 2 * C, 2 * kLc, tid, nthr);
-    gdn_stage_async(Gs, c + a.fb.G, 1, 4 * C, 4 * C, 4 * C, tid, nthr);
+    gdn_stage_rows<2 * DK, C>(Qs, a.q + (cd.t * H + h) * DK, n, rk, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DK, C>(Ks, a.k + (cd.t * H + h) * DK, n, rk, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DV, C>(Vs, a.v + (cd.t * H + h) * DV, n, rv, 2 * kLv, tid, nthr);
+    gdn_stage_rows<2 * DV, C>(Ns, c + a.fb.V, C, 2 * DV, 2 * kLv, tid, nthr);
+    gdn_stage_rows<2 * DV, C>(Ds, c + a.fb.DV2, C, 2 * DV, 2 * kLv, tid, nthr);
+    gdn_stage_rows<2 * DK, DV>(Hs, c + a.fb.H, DV, 2 * DK, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DK, DV>(Gh, c + a.fb.DH, DV, 2 * DK, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * C, C>(Xs, c + a.fb.X, C, 2 * C, 2 * kLc, tid, nthr);
+    gdn_stage_rows<4 * C, 1>(Gs, c + a.fb.G, 1, 4 * C, 4 * C, tid, nthr);
     const bool dy_async = gdn_fla_dy_async(a.dy, a.dy_f32);
     if (dy_async)
-      gdn_fla_stage_dy(Ys, kLv, static_cast<const uint16_t*>(a.dy) + (cd.t * H + h) * int64_t{DV}, H, n, DV, tid, nthr);
+      gdn_fla_stage_dy<DV>(Ys, kLv, static_cast<const uint16_t*>(a.dy) + (cd.t * H + h) * int64_t{DV}, H, n, tid, nthr);
     gdn_async_commit();
     for (int idx = tid; idx < (C - n) * DK; idx += nthr) {
       Qs[(n + idx / DK) * kLk + idx % DK] = 0;

@@ -85,7 +85,7 @@ TREECP_GDN_FN void gdn_mma_b16_pair(float (&c0)[4], float (&c1)[4], const uint16
 
 // Two adjacent bf16 elements p[0], p[1] (p 4-byte aligned) from fp32.
 TREECP_GDN_FN void gdn_store_pair16(uint16_t* p, float lo, float hi) {
-  const uint32_t w = static_cast<uint32_t>(float_to_bf16(lo)) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+  const uint32_t w = gdn_bf16x2(lo, hi);
 #if defined(__CUDA_ARCH__)
   *reinterpret_cast<uint32_t*>(p) = w;
 #else
@@ -235,8 +235,8 @@ struct GdnFlaPrepKernel {
     float* Gs = bs + C;   // [64]: the gates, then their cumulative sums
     float* eGs = Gs + C;  // [64]: e^G
     const int64_t row_k = 2 * int64_t{H} * DK, row_v = 2 * int64_t{H} * DV;  // bytes between tokens
-    gdn_stage_async(Ks, a.k + (t * H + h) * DK, n, 2 * DK, row_k, 2 * kLk, tid, nthr);
-    gdn_stage_async(Vs, a.v + (t * H + h) * DV, n, 2 * DV, row_v, 2 * kLv, tid, nthr);
+    gdn_stage_rows<2 * DK, kGdnChunk>(Ks, a.k + (t * H + h) * DK, n, row_k, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DV, kGdnChunk>(Vs, a.v + (t * H + h) * DV, n, row_v, 2 * kLv, tid, nthr);
     gdn_async_commit();
     for (int idx = tid; idx < (C - n) * DK; idx += nthr) Ks[(n + idx / DK) * kLk + idx % DK] = 0;  // not stale
     for (int idx = tid; idx < (C - n) * DV; idx += nthr) Vs[(n + idx / DV) * kLv + idx % DV] = 0;
@@ -430,6 +430,44 @@ TREECP_GDN_FN void gdn_fla_state_out(const float (&acc)[kHT][4], float* s, int d
   }
 }
 
+// The warp's accumulator tiles c[j] (tile T = warp kT + j: rows 16 (T / kNT), columns 8 (T % kNT), as
+// gdn_fla_tiles numbers them) rounded to bf16 and stored transposed: element (r, c) at dst[c * ld + r] (ld a multiple
+// of 8, dst 16-byte aligned). On the device one stmatrix.trans a tile pair (x4: the two tiles' upper and lower 8 x 8
+// halves; x2 for a lone tile), where 2-byte stores cost a store, a conversion and its address an element.
+template <int kT, int kNT>
+TREECP_GDN_FN void gdn_fla_store_tiles_T(uint16_t* dst, int ld, const float (&c)[kT][4], int warp, int lane) {
+#if defined(__CUDA_ARCH__)
+  const int mi = lane >> 3, ri = lane & 7;
+  if constexpr (kT % 2 == 0 && kNT % 2 == 0) {
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kT; j += 2) {
+      const int T = warp * kT + j, m = T / kNT, nn = T % kNT;
+      const uint32_t addr = smem_addr(dst + (nn * 8 + (mi >> 1) * 8 + ri) * ld + m * 16 + (mi & 1) * 8);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                   "r"(gdn_bf16x2(c[j][0], c[j][1])), "r"(gdn_bf16x2(c[j][2], c[j][3])),
+                   "r"(gdn_bf16x2(c[j + 1][0], c[j + 1][1])), "r"(gdn_bf16x2(c[j + 1][2], c[j + 1][3]))
+                   : "memory");
+    }
+  } else {
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < kT; ++j) {
+      const int T = warp * kT + j, m = T / kNT, nn = T % kNT;
+      const uint32_t addr = smem_addr(dst + (nn * 8 + ri) * ld + m * 16 + (mi & 1) * 8);
+      asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(addr),
+                   "r"(gdn_bf16x2(c[j][0], c[j][1])), "r"(gdn_bf16x2(c[j][2], c[j][3]))
+                   : "memory");
+    }
+  }
+#else
+  const int g = lane >> 2, q = lane & 3;
+  for (int j = 0; j < kT; ++j) {
+    const int T = warp * kT + j, m = T / kNT, nn = T % kNT;
+    for (int e = 0; e < 4; ++e)
+      dst[(nn * 8 + 2 * q + (e & 1)) * ld + m * 16 + g + (e >> 1) * 8] = float_to_bf16(c[j][e]);
+  }
+#endif
+}
+
 // c += A · B (kTwo: + A2 · B2, the two interleaved a k step) on the scans' tiles of one warp: tile T = warp kT + j is
 // rows 16 (T / kNT), columns 8 (T % kNT) of the [.. x 8 kNT] result, the inner index over [0, K); A and B as
 // gdn_mma_b16_pair takes them (kAkm: A stored [k][m]; kBkn: B stored [k][n], else its transpose [n][k]; A2 and B2
@@ -532,11 +570,11 @@ struct GdnFlaScanKernel {
       if (ci < rd.chunk_count) {
         const GdnChunkDesc cd = a.chunks[rd.chunk_begin + ci];
         const unsigned char* c = blk_of(ci);
-        gdn_stage_async(Wsm(b), c + a.fb.W, kGdnChunk, 2 * DK, 2 * DK, 2 * kLk, tid, nthr);
-        gdn_stage_async(Usm(b), c + a.fb.U + 2 * e0, kGdnChunk, 2 * BV, 2 * int64_t{dv}, 2 * kLu, tid, nthr);
-        gdn_stage_async(Gsm(b), c + a.fb.G, 1, static_cast<int>(kGBytes), kGBytes, static_cast<int>(kGBytes), tid,
-                        nthr);
-        gdn_stage_async(Ksm(b), a.k + (cd.t * H + h) * DK, cd.len, 2 * DK, 2 * int64_t{H} * DK, 2 * kLk, tid, nthr);
+        gdn_stage_rows<2 * DK, kGdnChunk>(Wsm(b), c + a.fb.W, kGdnChunk, 2 * DK, 2 * kLk, tid, nthr);
+        gdn_stage_rows<2 * BV, kGdnChunk>(Usm(b), c + a.fb.U + 2 * e0, kGdnChunk, 2 * int64_t{dv}, 2 * kLu, tid, nthr);
+        gdn_stage_rows<kGBytes, 1>(Gsm(b), c + a.fb.G, 1, kGBytes, static_cast<int>(kGBytes), tid, nthr);
+        gdn_stage_rows<2 * DK, kGdnChunk>(Ksm(b), a.k + (cd.t * H + h) * DK, cd.len, 2 * int64_t{H} * DK, 2 * kLk,
+                                          tid, nthr);
         uint16_t* K = Ksm(b);
         for (int idx = tid; idx < (kGdnChunk - cd.len) * DK; idx += nthr)  // rows past the chunk: zero, not stale
           K[(cd.len + idx / DK) * kLk + idx % DK] = 0;
@@ -556,13 +594,7 @@ struct GdnFlaScanKernel {
       gdn_async_wait<0>();
       block_sync();  // chunk ci's operands landed for every thread; chunk ci - 1 done with buffer b ^ 1, hT and vsT
       issue(ci + 1, b ^ 1);
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < kHT; ++j) {  // hT = bf16(h)ᵀ
-        const int T = warp * kHT + j, m = T / kNT, nn = T % kNT;
-        TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e)
-          hT[(nn * 8 + 2 * q + (e & 1)) * kLk + m * 16 + g + (e >> 1) * 8] = float_to_bf16(acc[j][e]);
-      }
+      gdn_fla_store_tiles_T<kHT, kNT>(hT, kLk, acc, warp, lane);  // hT = bf16(h)ᵀ
       block_sync();  // hT complete
       if (a.save) {  // hT's BV rows into H[e0 + e][d], 16 bytes a copy
         uint16_t* gh = reinterpret_cast<uint16_t*>(c + a.fb.H) + static_cast<int64_t>(e0) * DK;
@@ -592,14 +624,16 @@ struct GdnFlaScanKernel {
         TREECP_GDN_UNROLL
         for (int half = 0; half < 2; ++half) {
           const int t = m * 16 + g + half * 8, col = nn * 8 + 2 * q;
-          const float x0 = bf16_to_float(Us[t * kLu + col]) - v[j][2 * half];
-          const float x1 = bf16_to_float(Us[t * kLu + col + 1]) - v[j][2 * half + 1];
+          const uint32_t u = gdn_pair16(GdnB16Mat{Us, kLu, 1}, t, col);
+          const float x0 = bf16_to_float(static_cast<uint16_t>(u & 0xffffu)) - v[j][2 * half];
+          const float x1 = bf16_to_float(static_cast<uint16_t>(u >> 16)) - v[j][2 * half + 1];
           if (a.save) gdn_store_pair16(gv + t * dv + e0 + col, x0, x1);
           const float f = t < n ? expf(gl - Gc[t]) : 0.f;
-          vsT[col * kLv + t] = float_to_bf16(x0 * f);
-          vsT[(col + 1) * kLv + t] = float_to_bf16(x1 * f);
+          v[j][2 * half] = x0 * f;  // now v_new ⊙ e^{G_last - G}
+          v[j][2 * half + 1] = x1 * f;
         }
       }
+      gdn_fla_store_tiles_T<kVT, kNT>(vsT, kLv, v, warp, lane);
       block_sync();  // vsT complete
       // h <- e^{G_last} h + Kᵀ vs
       const float eg = expf(gl);
@@ -666,11 +700,11 @@ struct GdnFlaOutKernel {
     uint16_t* Cs = reinterpret_cast<uint16_t*>(sm + 2 * kQBytes + kHBytes + kVBytes);
     float* Gs = reinterpret_cast<float*>(sm + 2 * kQBytes + kHBytes + kVBytes + kCBytes);
     const int64_t row = 2 * int64_t{H} * DK;  // bytes between tokens of q and k
-    gdn_stage_async(Qs, a.q + (cd.t * H + h) * DK, n, 2 * DK, row, 2 * kLk, tid, nthr);
-    gdn_stage_async(Ks, a.k + (cd.t * H + h) * DK, n, 2 * DK, row, 2 * kLk, tid, nthr);
-    gdn_stage_async(Hs, c + a.fb.H, DV, 2 * DK, 2 * DK, 2 * kLk, tid, nthr);
-    gdn_stage_async(Vs, c + a.fb.V, kGdnChunk, 2 * DV, 2 * DV, 2 * kLv, tid, nthr);
-    gdn_stage_async(Gs, c + a.fb.G, 1, 4 * kGdnChunk, 4 * kGdnChunk, 4 * kGdnChunk, tid, nthr);
+    gdn_stage_rows<2 * DK, kGdnChunk>(Qs, a.q + (cd.t * H + h) * DK, n, row, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DK, kGdnChunk>(Ks, a.k + (cd.t * H + h) * DK, n, row, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DK, DV>(Hs, c + a.fb.H, DV, 2 * DK, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DV, kGdnChunk>(Vs, c + a.fb.V, kGdnChunk, 2 * DV, 2 * kLv, tid, nthr);
+    gdn_stage_rows<4 * kGdnChunk, 1>(Gs, c + a.fb.G, 1, 4 * kGdnChunk, 4 * kGdnChunk, tid, nthr);
     gdn_async_commit();
     gdn_async_wait<0>();
     block_sync();
