@@ -103,12 +103,13 @@ TREECP_GDN_FN float gdn_fla_dot2(const uint16_t* M, int ld, int i, int d, float 
 }
 
 // dst[row][col] += f[hh] o (rows r0 + g + 8 hh below n, columns c0 + 8 j + 2 q and + 1) for a warp's accumulator
-// tiles: every old value is loaded (8-byte loads) before any is stored, so that the loads are in flight together
-// rather than each one waiting behind the store before it (dst may alias nothing else, but the compiler cannot know).
+// tiles (8-byte aligned pairs). Every element has one adding thread (chunks do not overlap), so on the device each
+// pair is one fire-and-forget red.global.add.v2.f32: the same sum as a load, an add and a store, without the load's
+// latency in the block's critical path (a third of the gradients kernel's stalls were these loads). The host adds
+// in place.
 template <int NT>
 TREECP_GDN_FN void gdn_fla_add_tiles(float* dst, int64_t ld, const float (&o)[NT][4], int r0, int c0, int g, int q, int n,
                                      const float (&f)[2]) {
-  float old[NT][4] = {};
   TREECP_GDN_UNROLL
   for (int j = 0; j < NT; ++j)
     TREECP_GDN_UNROLL
@@ -116,29 +117,12 @@ TREECP_GDN_FN void gdn_fla_add_tiles(float* dst, int64_t ld, const float (&o)[NT
       const int row = r0 + g + hh * 8;
       float* p = dst + row * ld + c0 + j * 8 + 2 * q;
       if (row < n) {
+        const float x0 = f[hh] * o[j][2 * hh], x1 = f[hh] * o[j][2 * hh + 1];
 #if defined(__CUDA_ARCH__)
-        const float2 x = *reinterpret_cast<const float2*>(p);
-        old[j][2 * hh] = x.x;
-        old[j][2 * hh + 1] = x.y;
+        red_add_f32x2(p, x0, x1);
 #else
-        old[j][2 * hh] = p[0];
-        old[j][2 * hh + 1] = p[1];
-#endif
-      }
-    }
-  TREECP_GDN_UNROLL
-  for (int j = 0; j < NT; ++j)
-    TREECP_GDN_UNROLL
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = r0 + g + hh * 8;
-      float* p = dst + row * ld + c0 + j * 8 + 2 * q;
-      if (row < n) {
-        const float x0 = old[j][2 * hh] + f[hh] * o[j][2 * hh], x1 = old[j][2 * hh + 1] + f[hh] * o[j][2 * hh + 1];
-#if defined(__CUDA_ARCH__)
-        *reinterpret_cast<float2*>(p) = make_float2(x0, x1);
-#else
-        p[0] = x0;
-        p[1] = x1;
+        p[0] += x0;
+        p[1] += x1;
 #endif
       }
     }
@@ -398,8 +382,9 @@ struct GdnFlaGradKernel {
   static constexpr int64_t kKBytes = 2 * int64_t{C} * kLk, kVBytes = 2 * int64_t{C} * kLv;
   static constexpr int64_t kHBytes = 2 * int64_t{DV} * kLk, kCBytes = 2 * int64_t{C} * kLc;
   // fp32 tail: G, β, e^G, dG (full), then the slots: dG rows from the row tiling [64][8], from the pair tiling rows
-  // [64][8] and columns [64][32], dβ rows [64][8] and columns [64][32], and a thread's state terms [256].
-  static constexpr int kTail = 4 * C + C * (8 + 8 + 32 + 8 + 32) + kGdnThreads;
+  // [64][8] and columns [64][32], dβ rows [64][8] and columns [64][32], a thread's state terms [256], their 32
+  // partial sums, and dG's sums over blocks of 8 rows [8].
+  static constexpr int kTail = 4 * C + C * (8 + 8 + 32 + 8 + 32) + kGdnThreads + 32 + C / 8;
   // dW, dX / E and M go over h and dh' where they fit (dv 128), else after them (dk 128 with dv 64).
   static constexpr bool kOverlay = kKBytes + 2 * kCBytes <= 2 * kHBytes;
   static constexpr int64_t kLateBytes = kOverlay ? 0 : kKBytes + 2 * kCBytes;
@@ -447,6 +432,8 @@ struct GdnFlaGradKernel {
     float* rowB = colP + 32 * C;  // [64][8]: dβ rows
     float* colB = rowB + 8 * C;   // [64][32]: dβ columns
     float* st = colB + 32 * C;    // [256]: the state terms of dG_C
+    float* stp = st + kGdnThreads;  // [32]: their partial sums
+    float* blk = stp + 32;          // [8]: dG's sums over blocks of 8 rows
     const int64_t rk = 2 * int64_t{H} * DK, rv = 2 * int64_t{H} * DV;
     gdn_stage_rows<2 * DK, C>(Qs, a.q + (cd.t * H + h) * DK, n, rk, 2 * kLk, tid, nthr);
     gdn_stage_rows<2 * DK, C>(Ks, a.k + (cd.t * H + h) * DK, n, rk, 2 * kLk, tid, nthr);
@@ -503,11 +490,16 @@ struct GdnFlaGradKernel {
       TREECP_GDN_UNROLL
       for (int j = 0; j < 4; ++j)
         TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int i = prow(e), jj = pcol(j, e);
-          const float ds = jj <= i && i < n ? a.scale * d[j][e] * expf(Gs[i] - Gs[jj]) : 0.f;
-          Ss[i * kLc + jj] = float_to_bf16(ds);
-          pair_terms(j, e, ds * s[j][e]);
+        for (int hh = 0; hh < 2; ++hh) {  // elements e = 2 hh, 2 hh + 1: one row, adjacent columns
+          const int i = prow(2 * hh), j0 = pcol(j, 2 * hh);
+          float ds[2];
+          TREECP_GDN_UNROLL
+          for (int u = 0; u < 2; ++u) {
+            const int e = 2 * hh + u;
+            ds[u] = j0 + u <= i && i < n ? a.scale * d[j][e] * expf(Gs[i] - Gs[j0 + u]) : 0.f;
+            pair_terms(j, e, ds[u] * s[j][e]);
+          }
+          gdn_store_pair16(Ss + i * kLc + j0, ds[0], ds[1]);
         }
     }
     block_sync();  // dS complete
@@ -622,11 +614,19 @@ struct GdnFlaGradKernel {
       TREECP_GDN_UNROLL
       for (int j = 0; j < 4; ++j)
         TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int i = prow(e), jj = pcol(j, e);
-          const bool ok = jj <= i && i < n;
-          colBt[2 * j + (e & 1)] += ok ? bf16_to_float(Xs[i * kLc + jj]) * t[j][e] : 0.f;
-          B1[i * kLc + jj] = float_to_bf16(ok ? t[j][e] * bs[jj] : 0.f);
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = prow(2 * hh), j0 = pcol(j, 2 * hh);
+          const uint32_t xw = gdn_pair16(GdnB16Mat{Xs, kLc, 1}, i, j0);
+          float dx[2];
+          TREECP_GDN_UNROLL
+          for (int u = 0; u < 2; ++u) {
+            const int e = 2 * hh + u;
+            const bool ok = j0 + u <= i && i < n;
+            const float x = bf16_to_float(static_cast<uint16_t>(u == 0 ? xw & 0xffffu : xw >> 16));
+            colBt[2 * j + u] += ok ? x * t[j][e] : 0.f;
+            dx[u] = ok ? t[j][e] * bs[j0 + u] : 0.f;
+          }
+          gdn_store_pair16(B1 + i * kLc + j0, dx[0], dx[1]);
         }
     }
     block_sync();  // dX complete
@@ -652,14 +652,19 @@ struct GdnFlaGradKernel {
       TREECP_GDN_UNROLL
       for (int j = 0; j < 4; ++j)
         TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          const int i = prow(e), jj = pcol(j, e);
-          const bool ok = jj < i && i < n;
-          const float dl = ok ? -l[j][e] * expf(Gs[i] - Gs[jj]) : 0.f;  // dL Γ
-          rowBt[e >> 1] += dl * s[j][e];
-          const float x = dl * bs[i];
-          B1[i * kLc + jj] = float_to_bf16(x);
-          pair_terms(j, e, x * s[j][e]);
+        for (int hh = 0; hh < 2; ++hh) {
+          const int i = prow(2 * hh), j0 = pcol(j, 2 * hh);
+          float x[2];
+          TREECP_GDN_UNROLL
+          for (int u = 0; u < 2; ++u) {
+            const int e = 2 * hh + u;
+            const bool ok = j0 + u < i && i < n;
+            const float dl = ok ? -l[j][e] * expf(Gs[i] - Gs[j0 + u]) : 0.f;  // dL Γ
+            rowBt[hh] += dl * s[j][e];
+            x[u] = dl * bs[i];
+            pair_terms(j, e, x[u] * s[j][e]);
+          }
+          gdn_store_pair16(B1 + i * kLc + j0, x[0], x[1]);
         }
     }
     block_sync();  // E complete
@@ -684,35 +689,49 @@ struct GdnFlaGradKernel {
         colB[jj * 32 + rb * 8 + g] = colBt[2 * j + u];
       }
     st[tid] = state_term;
-    float y_row = 0.f;  // this row's dG (threads tid < 64)
     block_sync();
-    if (tid < C) {  // the state terms in two levels: 4 a thread here, the 64 partial sums below
-      float x = 0.f;
-      for (int s = 0; s < nthr / C; ++s) x += st[tid * (nthr / C) + s];
-      dGs[tid] = x;
-    }
-    block_sync();
-    if (tid < C) {
+    if (tid < C) {  // row tid's slots: dG_i without the state terms, and dβ_i
       float x = 0.f, y = 0.f;
+      TREECP_GDN_UNROLL
       for (int s = 0; s < 8; ++s) {
         x += rowR[tid * 8 + s] + rowP[tid * 8 + s];
         y += rowB[tid * 8 + s];
       }
+      TREECP_GDN_UNROLL
       for (int s = 0; s < 32; ++s) {
         x += colP[tid * 32 + s];
         y += colB[tid * 32 + s];
       }
-      if (tid == n - 1)
-        for (int s = 0; s < C; ++s) x += dGs[s];
-      y_row = x;
+      dGs[tid] = tid < n ? x : 0.f;
       if (a.dbeta && tid < n) a.dbeta[(cd.t + tid) * H + h] += y;
-    }
-    block_sync();  // every read of the state terms' partial sums done
-    if (tid < C) dGs[tid] = tid < n ? y_row : 0.f;
-    block_sync();
-    if (a.dg && tid < n) {  // dg_t = Σ_{i >= t} dG_i: G_i = Σ_{t <= i} g_t
+    } else if (tid < C + 32) {  // the 256 state terms of dG_C in 32 partial sums (warp 2, idle otherwise)
+      const int l = tid - C;
       float x = 0.f;
-      for (int i = n - 1; i >= tid; --i) x += dGs[i];
+      TREECP_GDN_UNROLL
+      for (int s = 0; s < kGdnThreads / 32; ++s) x += st[l * (kGdnThreads / 32) + s];
+      stp[l] = x;
+    }
+    block_sync();
+    if (tid < C / 8) {  // dG's sums over blocks of 8 rows
+      float x = 0.f;
+      TREECP_GDN_UNROLL
+      for (int s = 0; s < 8; ++s) x += dGs[tid * 8 + s];
+      blk[tid] = x;
+    }
+    block_sync();
+    // dg_t = Σ_{i >= t} dG_i (G_i = Σ_{t <= i} g_t): the rest of t's block of 8, the blocks after it, and the state
+    // terms, which belong to dG_{n-1} and so to every t < n. Rows past n hold 0.
+    if (a.dg && tid < n) {
+      float x = 0.f;
+      TREECP_GDN_UNROLL
+      for (int s = 0; s < 32; ++s) x += stp[s];
+      const int b = tid / 8;
+      TREECP_GDN_UNROLL
+      for (int s = 0; s < 8; ++s)
+        if (b * 8 + s >= tid) x += dGs[b * 8 + s];
+      TREECP_GDN_UNROLL
+      for (int s = 1; s < C / 8; ++s)
+        if (b + s < C / 8) x += blk[b + s];
       a.dg[(cd.t + tid) * H + h] += x;
     }
   }
