@@ -102,6 +102,34 @@ TREECP_GDN_FN float gdn_fla_dot2(const uint16_t* M, int ld, int i, int d, float 
   return x0 * bf16_to_float(static_cast<uint16_t>(w & 0xffffu)) + x1 * bf16_to_float(static_cast<uint16_t>(w >> 16));
 }
 
+// Σ x[k] y[k] over 8 bf16 elements of two 16-byte aligned rows in shared memory (two 16-byte loads).
+TREECP_GDN_FN float gdn_fla_dot8(const uint16_t* x, const uint16_t* y) {
+  uint32_t a[4], b[4];
+#if defined(__CUDA_ARCH__)
+  const uint4 u = *reinterpret_cast<const uint4*>(x), v = *reinterpret_cast<const uint4*>(y);
+  a[0] = u.x, a[1] = u.y, a[2] = u.z, a[3] = u.w;
+  b[0] = v.x, b[1] = v.y, b[2] = v.z, b[3] = v.w;
+#else
+  std::memcpy(a, x, 16);
+  std::memcpy(b, y, 16);
+#endif
+  float s = 0.f;
+  TREECP_GDN_UNROLL
+  for (int k = 0; k < 4; ++k)
+    s += bf16_to_float(static_cast<uint16_t>(a[k] & 0xffffu)) * bf16_to_float(static_cast<uint16_t>(b[k] & 0xffffu)) +
+         bf16_to_float(static_cast<uint16_t>(a[k] >> 16)) * bf16_to_float(static_cast<uint16_t>(b[k] >> 16));
+  return s;
+}
+
+// *p += x for a float in global memory with one adding thread: a fire-and-forget red.global.add.f32 on the device.
+TREECP_GDN_FN void gdn_fla_add1(float* p, float x) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p), "f"(x) : "memory");
+#else
+  *p += x;
+#endif
+}
+
 // dst[row][col] += f[hh] o (rows r0 + g + 8 hh below n, columns c0 + 8 j + 2 q and + 1) for a warp's accumulator
 // tiles (8-byte aligned pairs). Every element has one adding thread (chunks do not overlap), so on the device each
 // pair is one fire-and-forget red.global.add.v2.f32: the same sum as a load, an add and a store, without the load's
@@ -204,9 +232,13 @@ struct GdnFlaLocalKernel {
     TREECP_GDN_UNROLL
     for (int j = 0; j < 4; ++j)
       TREECP_GDN_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int i = rb * 16 + g + (e >> 1) * 8, jj = (warp % 2) * 32 + j * 8 + 2 * q + (e & 1);
-        Cs[i * kLc + jj] = float_to_bf16(jj <= i && i < n ? cc[j][e] * expf(Gs[i] - Gs[jj]) : 0.f);
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = rb * 16 + g + hh * 8, j0 = (warp % 2) * 32 + j * 8 + 2 * q;
+        float x[2];
+        TREECP_GDN_UNROLL
+        for (int u = 0; u < 2; ++u)
+          x[u] = j0 + u <= i && i < n ? cc[j][2 * hh + u] * expf(Gs[i] - Gs[j0 + u]) : 0.f;
+        gdn_store_pair16(Cs + i * kLc + j0, x[0], x[1]);
       }
     block_sync();  // C, dY and dYs complete
     uint16_t* gs = reinterpret_cast<uint16_t*>(c + a.fb.DOS);
@@ -435,18 +467,20 @@ struct GdnFlaGradKernel {
     float* stp = st + kGdnThreads;  // [32]: their partial sums
     float* blk = stp + 32;          // [8]: dG's sums over blocks of 8 rows
     const int64_t rk = 2 * int64_t{H} * DK, rv = 2 * int64_t{H} * DV;
+    // Two copy groups: what step 1 reads (Q, K, v_new, G, dY), then the rest, which lands while step 1 runs.
     gdn_stage_rows<2 * DK, C>(Qs, a.q + (cd.t * H + h) * DK, n, rk, 2 * kLk, tid, nthr);
     gdn_stage_rows<2 * DK, C>(Ks, a.k + (cd.t * H + h) * DK, n, rk, 2 * kLk, tid, nthr);
-    gdn_stage_rows<2 * DV, C>(Vs, a.v + (cd.t * H + h) * DV, n, rv, 2 * kLv, tid, nthr);
     gdn_stage_rows<2 * DV, C>(Ns, c + a.fb.V, C, 2 * DV, 2 * kLv, tid, nthr);
-    gdn_stage_rows<2 * DV, C>(Ds, c + a.fb.DV2, C, 2 * DV, 2 * kLv, tid, nthr);
-    gdn_stage_rows<2 * DK, DV>(Hs, c + a.fb.H, DV, 2 * DK, 2 * kLk, tid, nthr);
-    gdn_stage_rows<2 * DK, DV>(Gh, c + a.fb.DH, DV, 2 * DK, 2 * kLk, tid, nthr);
-    gdn_stage_rows<2 * C, C>(Xs, c + a.fb.X, C, 2 * C, 2 * kLc, tid, nthr);
     gdn_stage_rows<4 * C, 1>(Gs, c + a.fb.G, 1, 4 * C, 4 * C, tid, nthr);
     const bool dy_async = gdn_fla_dy_async(a.dy, a.dy_f32);
     if (dy_async)
       gdn_fla_stage_dy<DV>(Ys, kLv, static_cast<const uint16_t*>(a.dy) + (cd.t * H + h) * int64_t{DV}, H, n, tid, nthr);
+    gdn_async_commit();
+    gdn_stage_rows<2 * DK, DV>(Hs, c + a.fb.H, DV, 2 * DK, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DK, DV>(Gh, c + a.fb.DH, DV, 2 * DK, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DV, C>(Ds, c + a.fb.DV2, C, 2 * DV, 2 * kLv, tid, nthr);
+    gdn_stage_rows<2 * DV, C>(Vs, a.v + (cd.t * H + h) * DV, n, rv, 2 * kLv, tid, nthr);
+    gdn_stage_rows<2 * C, C>(Xs, c + a.fb.X, C, 2 * C, 2 * kLc, tid, nthr);
     gdn_async_commit();
     for (int idx = tid; idx < (C - n) * DK; idx += nthr) {
       Qs[(n + idx / DK) * kLk + idx % DK] = 0;
@@ -456,7 +490,7 @@ struct GdnFlaGradKernel {
     if (tid < C) bs[tid] = tid < n ? bf16_to_float(a.beta[(cd.t + tid) * H + h]) : 0.f;
     const int64_t y0 = (cd.t * H + h) * int64_t{DV};
     if (!dy_async) gdn_fla_rows16(Ys, kLv, gdn_fla_dy_row(a.dy, a.dy_f32, y0), a.dy_f32, int64_t{H} * DV, n, DV, tid, nthr);
-    gdn_async_wait<0>();
+    gdn_async_wait<1>();  // step 1's group
     block_sync();
     if (tid < C) eGs[tid] = expf(Gs[tid]);
     block_sync();
@@ -502,7 +536,8 @@ struct GdnFlaGradKernel {
           gdn_store_pair16(Ss + i * kLc + j0, ds[0], ds[1]);
         }
     }
-    block_sync();  // dS complete
+    gdn_async_wait<0>();  // the second group
+    block_sync();  // dS complete; h, dh', dv2, V and X landed
 
     // The row tiling: NP pairs of tiles, columns rc0 ..
     constexpr int NPK = DK / 32, NPV = DV / 32;
@@ -564,11 +599,9 @@ struct GdnFlaGradKernel {
     gdn_fla_rows<false, true, NPK>(w, 0, Ds, kLv, Hs, kLk, rb * 16, rk0, 0, DV, lane);
     {
       float hd = 0.f;
-      for (int idx = tid; idx < DV * DK / 2; idx += nthr) {  // two columns a load
-        const int e = idx / (DK / 2), d = 2 * (idx % (DK / 2));
-        const uint32_t x = gdn_pair16(GdnB16Mat{Hs, kLk, 1}, e, d), y = gdn_pair16(GdnB16Mat{Gh, kLk, 1}, e, d);
-        hd += bf16_to_float(static_cast<uint16_t>(x & 0xffffu)) * bf16_to_float(static_cast<uint16_t>(y & 0xffffu)) +
-              bf16_to_float(static_cast<uint16_t>(x >> 16)) * bf16_to_float(static_cast<uint16_t>(y >> 16));
+      for (int idx = tid; idx < DV * DK / 8; idx += nthr) {  // eight columns a load
+        const int e = idx / (DK / 8), d = 8 * (idx % (DK / 8));
+        hd += gdn_fla_dot8(Hs + e * kLk + d, Gh + e * kLk + d);
       }
       state_term += expf(gl) * hd;
     }
@@ -703,7 +736,7 @@ struct GdnFlaGradKernel {
         y += colB[tid * 32 + s];
       }
       dGs[tid] = tid < n ? x : 0.f;
-      if (a.dbeta && tid < n) a.dbeta[(cd.t + tid) * H + h] += y;
+      if (a.dbeta && tid < n) gdn_fla_add1(a.dbeta + (cd.t + tid) * H + h, y);
     } else if (tid < C + 32) {  // the 256 state terms of dG_C in 32 partial sums (warp 2, idle otherwise)
       const int l = tid - C;
       float x = 0.f;
@@ -732,7 +765,7 @@ struct GdnFlaGradKernel {
       TREECP_GDN_UNROLL
       for (int s = 1; s < C / 8; ++s)
         if (b + s < C / 8) x += blk[b + s];
-      a.dg[(cd.t + tid) * H + h] += x;
+      gdn_fla_add1(a.dg + (cd.t + tid) * H + h, x);
     }
   }
 };
