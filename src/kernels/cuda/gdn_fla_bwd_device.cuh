@@ -310,9 +310,8 @@ struct GdnFlaDscanKernel {
     uint16_t* dhT = reinterpret_cast<uint16_t*>(sm + 2 * kBufBytes);  // [BV][kLk]
     uint16_t* nd2 = dhT + BV * kLk;                                    // [64][kLu]
     auto blk_of = [&](int ci) { return a.ws + (static_cast<int64_t>(rd.chunk_begin + ci) * H + h) * a.fb.size; };
-    auto issue = [&](int ci, int b) {
+    auto issue = [&](int ci, int b, const GdnChunkDesc& cd) {
       if (ci >= 0) {
-        const GdnChunkDesc cd = a.chunks[rd.chunk_begin + ci];
         const unsigned char* c = blk_of(ci);
         const int64_t row = 2 * int64_t{H} * DK;
         gdn_stage_rows<2 * DK, C>(Ksm(b), a.k + (cd.t * H + h) * DK, cd.len, row, 2 * kLk, tid, nthr);
@@ -331,18 +330,23 @@ struct GdnFlaDscanKernel {
       gdn_async_commit();
     };
     const int last = rd.chunk_count - 1;
-    issue(last, last & 1);
+    // The descriptors a step ahead of their use, as the forward scan's.
+    GdnChunkDesc cd_cur = last >= 0 ? a.chunks[rd.chunk_begin + last] : GdnChunkDesc{};
+    GdnChunkDesc cd_next = last >= 1 ? a.chunks[rd.chunk_begin + last - 1] : cd_cur;
+    issue(last, last & 1, cd_cur);
     float acc[kHT][4];
     const int64_t ssz = int64_t{DK} * dv;
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (int64_t{rd.out_slot} * H + h) * ssz : nullptr;
     gdn_fla_state_in<kHT, kNT>(acc, dso, dv, e0, warp, g, q);
     for (int ci = last; ci >= 0; --ci) {
       const int b = ci & 1;
-      const int n = a.chunks[rd.chunk_begin + ci].len;
+      const int n = cd_cur.len;
       unsigned char* c = blk_of(ci);
       gdn_async_wait<0>();
       block_sync();  // chunk ci's operands landed; chunk ci + 1 done with buffer b ^ 1, dhT and nd2
-      issue(ci - 1, b ^ 1);
+      issue(ci - 1, b ^ 1, cd_next);
+      cd_cur = cd_next;
+      if (ci >= 2) cd_next = a.chunks[rd.chunk_begin + ci - 2];
       gdn_fla_store_tiles_T<kHT, kNT>(dhT, kLk, acc, warp, lane);  // dhT = bf16(dh')ᵀ
       block_sync();  // dhT complete
       gdn_fla_store_rows(reinterpret_cast<uint16_t*>(c + a.fb.DH) + int64_t{e0} * DK, dhT, kLk, BV, DK, tid, nthr);
@@ -353,7 +357,7 @@ struct GdnFlaDscanKernel {
       uint16_t* gd = reinterpret_cast<uint16_t*>(c + a.fb.DV2);
       float v[kVT][4];
       gdn_fla_zero(v);
-      gdn_fla_tiles<kVT, kNT, false, false>(v, Ksm(b), kLk, dhT, kLk, DK, warp, lane);
+      gdn_fla_tiles_halves<kVT, kNT>(v, Ksm(b), kLk, dhT, kLk, DK, warp, lane);
       TREECP_GDN_UNROLL
       for (int j = 0; j < kVT; ++j) {
         const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;

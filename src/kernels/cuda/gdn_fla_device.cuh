@@ -502,6 +502,27 @@ TREECP_GDN_FN void gdn_fla_tiles(float (&c)[kT][4], const uint16_t* A, int lda, 
   }
 }
 
+// c += A · B over k in [0, K) as gdn_fla_tiles<kT, kNT, false, false> (A [m][k], B as its transpose [n][k]), the two
+// halves of k into separate accumulators added at the end: chains of K / 32 dependent mma instead of K / 16. The
+// dscan's dv2 product takes it (its step's latency, not the tensor pipe, sets the time: dscan -5% with the
+// descriptors below, run 151); the forward scan's v_new product ran 6% slower with it (run 151, 124 registers against
+// 118) and keeps one k run.
+template <int kT, int kNT>
+TREECP_GDN_FN void gdn_fla_tiles_halves(float (&c)[kT][4], const uint16_t* A, int lda, const uint16_t* B, int ldb, int K,
+                                        int warp, int lane) {
+  float c2[kT][4];
+  TREECP_GDN_UNROLL
+  for (int j = 0; j < kT; ++j)
+    TREECP_GDN_UNROLL
+    for (int e = 0; e < 4; ++e) c2[j][e] = 0.f;
+  gdn_fla_tiles<kT, kNT, false, false>(c, A, lda, B, ldb, K / 2, warp, lane);
+  gdn_fla_tiles<kT, kNT, false, false>(c2, A + K / 2, lda, B + K / 2, ldb, K / 2, warp, lane);
+  TREECP_GDN_UNROLL
+  for (int j = 0; j < kT; ++j)
+    TREECP_GDN_UNROLL
+    for (int e = 0; e < 4; ++e) c[j][e] += c2[j][e];
+}
+
 // The (run, head, first state column) of a scan-shaped block (gdn_fla_columns_on's grid: runs x heads x dv / BV).
 struct GdnFlaColumnBlock {
   int64_t run;
@@ -565,10 +586,10 @@ struct GdnFlaScanKernel {
     uint16_t* hT = reinterpret_cast<uint16_t*>(sm + 2 * kBufBytes);  // [BV][kLk]
     uint16_t* vsT = hT + BV * kLk;                                    // [BV][kLv]
     auto blk_of = [&](int ci) { return a.ws + (static_cast<int64_t>(rd.chunk_begin + ci) * H + h) * a.fb.size; };
-    // Chunk ci's operands into buffer b, one group (empty past the last chunk, so that the waits count alike).
-    auto issue = [&](int ci, int b) {
+    // Chunk ci's operands (descriptor cd) into buffer b, one group (empty past the last chunk, so that the waits count
+    // alike).
+    auto issue = [&](int ci, int b, const GdnChunkDesc& cd) {
       if (ci < rd.chunk_count) {
-        const GdnChunkDesc cd = a.chunks[rd.chunk_begin + ci];
         const unsigned char* c = blk_of(ci);
         gdn_stage_rows<2 * DK, kGdnChunk>(Wsm(b), c + a.fb.W, kGdnChunk, 2 * DK, 2 * kLk, tid, nthr);
         gdn_stage_rows<2 * BV, kGdnChunk>(Usm(b), c + a.fb.U + 2 * e0, kGdnChunk, 2 * int64_t{dv}, 2 * kLu, tid, nthr);
@@ -581,19 +602,26 @@ struct GdnFlaScanKernel {
       }
       gdn_async_commit();
     };
-    issue(0, 0);
+    // The descriptors a step ahead of their use: chunk ci + 2's loads during step ci, as its latency stood in the
+    // critical path of every step where issue read it (5% of run 150's samples in the scan, 10% in the dscan).
+    const int count = rd.chunk_count;
+    GdnChunkDesc cd_cur = count > 0 ? a.chunks[rd.chunk_begin] : GdnChunkDesc{};
+    GdnChunkDesc cd_next = count > 1 ? a.chunks[rd.chunk_begin + 1] : cd_cur;
+    issue(0, 0, cd_cur);
     // The warp's state tiles: tile T = warp kHT + j is rows 16 (T / kNT), columns 8 (T % kNT) of h.
     float acc[kHT][4];
     const float* sin =
         (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * DK * dv : nullptr;
     gdn_fla_state_in<kHT, kNT>(acc, sin, dv, e0, warp, g, q);
-    for (int ci = 0; ci < rd.chunk_count; ++ci) {
+    for (int ci = 0; ci < count; ++ci) {
       const int b = ci & 1;
-      const int n = a.chunks[rd.chunk_begin + ci].len;
+      const int n = cd_cur.len;
       unsigned char* c = blk_of(ci);
       gdn_async_wait<0>();
       block_sync();  // chunk ci's operands landed for every thread; chunk ci - 1 done with buffer b ^ 1, hT and vsT
-      issue(ci + 1, b ^ 1);
+      issue(ci + 1, b ^ 1, cd_next);
+      cd_cur = cd_next;
+      if (ci + 2 < count) cd_next = a.chunks[rd.chunk_begin + ci + 2];
       gdn_fla_store_tiles_T<kHT, kNT>(hT, kLk, acc, warp, lane);  // hT = bf16(h)ᵀ
       block_sync();  // hT complete
       if (a.save) {  // hT's BV rows into H[e0 + e][d], 16 bytes a copy
