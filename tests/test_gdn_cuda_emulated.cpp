@@ -320,7 +320,7 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitForward) {
 // scan of the state gradient, the gradients per chunk; every product bf16) against the double recurrence within the
 // bf16 model's bounds, at 256 threads: ragged runs from initial states with dL/d(final state) (chunks of 37 and 6
 // rows, an empty run), every (dk, dv) pairing and column count the forward test takes, dy bf16 and fp32; then a long
-// run of 300 tokens, its bf16 dy also 2 bytes off a 4-byte boundary.
+// run of 300 tokens, its bf16 dy also 2 bytes off a 4-byte boundary and 4 bytes off a 16-byte one.
 TEST(GdnCudaEmulatedLaunch, FlaSplitBackward) {
   EmulatedDev dev;
   dev.x.threads = detail::kGdnThreads;
@@ -334,7 +334,8 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitBackward) {
   Case l(300, 1, 128, 128, GdnGate::Scalar, {{0, 300, 0, 0}}, 1, ++seed);
   l.fla();
   check_backward(dev, l, /*dy_f32=*/false);
-  check_backward(dev, l, /*dy_f32=*/false, /*dy_unaligned=*/true);  // element loads instead of cp.async
+  check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/1);  // element loads instead of cp.async
+  check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/2);  // cp.async in 4-byte units (not 16-byte aligned)
 }
 
 // The split's refusals, each naming what is wrong.

@@ -286,20 +286,21 @@ void check_forward(Dev& dev, const Case& c, bool y_f32) {
   expect_within("final states", rel_err(s_dev, s_ref), es, kErrFactor * es + kAtol);
 }
 
-// dy_unaligned: a 16-bit dy starts 2 bytes past a 4-byte boundary (the kernels that copy it asynchronously fall
-// back to element loads).
+// dy_offset: a 16-bit dy starts that many elements past the allocation's (16-byte aligned) start: 1 puts it 2 bytes
+// past a 4-byte boundary (the kernels that copy it asynchronously fall back to element loads), 2 on a 4-byte
+// boundary 4 bytes past a 16-byte one (cp.async still, by gdn_stage_rows' generic loop in 4-byte units).
 template <class Dev>
-void check_backward(Dev& dev, const Case& c, bool dy_f32, bool dy_unaligned = false) {
+void check_backward(Dev& dev, const Case& c, bool dy_f32, int dy_offset = 0) {
   const Reference ref = cpu_reference<double>(c, false, true), f32 = same_precision_reference(c, true);
   GdnCudaParams p = device_params(dev, c, GdnCallKind::backward);
   p.y_f32 = dy_f32;
   GdnCudaGrads g;
   if (dy_f32) {
     g.dy = dev.put(std::vector<float>(c.dy.val.begin(), c.dy.val.end()));
-  } else if (dy_unaligned) {
-    std::vector<uint16_t> shifted(c.dy.bits.size() + 1, 0);
-    std::copy(c.dy.bits.begin(), c.dy.bits.end(), shifted.begin() + 1);
-    g.dy = dev.put(shifted) + 1;
+  } else if (dy_offset > 0) {
+    std::vector<uint16_t> shifted(c.dy.bits.size() + dy_offset, 0);
+    std::copy(c.dy.bits.begin(), c.dy.bits.end(), shifted.begin() + dy_offset);
+    g.dy = dev.put(shifted) + dy_offset;
   } else {
     g.dy = dev.put(c.dy.bits);
   }

@@ -234,8 +234,8 @@ TEST(GdnCudaFla, SplitForwardMatchesTheRecurrence) {
 
 // The FLA-like split backward (fla_split on gdn_backward) on the GPU: the emulated suite's checks at larger sizes
 // (ragged runs from initial states, dL/d(final state), every (dk, dv) pairing and column count, dy fp32 and bf16),
-// then a long run (its bf16 dy also 2 bytes off a 4-byte boundary), against the double recurrence within the bf16
-// model's bounds.
+// then a long run (its bf16 dy also 2 bytes off a 4-byte boundary, and 4 bytes off a 16-byte one), against the double
+// recurrence within the bf16 model's bounds.
 TEST(GdnCudaFla, SplitBackwardMatchesTheRecurrence) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   GpuDev dev;
@@ -245,7 +245,8 @@ TEST(GdnCudaFla, SplitBackwardMatchesTheRecurrence) {
   l.fla();
   std::printf("  long run\n");
   check_backward(dev, l, /*dy_f32=*/false);
-  check_backward(dev, l, /*dy_f32=*/false, /*dy_unaligned=*/true);  // dY by element loads, not cp.async
+  check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/1);  // dY by element loads, not cp.async
+  check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/2);  // cp.async in 4-byte units (not 16-byte aligned)
 }
 
 // fp16 activations (tests/common/gdn_cuda.hpp's check_fp16, which the CPU suite's emulation runs too).
