@@ -29,8 +29,10 @@ using namespace gdn_test;
 // columns, more than a short chunk's rows, not a power of two) keeps the suite fast; one test runs the GPU's 256.
 struct EmulatedExec {
   int threads = 96;
+  std::vector<std::string> launched;  // every launch's kernel name (K::kName), in order
   template <class K>
   void launch(int64_t blocks, const typename K::Args& a) {
+    launched.push_back(K::kName);
     const int nthr = threads;
     std::vector<float> smem(K::smem_bytes(a) / sizeof(float) + 1);
     std::barrier<> bar(nthr);
@@ -338,6 +340,64 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitBackward) {
   check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/2);  // cp.async in 4-byte units (not 16-byte aligned)
 }
 
+// A forward that keeps its arrays (GdnCudaParams::keep_forward) and the backward that reads them instead of computing
+// them again: the same gradients against the double recurrence within the bf16 model's bounds (the workspace starts
+// all NaN, so an array the kept forward did not write shows), on ragged runs from initial states with 16-, 32- and
+// 64-column scans and on a long run; the kept backward launches neither the prep nor the scan (the plain one both);
+// the forward's y is the plain forward's; and keep_forward without
+// fla_split is refused by name.
+TEST(GdnCudaEmulatedLaunch, FlaSplitKeptForward) {
+  EmulatedDev dev;
+  dev.x.threads = detail::kGdnThreads;
+  uint64_t seed = 120;
+  for (const auto& [dk, dv, cols] : {std::tuple{64, 64, 16}, std::tuple{128, 64, 32}, std::tuple{64, 128, 64}}) {
+    Case c(ragged_tokens(1), 2, dk, dv, GdnGate::Scalar, ragged_runs(1), 4, ++seed);
+    c.fla(cols);
+    check_backward(dev, c, /*dy_f32=*/cols == 32, /*dy_offset=*/0, /*kept=*/true);
+  }
+  Case l(300, 1, 128, 128, GdnGate::Scalar, {{0, 300, 0, 0}}, 1, ++seed);
+  l.fla();
+  check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/0, /*kept=*/true);
+  // What each call launches: the kept forward the prep and the scan (and no output without y), its backward neither.
+  GdnCudaParams pk = device_params(dev, l, GdnCallKind::backward);
+  pk.keep_forward = true;
+  pk.state_out = dev.put(std::vector<float>(l.state_in.size(), 0.f));
+  dev.x.launched.clear();
+  dev.forward(pk, l.runs);
+  EXPECT_EQ(dev.x.launched, (std::vector<std::string>{"gdn fla prep", "gdn fla scan"}));
+  GdnCudaGrads g;
+  g.dy = dev.put(l.dy.bits);
+  g.dq = dev.put(std::vector<float>(l.q.val.size(), 0.f));
+  dev.x.launched.clear();
+  dev.backward(pk, l.runs, g);
+  EXPECT_EQ(dev.x.launched, (std::vector<std::string>{"gdn fla bwd local", "gdn fla bwd scan", "gdn fla bwd grads"}));
+  pk.keep_forward = false;
+  dev.x.launched.clear();
+  dev.backward(pk, l.runs, g);
+  EXPECT_EQ(dev.x.launched, (std::vector<std::string>{"gdn fla prep", "gdn fla scan", "gdn fla bwd local",
+                                                      "gdn fla bwd scan", "gdn fla bwd grads"}));
+  // The kept forward's y is the plain forward's, bit for bit (the same kernels; its prep also writes X).
+  GdnCudaParams p = device_params(dev, l, GdnCallKind::forward);
+  p.state_out = pk.state_out;
+  pk.keep_forward = true;
+  const size_t ny = l.v.val.size();
+  uint16_t* y = dev.put(std::vector<uint16_t>(ny, 0));
+  uint16_t* yk = dev.put(std::vector<uint16_t>(ny, 1));
+  p.y = y;
+  pk.y = yk;
+  dev.forward(p, l.runs);
+  dev.forward(pk, l.runs);
+  EXPECT_EQ(dev.get(y, ny), dev.get(yk, ny));
+  p.keep_forward = true;
+  p.fla_split = false;
+  try {
+    dev.forward(p, l.runs);
+    ADD_FAILURE() << "keep_forward without fla_split accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("keep_forward"), std::string::npos) << e.what();
+  }
+}
+
 // The split's refusals, each naming what is wrong.
 TEST(GdnCudaEmulatedChecks, FlaSplitRefusesWhatItDoesNotTake) {
   GdnCudaParams p;
@@ -462,6 +522,14 @@ TEST(GdnCudaEmulatedChecks, WorkspaceIsExactlyTheCallsCarving) {
             }
             EXPECT_EQ(carves.back().end, s.bytes) << "bytes past the last carve";
             EXPECT_EQ(carves.front().begin, 0u);
+            if (kind == GdnCallKind::forward && p.fla_split) {  // a kept forward carves the backward's blocks
+              GdnCudaParams pk = p;
+              pk.keep_forward = true;
+              EXPECT_EQ(detail::GdnSchedule(pk, rs.runs, kind).bytes,
+                        detail::GdnSchedule(p, rs.runs, GdnCallKind::backward).bytes);
+              if (rs.tokens == 40960 && dk == 128 && dv == 128)
+                EXPECT_NEAR(detail::GdnSchedule(pk, rs.runs, kind).bytes * 1e-9, 3.528, 0.001);  // 168.25 KiB blocks
+            }
             if (kind == GdnCallKind::backward) continue;  // its sizes: the gradients' arrays (GdnBlock::make)
             const bool fwd = kind == GdnCallKind::forward;
             const size_t block = fwd && p.fla_split ? fla : 4 * (classic + (fwd && p.split_forward ? states : 0));

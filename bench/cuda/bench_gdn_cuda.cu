@@ -13,6 +13,7 @@
 // scan's state in mma fragments) at 32, 64 and 16 columns; --fla only runs that path alone (the GDN rows only). Its
 // per-kernel rows are "gdn fla prep", "gdn fla scan" and "gdn fla output"; its backward is the split backward
 // (gdn_fla_bwd_device.cuh: the prep and scan again, then "gdn fla bwd local", "gdn fla bwd scan", "gdn fla bwd grads").
+// The path "kept for bwd" (32 columns) runs the forward with keep_forward, whose backward skips the prep and the scan.
 // Usage: bench_gdn_cuda [--tokens T] [--docs N] [--heads H] [--dim D] [--reps R] [--fla 0|1|only]
 #include <cuda_runtime.h>
 
@@ -206,6 +207,7 @@ int main(int argc, char** argv) {
         bool split;
         const char* label;
         bool fla = false;
+        bool keep = false;  // keep_forward: the backward reads the forward's arrays instead of recomputing them
       };
       constexpr GdnPrecision f32 = GdnPrecision::fp32, b16 = GdnPrecision::bf16_tensor,
                              b16s = GdnPrecision::bf16_tensor_scans;
@@ -217,15 +219,21 @@ int main(int argc, char** argv) {
                  {false, f32, true, "fp32 FMA, split forward"},
                  {false, b16, true, "bf16 mma prep+grads, split fwd"},
                  {false, b16s, true, "bf16 mma all, split fwd"}};
-      if (fla != "0" && gate == GdnGate::Scalar) paths.push_back({false, b16s, false, "bf16 mma all, FLA split fwd", true});
+      if (fla != "0" && gate == GdnGate::Scalar) {
+        paths.push_back({false, b16s, false, "bf16 mma all, FLA split fwd", true});
+        paths.push_back({false, b16s, false, "FLA split fwd, kept for bwd", true, true});
+      }
       auto set_path = [&](const Path& x) {
         p.tensor_cores = x.tensor;
         p.precision = x.precision;
         p.split_forward = x.split;
         p.fla_split = x.fla;
+        p.keep_forward = x.keep;
       };
       for (const Path& path : paths)
-        for (const int cols : path.fla ? std::vector<int>{32, 64, 16} : std::vector<int>{32, 16}) {
+        for (const int cols : path.keep  ? std::vector<int>{32}
+                              : path.fla ? std::vector<int>{32, 64, 16}
+                                         : std::vector<int>{32, 16}) {
           p.scan_columns = cols;
           set_path(path);
           const double err = check_y();

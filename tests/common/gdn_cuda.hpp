@@ -290,10 +290,22 @@ void check_forward(Dev& dev, const Case& c, bool y_f32) {
 // past a 4-byte boundary (the kernels that copy it asynchronously fall back to element loads), 2 on a 4-byte
 // boundary 4 bytes past a 16-byte one (cp.async still, by gdn_stage_rows' generic loop in 4-byte units).
 template <class Dev>
-void check_backward(Dev& dev, const Case& c, bool dy_f32, int dy_offset = 0) {
+void check_backward(Dev& dev, const Case& c, bool dy_f32, int dy_offset = 0, bool kept = false) {
   const Reference ref = cpu_reference<double>(c, false, true), f32 = same_precision_reference(c, true);
   GdnCudaParams p = device_params(dev, c, GdnCallKind::backward);
   p.y_f32 = dy_f32;
+  if (kept) {
+    // The forward keeps its arrays for the backward (GdnCudaParams::keep_forward) in the backward's workspace, which
+    // is then its own size; its y is not wanted (the scan saves the arrays anyway).
+    p.keep_forward = true;
+    EXPECT_EQ(dev.workspace_bytes(p, c.runs, GdnCallKind::forward), p.workspace_bytes)
+        << "a kept forward carves the backward's workspace";
+    GdnCudaParams f = p;
+    f.y = nullptr;
+    f.y_f32 = false;
+    f.state_out = dev.put(std::vector<float>(c.state_in.size(), 0.f));
+    dev.forward(f, c.runs);
+  }
   GdnCudaGrads g;
   if (dy_f32) {
     g.dy = dev.put(std::vector<float>(c.dy.val.begin(), c.dy.val.end()));

@@ -235,7 +235,7 @@ TEST(GdnCudaFla, SplitForwardMatchesTheRecurrence) {
 // The FLA-like split backward (fla_split on gdn_backward) on the GPU: the emulated suite's checks at larger sizes
 // (ragged runs from initial states, dL/d(final state), every (dk, dv) pairing and column count, dy fp32 and bf16),
 // then a long run (its bf16 dy also 2 bytes off a 4-byte boundary, and 4 bytes off a 16-byte one), against the double
-// recurrence within the bf16 model's bounds.
+// recurrence within the bf16 model's bounds; then backwards that read a kept forward's arrays (keep_forward).
 TEST(GdnCudaFla, SplitBackwardMatchesTheRecurrence) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   GpuDev dev;
@@ -247,6 +247,11 @@ TEST(GdnCudaFla, SplitBackwardMatchesTheRecurrence) {
   check_backward(dev, l, /*dy_f32=*/false);
   check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/1);  // dY by element loads, not cp.async
   check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/2);  // cp.async in 4-byte units (not 16-byte aligned)
+  std::printf("  kept forward (keep_forward: the backward reads the forward's arrays)\n");
+  check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/0, /*kept=*/true);
+  for_each_fla_case(seed, [&](const Case& c, int cols) {
+    if (cols != 16) check_backward(dev, c, /*dy_f32=*/cols == 64, /*dy_offset=*/0, /*kept=*/true);
+  });
 }
 
 // fp16 activations (tests/common/gdn_cuda.hpp's check_fp16, which the CPU suite's emulation runs too).

@@ -2097,6 +2097,7 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
                            reinterpret_cast<uintptr_t>(p.v)) % 4 == 0),
             "gdn (cuda): fla_split copies q, k and v rows asynchronously: they must be 4-byte aligned");
   }
+  require(!p.keep_forward || p.fla_split, "gdn (cuda): keep_forward keeps the FLA-like split's arrays: it needs fla_split");
   require(gdn_precision_known(p.precision), "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
   require(p.dtype == DType::kBf16 || p.dtype == DType::kF16, "gdn (cuda): dtype must be bf16 or fp16, got ",
           static_cast<int>(p.dtype));
@@ -2163,7 +2164,8 @@ struct GdnSchedule {
     cache_at = runs_at + align(runs.size() * sizeof(GdnRunDesc));
     const size_t pairs = chunks.size() * static_cast<size_t>(p.heads);
     fla_split = kind != GdnCallKind::summary && p.fla_split;
-    if (fla_split) fla = GdnFlaBlock::make(p.dk, p.dv, backward);
+    // A forward that keeps its arrays for the backward (keep_forward) carves the backward's blocks.
+    if (fla_split) fla = GdnFlaBlock::make(p.dk, p.dv, backward || p.keep_forward);
     bytes = cache_at + pairs * (fla_split ? static_cast<size_t>(fla.size) : static_cast<size_t>(blk.size) * sizeof(float));
   }
   unsigned char* fla_cache(const GdnCudaParams& p) const {
@@ -2303,16 +2305,17 @@ void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   const int64_t chunk_blocks = static_cast<int64_t>(s.chunks.size()) * p.heads;
   unsigned char* ws = s.fla_cache(p);
   if (chunk_blocks > 0) {
-    const GdnFlaPrepArgs a{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k),
-                           static_cast<const uint16_t*>(p.v), static_cast<const uint16_t*>(p.g),
-                           static_cast<const uint16_t*>(p.beta), p.heads};
+    GdnFlaPrepArgs a{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k),
+                     static_cast<const uint16_t*>(p.v), static_cast<const uint16_t*>(p.g),
+                     static_cast<const uint16_t*>(p.beta), p.heads};
+    a.save_x = p.keep_forward;  // X = L⁻¹ for the backward
     gdn_fla_with_dims(p, [&](auto dk, auto dv) {
       x.template launch<GdnFlaPrepKernel<decltype(dk)::value, decltype(dv)::value>>(chunk_blocks, a);
     });
   }
   if (!s.runs.empty()) {
     const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k), p.heads,
-                           p.dv, p.state_in, p.state_out, p.y != nullptr};
+                           p.dv, p.state_in, p.state_out, p.y != nullptr || p.keep_forward};
     gdn_fla_columns_on<GdnFlaScanKernel>(x, p, s, a);
   }
   if (!p.y || chunk_blocks == 0) return;
@@ -2324,15 +2327,15 @@ void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
 }
 
 // The FLA-like split backward (gdn_fla_bwd_device.cuh): the split forward's prep (keeping X = L⁻¹) and scan (the
-// chunk-start states and v_new) again, then the local kernel, the reverse scan of the state gradient, and the
-// gradients per (chunk, head) where any is wanted.
+// chunk-start states and v_new) again, unless a forward with keep_forward left them in the workspace; then the local
+// kernel, the reverse scan of the state gradient, and the gradients per (chunk, head) where any is wanted.
 template <class X>
 void gdn_fla_backward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, const GdnCudaGrads& g) {
   const int64_t chunk_blocks = static_cast<int64_t>(s.chunks.size()) * p.heads;
   unsigned char* ws = s.fla_cache(p);
   const auto* q = static_cast<const uint16_t*>(p.q);
   const auto* k = static_cast<const uint16_t*>(p.k);
-  if (chunk_blocks > 0) {
+  if (chunk_blocks > 0 && !p.keep_forward) {
     GdnFlaPrepArgs a{s.dev_chunks(p), ws, s.fla, k, static_cast<const uint16_t*>(p.v),
                      static_cast<const uint16_t*>(p.g), static_cast<const uint16_t*>(p.beta), p.heads};
     a.save_x = true;
@@ -2341,8 +2344,10 @@ void gdn_fla_backward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s, con
     });
   }
   if (s.runs.empty()) return;
-  const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, k, p.heads, p.dv, p.state_in, nullptr, true};
-  gdn_fla_columns_on<GdnFlaScanKernel>(x, p, s, a);
+  if (!p.keep_forward) {
+    const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, k, p.heads, p.dv, p.state_in, nullptr, true};
+    gdn_fla_columns_on<GdnFlaScanKernel>(x, p, s, a);
+  }
   if (chunk_blocks > 0) {
     const GdnFlaLocalArgs l{s.dev_chunks(p), ws, s.fla, q, k, g.dy, p.y_f32, p.heads, p.scale};
     gdn_fla_with_dims(p, [&](auto dk, auto dv) {

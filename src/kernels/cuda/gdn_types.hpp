@@ -91,6 +91,14 @@ struct GdnCudaParams {
   // kernel, a reverse scan holding the state gradient in fragments, chunk-parallel gradients); gdn_summary runs its own
   // kernels. Not together with split_forward. Off by default until measured on a GPU.
   bool fla_split = false;
+  // With fla_split: the forward leaves in the workspace what the split backward would otherwise compute again (W, U,
+  // the cumulative gate, X = L⁻¹, each chunk's start state and v_new), and the backward reads them there instead of
+  // running the split's prep and scan a second time (2.0 ms of its 7.6 at T = 40,960, H = 32, dk = dv = 128). The
+  // forward's workspace is then the backward's size (gdn_workspace_bytes of either kind; 3.53 GB at that shape
+  // against 1.68) and its prep writes X too. The caller's contract: the backward gets the same inputs, runs, state_in
+  // and workspace as the forward, and nothing writes that workspace in between (the backward itself leaves the kept
+  // arrays as they are, so a second backward may read them again). The forward's y may be null then.
+  bool keep_forward = false;
   // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
   // backward the chunk-start states and their gradients).
   void* workspace = nullptr;
