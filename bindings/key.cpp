@@ -424,7 +424,14 @@ void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr
   be.set_gdn_precision(static_cast<cuda::GdnPrecision>(c.precision));  // the forward's, recomputed: the same choice
   be.set_gdn_fla_split(c.fla_split);  // the states the forward started each run from, as the forward computed them
   const int64_t n = owned_tokens_;
-  // The backward needs the states the forward started each run from: run the forward again, as on the CPU.
+  // The backward needs the states the forward started each run from: run the forward again, as on the CPU. Its
+  // split runs keep their arrays for the backward below (set_gdn_keep_forward: the same inputs, within this call),
+  // which then skips their prep and scan; the guard drops them when the call ends, however it ends.
+  struct KeepForward {
+    CudaBackend& be;
+    explicit KeepForward(CudaBackend& b) : be(b) { be.set_gdn_keep_forward(true); }
+    ~KeepForward() { be.set_gdn_keep_forward(false); }
+  } keep(be);
   CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);
   const GdnShape& shape = run.shape;
   const int64_t rows = run.cp.owned_rows(), vw = shape.v_width();
@@ -433,6 +440,7 @@ void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr
                     gv = be.alloc_grad(rows * vw), gg = be.alloc_grad(rows * shape.g_width()),
                     gb = be.alloc_grad(rows * shape.heads);
   run.cp.backward(dyg, gq, gk, gv, gg, gb);
+  be.set_gdn_keep_forward(false);  // the kept arrays go back to the pool before the gradients travel
   auto back = [&](const CudaBackend::Grad& src, int64_t width, uintptr_t dst) {
     CudaBackend::Grad out = device_view<float>(dst, n * width);
     be.copy_rows(redistribute_grad(comm, be, src, run.owners, layout_, width), {{0, 0, n}}, width, out);

@@ -48,6 +48,7 @@ struct GdnInputs {
   int reps = 1;      // --reps (GPU timing: the median after a warm-up)
   cuda::GdnPrecision precision = cuda::GdnPrecision::fp32;  // --precision (GPU: the chunk kernels' arithmetic)
   bool fla_split = false;  // --fla-split (GPU: the FLA-like split forward where the call qualifies)
+  bool keep_forward = false;  // --keep-forward (GPU, with --fla-split: the backward reads the forward's arrays)
   GdnLayout layout = GdnLayout::Searched;  // --layout
   std::optional<Layout> attention;         // --attention-layout
 };
@@ -59,7 +60,8 @@ void declare_options(Args& args) {
   declare_rank_options(args);
   args.value("--tree").value("--q").value("--k").value("--v").value("--g").value("--beta").value("--scale")
       .value("--dout").value("--out").value("--chunk").value("--device").value("--layout").value("--attention-layout")
-      .value("--reps").value("--dtype").value("--precision").flag("--fla-split");
+      .value("--reps").value("--dtype").value("--precision").flag("--fla-split")
+      .flag("--keep-forward");
 }
 
 // Every option and input checked, with the same dtype, finite and range rules as `treecp attention`:
@@ -89,6 +91,11 @@ GdnInputs prepare(const Args& args) {
   require(!in.fla_split || in.precision == cuda::GdnPrecision::bf16_tensor_scans,
           "--fla-split needs --precision bf16_tensor_scans (the split forward's products are all bf16 tensor-core "
           "ones), got --precision ", precision);
+  // --keep-forward: the split forward keeps its arrays (3.5 GB a 40,960 tokens at H 32, Dk = Dv = 128) and the backward
+  // reads them instead of running the split's prep and scan again (CudaBackend::set_gdn_keep_forward).
+  in.keep_forward = args.get_flag("--keep-forward");
+  require(!in.keep_forward || in.fla_split, "--keep-forward goes with --fla-split (it keeps the split forward's "
+          "arrays for the backward)");
   in.chunk = static_cast<int>(args.get_int_in("--chunk", 64, 1, 4096));
   in.layout = parse_gdn_layout(args.get_choice("--layout", "searched", gdn_layout_names()));
   if (args.has("--attention-layout"))
@@ -233,7 +240,7 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   const GdnArrays arrays{&in.q.data, &in.k.data, &in.v.data, &in.g.data, &in.beta.data,
                          in.has_dout ? &in.dout.data : nullptr};
   const GpuLayerResult r = gdn_on_gpus(comm, in.row, shape, plan, arrays, in.ranks.timeout_s, in.reps, in.dtype,
-                                      in.precision, in.fla_split);
+                                      in.precision, in.fla_split, in.keep_forward);
   if (comm.rank() != 0) return 0;
   const std::vector<std::pair<std::string, std::vector<int64_t>>> files = {
       {"o.npy", {in.S, in.H, in.dv}}, {"dq.npy", in.q.shape}, {"dk.npy", in.k.shape},
@@ -241,10 +248,10 @@ int run_gpu(Communicator& comm, const GdnInputs& in, OutputDir* out) {
   for (size_t i = 0; i < r.outputs.size(); ++i)
     out->write(files[i].first, npy_bytes(files[i].second, r.outputs[i].data(), DType::F32));
   out->commit();
-  std::printf("gdn %s %s (%s products%s) on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
+  std::printf("gdn %s %s (%s products%s%s) on %s: %s, %s, H %d, dk %d, dv %d, layout %s, %s, %s, forward %.3f ms",
               in.gate == GdnGate::Scalar ? "(GDN gates)" : "(KDA gates)", cuda::dtype_name(in.dtype),
               cuda::gdn_precision_name(in.precision), in.fla_split ? ", FLA-like split forward where it applies" : "",
-              count_of(N, "GPU").c_str(),
+              in.keep_forward ? ", kept for the backward" : "", count_of(N, "GPU").c_str(),
               count_of(in.S, "token").c_str(), count_of(in.row.num_segments(), "segment").c_str(), in.H, in.dk, in.dv,
               gdn_layout_name(plan.layout), count_of(plan.chained_segments(), "chained segment").c_str(),
               count_of(2 * plan.num_phases - 1, "DAG step").c_str(), r.forward_ms);
@@ -267,11 +274,12 @@ const Register kGdn("gdn",
                     "--tree T.json --q Q.npy --k K.npy --v V.npy --g G.npy --beta B.npy [--scale X] [--dout DO.npy] "
                     "[--ranks N] [--timeout S] [--chunk C] [--layout searched|contiguous|zigzag|doc-zigzag] "
                     "[--attention-layout L] [--device cpu|cuda] [--dtype bf16|fp16] "
-                    "[--precision fp32|bf16_tensor|bf16_tensor_scans [--fla-split]] [--reps N] --out DIR",
+                    "[--precision fp32|bf16_tensor|bf16_tensor_scans [--fla-split [--keep-forward]]] [--reps N] --out DIR",
                     "GDN (g [S,H]) / KDA (g [S,H,Dk]) over the tree; writes o.npy (and dq, dk, dv, dg, dbeta with "
                     "--dout); --device cuda: bf16 (or --dtype fp16) on one GPU per rank, fp32 products (or --precision "
                     "bf16_tensor[_scans]: bf16 tensor cores, faster, less exact; --fla-split with bf16_tensor_scans: the "
-                    "FLA-like split forward for GDN at Dk, Dv 64 or 128) (--reps N: the median of N timed calls after "
+                    "FLA-like split forward for GDN at Dk, Dv 64 or 128; --keep-forward: its backward reads the forward's "
+                    "arrays instead of computing them again) (--reps N: the median of N timed calls after "
                     "a warm-up)",
                     gdn_main);
 

@@ -71,11 +71,13 @@ struct GdnArrays {
   const std::vector<double>*q, *k, *v, *g, *beta, *dout;
 };
 // reps > 1: one untimed warm-up call of each direction, then the median of `reps` timed calls (the gradients zeroed
-// before each backward, which accumulates); reps = 1: the first call, timed.
+// before each backward, which accumulates); reps = 1: the first call, timed. keep_forward: the split forwards keep
+// their arrays for the backward (CudaBackend::set_gdn_keep_forward), which then skips the split's prep and scan.
 GpuLayerResult gdn_on_gpus(Communicator& world, const Row& row, const GdnShape& shape, const GdnPlan& plan,
                            const GdnArrays& in, double timeout_s, int reps = 1,
                            cuda::DType dtype = cuda::DType::kBf16,
-                           cuda::GdnPrecision precision = cuda::GdnPrecision::fp32, bool fla_split = false);
+                           cuda::GdnPrecision precision = cuda::GdnPrecision::fp32, bool fla_split = false,
+                           bool keep_forward = false);
 struct ConvArrays {
   const std::vector<double>*x, *weight, *bias, *dout;  // bias, dout may be null
 };

@@ -37,7 +37,7 @@ void require_fits(cuda::DType dtype, const NpyArray& a, const std::string& name)
 #ifndef TREECP_GPU_CLI
 
 GpuLayerResult gdn_on_gpus(Communicator&, const Row&, const GdnShape&, const GdnPlan&, const GdnArrays&, double, int,
-                           cuda::DType, cuda::GdnPrecision, bool) {
+                           cuda::DType, cuda::GdnPrecision, bool, bool) {
   fail("--device cuda: this treecp was built without CUDA and NCCL (install the CUDA toolkit with NCCL and rebuild)");
 }
 GpuLayerResult conv1d_on_gpus(Communicator&, const Row&, const ConvShape&, const Ownership&, const ConvArrays&, double,
@@ -94,11 +94,12 @@ double positive_timeout(double timeout_s) { return timeout_s > 0 ? timeout_s : C
 
 GpuLayerResult gdn_on_gpus(Communicator& world, const Row& row, const GdnShape& shape, const GdnPlan& plan,
                            const GdnArrays& in, double timeout_s, int reps, cuda::DType dtype,
-                           cuda::GdnPrecision precision, bool fla_split) {
+                           cuda::GdnPrecision precision, bool fla_split, bool keep_forward) {
   auto nccl = gpu_communicator(world, positive_timeout(timeout_s));
   CudaBackend be(nullptr, dtype);
   be.set_gdn_precision(precision);
   be.set_gdn_fla_split(fla_split);  // taken per call where it qualifies (cuda::gdn_fla_split_takes)
+  be.set_gdn_keep_forward(keep_forward);  // the inputs stay as they are between the forward and the backward here
   nccl->set_compute_stream(be.stream());
   const Ownership layout = gdn_ownership(row, plan);
   const std::vector<TokenRange>& mine = layout[static_cast<size_t>(world.rank())];

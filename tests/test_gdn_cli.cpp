@@ -268,6 +268,13 @@ TEST_F(GdnCli, DeviceIsCheckedAndARefusalWritesNothing) {
         << precision << ": " << c.output;
     EXPECT_FALSE(fs::exists(p("dev"))) << precision;
   }
+  // --keep-forward keeps the split forward's arrays: refused without --fla-split
+  c = run_cli(gdn + " --device cuda --precision bf16_tensor_scans --keep-forward --out " + p("dev"));
+  EXPECT_NE(c.rc, 0);
+  EXPECT_TRUE(c.output.find("--keep-forward goes with --fla-split") != std::string::npos ||
+              c.output.find("built without CUDA") != std::string::npos)
+      << c.output;
+  EXPECT_FALSE(fs::exists(p("dev")));
 }
 
 TEST_F(GdnCli, Conv1dMatchesTheReference) {

@@ -382,10 +382,43 @@ void CudaBackend::gdn_forward(const GdnShape& sh, const GdnInputs<Act>& in, int6
   p.state_in = state.data();
   p.state_out = state.data();
   p.fla_split = gdn_fla_split_ && cuda::gdn_fla_split_takes(p);  // elsewhere the classic forward (set_gdn_fla_split)
+  p.keep_forward = p.fla_split && gdn_keep_forward_;
   p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, cuda::GdnCallKind::forward);  // the split's own, if it runs
-  Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
-  p.workspace = ws.data();
+  if (!p.keep_forward) {
+    Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
+    p.workspace = ws.data();
+    cuda::gdn_forward(p, runs, stream_);
+    return;
+  }
+  KeptGdn* kept = gdn_kept(p, row, rows);
+  if (!kept) {
+    gdn_kept_.push_back({p.q, p.k, p.v, p.g, p.beta, row, rows, Grad(), 0});
+    kept = &gdn_kept_.back();
+  }
+  if (kept->bytes != p.workspace_bytes) {
+    kept->workspace = workspace(static_cast<int64_t>(p.workspace_bytes));
+    kept->bytes = p.workspace_bytes;
+  }
+  p.workspace = kept->workspace.data();
   cuda::gdn_forward(p, runs, stream_);
+}
+
+void CudaBackend::set_gdn_keep_forward(bool on) {
+  gdn_keep_forward_ = on;
+  if (!on) gdn_kept_.clear();  // stream order makes giving the workspaces back safe at once
+}
+
+int64_t CudaBackend::gdn_kept_bytes() const {
+  int64_t n = 0;
+  for (const KeptGdn& e : gdn_kept_) n += static_cast<int64_t>(e.bytes);
+  return n;
+}
+
+CudaBackend::KeptGdn* CudaBackend::gdn_kept(const cuda::GdnCudaParams& p, int64_t row, int64_t rows) {
+  for (KeptGdn& e : gdn_kept_)
+    if (e.q == p.q && e.k == p.k && e.v == p.v && e.g == p.g && e.beta == p.beta && e.row == row && e.rows == rows)
+      return &e;
+  return nullptr;
 }
 
 void CudaBackend::gdn_backward(const GdnShape& sh, const GdnInputs<Act>& in, int64_t row, int64_t rows,
@@ -413,6 +446,14 @@ void CudaBackend::gdn_backward(const GdnShape& sh, const GdnInputs<Act>& in, int
   p.state_in = state_in.data();
   p.fla_split = gdn_fla_split_ && cuda::gdn_fla_split_takes(p);  // the split backward where the forward splits
   p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, cuda::GdnCallKind::backward);
+  // A kept forward of these inputs and rows (set_gdn_keep_forward) hands its arrays over: no prep or scan again.
+  KeptGdn* kept = p.fla_split && gdn_keep_forward_ ? gdn_kept(p, row, rows) : nullptr;
+  if (kept && kept->bytes == p.workspace_bytes) {
+    p.keep_forward = true;
+    p.workspace = kept->workspace.data();
+    cuda::gdn_backward(p, runs, g, stream_);
+    return;
+  }
   Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
   p.workspace = ws.data();
   cuda::gdn_backward(p, runs, g, stream_);

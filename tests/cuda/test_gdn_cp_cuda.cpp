@@ -129,7 +129,10 @@ GdnResult empty_result(const GdnData& d) {
           std::vector<double>(d.v.size()), std::vector<double>(d.g.size()), std::vector<double>(d.beta.size())};
 }
 
-GdnResult run_gdn_cuda(const Row& row, const GdnPlan& plan, const GdnShape& shape, const RowData& in) {
+// fla: the FLA-like split where it takes (bf16_tensor_scans products); keep: its forward kept for the backward
+// (CudaBackend::set_gdn_keep_forward), kept_bytes then the bytes rank 0 held between the two.
+GdnResult run_gdn_cuda(const Row& row, const GdnPlan& plan, const GdnShape& shape, const RowData& in, bool fla = false,
+                       bool keep = false, int64_t* kept_bytes = nullptr) {
   const GdnData& d = in.d;
   GdnResult out = empty_result(d);
   std::mutex lock;
@@ -138,6 +141,11 @@ GdnResult run_gdn_cuda(const Row& row, const GdnPlan& plan, const GdnShape& shap
                       [&](int rank, Communicator& comm) {
     cuda::check_cuda(cudaSetDevice(0), "cudaSetDevice");
     CudaBackend be(nullptr, in.dtype);
+    if (fla) {
+      be.set_gdn_precision(cuda::GdnPrecision::bf16_tensor_scans);
+      be.set_gdn_fla_split(true);
+    }
+    be.set_gdn_keep_forward(keep);
     GdnCP<CudaBackend> cp(plan, row, shape, comm, be);
     const std::vector<TokenRange> mine = gdn_rank_ranges(row, plan, rank);
     const int64_t rows = cp.owned_rows();
@@ -152,6 +160,7 @@ GdnResult run_gdn_cuda(const Row& row, const GdnPlan& plan, const GdnShape& shap
     CudaBackend::Grad dq = be.alloc_grad(rows * qk), dk = be.alloc_grad(rows * qk), dv = be.alloc_grad(rows * vw),
                       dg = be.alloc_grad(rows * gw), dbeta = be.alloc_grad(rows * H);
     cp.forward(q, k, v, g, beta, y);
+    if (kept_bytes && rank == 0) *kept_bytes = be.gdn_kept_bytes();
     cp.backward(dy, dq, dk, dv, dg, dbeta);
     const auto yh = be.download(y);
     const auto dqh = be.download(dq), dkh = be.download(dk), dvh = be.download(dv), dgh = be.download(dg),
@@ -263,6 +272,39 @@ TEST_P(GdnCudaDtypeCP, EveryLayoutEqualsTheDoubleReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, GdnCudaDtypeCP, ::testing::Values(cuda::DType::kBf16, cuda::DType::kF16), dtype_name);
+
+// The FLA-like split with its forwards kept for the backward (CudaBackend::set_gdn_keep_forward): the kept backward
+// reads the arrays the recomputing one computes again, so every output and gradient is the recomputing run's bit for
+// bit, over a tree with chained and unchained segments and packed documents at 1 to 3 ranks; rank 0 holds kept arrays
+// between the two calls only with keep on. (The split's accuracy against the recurrence: tests/cuda/test_gdn_cuda.cpp.)
+TEST(GdnCudaCP, KeptSplitForwardEqualsTheRecomputingBackward) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  TREECP_SEED_TRACE;
+  uint64_t salt = 900;
+  for (const bool documents : {false, true})
+    for (const int ranks : {1, 2, 3}) {
+      testing::Rng rng = testing::test_rng(salt++);
+      const Row row = documents ? Row(std::vector<Segment>{{-1, 333}, {-1, 70}, {-1, 1}, {-1, 190}})
+                                : testing::random_tree(rng, {.segments = 10, .max_len = 120, .max_depth = 4});
+      const GdnShape shape{2, 128, 128, GdnGate::Scalar, 1.0 / std::sqrt(128.0), 64};
+      std::vector<uint8_t> chained(static_cast<size_t>(row.num_segments()));
+      for (size_t s = 0; s < chained.size(); ++s) chained[s] = s % 2 == 0;
+      const GdnPlan plan = make_gdn_plan(row, ranks, chained);
+      const RowData in = round_to(testing::random_gdn_data(row.tokens(), shape.heads, 128, 128, GdnGate::Scalar, rng));
+      SCOPED_TRACE(std::string(documents ? "docs" : "tree") + " ranks " + std::to_string(ranks));
+      int64_t kept = -1, none = -1;
+      const GdnResult a = run_gdn_cuda(row, plan, shape, in, true, false, &none);
+      const GdnResult b = run_gdn_cuda(row, plan, shape, in, true, true, &kept);
+      EXPECT_EQ(none, 0);
+      EXPECT_GT(kept, 0);
+      EXPECT_EQ(a.y, b.y);
+      EXPECT_EQ(a.dq, b.dq);
+      EXPECT_EQ(a.dk, b.dk);
+      EXPECT_EQ(a.dv, b.dv);
+      EXPECT_EQ(a.dg, b.dg);
+      EXPECT_EQ(a.dbeta, b.dbeta);
+    }
+}
 
 // ---- the short convolution
 

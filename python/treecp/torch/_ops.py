@@ -464,8 +464,10 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, k
     (with ``precision="bf16_tensor_scans"``, whose arithmetic it is) asks for the forward split as FLA splits it
     (compact prep, the scan's state in registers, a chunk-parallel output; ``CudaBackend::set_gdn_fla_split``):
     where the call does not qualify (KDA's per-channel gate, K or V other than 64 or 128) the classic forward runs.
-    The backward makes the same choice: the split backward (the split's prep and scan again, a reverse scan of the
-    state gradient, chunk-parallel gradients) where the forward splits, the classic backward elsewhere.
+    The backward makes the same choice: the split backward (a reverse scan of the state gradient, chunk-parallel
+    gradients) where the forward splits, the classic backward elsewhere. The backward runs the forward again for the
+    states each run starts from; that forward keeps the split's arrays for the backward in the same call
+    (``CudaBackend::set_gdn_keep_forward``), so the split's prep and scan run once there, not twice.
     """
     key = _key_argument("gated_delta_rule", key)
     _verdict(key, "gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk_size, precision, fla_split))
