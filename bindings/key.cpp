@@ -51,7 +51,10 @@ template <class Backend, class View, class Ptr>
 GdnArrays<typename Backend::Act> gdn_arrays(Communicator& comm, Backend& be, const Ownership& from,
                                             const Ownership& to, const GdnShape& s, View view, Ptr q, Ptr k, Ptr v,
                                             Ptr g, Ptr beta) {
-  auto move = [&](Ptr x, int64_t width) { return redistribute(comm, be, view(x, width), from, to, width); };
+  // Where the plan's ownership is the key's, nothing moves: the view itself (no copy for a device view).
+  auto move = [&](Ptr x, int64_t width) {
+    return from == to ? view(x, width) : redistribute(comm, be, view(x, width), from, to, width);
+  };
   return {move(q, s.qk_width()), move(k, s.qk_width()), move(v, s.v_width()), move(g, s.g_width()),
           move(beta, s.heads)};
 }
@@ -382,21 +385,25 @@ auto bf16_view(int64_t n) {
 }
 
 // One call's GDN forward on CUDA: the inputs moved from the key's layout (views of the caller's bf16 arrays
-// of n tokens) into the plan's, and y in the plan's layout. Built in place: the runtime keeps pointers to `in`.
+// of n tokens) into the plan's, and y in the plan's layout: the caller's y_out itself where that layout is the key's
+// (`in_place`; y_out 0: a buffer of its own). Built in place: the runtime keeps pointers to `in`.
 struct CudaGdnRun {
   GdnShape shape;
   Ownership owners;
+  bool in_place;  // the plan's ownership is the key's: nothing moves
   GdnArrays<CudaBackend::Act> in;
   GdnCP<CudaBackend> cp;
   CudaBackend::Act y;
 
   CudaGdnRun(Communicator& comm, CudaBackend& be, const Row& row, const GdnPlan& plan, const GdnShape& s,
-             const Ownership& layout, int64_t n, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g, uintptr_t beta)
+             const Ownership& layout, int64_t n, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g, uintptr_t beta,
+             uintptr_t y_out = 0)
       : shape(s),
         owners(gdn_ownership(row, plan)),
+        in_place(owners == layout),
         in(gdn_arrays(comm, be, layout, owners, shape, bf16_view(n), q, k, v, g, beta)),
         cp(plan, row, shape, comm, be),
-        y(be.alloc_act(cp.owned_rows() * shape.v_width())) {
+        y(in_place && y_out ? bf16_view(n)(y_out, shape.v_width()) : be.alloc_act(cp.owned_rows() * shape.v_width())) {
     cp.forward(in.q, in.k, in.v, in.g, in.beta, y);
   }
 };
@@ -410,10 +417,11 @@ void KeyCore::cuda_gdn_forward(const GdnCall& c, int device, bool fp16, uintptr_
   be.set_gdn_precision(static_cast<cuda::GdnPrecision>(c.precision));
   be.set_gdn_fla_split(c.fla_split);
   const int64_t n = owned_tokens_;
-  const CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);
+  const CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta, y);
+  if (run.in_place) return;  // y is the caller's
   const int64_t vw = run.shape.v_width();
   CudaBackend::Act out = bf16_view(n)(y, vw);
-  be.copy_rows(redistribute(comm, be, run.y, run.owners, layout_, vw), {{0, 0, n}}, vw, out);
+  redistribute_into(comm, be, run.y, run.owners, layout_, vw, out);
 }
 
 void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr_t q, uintptr_t k, uintptr_t v,
@@ -424,26 +432,38 @@ void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr
   be.set_gdn_precision(static_cast<cuda::GdnPrecision>(c.precision));  // the forward's, recomputed: the same choice
   be.set_gdn_fla_split(c.fla_split);  // the states the forward started each run from, as the forward computed them
   const int64_t n = owned_tokens_;
-  // The backward needs the states the forward started each run from: run the forward again, as on the CPU. Its
-  // split runs keep their arrays for the backward below (set_gdn_keep_forward: the same inputs, within this call),
-  // which then skips their prep and scan; the guard drops them when the call ends, however it ends.
-  struct KeepForward {
+  // The backward needs the states the forward started each run from: run the forward again, as on the CPU, without
+  // its y (set_gdn_forward_y). Its split runs keep their arrays for the backward below (set_gdn_keep_forward: the
+  // same inputs, within this call), which then skips their prep and scan; the guard restores both settings and drops
+  // the kept arrays when the call ends, however it ends.
+  struct StatesOnly {
     CudaBackend& be;
-    explicit KeepForward(CudaBackend& b) : be(b) { be.set_gdn_keep_forward(true); }
-    ~KeepForward() { be.set_gdn_keep_forward(false); }
-  } keep(be);
+    explicit StatesOnly(CudaBackend& b) : be(b) {
+      be.set_gdn_keep_forward(true);
+      be.set_gdn_forward_y(false);
+    }
+    ~StatesOnly() {
+      be.set_gdn_keep_forward(false);
+      be.set_gdn_forward_y(true);
+    }
+  } states_only(be);
   CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);
   const GdnShape& shape = run.shape;
   const int64_t rows = run.cp.owned_rows(), vw = shape.v_width();
-  const CudaBackend::Act dyg = redistribute(comm, be, bf16_view(n)(dy, vw), layout_, run.owners, vw);
-  CudaBackend::Grad gq = be.alloc_grad(rows * shape.qk_width()), gk = be.alloc_grad(rows * shape.qk_width()),
-                    gv = be.alloc_grad(rows * vw), gg = be.alloc_grad(rows * shape.g_width()),
-                    gb = be.alloc_grad(rows * shape.heads);
+  const CudaBackend::Act dyg =
+      run.in_place ? bf16_view(n)(dy, vw) : redistribute(comm, be, bf16_view(n)(dy, vw), layout_, run.owners, vw);
+  // In place the gradients are the caller's arrays themselves (the runtime overwrites them), else buffers moved back.
+  auto grad = [&](uintptr_t dst, int64_t width) {
+    return run.in_place ? device_view<float>(dst, n * width) : be.alloc_grad(rows * width);
+  };
+  CudaBackend::Grad gq = grad(dq, shape.qk_width()), gk = grad(dk, shape.qk_width()), gv = grad(dv, vw),
+                    gg = grad(dg, shape.g_width()), gb = grad(dbeta, shape.heads);
   run.cp.backward(dyg, gq, gk, gv, gg, gb);
   be.set_gdn_keep_forward(false);  // the kept arrays go back to the pool before the gradients travel
+  if (run.in_place) return;
   auto back = [&](const CudaBackend::Grad& src, int64_t width, uintptr_t dst) {
     CudaBackend::Grad out = device_view<float>(dst, n * width);
-    be.copy_rows(redistribute_grad(comm, be, src, run.owners, layout_, width), {{0, 0, n}}, width, out);
+    redistribute_grad_into(comm, be, src, run.owners, layout_, width, out);
   };
   back(gq, shape.qk_width(), dq);
   back(gk, shape.qk_width(), dk);

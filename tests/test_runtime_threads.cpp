@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/counting_communicator.hpp"
 #include "comm/thread_communicator.hpp"
 #include "core/random.hpp"
 #include "kernels/cpu/attention.hpp"
@@ -361,6 +362,41 @@ TEST(Redistribute, MovesEveryRowToItsNewOwnerAndBack) {
       EXPECT_EQ(moved, rows_of<double>(full, width, to[static_cast<size_t>(r)])) << "ranks " << ranks << " rank " << r;
       EXPECT_EQ(redistribute_grad(comm, be, moved, to, from, width), mine) << "ranks " << ranks << " rank " << r;
     });
+  }
+}
+
+// A move in which no row changes rank (one rank; every rank's tokens kept, in other ranges) is a local copy: the same
+// rows land where the all-to-all would put them, and no rank calls the collective; one row crossing ranks brings the
+// collective back on every rank.
+TEST(Redistribute, AMoveWithinEachRankCallsNoCollective) {
+  TREECP_SEED_TRACE;
+  testing::Rng rng = testing::test_rng(32);
+  const int64_t tokens = 97, width = 2;
+  const std::vector<double> full = testing::randn(static_cast<size_t>(tokens * width), rng);
+  for (int ranks = 1; ranks <= 4; ++ranks) {
+    // each rank its contiguous share in two ranges, `to` the same tokens in three (ranges are in token order)
+    Ownership from(static_cast<size_t>(ranks)), to(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t b = tokens * r / ranks, e = tokens * (r + 1) / ranks, m = (b + e) / 2;
+      from[static_cast<size_t>(r)] = {{b, m}, {m, e}};
+      to[static_cast<size_t>(r)] = {{b, (b + m) / 2}, {(b + m) / 2, (m + e) / 2}, {(m + e) / 2, e}};
+    }
+    for (const bool cross : {false, true}) {
+      Ownership dst = to;
+      if (cross && ranks > 1) {  // rank 0's last token goes to rank 1
+        const int64_t e0 = tokens / ranks;
+        dst[0] = {{0, e0 / 2}, {e0 / 2, e0 - 1}};
+        dst[1].insert(dst[1].begin(), TokenRange{e0 - 1, e0});
+      }
+      on_threads(ranks, ThreadCommOptions{}, [&](int r, Communicator& inner) {
+        CountingCommunicator comm(inner);
+        CpuBackend<double> be;
+        const auto mine = rows_of<double>(full, width, from[static_cast<size_t>(r)]);
+        EXPECT_EQ(redistribute(comm, be, mine, from, dst, width), rows_of<double>(full, width, dst[static_cast<size_t>(r)]))
+            << "ranks " << ranks << " rank " << r << " cross " << cross;
+        EXPECT_EQ(comm.exchanges(), cross && ranks > 1 ? 1 : 0) << "ranks " << ranks << " rank " << r;
+      });
+    }
   }
 }
 

@@ -23,6 +23,7 @@ class CountingCommunicator final : public Communicator {
   void all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, const std::vector<int64_t>& send_displs,
                     void* recv, const std::vector<int64_t>& recv_counts, const std::vector<int64_t>& recv_displs,
                     CommType type) override {
+    ++exchanges_;
     const int64_t es = static_cast<int64_t>(comm_type_size(type));
     for (size_t p = 0; p < send_counts.size(); ++p) {
       if (static_cast<int>(p) == rank()) continue;
@@ -32,6 +33,7 @@ class CountingCommunicator final : public Communicator {
     inner_.all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, type);
   }
   void group_send_recv(const std::vector<P2POp>& ops, CommType type) override {
+    ++exchanges_;
     const int64_t es = static_cast<int64_t>(comm_type_size(type));
     for (const P2POp& op : ops) {
       if (op.peer == rank()) continue;
@@ -47,10 +49,12 @@ class CountingCommunicator final : public Communicator {
 
   int64_t bytes_sent() const { return bytes_sent_; }
   int64_t bytes_received() const { return bytes_received_; }
+  // All-to-alls and point-to-point groups called, whatever they moved.
+  int64_t exchanges() const { return exchanges_; }
 
  private:
   Communicator& inner_;
-  int64_t bytes_sent_ = 0, bytes_received_ = 0;
+  int64_t bytes_sent_ = 0, bytes_received_ = 0, exchanges_ = 0;
 };
 
 }  // namespace treecp

@@ -378,7 +378,7 @@ void CudaBackend::gdn_forward(const GdnShape& sh, const GdnInputs<Act>& in, int6
   check_rows(state.size(), 0, 1, sh.affine().state_elements(), "gdn state");
   check_rows(y.size(), row, rows, sh.v_width(), "gdn y");
   const std::vector<cuda::GdnCudaRun> runs = {{row, row + rows, 0, 0}};
-  p.y = y.data();
+  p.y = gdn_forward_y_ ? y.data() : nullptr;  // set_gdn_forward_y(false): the states only
   p.state_in = state.data();
   p.state_out = state.data();
   p.fla_split = gdn_fla_split_ && cuda::gdn_fla_split_takes(p);  // elsewhere the classic forward (set_gdn_fla_split)

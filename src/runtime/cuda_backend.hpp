@@ -143,6 +143,10 @@ class CudaBackend {
   bool gdn_keep_forward() const { return gdn_keep_forward_; }
   // Bytes the kept forwards hold now.
   int64_t gdn_kept_bytes() const;
+  // false: GDN forwards compute the final states only and leave y as it is (a backward that runs the forward again
+  // for the states wants no y; the split then skips its output kernel). true by default.
+  void set_gdn_forward_y(bool on) { gdn_forward_y_ = on; }
+  bool gdn_forward_y() const { return gdn_forward_y_; }
   void synchronize();  // host wait for the compute stream
 
   // ---- memory
@@ -228,6 +232,7 @@ class CudaBackend {
   cuda::GdnPrecision gdn_precision_ = cuda::GdnPrecision::fp32;
   bool gdn_fla_split_ = false;
   bool gdn_keep_forward_ = false;
+  bool gdn_forward_y_ = true;
   // A kept forward's workspace (set_gdn_keep_forward), by its call's inputs and rows.
   struct KeptGdn {
     const void* q;

@@ -130,9 +130,10 @@ GdnResult empty_result(const GdnData& d) {
 }
 
 // fla: the FLA-like split where it takes (bf16_tensor_scans products); keep: its forward kept for the backward
-// (CudaBackend::set_gdn_keep_forward), kept_bytes then the bytes rank 0 held between the two.
+// (CudaBackend::set_gdn_keep_forward), kept_bytes then the bytes rank 0 held between the two; forward_y false: the
+// forward computes the states only (set_gdn_forward_y), y then not downloaded (left zero here).
 GdnResult run_gdn_cuda(const Row& row, const GdnPlan& plan, const GdnShape& shape, const RowData& in, bool fla = false,
-                       bool keep = false, int64_t* kept_bytes = nullptr) {
+                       bool keep = false, int64_t* kept_bytes = nullptr, bool forward_y = true) {
   const GdnData& d = in.d;
   GdnResult out = empty_result(d);
   std::mutex lock;
@@ -146,6 +147,7 @@ GdnResult run_gdn_cuda(const Row& row, const GdnPlan& plan, const GdnShape& shap
       be.set_gdn_fla_split(true);
     }
     be.set_gdn_keep_forward(keep);
+    be.set_gdn_forward_y(forward_y);
     GdnCP<CudaBackend> cp(plan, row, shape, comm, be);
     const std::vector<TokenRange> mine = gdn_rank_ranges(row, plan, rank);
     const int64_t rows = cp.owned_rows();
@@ -166,7 +168,7 @@ GdnResult run_gdn_cuda(const Row& row, const GdnPlan& plan, const GdnShape& shap
     const auto dqh = be.download(dq), dkh = be.download(dk), dvh = be.download(dv), dgh = be.download(dg),
                dbh = be.download(dbeta);
     std::lock_guard<std::mutex> hold(lock);
-    put_rows<uint16_t>(out.y, yh, vw, mine, value16(in.dtype));
+    if (forward_y) put_rows<uint16_t>(out.y, yh, vw, mine, value16(in.dtype));
     put_rows<float>(out.dq, dqh, qk, mine, fl);
     put_rows<float>(out.dk, dkh, qk, mine, fl);
     put_rows<float>(out.dv, dvh, vw, mine, fl);
@@ -276,7 +278,8 @@ INSTANTIATE_TEST_SUITE_P(DTypes, GdnCudaDtypeCP, ::testing::Values(cuda::DType::
 // The FLA-like split with its forwards kept for the backward (CudaBackend::set_gdn_keep_forward): the kept backward
 // reads the arrays the recomputing one computes again, so every output and gradient is the recomputing run's bit for
 // bit, over a tree with chained and unchained segments and packed documents at 1 to 3 ranks; rank 0 holds kept arrays
-// between the two calls only with keep on. (The split's accuracy against the recurrence: tests/cuda/test_gdn_cuda.cpp.)
+// between the two calls only with keep on. A kept forward of the states only (set_gdn_forward_y(false), as the
+// Python op's backward runs it) gives the same gradients. (The split's accuracy against the recurrence: tests/cuda/test_gdn_cuda.cpp.)
 TEST(GdnCudaCP, KeptSplitForwardEqualsTheRecomputingBackward) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   TREECP_SEED_TRACE;
@@ -303,6 +306,12 @@ TEST(GdnCudaCP, KeptSplitForwardEqualsTheRecomputingBackward) {
       EXPECT_EQ(a.dv, b.dv);
       EXPECT_EQ(a.dg, b.dg);
       EXPECT_EQ(a.dbeta, b.dbeta);
+      const GdnResult c = run_gdn_cuda(row, plan, shape, in, true, true, nullptr, false);
+      EXPECT_EQ(a.dq, c.dq);
+      EXPECT_EQ(a.dk, c.dk);
+      EXPECT_EQ(a.dv, c.dv);
+      EXPECT_EQ(a.dg, c.dg);
+      EXPECT_EQ(a.dbeta, c.dbeta);
     }
 }
 
