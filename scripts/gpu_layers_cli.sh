@@ -3,7 +3,9 @@
 # against --device cpu on the same small tree row, inputs made by numpy; prints the largest differences of every
 # output and fails when one is beyond bf16 expectations (the CUDA path rounds its inputs to bf16), and the same with
 # --dtype fp16 at 2^-3 of the bf16 bound (fp16's unit roundoff is 8 times smaller), and GDN with
-# --precision bf16_tensor (bf16 tensor-core products) at the bf16 bound.
+# --precision bf16_tensor (bf16 tensor-core products) at the bf16 bound; then the FLA-like split (--precision
+# bf16_tensor_scans --fla-split, GDN's gate at D 64; KDA's runs the classic kernels) at the bf16 bound, and with
+# --keep-forward, whose outputs must be the split's bit for bit.
 #   scripts/gpu_layers_cli.sh TREECP_BINARY [WORK_DIR]
 set -euo pipefail
 bin=${1:?usage: gpu_layers_cli.sh TREECP_BINARY [WORK_DIR]}
@@ -25,28 +27,38 @@ np.save(f"{w}/x.npy", rng.standard_normal((S, 96)).astype(np.float32))
 np.save(f"{w}/wt.npy", (0.3 * rng.standard_normal((96, 4))).astype(np.float32))
 np.save(f"{w}/dy.npy", rng.standard_normal((S, 96)).astype(np.float32))
 PY
-for run in cpu cuda:bf16 cuda:fp16 cuda:bf16t; do
+for run in cpu cuda:bf16 cuda:fp16 cuda:bf16t cuda:split cuda:kept; do
   dev=${run%%:*}; opts=(--device "$dev"); dtype=${run#*:}
-  [ "$dtype" = bf16t ] && { opts+=(--dtype bf16 --precision bf16_tensor); }
-  [ "$dev" = cuda ] && [ "$dtype" != bf16t ] && opts+=(--dtype "$dtype")
+  case "$dtype" in
+    bf16t) opts+=(--dtype bf16 --precision bf16_tensor) ;;
+    split) opts+=(--dtype bf16 --precision bf16_tensor_scans --fla-split) ;;
+    kept) opts+=(--dtype bf16 --precision bf16_tensor_scans --fla-split --keep-forward) ;;
+    cpu) ;;
+    *) opts+=(--dtype "$dtype") ;;
+  esac
   for gate in g gk; do
     "$bin" gdn --tree "$work/tree.json" --q "$work/q.npy" --k "$work/k.npy" --v "$work/v.npy" --g "$work/$gate.npy" \
       --beta "$work/beta.npy" --dout "$work/do.npy" "${opts[@]}" --out "$work/gdn_${gate}_${run/:/_}"
   done
-  [ "$dtype" = bf16t ] && continue  # conv1d has no products to choose
+  case "$dtype" in bf16t | split | kept) continue ;; esac  # conv1d has no products to choose
   "$bin" conv1d --tree "$work/tree.json" --x "$work/x.npy" --weight "$work/wt.npy" --silu --dout "$work/dy.npy" \
     "${opts[@]}" --out "$work/conv_${run/:/_}"
 done
 python3 - "$work" <<'PY'
 import sys, os, numpy as np
 w = sys.argv[1]; bad = 0
-for dt, bound in (("bf16", 3e-2), ("fp16", 3e-2 / 8), ("bf16t", 3e-2)):
-    for what in ("gdn_g", "gdn_gk") + (() if dt == "bf16t" else ("conv",)):
+for dt, bound in (("bf16", 3e-2), ("fp16", 3e-2 / 8), ("bf16t", 3e-2), ("split", 3e-2), ("kept", 3e-2)):
+    for what in ("gdn_g", "gdn_gk") + (("conv",) if dt in ("bf16", "fp16") else ()):
         for name in sorted(os.listdir(f"{w}/{what}_cpu")):
             a = np.load(f"{w}/{what}_cpu/{name}").astype(np.float64)
             b = np.load(f"{w}/{what}_cuda_{dt}/{name}").astype(np.float64)
             rel = np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)
             print(f"{dt} {what:7s} {name:12s} max |cpu - cuda| / max |cpu| = {rel:.3e} (bound {bound:.2e})")
             bad += rel > bound
+for what in ("gdn_g", "gdn_gk"):
+    for name in sorted(os.listdir(f"{w}/{what}_cuda_split")):
+        same = np.array_equal(np.load(f"{w}/{what}_cuda_split/{name}"), np.load(f"{w}/{what}_cuda_kept/{name}"))
+        print(f"kept {what:7s} {name:12s} equal to the split's bit for bit: {same}")
+        bad += not same
 sys.exit(1 if bad else 0)
 PY
