@@ -1,6 +1,7 @@
 #include "key.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/error.hpp"
@@ -64,6 +65,28 @@ template <class T>
 auto host_view(int64_t n) {
   return [n](const T* x, int64_t width) { return to_vector(x, n * width); };
 }
+
+// One GDN call's forward on CPU ranks: the inputs moved into the plan's layout, the runtime (which keeps the states
+// each run started from for its backward) and y in the plan's layout. Built in place: the runtime keeps pointers to
+// `be` and `in`.
+template <class T>
+struct CpuGdnRun final : KeyCore::SavedGdn {
+  GdnShape shape;
+  Ownership owners;
+  CpuBackend<T> be;
+  GdnArrays<std::vector<T>> in;
+  GdnCP<CpuBackend<T>> gdn;
+  std::vector<T> y;
+  CpuGdnRun(Communicator& comm, const Row& row, const GdnPlan& plan, const GdnShape& s, const Ownership& layout,
+            int64_t n, const T* q, const T* k, const T* v, const T* g, const T* beta)
+      : shape(s),
+        owners(gdn_ownership(row, plan)),
+        in(gdn_arrays(comm, be, layout, owners, shape, host_view<T>(n), q, k, v, g, beta)),
+        gdn(plan, row, shape, comm, be),
+        y(static_cast<size_t>(gdn.owned_rows() * shape.v_width())) {
+    gdn.forward(in.q, in.k, in.v, in.g, in.beta, y);
+  }
+};
 
 // A DenseAttentionCP and the backend it runs on, built once per shape. Autograd calls the stateless
 // backward, which fetches remote KV again, so the forward keeps none of it (Refetch).
@@ -304,37 +327,98 @@ const GdnPlan& KeyCore::gdn_plan(const GdnCall& c, int element_bytes) {
   return it->second;
 }
 
+KeyCore::GdnSaveKey KeyCore::gdn_save_key(const GdnCall& c, int kind, uintptr_t q, uintptr_t k, uintptr_t v,
+                                          uintptr_t g, uintptr_t beta) {
+  return {c.heads, c.dk, c.dv, c.per_channel_gate, c.scale, c.chunk, c.precision, c.fla_split, kind, q, k, v, g, beta};
+}
+
+void KeyCore::keep_gdn(const GdnSaveKey& key, std::unique_ptr<SavedGdn> run) {
+  const std::lock_guard<std::mutex> hold(gdn_saved_mu_);
+  const uint64_t id = ++gdn_serial_;
+  for (SavedEntry& e : gdn_saved_)
+    if (e.key == key) {  // a forward of the same call on the same inputs again: its run replaces the older one
+      gdn_dropped_.push_back(std::move(e.run));
+      e.run = std::move(run);
+      e.id = id;
+      return;
+    }
+  gdn_saved_.push_back({key, id, std::move(run)});
+}
+
+uint64_t KeyCore::last_gdn_saved() const {
+  const std::lock_guard<std::mutex> hold(gdn_saved_mu_);
+  return gdn_serial_;
+}
+
+std::unique_ptr<KeyCore::SavedGdn> KeyCore::take_gdn(const GdnSaveKey& key) {
+  const std::lock_guard<std::mutex> hold(gdn_saved_mu_);
+  for (auto it = gdn_saved_.begin(); it != gdn_saved_.end(); ++it)
+    if (it->key == key) {
+      std::unique_ptr<SavedGdn> run = std::move(it->run);
+      gdn_saved_.erase(it);
+      return run;
+    }
+  return nullptr;
+}
+
+void KeyCore::free_dropped_gdn() {
+  std::vector<std::unique_ptr<SavedGdn>> dropped;
+  {
+    const std::lock_guard<std::mutex> hold(gdn_saved_mu_);
+    dropped.swap(gdn_dropped_);
+  }
+}  // freed here, outside the lock
+
+void KeyCore::drop_gdn_saved(uint64_t id) {
+  const std::lock_guard<std::mutex> hold(gdn_saved_mu_);
+  for (auto it = gdn_saved_.begin(); it != gdn_saved_.end(); ++it)
+    if (it->id == id) {
+      gdn_dropped_.push_back(std::move(it->run));
+      gdn_saved_.erase(it);
+      return;
+    }
+}
+
+int64_t KeyCore::gdn_saved_count() const {
+  const std::lock_guard<std::mutex> hold(gdn_saved_mu_);
+  return static_cast<int64_t>(gdn_saved_.size());
+}
+
+namespace {
+template <class... P>
+KeyCore::GdnSaveKey host_save_key(const GdnCall& c, int kind, const P*... x) {
+  return KeyCore::gdn_save_key(c, kind, reinterpret_cast<uintptr_t>(x)...);
+}
+}  // namespace
+
 template <class T>
 void KeyCore::gdn_forward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, T* y) {
+  free_dropped_gdn();
   const GdnPlan& plan = gdn_plan(c, static_cast<int>(sizeof(T)));
-  const GdnShape shape = gdn_shape(c);
-  const Ownership owners = gdn_ownership(row_, plan);
-  CpuBackend<T> be;
-  const GdnArrays<std::vector<T>> in = gdn_arrays(*comm_, be, layout_, owners, shape, host_view<T>(owned_tokens_), q,
-                                                  k, v, g, beta);
-  GdnCP<CpuBackend<T>> gdn(plan, row_, shape, *comm_, be);
-  std::vector<T> yg(static_cast<size_t>(gdn.owned_rows() * shape.v_width()));
-  gdn.forward(in.q, in.k, in.v, in.g, in.beta, yg);
-  copy_out(redistribute(*comm_, be, yg, owners, layout_, shape.v_width()), y);
+  auto run = std::make_unique<CpuGdnRun<T>>(*comm_, row_, plan, gdn_shape(c), layout_, owned_tokens_, q, k, v, g, beta);
+  copy_out(redistribute(*comm_, run->be, run->y, run->owners, layout_, run->shape.v_width()), y);
+  if (c.keep) keep_gdn(host_save_key(c, sizeof(T), q, k, v, g, beta), std::move(run));
 }
 
 template <class T>
 void KeyCore::gdn_backward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta,
                            const T* dy, T* dq, T* dk, T* dv, T* dg, T* dbeta) {
-  const GdnPlan& plan = gdn_plan(c, static_cast<int>(sizeof(T)));
-  const GdnShape shape = gdn_shape(c);
-  const Ownership owners = gdn_ownership(row_, plan);
-  CpuBackend<T> be;
-  const GdnArrays<std::vector<T>> in = gdn_arrays(*comm_, be, layout_, owners, shape, host_view<T>(owned_tokens_), q,
-                                                  k, v, g, beta);
+  free_dropped_gdn();
+  // The backward needs the states the forward started each run from: a kept forward's run (GdnCall::keep), else the
+  // forward again, as for attention.
+  std::unique_ptr<SavedGdn> kept = c.keep ? take_gdn(host_save_key(c, sizeof(T), q, k, v, g, beta)) : nullptr;
+  std::unique_ptr<CpuGdnRun<T>> run(
+      kept ? static_cast<CpuGdnRun<T>*>(kept.release())  // the key's kind (sizeof(T)) says it is one
+           : new CpuGdnRun<T>(*comm_, row_, gdn_plan(c, static_cast<int>(sizeof(T))), gdn_shape(c), layout_,
+                              owned_tokens_, q, k, v, g, beta));
+  const GdnShape& shape = run->shape;
+  const Ownership& owners = run->owners;
+  CpuBackend<T>& be = run->be;
+  const GdnArrays<std::vector<T>>& in = run->in;
   const std::vector<T> dyg =
       redistribute(*comm_, be, to_vector(dy, owned_tokens_ * shape.v_width()), layout_, owners, shape.v_width());
-  // The backward needs the states the forward started each run from: run the forward again, as for attention.
-  GdnCP<CpuBackend<T>> gdn(plan, row_, shape, *comm_, be);
-  std::vector<T> yg(static_cast<size_t>(gdn.owned_rows() * shape.v_width()));
-  gdn.forward(in.q, in.k, in.v, in.g, in.beta, yg);
   std::vector<T> gq(in.q.size()), gk(in.k.size()), gv(in.v.size()), gg(in.g.size()), gb(in.beta.size());
-  gdn.backward(dyg, gq, gk, gv, gg, gb);
+  run->gdn.backward(dyg, gq, gk, gv, gg, gb);
   copy_out(redistribute(*comm_, be, gq, owners, layout_, shape.qk_width()), dq);
   copy_out(redistribute(*comm_, be, gk, owners, layout_, shape.qk_width()), dk);
   copy_out(redistribute(*comm_, be, gv, owners, layout_, shape.v_width()), dv);
@@ -408,46 +492,88 @@ struct CudaGdnRun {
   }
 };
 
+// A CUDA run a forward kept for its backward (GdnCall::keep), with the split's arrays the backend kept for it
+// (CudaBackend::set_gdn_keep_forward), which go back to the pool with it.
+// The run's arrays in the backend carry its tag (never reused), so that a later run of the same inputs keeps its own.
+uint64_t next_gdn_tag() {
+  static std::atomic<uint64_t> tags{0};
+  return ++tags;
+}
+struct CudaGdnSaved final : KeyCore::SavedGdn {
+  CudaBackend& be;
+  uint64_t tag;
+  CudaGdnRun run;
+  template <class... A>
+  CudaGdnSaved(CudaBackend& b, uint64_t t, A&&... a) : be(b), tag(t), run(std::forward<A>(a)...) {}
+  ~CudaGdnSaved() override { be.release_gdn_kept(tag); }
+};
+
+// The backend's GDN settings while a run is built, restored however that ends: keep (its split forwards keep their
+// arrays for the backward, tagged) and y (false: the forward computes the states only).
+struct GdnCallSettings {
+  CudaBackend& be;
+  GdnCallSettings(CudaBackend& b, bool keep, bool y, uint64_t tag) : be(b) {
+    be.set_gdn_keep_forward(keep, tag);
+    be.set_gdn_forward_y(y);
+  }
+  ~GdnCallSettings() {
+    be.set_gdn_keep_forward(false);
+    be.set_gdn_forward_y(true);
+  }
+};
+
+int cuda_kind(int device, bool fp16) { return -1 - 2 * device - (fp16 ? 1 : 0); }
+
 }  // namespace
 
 void KeyCore::cuda_gdn_forward(const GdnCall& c, int device, bool fp16, uintptr_t q, uintptr_t k, uintptr_t v,
                                uintptr_t g, uintptr_t beta, uintptr_t y) {
+  free_dropped_gdn();
   Communicator& comm = cuda_comm(device, "gated_delta_rule", fp16);
   CudaBackend& be = *cuda_->backend;
   be.set_gdn_precision(static_cast<cuda::GdnPrecision>(c.precision));
   be.set_gdn_fla_split(c.fla_split);
   const int64_t n = owned_tokens_;
-  const CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta, y);
-  if (run.in_place) return;  // y is the caller's
-  const int64_t vw = run.shape.v_width();
-  CudaBackend::Act out = bf16_view(n)(y, vw);
-  redistribute_into(comm, be, run.y, run.owners, layout_, vw, out);
+  std::unique_ptr<CudaGdnSaved> saved;
+  {
+    const uint64_t tag = next_gdn_tag();
+    const GdnCallSettings settings(be, c.keep, true, tag);
+    saved = std::make_unique<CudaGdnSaved>(be, tag, comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c),
+                                           layout_, n, q, k, v, g, beta, y);
+  }
+  const CudaGdnRun& run = saved->run;
+  if (!run.in_place) {  // else y is the caller's
+    const int64_t vw = run.shape.v_width();
+    CudaBackend::Act out = bf16_view(n)(y, vw);
+    redistribute_into(comm, be, run.y, run.owners, layout_, vw, out);
+  }
+  if (c.keep) keep_gdn(gdn_save_key(c, cuda_kind(device, fp16), q, k, v, g, beta), std::move(saved));
 }
 
 void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr_t q, uintptr_t k, uintptr_t v,
                                 uintptr_t g, uintptr_t beta, uintptr_t dy, uintptr_t dq, uintptr_t dk, uintptr_t dv,
                                 uintptr_t dg, uintptr_t dbeta) {
+  free_dropped_gdn();
   Communicator& comm = cuda_comm(device, "gated_delta_rule", fp16);
   CudaBackend& be = *cuda_->backend;
   be.set_gdn_precision(static_cast<cuda::GdnPrecision>(c.precision));  // the forward's, recomputed: the same choice
   be.set_gdn_fla_split(c.fla_split);  // the states the forward started each run from, as the forward computed them
   const int64_t n = owned_tokens_;
-  // The backward needs the states the forward started each run from: run the forward again, as on the CPU, without
-  // its y (set_gdn_forward_y). Its split runs keep their arrays for the backward below (set_gdn_keep_forward: the
-  // same inputs, within this call), which then skips their prep and scan; the guard restores both settings and drops
-  // the kept arrays when the call ends, however it ends.
-  struct StatesOnly {
-    CudaBackend& be;
-    explicit StatesOnly(CudaBackend& b) : be(b) {
-      be.set_gdn_keep_forward(true);
-      be.set_gdn_forward_y(false);
-    }
-    ~StatesOnly() {
-      be.set_gdn_keep_forward(false);
-      be.set_gdn_forward_y(true);
-    }
-  } states_only(be);
-  CudaGdnRun run(comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c), layout_, n, q, k, v, g, beta);
+  // The backward needs the states the forward started each run from: a kept forward's run (GdnCall::keep), else the
+  // forward again, as on the CPU, without its y (set_gdn_forward_y) and keeping the split's arrays for the backward
+  // below (set_gdn_keep_forward: the same inputs, within this call), which then skips their prep and scan. The run
+  // gives the kept arrays back to the pool when it goes.
+  std::unique_ptr<SavedGdn> kept = c.keep ? take_gdn(gdn_save_key(c, cuda_kind(device, fp16), q, k, v, g, beta)) : nullptr;
+  std::unique_ptr<CudaGdnSaved> saved;
+  if (kept) {
+    saved.reset(static_cast<CudaGdnSaved*>(kept.release()));  // the key's kind (< 0) says it is one
+  } else {
+    const uint64_t tag = next_gdn_tag();
+    const GdnCallSettings settings(be, true, false, tag);
+    saved = std::make_unique<CudaGdnSaved>(be, tag, comm, be, row_, gdn_plan(c, kCudaGdnStateBytes), gdn_shape(c),
+                                           layout_, n, q, k, v, g, beta);
+  }
+  CudaGdnRun& run = saved->run;
   const GdnShape& shape = run.shape;
   const int64_t rows = run.cp.owned_rows(), vw = shape.v_width();
   const CudaBackend::Act dyg =
@@ -459,7 +585,7 @@ void KeyCore::cuda_gdn_backward(const GdnCall& c, int device, bool fp16, uintptr
   CudaBackend::Grad gq = grad(dq, shape.qk_width()), gk = grad(dk, shape.qk_width()), gv = grad(dv, vw),
                     gg = grad(dg, shape.g_width()), gb = grad(dbeta, shape.heads);
   run.cp.backward(dyg, gq, gk, gv, gg, gb);
-  be.set_gdn_keep_forward(false);  // the kept arrays go back to the pool before the gradients travel
+  be.release_gdn_kept(saved->tag);  // the kept arrays go back to the pool before the gradients travel
   if (run.in_place) return;
   auto back = [&](const CudaBackend::Grad& src, int64_t width, uintptr_t dst) {
     CudaBackend::Grad out = device_view<float>(dst, n * width);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <tuple>
 #include <vector>
 
@@ -37,6 +38,11 @@ struct GdnCall {
   int chunk = 64;
   int precision = 0;  // CUDA: cuda::GdnPrecision (0 fp32, 1 bf16_tensor, 2 bf16_tensor_scans); the CPU ignores it
   bool fla_split = false;  // CUDA: CudaBackend::set_gdn_fla_split (the FLA-like forward where the call qualifies)
+  // Forward: keep this call's run (its inputs in the plan's layout, the states each run started from and, on CUDA,
+  // the split's arrays) for its backward; backward: take a kept run of the same call and inputs, if there is one,
+  // instead of running the forward again. Every rank of the key must make the same choice (they do when all run the
+  // same program); a kept run no backward takes holds its memory until drop_gdn_saved or the key goes.
+  bool keep = false;
 };
 
 class KeyCore {
@@ -75,6 +81,21 @@ class KeyCore {
   template <class T>
   void gdn_backward(const GdnCall& c, const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy,
                     T* dq, T* dk, T* dv, T* dg, T* dbeta);
+  // A run a forward with GdnCall::keep kept (key.cpp; CPU and CUDA alike); a backward takes its own.
+  struct SavedGdn {
+    virtual ~SavedGdn() = default;
+  };
+  // A kept run's identity: the call, the element kind (4, 8: CPU float, double; < 0: CUDA, by device and dtype) and the
+  // inputs' addresses.
+  using GdnSaveKey = std::tuple<int, int, int, bool, double, int, int, bool, int, uintptr_t, uintptr_t, uintptr_t,
+                                uintptr_t, uintptr_t>;
+  static GdnSaveKey gdn_save_key(const GdnCall& c, int kind, uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t g,
+                                 uintptr_t beta);
+  // The id of the run the last forward with keep kept (0: none yet); drop_gdn_saved(id) drops that run if no backward
+  // has taken it (ids are never reused, so a later run of the same inputs stays).
+  uint64_t last_gdn_saved() const;
+  void drop_gdn_saved(uint64_t id);
+  int64_t gdn_saved_count() const;
 
   // CUDA (bf16 or, with fp16, fp16 activations; fp32 sink, LSE and gradients), on device `device` and the key's own stream
   // (cuda_stream(), which the caller orders against its own with events). Pointers are device addresses.
@@ -134,6 +155,22 @@ class KeyCore {
   std::unique_ptr<Runners> runners_;
   std::unique_ptr<CudaRunners> cuda_;
   std::map<std::tuple<int, int, int, bool, int, int>, GdnPlan> gdn_plans_;  // heads, dk, dv, KDA, bytes, chunk
+  // Runs kept by forwards with GdnCall::keep (key.cpp's SavedGdn), by call, element kind and input addresses; after
+  // cuda_, so that they go first (a CUDA run refers to the backend).
+  struct SavedEntry {
+    GdnSaveKey key;
+    uint64_t id;
+    std::unique_ptr<SavedGdn> run;
+  };
+  std::vector<SavedEntry> gdn_saved_;
+  uint64_t gdn_serial_ = 0;
+  // drop_gdn_saved may come from another thread (a Python finalizer, while autograd's thread runs a backward): it
+  // only moves runs here, under the lock; the next GDN call, on the ops' thread, frees them.
+  std::vector<std::unique_ptr<SavedGdn>> gdn_dropped_;
+  mutable std::mutex gdn_saved_mu_;
+  void keep_gdn(const GdnSaveKey& key, std::unique_ptr<SavedGdn> run);
+  std::unique_ptr<SavedGdn> take_gdn(const GdnSaveKey& key);
+  void free_dropped_gdn();  // every GDN call starts with it
 };
 
 }  // namespace treecp::py

@@ -210,19 +210,22 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
   cls.def(
       "gdn_forward",
       [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
-         In<T> v, In<T> g, In<T> beta, Out<T> y) {
+         In<T> v, In<T> g, In<T> beta, Out<T> y, bool keep) {
         const char* op = "gdn_forward";
         const int64_t n = key.owned_tokens();
         require_gdn_inputs<T>(op, n, heads, dk, dv, per_channel, q, k, v, g, beta);
         require_shape(op, "y", y, {n, heads, dv});
         NoGil released;
-        key.gdn_forward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
-                           beta.data(), y.data());
-      });
+        key.gdn_forward<T>({heads, dk, dv, per_channel, scale, chunk, 0, false, keep}, q.data(), k.data(), v.data(),
+                           g.data(), beta.data(), y.data());
+      },
+      nb::arg("heads"), nb::arg("dk"), nb::arg("dv"), nb::arg("per_channel"), nb::arg("scale"), nb::arg("chunk"),
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("y"), nb::arg("keep") = false);
   cls.def(
       "gdn_backward",
       [](py::KeyCore& key, int heads, int dk, int dv, bool per_channel, double scale, int chunk, In<T> q, In<T> k,
-         In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_, Out<T> dv_, Out<T> dg, Out<T> dbeta) {
+         In<T> v, In<T> g, In<T> beta, In<T> dy, Out<T> dq, Out<T> dk_, Out<T> dv_, Out<T> dg, Out<T> dbeta,
+         bool keep) {
         const char* op = "gdn_backward";
         const int64_t n = key.owned_tokens();
         require_gdn_inputs<T>(op, n, heads, dk, dv, per_channel, q, k, v, g, beta);
@@ -233,9 +236,13 @@ void bind_ops(nb::class_<py::KeyCore>& cls) {
         require_gate(op, "dg", dg, n, heads, dk, per_channel);
         require_shape(op, "dbeta", dbeta, {n, heads});
         NoGil released;
-        key.gdn_backward<T>({heads, dk, dv, per_channel, scale, chunk}, q.data(), k.data(), v.data(), g.data(),
-                            beta.data(), dy.data(), dq.data(), dk_.data(), dv_.data(), dg.data(), dbeta.data());
-      });
+        key.gdn_backward<T>({heads, dk, dv, per_channel, scale, chunk, 0, false, keep}, q.data(), k.data(), v.data(),
+                            g.data(), beta.data(), dy.data(), dq.data(), dk_.data(), dv_.data(), dg.data(),
+                            dbeta.data());
+      },
+      nb::arg("heads"), nb::arg("dk"), nb::arg("dv"), nb::arg("per_channel"), nb::arg("scale"), nb::arg("chunk"),
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("dy"), nb::arg("dq"),
+      nb::arg("dk_"), nb::arg("dv_"), nb::arg("dg"), nb::arg("dbeta"), nb::arg("keep") = false);
   cls.def(
       "conv_forward",
       [](py::KeyCore& key, int channels, int width, bool silu, In<T> x, In<T> weight, std::optional<In<T>> bias,
@@ -432,20 +439,24 @@ NB_MODULE(_core, m) {
       "cuda_gdn_forward",
       [](py::KeyCore& k, int heads, int dk, int dv, bool per_channel, double scale, int chunk, int precision,
          bool fla_split, int device, bool fp16, uintptr_t q, uintptr_t kk, uintptr_t v, uintptr_t g, uintptr_t beta,
-         uintptr_t y) {
-        k.cuda_gdn_forward({heads, dk, dv, per_channel, scale, chunk, precision, fla_split}, device, fp16, q, kk, v, g,
-                           beta, y);
+         uintptr_t y, bool keep) {
+        k.cuda_gdn_forward({heads, dk, dv, per_channel, scale, chunk, precision, fla_split, keep}, device, fp16, q, kk,
+                           v, g, beta, y);
       },
       Compute());
   key.def(
       "cuda_gdn_backward",
       [](py::KeyCore& k, int heads, int dk, int dv, bool per_channel, double scale, int chunk, int precision,
          bool fla_split, int device, bool fp16, uintptr_t q, uintptr_t kk, uintptr_t v, uintptr_t g, uintptr_t beta,
-         uintptr_t dy, uintptr_t dq, uintptr_t dk_, uintptr_t dv_, uintptr_t dg, uintptr_t dbeta) {
-        k.cuda_gdn_backward({heads, dk, dv, per_channel, scale, chunk, precision, fla_split}, device, fp16, q, kk, v, g,
-                            beta, dy, dq, dk_, dv_, dg, dbeta);
+         uintptr_t dy, uintptr_t dq, uintptr_t dk_, uintptr_t dv_, uintptr_t dg, uintptr_t dbeta, bool keep) {
+        k.cuda_gdn_backward({heads, dk, dv, per_channel, scale, chunk, precision, fla_split, keep}, device, fp16, q, kk,
+                            v, g, beta, dy, dq, dk_, dv_, dg, dbeta);
       },
       Compute());
+  // The runs GDN forwards with keep kept for their backward: the last one's id, dropping one by id, their count.
+  key.def("last_gdn_saved", &py::KeyCore::last_gdn_saved);
+  key.def("drop_gdn_saved", &py::KeyCore::drop_gdn_saved, nb::arg("id"));
+  key.def("gdn_saved_count", &py::KeyCore::gdn_saved_count);
   key.def("cuda_conv_forward", &py::KeyCore::cuda_conv_forward, Compute());
   key.def("cuda_conv_backward", &py::KeyCore::cuda_conv_backward, Compute());
   bind_ops<float>(key);

@@ -61,6 +61,8 @@ def main():
     # 0: three warm-up calls only (run 118); 0.5 times at sustained clocks like bench_flex.py
     ap.add_argument("--sustain", type=float, default=0.0, help="seconds of back-to-back calls before timing")
     ap.add_argument("--reps", type=int, default=10)
+    # Triton compiles each kernel on its first call (minutes on a fresh machine): time only what is asked
+    ap.add_argument("--kernels", choices=("both", "gdn", "kda"), default="both")
     a = ap.parse_args()
     import fla
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -69,11 +71,14 @@ def main():
     T, H, D = a.tokens, a.heads, a.d
     print(f"# FLA {getattr(fla, '__version__', '?')}, torch {torch.__version__}, {torch.cuda.get_device_name()}")
     print(f"# T {T}, H {H}, Dk = Dv = {D}, bf16, one sequence; median of {a.reps} after 3 warm-up calls and {a.sustain} s of sustained calls\n")
-    rows = [
-        measure("fla chunk_gated_delta_rule (GDN)", lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b),
-                T, H, D, False, a.reps, a.sustain),
-        measure("fla chunk_kda (KDA)", lambda q, k, v, g, b: chunk_kda(q, k, v, g, b), T, H, D, True, a.reps, a.sustain),
-    ]
+    rows = []
+    if a.kernels != "kda":
+        rows.append(measure("fla chunk_gated_delta_rule (GDN)",
+                            lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b), T, H, D, False, a.reps,
+                            a.sustain))
+    if a.kernels != "gdn":
+        rows.append(measure("fla chunk_kda (KDA)", lambda q, k, v, g, b: chunk_kda(q, k, v, g, b), T, H, D, True,
+                            a.reps, a.sustain))
     print("| kernel | forward ms | forward+backward ms |")
     print("|---|---|---|")
     for r in rows:

@@ -2,7 +2,8 @@
 through autograd, on a row of one causal document of T tokens (H heads, K = V = D, bf16 in), per path:
 "classic" (precision bf16_tensor_scans, the classic chunk kernels) and "fla split" (fla_split=True: the FLA-like
 split; its backward runs the forward again for the states and keeps the split's arrays for the backward within the
-call, CudaBackend::set_gdn_keep_forward). Median of `--reps` timed calls after two warm-ups, CUDA events around each,
+call, CudaBackend::set_gdn_keep_forward), and the split with keep_for_backward=True (the forward keeps its run for
+the backward, which then does not run it again). Median of `--reps` timed calls after two warm-ups, CUDA events around each,
 the gradients of every input through autograd. What the C++ bench (bench_gdn_cuda) does not show: the package's
 copies in and out, its checks, the plan's redistribution, and the backward's second forward.
 
@@ -59,13 +60,15 @@ def main():
           f"K = V = {d}, bf16, one rank; median of {a.reps} after two warm-ups")
     print("| path | forward ms | fwd+bwd ms | bwd / fwd |")
     print("|---|---|---|---|")
-    for name, split in (("classic, bf16_tensor_scans", False), ("fla split", True)):
+    for name, split, keep in (("classic, bf16_tensor_scans", False, False), ("fla split", True, False),
+                              ("fla split, keep_for_backward", True, True)):
         def fwd():
             with torch.no_grad():
                 tt.gated_delta_rule(*leaves, key, precision="bf16_tensor_scans", fla_split=split)
 
         def fwd_bwd():
-            y = tt.gated_delta_rule(*leaves, key, precision="bf16_tensor_scans", fla_split=split)
+            y = tt.gated_delta_rule(*leaves, key, precision="bf16_tensor_scans", fla_split=split,
+                                    keep_for_backward=keep)
             torch.autograd.grad(y, leaves, dy)
 
         f, fb = timed(fwd, a.reps), timed(fwd_bwd, a.reps)

@@ -211,6 +211,29 @@ def test_gated_delta_rule_fla_split_reaches_the_kernels(kda):
         assert err <= ERR_FACTOR * err_ref + ATOL + ROUNDING[torch.bfloat16] + 4 * 2.0 ** -8, (name, err, err_ref)
 
 
+@pytest.mark.parametrize("fla_split", [False, True])
+def test_gated_delta_rule_keep_for_backward_on_cuda(fla_split):
+    """keep_for_backward=True on CUDA (the classic kernels, and the split with its kept arrays): the forward keeps its
+    run, the backward takes it, and y and every gradient are the recomputing backward's bit for bit."""
+    gen = torch.Generator().manual_seed(47 + fla_split)
+    parents, lengths = random_row(gen, 10, 90)
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row)
+    *inputs, w = gdn_inputs(gen, row.tokens, 2, 128, 128, False)
+    runs = {}
+    for keep in (False, True):
+        def op(*a):
+            y = tt.gated_delta_rule(*a, key, precision="bf16_tensor_scans", fla_split=fla_split,
+                                    keep_for_backward=keep)
+            assert key._core.gdn_saved_count() == int(keep)
+            return y
+        runs[keep] = run_op(op, inputs, w, "cuda", torch.bfloat16)
+        assert key._core.gdn_saved_count() == 0
+    assert torch.equal(runs[False][0], runs[True][0])
+    for a, b in zip(runs[False][1], runs[True][1]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("silu", [False, True])
 def test_short_conv_on_cuda_is_as_accurate_as_the_cpu_op_in_float32(silu, dtype):
@@ -261,7 +284,8 @@ def test_cuda_gdn_and_conv_run_on_a_side_stream_and_under_compile():
         for a, b in zip(got[1:], ref[1:]):
             torch.testing.assert_close(a, b)
     # The fake implementations agree with the CUDA ones (shapes, dtypes, autograd registration).
-    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default, (*dev, key.id, 0.125, 64, "fp32", False))
+    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default,
+                          (*dev, key.id, 0.125, 64, "fp32", False, False))
     torch.library.opcheck(torch.ops.treecp.short_conv.default, (dev[2].flatten(1), weight, None, key.id, True))
 
 

@@ -160,6 +160,46 @@ def test_gated_delta_rule_matches_tree_recurrence(kda):
     assert_same_gradients(y, y_ref, leaves, gen, 1e-9)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gated_delta_rule_keep_for_backward_hands_the_forward_run_over(dtype):
+    """keep_for_backward=True: the forward keeps its run (one per call), the backward takes it instead of running the
+    forward again, and the gradients are the recomputing backward's bit for bit (the same arithmetic, in the same
+    order); a graph dropped without its backward drops its run; no_grad keeps nothing."""
+    import gc
+    gen = torch.Generator().manual_seed(31)
+    parents, lengths = [-1, 0, 1, 0, -1], [9, 5, 3, 6, 4]
+    row = treecp.Row.from_segments(parents, lengths)
+    key = tt.plan(row)
+    t, h, dk, dv = row.tokens, 2, 4, 3
+    base = (rand(t, h, dk, gen=gen), torch.nn.functional.normalize(rand(t, h, dk, gen=gen), dim=-1),
+            rand(t, h, dv, gen=gen), -torch.rand(t, h, dtype=torch.float64, generator=gen),
+            torch.rand(t, h, dtype=torch.float64, generator=gen))
+    w = rand(t, h, dv, gen=gen).to(dtype)
+    grads = {}
+    for keep in (False, True):
+        leaves = [x.to(dtype).requires_grad_() for x in base]
+        y = tt.gated_delta_rule(*leaves, key, chunk_size=4, keep_for_backward=keep)
+        assert key._core.gdn_saved_count() == int(keep)
+        grads[keep] = (y.detach(), *torch.autograd.grad((y * w).sum(), leaves))
+        assert key._core.gdn_saved_count() == 0  # taken by the backward
+    for a, b in zip(grads[False], grads[True]):
+        assert torch.equal(a, b)
+    y_ref = gdn_tree(*(x.to(dtype) for x in base), parents, lengths, scale=dk ** -0.5)
+    torch.testing.assert_close(grads[True][0], y_ref, rtol=1e-5, atol=1e-5)
+    leaves = [x.to(dtype).requires_grad_() for x in base]
+    y = tt.gated_delta_rule(*leaves, key, chunk_size=4, keep_for_backward=True)
+    assert key._core.gdn_saved_count() == 1
+    del y
+    gc.collect()
+    tt.gated_delta_rule(*(x.detach() for x in leaves), key, chunk_size=4)  # a call frees what was dropped
+    assert key._core.gdn_saved_count() == 0
+    with torch.no_grad():
+        tt.gated_delta_rule(*leaves, key, chunk_size=4, keep_for_backward=True)
+    assert key._core.gdn_saved_count() == 0
+    with pytest.raises(ValueError, match="keep_for_backward must be a bool, got int"):
+        tt.gated_delta_rule(*leaves, key, keep_for_backward=1)
+
+
 def test_gated_delta_rule_gradcheck_double():
     gen = torch.Generator().manual_seed(2)
     row = treecp.Row.from_segments([-1, 0, 0], [3, 2, 2])
@@ -288,7 +328,8 @@ def test_custom_ops_pass_torch_library_opcheck():
     qd, kd, vd = (torch.randn(5, 2, 4, generator=gen, requires_grad=True) for _ in range(3))
     g = (-torch.rand(5, 2, generator=gen)).requires_grad_()
     beta = torch.rand(5, 2, generator=gen).requires_grad_()
-    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default, (qd, kd, vd, g, beta, key.id, 0.5, 64, "fp32", False))
+    torch.library.opcheck(torch.ops.treecp.gated_delta_rule.default,
+                          (qd, kd, vd, g, beta, key.id, 0.5, 64, "fp32", False, False))
 
 
 def test_a_key_for_another_window_keeps_the_ownership():

@@ -392,9 +392,10 @@ void CudaBackend::gdn_forward(const GdnShape& sh, const GdnInputs<Act>& in, int6
   }
   KeptGdn* kept = gdn_kept(p, row, rows);
   if (!kept) {
-    gdn_kept_.push_back({p.q, p.k, p.v, p.g, p.beta, row, rows, Grad(), 0});
+    gdn_kept_.push_back({p.q, p.k, p.v, p.g, p.beta, row, rows, Grad(), 0, 0});
     kept = &gdn_kept_.back();
   }
+  kept->owner = gdn_keep_owner_;
   if (kept->bytes != p.workspace_bytes) {
     kept->workspace = workspace(static_cast<int64_t>(p.workspace_bytes));
     kept->bytes = p.workspace_bytes;
@@ -403,9 +404,8 @@ void CudaBackend::gdn_forward(const GdnShape& sh, const GdnInputs<Act>& in, int6
   cuda::gdn_forward(p, runs, stream_);
 }
 
-void CudaBackend::set_gdn_keep_forward(bool on) {
-  gdn_keep_forward_ = on;
-  if (!on) gdn_kept_.clear();  // stream order makes giving the workspaces back safe at once
+void CudaBackend::release_gdn_kept(uint64_t owner) {  // stream order makes giving the workspaces back safe at once
+  std::erase_if(gdn_kept_, [owner](const KeptGdn& e) { return e.owner == owner; });
 }
 
 int64_t CudaBackend::gdn_kept_bytes() const {
@@ -447,7 +447,7 @@ void CudaBackend::gdn_backward(const GdnShape& sh, const GdnInputs<Act>& in, int
   p.fla_split = gdn_fla_split_ && cuda::gdn_fla_split_takes(p);  // the split backward where the forward splits
   p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, cuda::GdnCallKind::backward);
   // A kept forward of these inputs and rows (set_gdn_keep_forward) hands its arrays over: no prep or scan again.
-  KeptGdn* kept = p.fla_split && gdn_keep_forward_ ? gdn_kept(p, row, rows) : nullptr;
+  KeptGdn* kept = p.fla_split ? gdn_kept(p, row, rows) : nullptr;
   if (kept && kept->bytes == p.workspace_bytes) {
     p.keep_forward = true;
     p.workspace = kept->workspace.data();

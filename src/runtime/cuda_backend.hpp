@@ -134,13 +134,20 @@ class CudaBackend {
   bool gdn_fla_split() const { return gdn_fla_split_; }
   // While on, each GDN forward that runs the FLA-like split keeps its workspace (GdnCudaParams::keep_forward: W, U,
   // the gate's cumulative sum, L⁻¹, the chunk-start states and v_new; 3.5 GB at 40,960 tokens, H = 32, dk = dv = 128)
-  // under its inputs and rows, and a split backward of the same inputs and rows reads them instead of running the
-  // split's prep and scan again (2.0 ms of its 7.6 there). For a forward and its backward on unchanged inputs, such as
-  // a backward that runs its forward again for the states (the Python op's): a kept entry trusts that q, k, v, g, beta
-  // and the state it started from are what they were. A forward of the same inputs and rows replaces the entry;
-  // turning this off drops them all. Off by default.
-  void set_gdn_keep_forward(bool on);
+  // under its inputs and rows, and a split backward of the same inputs and rows (setting on or off) reads them instead
+  // of running the split's prep and scan again (2.0 ms of its 7.6 there), and leaves them. For a forward and its
+  // backward on unchanged inputs, such as a backward that runs its forward again for the states (the Python op's): a
+  // kept entry trusts that q, k, v, g, beta and the state it started from are what they were. A forward of the same
+  // inputs and rows replaces the entry; release_gdn_kept gives entries back. Off by default. `owner` tags the entries
+  // kept from now on (a later forward of the same inputs and rows takes the entry over, with its own tag).
+  void set_gdn_keep_forward(bool on, uint64_t owner = 0) {
+    gdn_keep_forward_ = on;
+    gdn_keep_owner_ = owner;
+  }
   bool gdn_keep_forward() const { return gdn_keep_forward_; }
+  // Gives back the kept workspaces tagged `owner` (every one without an argument).
+  void release_gdn_kept(uint64_t owner);
+  void release_gdn_kept() { gdn_kept_.clear(); }
   // Bytes the kept forwards hold now.
   int64_t gdn_kept_bytes() const;
   // false: GDN forwards compute the final states only and leave y as it is (a backward that runs the forward again
@@ -232,6 +239,7 @@ class CudaBackend {
   cuda::GdnPrecision gdn_precision_ = cuda::GdnPrecision::fp32;
   bool gdn_fla_split_ = false;
   bool gdn_keep_forward_ = false;
+  uint64_t gdn_keep_owner_ = 0;
   bool gdn_forward_y_ = true;
   // A kept forward's workspace (set_gdn_keep_forward), by its call's inputs and rows.
   struct KeptGdn {
@@ -243,6 +251,7 @@ class CudaBackend {
     int64_t row, rows;
     Grad workspace;
     size_t bytes;
+    uint64_t owner;
   };
   std::vector<KeptGdn> gdn_kept_;
   KeptGdn* gdn_kept(const cuda::GdnCudaParams& p, int64_t row, int64_t rows);

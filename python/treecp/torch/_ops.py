@@ -11,6 +11,7 @@ forward protocol again first.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Optional
 
 import torch
@@ -316,7 +317,8 @@ _CUDA_GDN_MAX_DIM = 256  # the CUDA scans' state tile (kernels/cuda/gdn_device.c
 _GDN_PRECISIONS = ("fp32", "bf16_tensor", "bf16_tensor_scans")
 
 
-def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk, precision="fp32", fla_split=False) -> Optional[str]:
+def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk, precision="fp32", fla_split=False,
+                 keep_for_backward=False) -> Optional[str]:
     op = "gated_delta_rule"
     n = key.local_tokens
     what = "tokens this rank owns under the key"
@@ -356,6 +358,8 @@ def _gdn_problem(key: Key, q, k, v, g, beta, scale, chunk, precision="fp32", fla
                     "products: the bf16 paths' intermediates could overflow float16)")
     if not isinstance(fla_split, bool):
         return f"{op}: fla_split must be a bool, got {type(fla_split).__name__}"
+    if not isinstance(keep_for_backward, bool):
+        return f"{op}: keep_for_backward must be a bool, got {type(keep_for_backward).__name__}"
     if fla_split and precision != "bf16_tensor_scans":
         # The split's arithmetic is bf16_tensor_scans': asking for it with another precision is a contradiction.
         return (f"{op}: fla_split runs every product on bf16 tensor cores: it needs precision='bf16_tensor_scans', "
@@ -373,18 +377,18 @@ def _fp32_like(*xs):
     return [torch.empty(x.shape, dtype=torch.float32, device=x.device) for x in xs]
 
 
-def _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk, precision, fla_split):
+def _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk, precision, fla_split, keep):
     # The CUDA kernels' chunk is their own (64): chunk_size steers only the plan's cost model here.
     _cuda_state(key, q.device)
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     with _KeyStream(key, q.device):
         key._core.cuda_gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
                                    _GDN_PRECISIONS.index(precision), fla_split, q.device.index,
-                                   q.dtype == torch.float16, *_ptrs(q, k, v, g, beta, y))
+                                   q.dtype == torch.float16, *_ptrs(q, k, v, g, beta, y), keep)
     return y
 
 
-def _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk, precision, fla_split):
+def _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk, precision, fla_split, keep):
     _cuda_state(key, q.device)
     dy = dy.to(q.dtype).contiguous()
     grads = _fp32_like(q, k, v, g, beta)
@@ -392,56 +396,69 @@ def _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk, precision, fla_s
         dy.record_stream(scope.stream)
         key._core.cuda_gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
                                     _GDN_PRECISIONS.index(precision), fla_split, q.device.index,
-                                    q.dtype == torch.float16, *_ptrs(q, k, v, g, beta, dy, *grads))
+                                    q.dtype == torch.float16, *_ptrs(q, k, v, g, beta, dy, *grads), keep)
     return tuple(d.to(x.dtype) for d, x in zip(grads, (q, k, v, g, beta)))
 
 
 @torch.library.custom_op("treecp::gated_delta_rule", mutates_args=())
 def _gdn_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key_id: str, scale: float,
-            chunk: int, precision: str, fla_split: bool) -> Tensor:
+            chunk: int, precision: str, fla_split: bool, keep: bool) -> Tensor:
     key = key_of(key_id)
-    _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk, precision, fla_split))
+    _refuse(_gdn_problem(key, q, k, v, g, beta, scale, chunk, precision, fla_split, keep))
     if q.device.type == "cuda":
-        return _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk, precision, fla_split)
+        return _cuda_gdn_forward(key, q, k, v, g, beta, scale, chunk, precision, fla_split, keep)
     y = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     key._core.gdn_forward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
-                          *_detached(q, k, v, g, beta), y)
+                          *_detached(q, k, v, g, beta), y, keep)
     return y
 
 
 @_gdn_op.register_fake
-def _(q, k, v, g, beta, key_id, scale, chunk, precision, fla_split):
+def _(q, k, v, g, beta, key_id, scale, chunk, precision, fla_split, keep):
     return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
 
 
 @torch.library.custom_op("treecp::gated_delta_rule_backward", mutates_args=())
 def _gdn_backward_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, dy: Tensor, key_id: str, scale: float,
-                     chunk: int, precision: str, fla_split: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                     chunk: int, precision: str, fla_split: bool,
+                     keep: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     key = key_of(key_id)
     if q.device.type == "cuda":
-        return _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk, precision, fla_split)
+        return _cuda_gdn_backward(key, q, k, v, g, beta, dy, scale, chunk, precision, fla_split, keep)
     grads = [torch.empty_like(x) for x in (q, k, v, g, beta)]
     key._core.gdn_backward(q.shape[1], q.shape[2], v.shape[2], g.dim() == 3, scale, chunk,
-                           *_detached(q, k, v, g, beta, dy.contiguous()), *grads)
+                           *_detached(q, k, v, g, beta, dy.contiguous()), *grads, keep)
     return tuple(grads)
 
 
 @_gdn_backward_op.register_fake
-def _(q, k, v, g, beta, dy, key_id, scale, chunk, precision, fla_split):
+def _(q, k, v, g, beta, dy, key_id, scale, chunk, precision, fla_split, keep):
     return tuple(torch.empty_like(x) for x in (q, k, v, g, beta))
 
 
+class _KeptRun:
+    """Held by the autograd node of a forward that kept its run for the backward (keep_for_backward): when the node
+    goes (after its backward, which takes the run, or unused), the run is dropped with it."""
+
+    def __init__(self, core):
+        weakref.finalize(self, core.drop_gdn_saved, core.last_gdn_saved())  # the run the forward just kept
+
+
 def _gdn_setup(ctx, inputs, output):
-    q, k, v, g, beta, key_id, scale, chunk, precision, fla_split = inputs
+    q, k, v, g, beta, key_id, scale, chunk, precision, fla_split, keep = inputs
     ctx.save_for_backward(q, k, v, g, beta)
     ctx.key_id, ctx.scale, ctx.chunk, ctx.precision, ctx.fla_split = key_id, scale, chunk, precision, fla_split
     ctx.key = key_of(key_id)  # keys are held by id: the graph keeps this one alive until backward
+    ctx.keep = keep
+    if keep:
+        ctx.kept_run = _KeptRun(ctx.key._core)
 
 
 def _gdn_grad(ctx, dy):
     q, k, v, g, beta = ctx.saved_tensors
-    return (*_gdn_backward_op(q, k, v, g, beta, dy, ctx.key_id, ctx.scale, ctx.chunk, ctx.precision, ctx.fla_split),
-            None, None, None, None, None)
+    return (*_gdn_backward_op(q, k, v, g, beta, dy, ctx.key_id, ctx.scale, ctx.chunk, ctx.precision, ctx.fla_split,
+                              ctx.keep),
+            None, None, None, None, None, None)
 
 
 torch.library.register_autograd("treecp::gated_delta_rule", _gdn_grad, setup_context=_gdn_setup)
@@ -449,7 +466,7 @@ torch.library.register_autograd("treecp::gated_delta_rule", _gdn_grad, setup_con
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, key: Key,
                      scale: Optional[float] = None, chunk_size: int = 64, precision: str = "fp32",
-                     fla_split: bool = False) -> Tensor:
+                     fla_split: bool = False, keep_for_backward: bool = False) -> Tensor:
     """Gated DeltaNet over the tree on this rank's tokens (FLA's conventions, token-major).
 
     ``q, k [n, H, K]``, ``v [n, H, V]``, ``g`` the log decay, ``[n, H]`` (GDN) or ``[n, H, K]`` (KDA), and
@@ -468,12 +485,22 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, k
     gradients) where the forward splits, the classic backward elsewhere. The backward runs the forward again for the
     states each run starts from; that forward keeps the split's arrays for the backward in the same call
     (``CudaBackend::set_gdn_keep_forward``), so the split's prep and scan run once there, not twice.
+    ``keep_for_backward=True`` trades memory for time: a forward under autograd (grad enabled, an input requiring
+    grad, not inside ``torch.compile``) keeps its run (the inputs in the plan's layout, the states each run started
+    from, on CUDA the split's arrays: about 3.5 GB at 40,960 tokens, H 32, K = V = 128) until its backward, which then
+    does not run the forward again; the run goes with the autograd graph if no backward comes. Every rank of the key
+    must pass the same value.
     """
     key = _key_argument("gated_delta_rule", key)
-    _verdict(key, "gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk_size, precision, fla_split))
+    _verdict(key, "gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk_size, precision, fla_split,
+                                                   keep_for_backward))
     if scale is None:  # after the checks, as attention's softmax_scale
         scale = default_scale(q.shape[-1])
-    return _gdn_op(q, k, v, g, beta, key.id, float(scale), int(chunk_size), precision, fla_split)
+    # Kept only where a backward can come and a graph node holds the run's lifetime (torch.compile traces the
+    # node's setup, so it runs the forward again instead).
+    keep = (keep_for_backward and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and any(x.requires_grad for x in (q, k, v, g, beta)))
+    return _gdn_op(q, k, v, g, beta, key.id, float(scale), int(chunk_size), precision, fla_split, keep)
 
 
 # ---------------------------------------------------------------- short convolution
