@@ -3,7 +3,7 @@ through autograd, on a row of one causal document of T tokens (H heads, K = V = 
 "classic" (precision bf16_tensor_scans, the classic chunk kernels) and "fla split" (fla_split=True: the FLA-like
 split; its backward runs the forward again for the states and keeps the split's arrays for the backward within the
 call, CudaBackend::set_gdn_keep_forward), and the split with keep_for_backward=True (the forward keeps its run for
-the backward, which then does not run it again). Median of `--reps` timed calls after two warm-ups, CUDA events around each,
+the backward, which then does not run it again). Median of `--reps` timed calls after three warm-ups, CUDA events around each,
 the gradients of every input through autograd. What the C++ bench (bench_gdn_cuda) does not show: the package's
 copies in and out, its checks, the plan's redistribution, and the backward's second forward.
 
@@ -11,26 +11,16 @@ copies in and out, its checks, the plan's redistribution, and the backward's sec
 """
 
 import argparse
-import statistics
+import os
+import sys
 
 import torch
 
 import treecp
 import treecp.torch as tt
 
-
-def timed(fn, reps):
-    for _ in range(2):
-        fn()
-    ms = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b))
-    return statistics.median(ms)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_flex import median_ms  # noqa: E402 - the one CUDA-event timer of the Python benchmarks
 
 
 def main():
@@ -57,7 +47,7 @@ def main():
     leaves = [x.requires_grad_() for x in (q, k, v, g, beta)]
     key = tt.plan(treecp.Row.from_segments([-1], [t]))
     print(f"treecp.torch.gated_delta_rule on {torch.cuda.get_device_name()}, torch {torch.__version__}: T {t}, H {h}, "
-          f"K = V = {d}, bf16, one rank; median of {a.reps} after two warm-ups")
+          f"K = V = {d}, bf16, one rank; median of {a.reps} after three warm-ups")
     print("| path | forward ms | fwd+bwd ms | bwd / fwd |")
     print("|---|---|---|---|")
     for name, split, keep in (("classic, bf16_tensor_scans", False, False), ("fla split", True, False),
@@ -71,7 +61,7 @@ def main():
                                     keep_for_backward=keep)
             torch.autograd.grad(y, leaves, dy)
 
-        f, fb = timed(fwd, a.reps), timed(fwd_bwd, a.reps)
+        f, fb = median_ms(fwd, a.reps, 0.0), median_ms(fwd_bwd, a.reps, 0.0)
         print(f"| {name} | {f:.3f} | {fb:.3f} | {(fb - f) / f:.2f} |")
 
 

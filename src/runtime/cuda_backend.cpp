@@ -384,23 +384,23 @@ void CudaBackend::gdn_forward(const GdnShape& sh, const GdnInputs<Act>& in, int6
   p.fla_split = gdn_fla_split_ && cuda::gdn_fla_split_takes(p);  // elsewhere the classic forward (set_gdn_fla_split)
   p.keep_forward = p.fla_split && gdn_keep_forward_;
   p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, cuda::GdnCallKind::forward);  // the split's own, if it runs
-  if (!p.keep_forward) {
-    Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
-    p.workspace = ws.data();
-    cuda::gdn_forward(p, runs, stream_);
-    return;
+  Grad scratch;  // the call's own workspace, unless the forward keeps it (set_gdn_keep_forward)
+  if (p.keep_forward) {
+    KeptGdn* kept = gdn_kept(p, row, rows);
+    if (!kept) {
+      gdn_kept_.push_back({p.q, p.k, p.v, p.g, p.beta, row, rows, Grad(), 0, 0});
+      kept = &gdn_kept_.back();
+    }
+    kept->owner = gdn_keep_owner_;
+    if (kept->bytes != p.workspace_bytes) {
+      kept->workspace = workspace(static_cast<int64_t>(p.workspace_bytes));
+      kept->bytes = p.workspace_bytes;
+    }
+    p.workspace = kept->workspace.data();
+  } else {
+    scratch = workspace(static_cast<int64_t>(p.workspace_bytes));
+    p.workspace = scratch.data();
   }
-  KeptGdn* kept = gdn_kept(p, row, rows);
-  if (!kept) {
-    gdn_kept_.push_back({p.q, p.k, p.v, p.g, p.beta, row, rows, Grad(), 0, 0});
-    kept = &gdn_kept_.back();
-  }
-  kept->owner = gdn_keep_owner_;
-  if (kept->bytes != p.workspace_bytes) {
-    kept->workspace = workspace(static_cast<int64_t>(p.workspace_bytes));
-    kept->bytes = p.workspace_bytes;
-  }
-  p.workspace = kept->workspace.data();
   cuda::gdn_forward(p, runs, stream_);
 }
 
@@ -448,14 +448,10 @@ void CudaBackend::gdn_backward(const GdnShape& sh, const GdnInputs<Act>& in, int
   p.workspace_bytes = cuda::gdn_workspace_bytes(p, runs, cuda::GdnCallKind::backward);
   // A kept forward of these inputs and rows (set_gdn_keep_forward) hands its arrays over: no prep or scan again.
   KeptGdn* kept = p.fla_split ? gdn_kept(p, row, rows) : nullptr;
-  if (kept && kept->bytes == p.workspace_bytes) {
-    p.keep_forward = true;
-    p.workspace = kept->workspace.data();
-    cuda::gdn_backward(p, runs, g, stream_);
-    return;
-  }
-  Grad ws = workspace(static_cast<int64_t>(p.workspace_bytes));
-  p.workspace = ws.data();
+  p.keep_forward = kept && kept->bytes == p.workspace_bytes;
+  Grad scratch;
+  if (!p.keep_forward) scratch = workspace(static_cast<int64_t>(p.workspace_bytes));
+  p.workspace = p.keep_forward ? kept->workspace.data() : scratch.data();
   cuda::gdn_backward(p, runs, g, stream_);
 }
 
