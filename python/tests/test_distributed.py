@@ -2,7 +2,8 @@
 
 Each rank computes the CP1 reference itself (a key without a group), then the same layers under CP; the
 C++ protocol runs unchanged, its collectives calling torch.distributed. Checked on every rank: outputs,
-gradients (this rank's contribution summed over the group = the CP1 gradient), dispatch/undispatch,
+gradients (this rank's contribution summed over the group = the CP1 gradient; GDN also with keep_for_backward,
+whose backward takes the forward's run), dispatch/undispatch,
 undispatch's adjoint, torch.compile(fullgraph=True) under CP, and that bad input on one rank is refused on
 every rank with the group still usable.
 """
@@ -78,19 +79,24 @@ def _gdn_conv_case(row, layout, group, kda):
     w, b = torch.randn(c, 4, dtype=torch.float64, generator=gen), torch.randn(c, dtype=torch.float64, generator=gen)
     gy, gz = torch.randn(t, h, dv, dtype=torch.float64, generator=gen), torch.randn(t, c, dtype=torch.float64, generator=gen)
     results = {}
-    for name, grp in (("cp1", None), ("cp", group)):
+    # cp_kept: the GDN forward keeps its run for the backward (keep_for_backward), which then does not run it again
+    for name, grp, keep in (("cp1", None, False), ("cp", group, False), ("cp_kept", group, True)):
         key = tt.plan(row, group=grp, layout=layout)
         leaves = [a.clone().requires_grad_() for a in full + [x, w, b]]
-        y = tt.gated_delta_rule(*(key.dispatch(a) for a in leaves[:5]), key, chunk_size=4)
+        y = tt.gated_delta_rule(*(key.dispatch(a) for a in leaves[:5]), key, chunk_size=4, keep_for_backward=keep)
+        assert key._core.gdn_saved_count() == int(keep)
         z = tt.short_conv(key.dispatch(leaves[5]), leaves[6], key, bias=leaves[7], activation="silu")
         ((y * key.dispatch(gy)).sum() + (z * key.dispatch(gz)).sum()).backward()
+        assert key._core.gdn_saved_count() == 0
         grads = [a.grad if grp is None else _sum(a.grad, group) for a in leaves]
         results[name] = (key.undispatch(y.detach()), key.undispatch(z.detach()), grads)
-    (y1, z1, g1), (y2, z2, g2) = results["cp1"], results["cp"]
-    _close(y2, y1, "GDN output" if not kda else "KDA output")
-    _close(z2, z1, "short_conv output")
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dx", "dweight", "dbias"), g2, g1):
-        _close(a, b, f"{'KDA' if kda else 'GDN'}/conv {name}")
+    y1, z1, g1 = results["cp1"]
+    for cp in ("cp", "cp_kept"):
+        y2, z2, g2 = results[cp]
+        _close(y2, y1, f"{cp}: " + ("GDN output" if not kda else "KDA output"))
+        _close(z2, z1, f"{cp}: short_conv output")
+        for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dx", "dweight", "dbias"), g2, g1):
+            _close(a, b, f"{cp}: {'KDA' if kda else 'GDN'}/conv {name}")
 
 
 def _check_group(rank, n, group):
