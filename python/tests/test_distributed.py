@@ -136,6 +136,19 @@ def _check_group(rank, n, group):
         assert f"bad input on rank {bad_rank}" in msg, msg
     o, _ = tt.attention(key.dispatch(q), key.dispatch(k), key.dispatch(v), key, sink=sink)
     assert o.shape[0] == key.local_tokens
+    if n > 1:
+        # keep_for_backward on one rank only: its backward would skip the forward's collectives the others run
+        gen = torch.Generator().manual_seed(5)
+        gd = [key.dispatch(torch.randn(row.tokens, 2, 4, dtype=torch.float64, generator=gen)).requires_grad_()
+              for _ in range(3)]
+        gate = key.dispatch(-torch.rand(row.tokens, 2, dtype=torch.float64, generator=gen))
+        beta = key.dispatch(torch.rand(row.tokens, 2, dtype=torch.float64, generator=gen))
+        with pytest.raises(ValueError, match="keep_for_backward .* holds on rank 0 only"):
+            tt.gated_delta_rule(*gd, gate, beta, key, keep_for_backward=rank == 0)
+        assert key._core.gdn_saved_count() == 0
+        y = tt.gated_delta_rule(*gd, gate, beta, key, keep_for_backward=True)
+        y.sum().backward()
+        assert key._core.gdn_saved_count() == 0
     if n == 2:
         # torch.compile(fullgraph) of a function of the ops under CP: their collectives run inside the ops
         def layer(q, k, v, sink):

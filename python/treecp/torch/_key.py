@@ -112,24 +112,30 @@ class Key:
                 f"plan: ranks {differ} planned another row, window, layout or cost model than rank 0; every rank of "
                 "the group must call treecp.torch.plan with the same arguments")
 
-    def agree(self, op: str, problem: Optional[str]):
-        """Raises ValueError on every rank if any rank found a problem (``problem`` is this rank's)."""
+    def agree(self, op: str, problem: Optional[str], same: Optional[tuple[str, bool]] = None):
+        """Raises ValueError on every rank if any rank found a problem (``problem`` is this rank's), or if the choice
+        ``same = (what, value)`` is not the same on every rank (the ops' collectives would not match), in the same
+        all-gather."""
         if self.cp == 1:
             if problem:
                 raise ValueError(problem)
             return
         at = collective_device(self.group)
+        mine = (1 if problem else 0) | (2 if same and same[1] else 0)
         flags = torch.empty(self.cp, dtype=torch.int64, device=at)
-        dist.all_gather_into_tensor(flags, torch.tensor([1 if problem else 0], dtype=torch.int64, device=at),
-                                    group=self.group)
+        dist.all_gather_into_tensor(flags, torch.tensor([mine], dtype=torch.int64, device=at), group=self.group)
         flags = flags.cpu()
-        if not bool(flags.any()):
-            return
-        if problem:
-            raise ValueError(problem)
-        bad = [r for r in range(self.cp) if int(flags[r])]
-        raise ValueError(f"{op}: refused on every rank: bad input on rank{'s' if len(bad) > 1 else ''} "
-                         f"{', '.join(map(str, bad))} (its error names the argument)")
+        bad = [r for r in range(self.cp) if int(flags[r]) & 1]
+        if bad:
+            if problem:
+                raise ValueError(problem)
+            raise ValueError(f"{op}: refused on every rank: bad input on rank{'s' if len(bad) > 1 else ''} "
+                             f"{', '.join(map(str, bad))} (its error names the argument)")
+        if same:
+            on = [r for r in range(self.cp) if int(flags[r]) & 2]
+            if 0 < len(on) < self.cp:
+                raise ValueError(f"{op}: refused on every rank: {same[0]} holds on rank{'s' if len(on) > 1 else ''} "
+                                 f"{', '.join(map(str, on))} only; every rank must make the same choice")
 
     # ---- token movement
 

@@ -79,8 +79,9 @@ def _check_compute(op: str, tensors: dict, shapes: dict) -> Optional[str]:
     return None
 
 
-def _verdict(key: Key, op: str, problem: Optional[str]):
-    """Raises ValueError on every rank of the key's group if any rank found a problem.
+def _verdict(key: Key, op: str, problem: Optional[str], same: Optional[tuple[str, bool]] = None):
+    """Raises ValueError on every rank of the key's group if any rank found a problem, or made the choice `same`
+    (what, value) otherwise than another rank.
 
     Under torch.compile the checks run while tracing, on this rank's metadata, and the compiled graph is
     guarded on that metadata; eager calls agree with the other ranks first (one all-gather of flags).
@@ -89,7 +90,7 @@ def _verdict(key: Key, op: str, problem: Optional[str]):
         if problem:
             raise ValueError(problem)
     else:
-        key.agree(op, problem)
+        key.agree(op, problem, same)
 
 
 def _detached(*xs):
@@ -489,17 +490,19 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, k
     grad, not inside ``torch.compile``) keeps its run (the inputs in the plan's layout, the states each run started
     from, on CUDA the split's arrays: about 3.5 GB at 40,960 tokens, H 32, K = V = 128) until its backward, which then
     does not run the forward again; the run goes with the autograd graph if no backward comes. Every rank of the key
-    must pass the same value.
+    must make the same choice (a rank that differs is refused on every rank, with the checks).
     """
     key = _key_argument("gated_delta_rule", key)
+    # Kept only where a backward can come and a graph node holds the run's lifetime (torch.compile traces the
+    # node's setup, so it runs the forward again instead); the ranks agree on it with the checks (a rank whose
+    # backward runs the forward again would call collectives the others do not).
+    keep = (keep_for_backward is True and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and any(isinstance(x, Tensor) and x.requires_grad for x in (q, k, v, g, beta)))
     _verdict(key, "gated_delta_rule", _gdn_problem(key, q, k, v, g, beta, scale, chunk_size, precision, fla_split,
-                                                   keep_for_backward))
+                                                   keep_for_backward),
+             ("keep_for_backward (with grad enabled and an input requiring grad)", keep))
     if scale is None:  # after the checks, as attention's softmax_scale
         scale = default_scale(q.shape[-1])
-    # Kept only where a backward can come and a graph node holds the run's lifetime (torch.compile traces the
-    # node's setup, so it runs the forward again instead).
-    keep = (keep_for_backward and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-            and any(x.requires_grad for x in (q, k, v, g, beta)))
     return _gdn_op(q, k, v, g, beta, key.id, float(scale), int(chunk_size), precision, fla_split, keep)
 
 
