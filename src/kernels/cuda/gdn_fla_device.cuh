@@ -266,19 +266,22 @@ struct GdnFlaPrepKernel {
     // below the diagonal exactly when p <= the row block).
     const int pm = warp / 2;
     float pc[4][4];
-    TREECP_GDN_UNROLL
-    for (int j = 0; j < 4; ++j)
+    auto pair_tiles = [&](const uint16_t* Arows) {  // pc = Arows Kᵀ on those tiles (A's: K Kᵀ; C's: Q Kᵀ)
       TREECP_GDN_UNROLL
-      for (int e = 0; e < 4; ++e) pc[j][e] = 0.f;
-    TREECP_GDN_UNROLL
-    for (int j = 0; j < 4; j += 2) {
-      const int n0 = ((warp % 2) * 4 + j) * 8;
-      if (n0 / 16 <= pm) {
+      for (int j = 0; j < 4; ++j)
         TREECP_GDN_UNROLL
-        for (int k0 = 0; k0 < DK; k0 += 16)
-          gdn_mma_b16_pair<false, false>(pc[j], pc[j + 1], Ks, kLk, Ks, kLk, pm * 16, n0, k0, lane);
+        for (int e = 0; e < 4; ++e) pc[j][e] = 0.f;
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < 4; j += 2) {
+        const int n0 = ((warp % 2) * 4 + j) * 8;
+        if (n0 / 16 <= pm) {
+          TREECP_GDN_UNROLL
+          for (int k0 = 0; k0 < DK; k0 += 16)
+            gdn_mma_b16_pair<false, false>(pc[j], pc[j + 1], Arows, kLk, Ks, kLk, pm * 16, n0, k0, lane);
+        }
       }
-    }
+    };
+    pair_tiles(Ks);
     block_sync();  // G complete
     TREECP_GDN_UNROLL
     for (int j = 0; j < 4; ++j)
@@ -290,19 +293,7 @@ struct GdnFlaPrepKernel {
     if (a.q) {
       // C = Q Kᵀ ⊙ e^{G_i - G_j} (j <= i < n) on A's tiles (its registers dead), straight out as bf16 pairs; the
       // tiles wholly above the diagonal go out as the zeros they hold. Q's rows past the chunk are stale: masked.
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < 4; ++j)
-        TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e) pc[j][e] = 0.f;
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < 4; j += 2) {
-        const int n0 = ((warp % 2) * 4 + j) * 8;
-        if (n0 / 16 <= pm) {
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < DK; k0 += 16)
-            gdn_mma_b16_pair<false, false>(pc[j], pc[j + 1], Qs, kLk, Ks, kLk, pm * 16, n0, k0, lane);
-        }
-      }
+      pair_tiles(Qs);
       uint16_t* gc = reinterpret_cast<uint16_t*>(c + a.fb.C);
       TREECP_GDN_UNROLL
       for (int j = 0; j < 4; ++j)
