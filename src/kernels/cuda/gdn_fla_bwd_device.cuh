@@ -34,14 +34,6 @@ TREECP_GDN_FN void gdn_fla_rows(float (&c)[N][4], int j0, const uint16_t* A, int
       gdn_mma_b16_pair<kAkm, kBkn>(c[j0 + 2 * p], c[j0 + 2 * p + 1], A, lda, B, ldb, r0, n0 + 16 * p, k0, lane);
 }
 
-template <int N>
-TREECP_GDN_FN void gdn_fla_zero(float (&c)[N][4]) {
-  TREECP_GDN_UNROLL
-  for (int j = 0; j < N; ++j)
-    TREECP_GDN_UNROLL
-    for (int e = 0; e < 4; ++e) c[j][e] = 0.f;
-}
-
 // Rows [0, n) of a [.., width] array of bf16 or fp32 (row stride src_ld elements) as bf16 into shared memory (row
 // stride ld), rows [n, 64) zero; `scaled` (optional, row stride lds) gets bf16(f[i] x) from the unrounded value. The
 // kernels take bf16 dY by gdn_fla_stage_dy and widen only fp32 here.

@@ -93,6 +93,15 @@ TREECP_GDN_FN void gdn_store_pair16(uint16_t* p, float lo, float hi) {
 #endif
 }
 
+// Accumulator tiles to zero (the split kernels' products add into them).
+template <int N>
+TREECP_GDN_FN void gdn_fla_zero(float (&c)[N][4]) {
+  TREECP_GDN_UNROLL
+  for (int j = 0; j < N; ++j)
+    TREECP_GDN_UNROLL
+    for (int e = 0; e < 4; ++e) c[j][e] = 0.f;
+}
+
 // Byte offsets of one (chunk, head) block of the split's workspace (each 256-byte aligned).
 struct GdnFlaBlock {
   int64_t W = 0, U = 0;  // prep: bf16 [64][dk], [64][dv] (rows past the chunk's tokens zero)
@@ -267,10 +276,7 @@ struct GdnFlaPrepKernel {
     const int pm = warp / 2;
     float pc[4][4];
     auto pair_tiles = [&](const uint16_t* Arows) {  // pc = Arows Kᵀ on those tiles (A's: K Kᵀ; C's: Q Kᵀ)
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < 4; ++j)
-        TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e) pc[j][e] = 0.f;
+      gdn_fla_zero(pc);
       TREECP_GDN_UNROLL
       for (int j = 0; j < 4; j += 2) {
         const int n0 = ((warp % 2) * 4 + j) * 8;
@@ -688,10 +694,7 @@ struct GdnFlaScanKernel {
       const uint16_t* Us = Usm(b);
       uint16_t* gv = reinterpret_cast<uint16_t*>(c + a.fb.V);
       float v[kVT][4];
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < kVT; ++j)
-        TREECP_GDN_UNROLL
-        for (int e = 0; e < 4; ++e) v[j][e] = 0.f;
+      gdn_fla_zero(v);
       gdn_fla_tiles<kVT, kNT, false, false>(v, Wsm(b), kLk, hT, kLk, DK, warp, lane);
       TREECP_GDN_UNROLL
       for (int j = 0; j < kVT; ++j) {
@@ -722,10 +725,7 @@ struct GdnFlaScanKernel {
         // Y = scale (diag(e^G) Q h + C v_new) on v_new's tiles; hT and Vn are rewritten only after the next step's
         // first barrier. C is zero past the diagonal and past the chunk (prep), v_new's rows past the chunk zero.
         float o[kVT][4];
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kVT; ++j)
-          TREECP_GDN_UNROLL
-          for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+        gdn_fla_zero(o);
         gdn_fla_tiles<kVT, kNT, false, false>(o, Qsm(b), kLk, hT, kLk, DK, warp, lane);
         TREECP_GDN_UNROLL
         for (int j = 0; j < kVT; ++j) {
