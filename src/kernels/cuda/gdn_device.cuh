@@ -734,6 +734,15 @@ TREECP_GDN_FN void gdn_load_vec(const float* p, float (&v)[N]) {
   std::memcpy(v, p, sizeof(v));
 #endif
 }
+// Two floats to p[0], p[1] in one 8-byte store (p 8-byte aligned).
+TREECP_GDN_FN void gdn_store_vec(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+#else
+  p[0] = a;
+  p[1] = b;
+#endif
+}
 
 template <int TM, int TN, int NT, class F>
 TREECP_GDN_FN void gdn_vec_product(int rows, int cols, const GdnTerm (&terms)[NT], int tid, int nthr, F&& out) {
@@ -1248,6 +1257,42 @@ TREECP_GDN_FN void gdn_stage_rows(void* dst, const void* src, int rows, int64_t 
 #endif
     }
 }
+// The way back: `rows` rows of ROW_BYTES bytes (at most MAX_ROWS) from shared memory (row stride src_ld bytes) to
+// global (dst_ld bytes), plain stores. Where both bases and both strides are 16-byte aligned and the block has
+// kGdnThreads threads, 16-byte units as gdn_stage_rows assigns them, unrolled (whole sectors: the split output's
+// 2-byte stores of y, a quarter of each 32-byte sector, held L2 92% busy in run 159). Otherwise 2-byte units (the
+// rows' elements are 2 or 4 bytes, the bases at least 2-byte aligned).
+template <int ROW_BYTES, int MAX_ROWS>
+TREECP_GDN_FN void gdn_store_rows(void* dst, int64_t dst_ld, const void* src, int src_ld, int rows, int tid,
+                                  int nthr) {
+  constexpr int kPer = ROW_BYTES / 16;
+  static_assert(ROW_BYTES % 16 == 0 && kPer >= 1 && kGdnThreads % kPer == 0, "whole 16-byte units, threads per row");
+  constexpr int kStep = kGdnThreads / kPer, kIters = (MAX_ROWS + kStep - 1) / kStep;
+  const uint64_t all = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
+                       static_cast<uint64_t>(src_ld) | static_cast<uint64_t>(dst_ld);
+  if (nthr != kGdnThreads || all % 16 != 0) {
+    constexpr int kHalves = ROW_BYTES / 2;
+    for (int idx = tid; idx < rows * kHalves; idx += nthr) {
+      const int i = idx / kHalves, u = idx % kHalves;
+      reinterpret_cast<uint16_t*>(static_cast<char*>(dst) + i * dst_ld)[u] =
+          reinterpret_cast<const uint16_t*>(static_cast<const char*>(src) + i * src_ld)[u];
+    }
+    return;
+  }
+  const int i0 = tid / kPer, off = (tid % kPer) * 16;
+  char* d = static_cast<char*>(dst) + i0 * dst_ld + off;
+  const char* s = static_cast<const char*>(src) + i0 * src_ld + off;
+  TREECP_GDN_UNROLL
+  for (int k = 0; k < kIters; ++k)
+    if (i0 + k * kStep < rows) {
+#if defined(__CUDA_ARCH__)
+      *reinterpret_cast<uint4*>(d + k * kStep * dst_ld) = *reinterpret_cast<const uint4*>(s + k * kStep * src_ld);
+#else
+      std::memcpy(d + k * kStep * dst_ld, s + k * kStep * src_ld, 16);
+#endif
+    }
+}
+
 // Columns [0, cols) of rows [0, n) of a chunk matrix in the cache (row stride src_ld floats) into shared memory with
 // row stride ld. A partial chunk's C is staged n x n: prep writes no column at or past n, so nothing reads them.
 TREECP_GDN_FN void stage_rows_async(float* dst, const float* src, int n, int cols, int src_ld, int ld, int tid,

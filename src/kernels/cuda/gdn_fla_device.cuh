@@ -93,6 +93,26 @@ TREECP_GDN_FN void gdn_store_pair16(uint16_t* p, float lo, float hi) {
 #endif
 }
 
+// p[0, 8) = bf16(f · p[0, 8)) in place, bf16 in shared memory (p 16-byte aligned): one 16-byte load and store.
+TREECP_GDN_FN void gdn_scale8_bf16(uint16_t* p, float f) {
+  uint32_t w[4];
+#if defined(__CUDA_ARCH__)
+  const uint4 x = *reinterpret_cast<const uint4*>(p);
+  w[0] = x.x; w[1] = x.y; w[2] = x.z; w[3] = x.w;
+#else
+  std::memcpy(w, p, 16);
+#endif
+  TREECP_GDN_UNROLL
+  for (int u = 0; u < 4; ++u)
+    w[u] = gdn_bf16x2(f * bf16_to_float(static_cast<uint16_t>(w[u] & 0xffffu)),
+                      f * bf16_to_float(static_cast<uint16_t>(w[u] >> 16)));
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+#else
+  std::memcpy(p, w, 16);
+#endif
+}
+
 // Accumulator tiles to zero (the split kernels' products add into them).
 template <int N>
 TREECP_GDN_FN void gdn_fla_zero(float (&c)[N][4]) {
@@ -290,12 +310,18 @@ struct GdnFlaPrepKernel {
     pair_tiles(Ks);
     block_sync();  // G complete
     TREECP_GDN_UNROLL
-    for (int j = 0; j < 4; ++j)
+    for (int hh = 0; hh < 2; ++hh) {
+      const int i = pm * 16 + g + hh * 8;
+      const float bi = bs[i], gi = Gs[i];
       TREECP_GDN_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int i = pm * 16 + g + (e >> 1) * 8, jj = ((warp % 2) * 4 + j) * 8 + 2 * q + (e & 1);
-        Af[i * kLa + jj] = jj < i && i < n ? bs[i] * (pc[j][e] * expf(Gs[i] - Gs[jj])) : 0.f;
+      for (int j = 0; j < 4; ++j) {
+        const int jj = ((warp % 2) * 4 + j) * 8 + 2 * q;
+        float x[2];
+        gdn_load_vec(Gs + jj, x);  // G_jj, G_jj+1 (jj even)
+        gdn_store_vec(Af + i * kLa + jj, jj < i && i < n ? bi * (pc[j][2 * hh] * expf(gi - x[0])) : 0.f,
+                      jj + 1 < i && i < n ? bi * (pc[j][2 * hh + 1] * expf(gi - x[1])) : 0.f);
       }
+    }
     if (a.q) {
       // C = Q Kᵀ ⊙ e^{G_i - G_j} (j <= i < n) on A's tiles (its registers dead), straight out as bf16 pairs; the
       // tiles wholly above the diagonal go out as the zeros they hold. Q's rows past the chunk are stale: masked.
@@ -328,10 +354,9 @@ struct GdnFlaPrepKernel {
       TREECP_GDN_UNROLL
       for (int i = 0; i < 16; ++i) Xf[(r0 + i) * kLa + r0 + col] = x[i];
     } else {
-      for (int idx = tid - 64; idx < C * DK / 2; idx += nthr - 64) {  // Kst = bf16(e^G ⊙ K), pairs in place
-        const int i = idx / (DK / 2), d = 2 * (idx % (DK / 2));
-        gdn_store_pair16(Ks + i * kLk + d, eGs[i] * bf16_to_float(Ks[i * kLk + d]),
-                         eGs[i] * bf16_to_float(Ks[i * kLk + d + 1]));
+      for (int idx = tid - 64; idx < C * DK / 8; idx += nthr - 64) {  // Kst = bf16(e^G ⊙ K), 8 in place a step
+        const int i = idx / (DK / 8);
+        gdn_scale8_bf16(Ks + i * kLk + 8 * (idx % (DK / 8)), eGs[i]);
       }
     }
     block_sync();  // the diagonal blocks of X
@@ -403,11 +428,16 @@ struct GdnFlaPrepKernel {
                          i < n && j + 1 <= i ? Xf[i * kLa + j + 1] : 0.f);
       }
     }
-    for (int idx = tid; idx < C * C / 2; idx += nthr) {  // Tb = bf16(X diag(β)), j <= i < n, over A
-      const int i = idx / (C / 2), j = 2 * (idx % (C / 2));
+    for (int idx = tid; idx < C * C / 4; idx += nthr) {  // Tb = bf16(X diag(β)), j <= i < n, over A; 4 a step
+      const int i = idx / (C / 4), j = 4 * (idx % (C / 4));
+      float x[4], b[4];
+      gdn_load_vec(Xf + i * kLa + j, x);
+      gdn_load_vec(bs + j, b);
       const bool row = i < n;
-      gdn_store_pair16(Tb + i * kLt + j, row && j <= i ? Xf[i * kLa + j] * bs[j] : 0.f,
-                       row && j + 1 <= i ? Xf[i * kLa + j + 1] * bs[j + 1] : 0.f);
+      TREECP_GDN_UNROLL
+      for (int u = 0; u < 4; ++u) x[u] = row && j + u <= i ? x[u] * b[u] : 0.f;
+      gdn_store_pair16(Tb + i * kLt + j, x[0], x[1]);
+      gdn_store_pair16(Tb + i * kLt + j + 2, x[2], x[3]);
     }
     block_sync();  // Tb complete; X dead
     // U = Tb V, then W = Tb Kst, in pairs of 8-column tiles: warp w the column pair w % NP (NP = width / 16) of
@@ -417,24 +447,8 @@ struct GdnFlaPrepKernel {
     product_out<DK>(Tb, Ks, kLk, nullptr, 0, warp, lane, g, q);  // W over Kst, after a barrier inside
     block_sync();  // W and U staged
     // Out in 16-byte units: all 64 rows (past the chunk Tb's zero rows made them 0).
-    uint16_t* W = reinterpret_cast<uint16_t*>(c + a.fb.W);
-    uint16_t* U = reinterpret_cast<uint16_t*>(c + a.fb.U);
-    for (int idx = tid; idx < C * DK / 8; idx += nthr) {
-      const int row = idx / (DK / 8), col = (idx % (DK / 8)) * 8;
-#if defined(__CUDA_ARCH__)
-      *reinterpret_cast<uint4*>(W + row * DK + col) = *reinterpret_cast<const uint4*>(Ks + row * kLk + col);
-#else
-      std::memcpy(W + row * DK + col, Ks + row * kLk + col, 16);
-#endif
-    }
-    for (int idx = tid; idx < C * DV / 8; idx += nthr) {
-      const int row = idx / (DV / 8), col = (idx % (DV / 8)) * 8;
-#if defined(__CUDA_ARCH__)
-      *reinterpret_cast<uint4*>(U + row * DV + col) = *reinterpret_cast<const uint4*>(Us + row * kLv + col);
-#else
-      std::memcpy(U + row * DV + col, Us + row * kLv + col, 16);
-#endif
-    }
+    gdn_store_rows<2 * DK, C>(c + a.fb.W, 2 * DK, Ks, 2 * kLk, C, tid, nthr);
+    gdn_store_rows<2 * DV, C>(c + a.fb.U, 2 * DV, Us, 2 * kLv, C, tid, nthr);
   }
 };
 
@@ -800,6 +814,8 @@ struct GdnFlaOutKernel {
   static constexpr int64_t kHBytes = 2 * int64_t{DV} * kLk, kVBytes = 2 * int64_t{kGdnChunk} * kLv;
   static constexpr int64_t kCBytes = 2 * int64_t{kGdnChunk} * kLc;
   static constexpr int64_t kBytes = 2 * kQBytes + kHBytes + kVBytes + kCBytes + 4 * kGdnChunk;
+  static constexpr int kLyf = DV + 4;  // fp32 row stride of the staged Y (16-byte aligned rows)
+  static_assert(4 * int64_t{kGdnChunk} * kLyf <= 2 * kQBytes + kHBytes, "Y fits over Q, K and hT");
   static size_t smem_bytes(const Args&) { return static_cast<size_t>(kBytes); }
 
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
@@ -818,13 +834,15 @@ struct GdnFlaOutKernel {
     uint16_t* Cs = reinterpret_cast<uint16_t*>(sm + 2 * kQBytes + kHBytes + kVBytes);
     float* Gs = reinterpret_cast<float*>(sm + 2 * kQBytes + kHBytes + kVBytes + kCBytes);
     const int64_t row = 2 * int64_t{H} * DK;  // bytes between tokens of q and k
+    // Two copy groups: Q, K and G (C's operands) first, hT and v_new landing while C is formed.
     gdn_stage_rows<2 * DK, kGdnChunk>(Qs, a.q + (cd.t * H + h) * DK, n, row, 2 * kLk, tid, nthr);
     gdn_stage_rows<2 * DK, kGdnChunk>(Ks, a.k + (cd.t * H + h) * DK, n, row, 2 * kLk, tid, nthr);
-    gdn_stage_rows<2 * DK, DV>(Hs, c + a.fb.H, DV, 2 * DK, 2 * kLk, tid, nthr);
-    gdn_stage_rows<2 * DV, kGdnChunk>(Vs, c + a.fb.V, kGdnChunk, 2 * DV, 2 * kLv, tid, nthr);
     gdn_stage_rows<4 * kGdnChunk, 1>(Gs, c + a.fb.G, 1, 4 * kGdnChunk, 4 * kGdnChunk, tid, nthr);
     gdn_async_commit();
-    gdn_async_wait<0>();
+    gdn_stage_rows<2 * DK, DV>(Hs, c + a.fb.H, DV, 2 * DK, 2 * kLk, tid, nthr);
+    gdn_stage_rows<2 * DV, kGdnChunk>(Vs, c + a.fb.V, kGdnChunk, 2 * DV, 2 * kLv, tid, nthr);
+    gdn_async_commit();
+    gdn_async_wait<1>();
     block_sync();
     // C: tile T = warp kCT + j is rows 16 (T / 8), columns 8 (T % 8); masked (select: stale rows past n never enter).
     // Pairs of tiles (T, T + 1), T even, share their rows: ldmatrix fragments (gdn_mma_b16_pair); pair p of 16
@@ -852,7 +870,8 @@ struct GdnFlaOutKernel {
         Cs[i * kLc + jj] = float_to_bf16(jj <= i && i < n ? cc[j][e] * expf(Gs[i] - Gs[jj]) : 0.f);
       }
     }
-    block_sync();  // C complete
+    gdn_async_wait<0>();
+    block_sync();  // C complete; hT and v_new landed
     float o[kOT][4];
     const int m = (warp * kOT) / (DV / 8);  // the warp's tiles share one row block
     TREECP_GDN_UNROLL
@@ -879,14 +898,33 @@ struct GdnFlaOutKernel {
         gdn_mma_b16_pair<false, true>(o[j], o[j + 1], Cs, kLc, Vs, kLv, m * 16, ((warp * kOT + j) % (DV / 8)) * 8, k0,
                                       lane);
     }
-    const int64_t y0 = (cd.t * H + h) * static_cast<int64_t>(DV), y_row = static_cast<int64_t>(H) * DV;
-    TREECP_GDN_UNROLL
-    for (int j = 0; j < kOT; ++j)
+    // Y staged over Q, K and hT (every warp done reading them), then out by whole rows (gdn_store_rows).
+    block_sync();
+    auto col_of = [&](int j) { return ((warp * kOT + j) % (DV / 8)) * 8 + 2 * q; };
+    const int64_t y_at = (cd.t * H + h) * static_cast<int64_t>(DV), y_row = static_cast<int64_t>(H) * DV;
+    if (a.y_f32) {
+      float* Yf = reinterpret_cast<float*>(sm);  // [64][kLyf]
       TREECP_GDN_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int i = m * 16 + g + (e >> 1) * 8, col = ((warp * kOT + j) % (DV / 8)) * 8 + 2 * q + (e & 1);
-        if (i < n) store_out<DType::kBf16>(a.y, a.y_f32, y0 + i * y_row + col, a.scale * o[j][e]);
-      }
+      for (int j = 0; j < kOT; ++j)
+        TREECP_GDN_UNROLL
+        for (int hh = 0; hh < 2; ++hh) {
+          float* p = Yf + (m * 16 + g + hh * 8) * kLyf + col_of(j);
+          p[0] = a.scale * o[j][2 * hh];
+          p[1] = a.scale * o[j][2 * hh + 1];
+        }
+      block_sync();
+      gdn_store_rows<4 * DV, kGdnChunk>(static_cast<float*>(a.y) + y_at, 4 * y_row, Yf, 4 * kLyf, n, tid, nthr);
+    } else {
+      uint16_t* Yb = reinterpret_cast<uint16_t*>(sm);  // [64][kLv]
+      TREECP_GDN_UNROLL
+      for (int j = 0; j < kOT; ++j)
+        TREECP_GDN_UNROLL
+        for (int hh = 0; hh < 2; ++hh)
+          gdn_store_pair16(Yb + (m * 16 + g + hh * 8) * kLv + col_of(j), a.scale * o[j][2 * hh],
+                           a.scale * o[j][2 * hh + 1]);
+      block_sync();
+      gdn_store_rows<2 * DV, kGdnChunk>(static_cast<uint16_t*>(a.y) + y_at, 2 * y_row, Yb, 2 * kLv, n, tid, nthr);
+    }
   }
 };
 
