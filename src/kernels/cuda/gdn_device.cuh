@@ -1224,53 +1224,60 @@ TREECP_GDN_FN void gdn_stage_async(void* dst, const void* src, int rows, int row
     }
   }
 }
-// gdn_stage_async for rows of ROW_BYTES (a multiple of 16) and at most MAX_ROWS of them, as the split kernels stage
-// their operands: where both bases and both strides are 16-byte aligned and the block has kGdnThreads threads (the
-// device's launches and the emulation), thread tid copies unit tid % (ROW_BYTES / 16) of rows tid / (ROW_BYTES / 16)
-// + k kGdnThreads / (ROW_BYTES / 16), unrolled: no division, no unit test and no loop counter a copy (the generic
-// loop's ~30 instructions a copy were a third of the scans' instructions). Otherwise the generic loop.
+// The 16-byte units of `rows` rows of ROW_BYTES bytes (a multiple of 16; at most MAX_ROWS rows), as gdn_stage_rows
+// and gdn_store_rows move them where `fits` (both bases and both strides 16-byte aligned, the block kGdnThreads
+// threads: the device's launches and the emulation): thread tid takes unit tid % (ROW_BYTES / 16) of rows
+// tid / (ROW_BYTES / 16) + k kGdnThreads / (ROW_BYTES / 16), unrolled: no division, no unit test and no loop counter a
+// copy (the generic loop's ~30 instructions a copy were a third of the scans' instructions). f(d, s) moves one unit.
+template <int ROW_BYTES, int MAX_ROWS>
+struct GdnRowUnits {
+  static constexpr int kPer = ROW_BYTES / 16;
+  static_assert(ROW_BYTES % 16 == 0 && kPer >= 1 && kGdnThreads % kPer == 0, "whole 16-byte units, threads per row");
+  static constexpr int kStep = kGdnThreads / kPer, kIters = (MAX_ROWS + kStep - 1) / kStep;
+  static TREECP_GDN_FN bool fits(const void* dst, const void* src, int64_t src_ld, int64_t dst_ld, int nthr) {
+    const uint64_t all = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
+                         static_cast<uint64_t>(src_ld) | static_cast<uint64_t>(dst_ld);
+    return nthr == kGdnThreads && all % 16 == 0;
+  }
+  template <class F>
+  static TREECP_GDN_FN void each(void* dst, int64_t dst_ld, const void* src, int64_t src_ld, int rows, int tid, F&& f) {
+    const int i0 = tid / kPer, off = (tid % kPer) * 16;
+    char* d = static_cast<char*>(dst) + i0 * dst_ld + off;
+    const char* s = static_cast<const char*>(src) + i0 * src_ld + off;
+    TREECP_GDN_UNROLL
+    for (int k = 0; k < kIters; ++k)
+      if (i0 + k * kStep < rows) f(d + k * kStep * dst_ld, s + k * kStep * src_ld);
+  }
+};
+// gdn_stage_async for rows of ROW_BYTES and at most MAX_ROWS of them, as the split kernels stage their operands: by
+// GdnRowUnits where it fits, otherwise the generic loop.
 template <int ROW_BYTES, int MAX_ROWS>
 TREECP_GDN_FN void gdn_stage_rows(void* dst, const void* src, int rows, int64_t src_ld, int dst_ld, int tid,
                                   int nthr) {
-  constexpr int kPer = ROW_BYTES / 16;
-  static_assert(ROW_BYTES % 16 == 0 && kPer >= 1 && kGdnThreads % kPer == 0, "whole 16-byte units, threads per row");
-  constexpr int kStep = kGdnThreads / kPer, kIters = (MAX_ROWS + kStep - 1) / kStep;
-  const uint64_t all = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
-                       static_cast<uint64_t>(src_ld) | static_cast<uint64_t>(dst_ld);
-  if (nthr != kGdnThreads || all % 16 != 0) {
+  using Units = GdnRowUnits<ROW_BYTES, MAX_ROWS>;
+  if (!Units::fits(dst, src, src_ld, dst_ld, nthr)) {
     gdn_stage_async(dst, src, rows, ROW_BYTES, src_ld, dst_ld, tid, nthr);
     return;
   }
-  const int i0 = tid / kPer, off = (tid % kPer) * 16;
-  char* d = static_cast<char*>(dst) + static_cast<int64_t>(i0) * dst_ld + off;
-  const char* s = static_cast<const char*>(src) + i0 * src_ld + off;
-  TREECP_GDN_UNROLL
-  for (int k = 0; k < kIters; ++k)
-    if (i0 + k * kStep < rows) {
+  Units::each(dst, dst_ld, src, src_ld, rows, tid, [](char* d, const char* s) {
 #if defined(__CUDA_ARCH__)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                       static_cast<unsigned>(__cvta_generic_to_shared(d + static_cast<int64_t>(k) * kStep * dst_ld))),
-                   "l"(s + k * kStep * src_ld)
-                   : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(d))),
+                 "l"(s)
+                 : "memory");
 #else
-      std::memcpy(d + static_cast<int64_t>(k) * kStep * dst_ld, s + k * kStep * src_ld, 16);
+    std::memcpy(d, s, 16);
 #endif
-    }
+  });
 }
 // The way back: `rows` rows of ROW_BYTES bytes (at most MAX_ROWS) from shared memory (row stride src_ld bytes) to
-// global (dst_ld bytes), plain stores. Where both bases and both strides are 16-byte aligned and the block has
-// kGdnThreads threads, 16-byte units as gdn_stage_rows assigns them, unrolled (whole sectors: the split output's
-// 2-byte stores of y, a quarter of each 32-byte sector, held L2 92% busy in run 159). Otherwise 2-byte units (the
+// global (dst_ld bytes), plain stores: 16-byte units by GdnRowUnits where it fits (whole sectors: the split output's
+// 2-byte stores of y, a quarter of each 32-byte sector, held L2 92% busy in run 159), otherwise 2-byte units (the
 // rows' elements are 2 or 4 bytes, the bases at least 2-byte aligned).
 template <int ROW_BYTES, int MAX_ROWS>
 TREECP_GDN_FN void gdn_store_rows(void* dst, int64_t dst_ld, const void* src, int src_ld, int rows, int tid,
                                   int nthr) {
-  constexpr int kPer = ROW_BYTES / 16;
-  static_assert(ROW_BYTES % 16 == 0 && kPer >= 1 && kGdnThreads % kPer == 0, "whole 16-byte units, threads per row");
-  constexpr int kStep = kGdnThreads / kPer, kIters = (MAX_ROWS + kStep - 1) / kStep;
-  const uint64_t all = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
-                       static_cast<uint64_t>(src_ld) | static_cast<uint64_t>(dst_ld);
-  if (nthr != kGdnThreads || all % 16 != 0) {
+  using Units = GdnRowUnits<ROW_BYTES, MAX_ROWS>;
+  if (!Units::fits(dst, src, src_ld, dst_ld, nthr)) {
     constexpr int kHalves = ROW_BYTES / 2;
     for (int idx = tid; idx < rows * kHalves; idx += nthr) {
       const int i = idx / kHalves, u = idx % kHalves;
@@ -1279,18 +1286,13 @@ TREECP_GDN_FN void gdn_store_rows(void* dst, int64_t dst_ld, const void* src, in
     }
     return;
   }
-  const int i0 = tid / kPer, off = (tid % kPer) * 16;
-  char* d = static_cast<char*>(dst) + i0 * dst_ld + off;
-  const char* s = static_cast<const char*>(src) + i0 * src_ld + off;
-  TREECP_GDN_UNROLL
-  for (int k = 0; k < kIters; ++k)
-    if (i0 + k * kStep < rows) {
+  Units::each(dst, dst_ld, src, src_ld, rows, tid, [](char* d, const char* s) {
 #if defined(__CUDA_ARCH__)
-      *reinterpret_cast<uint4*>(d + k * kStep * dst_ld) = *reinterpret_cast<const uint4*>(s + k * kStep * src_ld);
+    *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(s);
 #else
-      std::memcpy(d + k * kStep * dst_ld, s + k * kStep * src_ld, 16);
+    std::memcpy(d, s, 16);
 #endif
-    }
+  });
 }
 
 // Columns [0, cols) of rows [0, n) of a chunk matrix in the cache (row stride src_ld floats) into shared memory with
