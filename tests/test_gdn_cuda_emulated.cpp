@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <barrier>
-#include <bit>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -319,34 +318,6 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitForward) {
   check_forward(dev, l, /*y_f32=*/false);
 }
 
-// The split forward's y in the scan (GdnCudaParams::fla_fused_output): against the double recurrence within the bf16
-// model's bounds on ragged runs from initial states at every (dk, dv, columns) the forward test takes, and bit for bit
-// the output kernel's y (the same products in the same order; C's zero blocks add exact zeros), y bf16, fp32 and
-// 2 bytes off a 4-byte boundary; the fused forward launches the prep and the scan only, and with keep_forward its
-// kept backward still gets the same gradients (the scan then stores the states and v_new too).
-TEST(GdnCudaEmulatedLaunch, FlaSplitFusedOutput) {
-  EmulatedDev dev;
-  dev.x.threads = detail::kGdnThreads;
-  uint64_t seed = 140;
-  for (const auto& [dk, dv, cols] : {std::tuple{64, 64, 0}, std::tuple{128, 128, 16}, std::tuple{64, 128, 64},
-                                    std::tuple{128, 64, 32}, std::tuple{64, 64, 16}}) {
-    Case c(ragged_tokens(1), 2, dk, dv, GdnGate::Scalar, ragged_runs(1), 4, ++seed);
-    c.fla(cols, /*fused_output=*/true);
-    check_forward(dev, c, /*y_f32=*/cols % 32 == 0);
-    check_fused_output_is_the_output_kernels(dev, c);
-    dev.x.launched.clear();
-    GdnCudaParams p = device_params(dev, c, GdnCallKind::forward);
-    p.y = dev.put(std::vector<uint16_t>(c.v.val.size(), 0));
-    p.state_out = dev.put(std::vector<float>(c.state_in.size(), 0.f));
-    dev.forward(p, c.runs);
-    EXPECT_EQ(dev.x.launched, (std::vector<std::string>{"gdn fla prep", "gdn fla scan"}));
-  }
-  Case l(300, 1, 128, 128, GdnGate::Scalar, {{0, 300, 0, 0}}, 1, ++seed);
-  l.fla(0, /*fused_output=*/true);
-  check_forward(dev, l, /*y_f32=*/false);
-  check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/0, /*kept=*/true);
-}
-
 // The FLA-like split backward (gdn_fla_bwd_device.cuh: the split's prep and scan again, the local kernel, the reverse
 // scan of the state gradient, the gradients per chunk; every product bf16) against the double recurrence within the
 // bf16 model's bounds, at 256 threads: ragged runs from initial states with dL/d(final state) (chunks of 37 and 6
@@ -424,14 +395,6 @@ TEST(GdnCudaEmulatedLaunch, FlaSplitKeptForward) {
     ADD_FAILURE() << "keep_forward without fla_split accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("keep_forward"), std::string::npos) << e.what();
-  }
-  p.keep_forward = false;
-  p.fla_fused_output = true;
-  try {
-    dev.forward(p, l.runs);
-    ADD_FAILURE() << "fla_fused_output without fla_split accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("fla_fused_output"), std::string::npos) << e.what();
   }
 }
 
@@ -530,12 +493,11 @@ TEST(GdnCudaEmulatedChecks, WorkspaceIsExactlyTheCallsCarving) {
   for (const auto& [dk, dv] : {std::pair{64, 64}, std::pair{128, 128}, std::pair{64, 128}, std::pair{48, 80}})
     for (const Runs& rs : run_sets)
       for (const GdnPrecision pr : kGdnPrecisions)
-        for (const int mode : {0, 1, 2, 3}) {  // classic, split_forward, fla_split, with fla_fused_output
+        for (const int mode : {0, 1, 2}) {  // classic, split_forward, fla_split
           GdnCudaParams p;
           p.tokens = rs.tokens; p.heads = rs.tokens == 40960 ? 32 : 3; p.dk = dk; p.dv = dv; p.precision = pr;
           p.split_forward = mode == 1;
-          p.fla_split = mode >= 2;
-          p.fla_fused_output = mode == 3;
+          p.fla_split = mode == 2;
           if (p.fla_split && !gdn_fla_split_takes(p)) continue;
           size_t chunks = 0;
           for (const GdnCudaRun& r : rs.runs) chunks += static_cast<size_t>((r.t1 - r.t0 + 63) / 64);
@@ -545,9 +507,9 @@ TEST(GdnCudaEmulatedChecks, WorkspaceIsExactlyTheCallsCarving) {
           const size_t classic = 5 * a64(64 * size_t(dk)) + a64(64 * size_t(dv)) + 3 * 4096 + a64(dk);
           const size_t per = pr == GdnPrecision::fp32 ? 1 : 2;  // S0 and D elements a float holds
           const size_t states = a64((size_t(dk) * dv + per - 1) / per) + a64((64 * size_t(dv) + per - 1) / per);
-          // W, U bf16; G fp32 [64]; hT bf16 [dv][dk]; v_new bf16 [64][dv]; fused: C bf16 [64][64], bytes.
+          // W, U bf16; G fp32 [64]; hT bf16 [dv][dk]; v_new bf16 [64][dv], bytes.
           const size_t fla = a256(128 * size_t(dk)) + a256(128 * size_t(dv)) + 256 + a256(2 * size_t(dk) * dv) +
-                             a256(128 * size_t(dv)) + (p.fla_fused_output ? 8192 : 0);
+                             a256(128 * size_t(dv));
           for (const GdnCallKind kind : {GdnCallKind::forward, GdnCallKind::summary, GdnCallKind::backward}) {
             const detail::GdnSchedule s(p, rs.runs, kind);
             const auto carves = s.carves();
@@ -565,10 +527,8 @@ TEST(GdnCudaEmulatedChecks, WorkspaceIsExactlyTheCallsCarving) {
               pk.keep_forward = true;
               EXPECT_EQ(detail::GdnSchedule(pk, rs.runs, kind).bytes,
                         detail::GdnSchedule(p, rs.runs, GdnCallKind::backward).bytes);
-              if (rs.tokens == 40960 && dk == 128 && dv == 128) {
-                EXPECT_NEAR(detail::GdnSchedule(pk, rs.runs, kind).bytes * 1e-9, mode == 3 ? 3.696 : 3.528,
-                            0.001);  // 168.25 KiB blocks (176.25 with C)
-              }
+              if (rs.tokens == 40960 && dk == 128 && dv == 128)
+                EXPECT_NEAR(detail::GdnSchedule(pk, rs.runs, kind).bytes * 1e-9, 3.528, 0.001);  // 168.25 KiB blocks
             }
             if (kind == GdnCallKind::backward) continue;  // its sizes: the gradients' arrays (GdnBlock::make)
             const bool fwd = kind == GdnCallKind::forward;
@@ -578,10 +538,6 @@ TEST(GdnCudaEmulatedChecks, WorkspaceIsExactlyTheCallsCarving) {
             ++checked;
             if (rs.tokens == 40960 && dk == 128 && dv == 128 && mode == 2) {
               if (fwd) EXPECT_NEAR(s.bytes * 1e-9, 1.683, 0.001);  // 20,480 blocks of 80.25 KiB
-              else EXPECT_NEAR(s.bytes * 1e-9, 5.043, 0.001);     // the summary's classic 240.5 KiB blocks
-            }
-            if (rs.tokens == 40960 && dk == 128 && dv == 128 && mode == 3) {
-              if (fwd) EXPECT_NEAR(s.bytes * 1e-9, 1.851, 0.001);  // 88.25 KiB blocks: C's 8 KiB more
               else EXPECT_NEAR(s.bytes * 1e-9, 5.043, 0.001);     // the summary's classic 240.5 KiB blocks
             }
           }

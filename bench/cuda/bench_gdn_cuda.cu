@@ -13,8 +13,7 @@
 // scan's state in mma fragments) at 32, 64 and 16 columns; --fla only runs that path alone (the GDN rows only). Its
 // per-kernel rows are "gdn fla prep", "gdn fla scan" and "gdn fla output"; its backward is the split backward
 // (gdn_fla_bwd_device.cuh: the prep and scan again, then "gdn fla bwd local", "gdn fla bwd scan", "gdn fla bwd grads").
-// The path "kept for bwd" (32 columns) runs the forward with keep_forward, whose backward skips the prep and the scan;
-// "y in the scan" (fla_fused_output) computes y in the scan instead of the output kernel (its C from the prep).
+// The path "kept for bwd" (32 columns) runs the forward with keep_forward, whose backward skips the prep and the scan.
 // Usage: bench_gdn_cuda [--tokens T] [--docs N] [--heads H] [--dim D] [--reps R] [--fla 0|1|only]
 #include <cuda_runtime.h>
 
@@ -209,7 +208,6 @@ int main(int argc, char** argv) {
         const char* label;
         bool fla = false;
         bool keep = false;  // keep_forward: the backward reads the forward's arrays instead of recomputing them
-        bool fused = false;  // fla_fused_output: y in the scan, no output kernel
       };
       constexpr GdnPrecision f32 = GdnPrecision::fp32, b16 = GdnPrecision::bf16_tensor,
                              b16s = GdnPrecision::bf16_tensor_scans;
@@ -224,8 +222,6 @@ int main(int argc, char** argv) {
       if (fla != "0" && gate == GdnGate::Scalar) {
         paths.push_back({false, b16s, false, "bf16 mma all, FLA split fwd", true});
         paths.push_back({false, b16s, false, "FLA split fwd, kept for bwd", true, true});
-        paths.push_back({false, b16s, false, "FLA split, y in the scan", true, false, true});
-        paths.push_back({false, b16s, false, "FLA split, y in scan, kept", true, true, true});
       }
       auto set_path = [&](const Path& x) {
         p.tensor_cores = x.tensor;
@@ -233,7 +229,6 @@ int main(int argc, char** argv) {
         p.split_forward = x.split;
         p.fla_split = x.fla;
         p.keep_forward = x.keep;
-        p.fla_fused_output = x.fused;
       };
       for (const Path& path : paths)
         for (const int cols : path.keep  ? std::vector<int>{32}

@@ -16,7 +16,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -101,14 +100,12 @@ struct Case {
   GdnPrecision precision = GdnPrecision::fp32;  // GdnCudaParams::precision
   bool split_forward = false;                   // GdnCudaParams::split_forward
   bool fla_split = false;                       // GdnCudaParams::fla_split (with precision bf16_tensor_scans)
-  bool fla_fused_output = false;                // GdnCudaParams::fla_fused_output
   DType dtype = DType::kBf16;                   // GdnCudaParams::dtype: the inputs' (and 16-bit y's) type
   bool bf16() const { return precision != GdnPrecision::fp32; }
   // The FLA-like split (forward and backward) at `columns` state columns (0 = the default), on its precision.
-  Case& fla(int32_t columns = 0, bool fused_output = false) {
+  Case& fla(int32_t columns = 0) {
     precision = GdnPrecision::bf16_tensor_scans;
     fla_split = true;
-    fla_fused_output = fused_output;
     scan_columns = columns;
     return *this;
   }
@@ -218,7 +215,6 @@ inline GdnCudaParams device_params_shape(const Case& c) {
   p.precision = c.precision;
   p.split_forward = c.split_forward;
   p.fla_split = c.fla_split;
-  p.fla_fused_output = c.fla_fused_output;
   p.dtype = c.dtype;
   return p;
 }
@@ -290,39 +286,6 @@ void check_forward(Dev& dev, const Case& c, bool y_f32) {
   expect_within("final states", rel_err(s_dev, s_ref), es, kErrFactor * es + kAtol);
 }
 
-// The fused output's y (GdnCudaParams::fla_fused_output, c's setting ignored) bit for bit the output kernel's, y bf16,
-// fp32 and bf16 2 bytes off a 4-byte boundary (its pair stores fall back to element stores there).
-template <class Dev>
-void check_fused_output_is_the_output_kernels(Dev& dev, const Case& c) {
-  const size_t ny = c.v.val.size();
-  for (const int form : {0, 1, 2}) {  // bf16, fp32, bf16 at a 2-byte offset
-    GdnCudaParams p = device_params(dev, c, GdnCallKind::forward);
-    p.state_out = dev.put(std::vector<float>(c.state_in.size(), 0.f));
-    p.y_f32 = form == 1;
-    auto y_of = [&](bool fused) {
-      p.fla_fused_output = fused;  // each its own workspace (the fused one carves C's 8 KiB a pair more)
-      p.workspace_bytes = dev.workspace_bytes(p, c.runs, GdnCallKind::forward);
-      p.workspace = dev.workspace(p.workspace_bytes);
-      std::vector<uint32_t> bits;
-      if (form == 1) {
-        float* y = dev.put(std::vector<float>(ny, 3.f));
-        p.y = y;
-        dev.forward(p, c.runs);
-        for (const float f : dev.get(y, ny)) bits.push_back(std::bit_cast<uint32_t>(f));
-      } else {
-        uint16_t* y = dev.put(std::vector<uint16_t>(ny + 1, 7)) + (form == 2 ? 1 : 0);
-        p.y = y;
-        dev.forward(p, c.runs);
-        for (const uint16_t b : dev.get(y, ny)) bits.push_back(b);
-      }
-      return bits;
-    };
-    const auto plain = y_of(false);
-    EXPECT_EQ(y_of(true), plain) << "dk " << c.dk << " dv " << c.dv << " columns " << c.scan_columns << " form "
-                                 << form;
-  }
-}
-
 // dy_offset: a 16-bit dy starts that many elements past the allocation's (16-byte aligned) start: 1 puts it 2 bytes
 // past a 4-byte boundary (the kernels that copy it asynchronously fall back to element loads), 2 on a 4-byte
 // boundary 4 bytes past a 16-byte one (cp.async still, by gdn_stage_rows' generic loop in 4-byte units).
@@ -338,8 +301,7 @@ void check_backward(Dev& dev, const Case& c, bool dy_f32, int dy_offset = 0, boo
     EXPECT_EQ(dev.workspace_bytes(p, c.runs, GdnCallKind::forward), p.workspace_bytes)
         << "a kept forward carves the backward's workspace";
     GdnCudaParams f = p;
-    f.y = nullptr;  // the fused output's forward with its y (the scan then computes y and keeps the arrays)
-    if (c.fla_fused_output) f.y = dev.put(std::vector<uint16_t>(c.v.val.size(), 0));
+    f.y = nullptr;
     f.y_f32 = false;
     f.state_out = dev.put(std::vector<float>(c.state_in.size(), 0.f));
     dev.forward(f, c.runs);

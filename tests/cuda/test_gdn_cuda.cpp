@@ -232,27 +232,6 @@ TEST(GdnCudaFla, SplitForwardMatchesTheRecurrence) {
   }
 }
 
-// The split forward's y in the scan (GdnCudaParams::fla_fused_output) on the GPU: against the double recurrence
-// within the bf16 model's bounds and bit for bit the output kernel's y (bf16, fp32, bf16 2 bytes off a 4-byte
-// boundary) at every pairing and column count of the cases above; the long run; and the kept backward after a fused
-// forward (which then stores the states and v_new as well).
-TEST(GdnCudaFla, FusedOutputEqualsTheOutputKernel) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
-  GpuDev dev;
-  uint64_t seed = 170;
-  for_each_fla_case(seed, [&](Case c, int cols) {
-    c.fla(cols, /*fused_output=*/true);
-    check_forward(dev, c, /*y_f32=*/cols == 32);
-    check_fused_output_is_the_output_kernels(dev, c);
-  });
-  Case l(4000, 2, 128, 128, GdnGate::Scalar, {{0, 4000, 0, 0}}, 1, ++seed);
-  l.fla(0, /*fused_output=*/true);
-  std::printf("  long run\n");
-  check_forward(dev, l, /*y_f32=*/false);
-  check_fused_output_is_the_output_kernels(dev, l);
-  check_backward(dev, l, /*dy_f32=*/false, /*dy_offset=*/0, /*kept=*/true);
-}
-
 // The FLA-like split backward (fla_split on gdn_backward) on the GPU: the emulated suite's checks at larger sizes
 // (ragged runs from initial states, dL/d(final state), every (dk, dv) pairing and column count, dy fp32 and bf16),
 // then a long run (its bf16 dy also 2 bytes off a 4-byte boundary, and 4 bytes off a 16-byte one), against the double

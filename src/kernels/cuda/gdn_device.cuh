@@ -2145,8 +2145,6 @@ inline void gdn_check(const GdnCudaParams& p, const std::vector<GdnCudaRun>& run
             "gdn (cuda): fla_split copies q, k and v rows asynchronously: they must be 4-byte aligned");
   }
   require(!p.keep_forward || p.fla_split, "gdn (cuda): keep_forward keeps the FLA-like split's arrays: it needs fla_split");
-  require(!p.fla_fused_output || p.fla_split,
-          "gdn (cuda): fla_fused_output computes y in the FLA-like split's scan: it needs fla_split");
   require(gdn_precision_known(p.precision), "gdn (cuda): unknown precision ", static_cast<int>(p.precision));
   require(p.dtype == DType::kBf16 || p.dtype == DType::kF16, "gdn (cuda): dtype must be bf16 or fp16, got ",
           static_cast<int>(p.dtype));
@@ -2214,7 +2212,7 @@ struct GdnSchedule {
     const size_t pairs = chunks.size() * static_cast<size_t>(p.heads);
     fla_split = kind != GdnCallKind::summary && p.fla_split;
     // A forward that keeps its arrays for the backward (keep_forward) carves the backward's blocks.
-    if (fla_split) fla = GdnFlaBlock::make(p.dk, p.dv, backward || p.keep_forward, p.fla_fused_output);
+    if (fla_split) fla = GdnFlaBlock::make(p.dk, p.dv, backward || p.keep_forward);
     bytes = cache_at + pairs * (fla_split ? static_cast<size_t>(fla.size) : static_cast<size_t>(blk.size) * sizeof(float));
   }
   unsigned char* fla_cache(const GdnCudaParams& p) const {
@@ -2353,29 +2351,21 @@ template <class X>
 void gdn_fla_forward_on(X& x, const GdnCudaParams& p, const GdnSchedule& s) {
   const int64_t chunk_blocks = static_cast<int64_t>(s.chunks.size()) * p.heads;
   unsigned char* ws = s.fla_cache(p);
-  const bool fused = p.y && p.fla_fused_output;  // y in the scan (GdnCudaParams::fla_fused_output)
   if (chunk_blocks > 0) {
     GdnFlaPrepArgs a{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k),
                      static_cast<const uint16_t*>(p.v), static_cast<const uint16_t*>(p.g),
                      static_cast<const uint16_t*>(p.beta), p.heads};
     a.save_x = p.keep_forward;  // X = L⁻¹ for the backward
-    if (fused) a.q = static_cast<const uint16_t*>(p.q);  // C for the scan's y
     gdn_fla_with_dims(p, [&](auto dk, auto dv) {
       x.template launch<GdnFlaPrepKernel<decltype(dk)::value, decltype(dv)::value>>(chunk_blocks, a);
     });
   }
   if (!s.runs.empty()) {
-    GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k), p.heads,
-                     p.dv, p.state_in, p.state_out, (p.y != nullptr && !fused) || p.keep_forward};
-    if (fused) {
-      a.q = static_cast<const uint16_t*>(p.q);
-      a.y = p.y;
-      a.y_f32 = p.y_f32;
-      a.scale = p.scale;
-    }
+    const GdnFlaScanArgs a{s.dev_runs(p), s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.k), p.heads,
+                           p.dv, p.state_in, p.state_out, p.y != nullptr || p.keep_forward};
     gdn_fla_columns_on<GdnFlaScanKernel>(x, p, s, a);
   }
-  if (!p.y || fused || chunk_blocks == 0) return;
+  if (!p.y || chunk_blocks == 0) return;
   const GdnFlaOutArgs o{s.dev_chunks(p), ws, s.fla, static_cast<const uint16_t*>(p.q), static_cast<const uint16_t*>(p.k),
                         p.heads, p.y, p.y_f32, p.scale};
   gdn_fla_with_dims(p, [&](auto dk, auto dv) {

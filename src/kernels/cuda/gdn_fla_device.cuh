@@ -128,8 +128,6 @@ struct GdnFlaBlock {
   int64_t G = 0;         // prep: fp32 [64], the cumulative gate (rows past the chunk: its last value)
   int64_t H = 0;         // scan: bf16 [dv][dk], the chunk-start state transposed (h[d][e] at H[e * dk + d])
   int64_t V = 0;         // scan: bf16 [64][dv], v_new = U - W h (rows past the chunk zero)
-  int64_t C = 0;         // prep (with q): bf16 [64][64], Q Kᵀ ⊙ e^{G_i - G_j} (j <= i < n, else 0), for the scan's y;
-                         // carved only for the fused output (make's `c`)
   // The backward's (gdn_fla_bwd_device.cuh), carved only for it (make's `backward`):
   int64_t X = 0;    // prep: bf16 [64][64], X = L⁻¹ (j <= i < n, else 0)
   int64_t DVL = 0;  // local: bf16 [64][dv], dv_loc = scale (Q Kᵀ ⊙ Γ, j <= i)ᵀ dY
@@ -137,7 +135,7 @@ struct GdnFlaBlock {
   int64_t DH = 0;   // dscan: bf16 [dv][dk], the chunk-end state gradient transposed (as H)
   int64_t DV2 = 0;  // dscan: bf16 [64][dv], the whole gradient of v_new
   int64_t size = 0;
-  static GdnFlaBlock make(int dk, int dv, bool backward = false, bool c = false) {
+  static GdnFlaBlock make(int dk, int dv, bool backward = false) {
     GdnFlaBlock b;
     int64_t at = 0;
     auto take = [&](int64_t bytes) {
@@ -150,7 +148,6 @@ struct GdnFlaBlock {
     b.G = take(4 * int64_t{kGdnChunk});
     b.H = take(2 * int64_t{dk} * dv);
     b.V = take(2 * int64_t{kGdnChunk} * dv);
-    if (c) b.C = take(2 * int64_t{kGdnChunk} * kGdnChunk);
     if (backward) {
       b.X = take(2 * int64_t{kGdnChunk} * kGdnChunk);
       b.DVL = take(2 * int64_t{kGdnChunk} * dv);
@@ -192,8 +189,7 @@ struct GdnFlaPrepArgs {
   const uint16_t* g;     // [S, H], the log decay
   const uint16_t* beta;  // [S, H]
   int32_t heads;
-  bool save_x = false;         // X = L⁻¹ as bf16 into the block (the backward's)
-  const uint16_t* q = nullptr;  // [S, H, DK]: where set, C = Q Kᵀ ⊙ Γ into the block (the scan's y)
+  bool save_x = false;  // X = L⁻¹ as bf16 into the block (the backward's)
 };
 template <int DK, int DV>
 struct GdnFlaPrepKernel {
@@ -211,7 +207,6 @@ struct GdnFlaPrepKernel {
   static constexpr int64_t kXBytes = kABytes > 2 * int64_t{C} * kLv ? kABytes : 2 * int64_t{C} * kLv;  // X, then U
   static constexpr int64_t kBytes = kKBytes + kVBytes + kABytes + kXBytes + 3 * 4 * C;  // + beta, G, e^G
   static_assert(2 * int64_t{C} * kLt <= kABytes, "Tb fits over A");
-  static_assert(2 * int64_t{C} * kLk <= kXBytes, "Q fits over X");
   static size_t smem_bytes(const Args&) { return static_cast<size_t>(kBytes); }
 
   // out = Tb B (64 x WIDTH, B [64][WIDTH] by token, row stride ldb) as bf16 into `out` (row stride ldo); out null:
@@ -271,8 +266,6 @@ struct GdnFlaPrepKernel {
     const int64_t row_k = 2 * int64_t{H} * DK, row_v = 2 * int64_t{H} * DV;  // bytes between tokens
     gdn_stage_rows<2 * DK, kGdnChunk>(Ks, a.k + (t * H + h) * DK, n, row_k, 2 * kLk, tid, nthr);
     gdn_stage_rows<2 * DV, kGdnChunk>(Vs, a.v + (t * H + h) * DV, n, row_v, 2 * kLv, tid, nthr);
-    uint16_t* Qs = reinterpret_cast<uint16_t*>(Xf);  // [64][kLk]: Q (with a.q), over X until X is formed
-    if (a.q) gdn_stage_rows<2 * DK, kGdnChunk>(Qs, a.q + (t * H + h) * DK, n, row_k, 2 * kLk, tid, nthr);
     gdn_async_commit();
     for (int idx = tid; idx < (C - n) * DK; idx += nthr) Ks[(n + idx / DK) * kLk + idx % DK] = 0;  // not stale
     for (int idx = tid; idx < (C - n) * DV; idx += nthr) Vs[(n + idx / DV) * kLv + idx % DV] = 0;
@@ -295,19 +288,16 @@ struct GdnFlaPrepKernel {
     // below the diagonal exactly when p <= the row block).
     const int pm = warp / 2;
     float pc[4][4];
-    auto pair_tiles = [&](const uint16_t* Arows) {  // pc = Arows Kᵀ on those tiles (A's: K Kᵀ; C's: Q Kᵀ)
-      gdn_fla_zero(pc);
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < 4; j += 2) {
-        const int n0 = ((warp % 2) * 4 + j) * 8;
-        if (n0 / 16 <= pm) {
-          TREECP_GDN_UNROLL
-          for (int k0 = 0; k0 < DK; k0 += 16)
-            gdn_mma_b16_pair<false, false>(pc[j], pc[j + 1], Arows, kLk, Ks, kLk, pm * 16, n0, k0, lane);
-        }
+    gdn_fla_zero(pc);  // pc = K Kᵀ on those tiles
+    TREECP_GDN_UNROLL
+    for (int j = 0; j < 4; j += 2) {
+      const int n0 = ((warp % 2) * 4 + j) * 8;
+      if (n0 / 16 <= pm) {
+        TREECP_GDN_UNROLL
+        for (int k0 = 0; k0 < DK; k0 += 16)
+          gdn_mma_b16_pair<false, false>(pc[j], pc[j + 1], Ks, kLk, Ks, kLk, pm * 16, n0, k0, lane);
       }
-    };
-    pair_tiles(Ks);
+    }
     block_sync();  // G complete
     TREECP_GDN_UNROLL
     for (int hh = 0; hh < 2; ++hh) {
@@ -322,22 +312,7 @@ struct GdnFlaPrepKernel {
                       jj + 1 < i && i < n ? bi * (pc[j][2 * hh + 1] * expf(gi - x[1])) : 0.f);
       }
     }
-    if (a.q) {
-      // C = Q Kᵀ ⊙ e^{G_i - G_j} (j <= i < n) on A's tiles (its registers dead), straight out as bf16 pairs; the
-      // tiles wholly above the diagonal go out as the zeros they hold. Q's rows past the chunk are stale: masked.
-      pair_tiles(Qs);
-      uint16_t* gc = reinterpret_cast<uint16_t*>(c + a.fb.C);
-      TREECP_GDN_UNROLL
-      for (int j = 0; j < 4; ++j)
-        TREECP_GDN_UNROLL
-        for (int hh = 0; hh < 2; ++hh) {
-          const int i = pm * 16 + g + hh * 8, jj = ((warp % 2) * 4 + j) * 8 + 2 * q;
-          const bool row = i < n;
-          gdn_store_pair16(gc + i * C + jj, row && jj <= i ? pc[j][2 * hh] * expf(Gs[i] - Gs[jj]) : 0.f,
-                           row && jj + 1 <= i ? pc[j][2 * hh + 1] * expf(Gs[i] - Gs[jj + 1]) : 0.f);
-        }
-    }
-    block_sync();  // A complete; every warp done reading K (and Q)
+    block_sync();  // A complete; every warp done reading K
     if (warp < 2) {
       // Diagonal block b, column col: x = X_bb e_col by forward substitution, right-looking (acc[r] gathers
       // Σ_{j<r} A_rj x_j in order of j): rows above col come out 0, the upper triangle's zeros.
@@ -597,14 +572,7 @@ struct GdnFlaScanArgs {
   int32_t heads, dv;
   const float* state_in;  // [slot][H][dk][dv], by in_slot; null or -1 = zero
   float* state_out;       // by out_slot; null = not written
-  bool save;              // hT and v_new into the workspace (for the output kernel, or the backward)
-  // Where y is set, the output too (the forward's, in the scan: no output kernel): Y = scale (diag(e^G) Q h + C v_new)
-  // for the block's columns, from q's rows and prep's C (GdnFlaPrepArgs::q set), each chunk's product after its
-  // state update, off the chain that carries h.
-  const uint16_t* q = nullptr;  // [S, H, dk]
-  void* y = nullptr;            // [S, H, dv], bf16 or fp32 (y_f32)
-  bool y_f32 = false;
-  float scale = 1.f;
+  bool save;              // hT and v_new into the workspace (for the output kernel, or the backward: keep_forward)
 };
 template <int DK, int BV>
 struct GdnFlaScanKernel {
@@ -622,12 +590,7 @@ struct GdnFlaScanKernel {
   static constexpr int64_t kGBytes = 4 * kGdnChunk;
   static constexpr int64_t kBufBytes = 2 * kWBytes + kUBytes + kGBytes;  // W, K, U, G of one chunk
   static constexpr int64_t kBytes = 2 * kBufBytes + 2 * int64_t{BV} * kLk + 2 * int64_t{BV} * kLv;
-  // With y: Q [2][64][DK + 8] and C [2][64][72] beside the buffers above, and v_new itself [64][BV + 8] (vsT holds
-  // it scaled by e^{G_last - G}, which C's e^{G_i - G_j} cannot undo without e^{G_i - G_last}, unbounded).
-  static constexpr int kLc = kGdnChunk + 8;
-  static constexpr int64_t kQBytes = 2 * int64_t{kGdnChunk} * kLk, kCBytes = 2 * int64_t{kGdnChunk} * kLc;
-  static constexpr int64_t kYBytes = 2 * (kQBytes + kCBytes) + kUBytes;
-  static size_t smem_bytes(const Args& a) { return static_cast<size_t>(kBytes + (a.y ? kYBytes : 0)); }
+  static size_t smem_bytes(const Args&) { return static_cast<size_t>(kBytes); }
 
   static TREECP_GDN_FN void run(const Args& a, int64_t block, int tid, int nthr, float* smem) {
     const int H = a.heads, dv = a.dv;
@@ -642,10 +605,6 @@ struct GdnFlaScanKernel {
     auto Gsm = [&](int b) { return reinterpret_cast<float*>(sm + b * kBufBytes + 2 * kWBytes + kUBytes); };
     uint16_t* hT = reinterpret_cast<uint16_t*>(sm + 2 * kBufBytes);  // [BV][kLk]
     uint16_t* vsT = hT + BV * kLk;                                    // [BV][kLv]
-    unsigned char* ysm = sm + kBytes;                                 // with y
-    auto Qsm = [&](int b) { return reinterpret_cast<uint16_t*>(ysm + b * kQBytes); };
-    auto Csm = [&](int b) { return reinterpret_cast<uint16_t*>(ysm + 2 * kQBytes + b * kCBytes); };
-    uint16_t* Vn = reinterpret_cast<uint16_t*>(ysm + 2 * (kQBytes + kCBytes));  // [64][kLu]: v_new
     auto blk_of = [&](int ci) { return a.ws + (static_cast<int64_t>(rd.chunk_begin + ci) * H + h) * a.fb.size; };
     // Chunk ci's operands (descriptor cd) into buffer b, one group (empty past the last chunk, so that the waits count
     // alike).
@@ -660,11 +619,6 @@ struct GdnFlaScanKernel {
         uint16_t* K = Ksm(b);
         for (int idx = tid; idx < (kGdnChunk - cd.len) * DK; idx += nthr)  // rows past the chunk: zero, not stale
           K[(cd.len + idx / DK) * kLk + idx % DK] = 0;
-        if (a.y) {  // Q's rows past the chunk stay stale: they reach only rows of y that are not stored
-          gdn_stage_rows<2 * DK, kGdnChunk>(Qsm(b), a.q + (cd.t * H + h) * DK, cd.len, 2 * int64_t{H} * DK, 2 * kLk,
-                                            tid, nthr);
-          gdn_stage_rows<2 * kGdnChunk, kGdnChunk>(Csm(b), c + a.fb.C, kGdnChunk, 2 * kGdnChunk, 2 * kLc, tid, nthr);
-        }
       }
       gdn_async_commit();
     };
@@ -682,7 +636,6 @@ struct GdnFlaScanKernel {
     for (int ci = 0; ci < count; ++ci) {
       const int b = ci & 1;
       const int n = cd_cur.len;
-      const int64_t t0 = cd_cur.t;
       unsigned char* c = blk_of(ci);
       gdn_async_wait<0>();
       block_sync();  // chunk ci's operands landed for every thread; chunk ci - 1 done with buffer b ^ 1, hT and vsT
@@ -720,7 +673,6 @@ struct GdnFlaScanKernel {
           const float x0 = bf16_to_float(static_cast<uint16_t>(u & 0xffffu)) - v[j][2 * half];
           const float x1 = bf16_to_float(static_cast<uint16_t>(u >> 16)) - v[j][2 * half + 1];
           if (a.save) gdn_store_pair16(gv + t * dv + e0 + col, x0, x1);
-          if (a.y) gdn_store_pair16(Vn + t * kLu + col, x0, x1);
           const float f = t < n ? expf(gl - Gc[t]) : 0.f;
           v[j][2 * half] = x0 * f;  // now v_new ⊙ e^{G_last - G}
           v[j][2 * half + 1] = x1 * f;
@@ -735,45 +687,6 @@ struct GdnFlaScanKernel {
         TREECP_GDN_UNROLL
         for (int e = 0; e < 4; ++e) acc[j][e] *= eg;
       gdn_fla_tiles<kHT, kNT, true, false>(acc, Ksm(b), kLk, vsT, kLv, kGdnChunk, warp, lane);  // Kᵀ by .trans
-      if (a.y) {
-        // Y = scale (diag(e^G) Q h + C v_new) on v_new's tiles; hT and Vn are rewritten only after the next step's
-        // first barrier. C is zero past the diagonal and past the chunk (prep), v_new's rows past the chunk zero.
-        float o[kVT][4];
-        gdn_fla_zero(o);
-        gdn_fla_tiles<kVT, kNT, false, false>(o, Qsm(b), kLk, hT, kLk, DK, warp, lane);
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kVT; ++j) {
-          const int m = (warp * kVT + j) / kNT;
-          const float f0 = expf(Gc[m * 16 + g]), f1 = expf(Gc[m * 16 + g + 8]);
-          o[j][0] *= f0; o[j][1] *= f0;
-          o[j][2] *= f1; o[j][3] *= f1;
-        }
-        gdn_fla_tiles<kVT, kNT, false, true>(o, Csm(b), kLc, Vn, kLu, kGdnChunk, warp, lane);
-        const int64_t y_row = static_cast<int64_t>(H) * dv;
-        TREECP_GDN_UNROLL
-        for (int j = 0; j < kVT; ++j) {
-          const int T = warp * kVT + j, m = T / kNT, nn = T % kNT;
-          TREECP_GDN_UNROLL
-          for (int half = 0; half < 2; ++half) {
-            const int t = m * 16 + g + half * 8;
-            if (t >= n) continue;
-            const int64_t at = (t0 + t) * y_row + static_cast<int64_t>(h) * dv + e0 + nn * 8 + 2 * q;
-            const float y0 = a.scale * o[j][2 * half], y1 = a.scale * o[j][2 * half + 1];
-            if (a.y_f32) {
-              static_cast<float*>(a.y)[at] = y0;
-              static_cast<float*>(a.y)[at + 1] = y1;
-            } else {
-              uint16_t* yp = static_cast<uint16_t*>(a.y) + at;
-              if (reinterpret_cast<uintptr_t>(yp) % 4 == 0) {
-                gdn_store_pair16(yp, y0, y1);
-              } else {  // y itself 2-byte aligned only
-                yp[0] = float_to_bf16(y0);
-                yp[1] = float_to_bf16(y1);
-              }
-            }
-          }
-        }
-      }
     }
     gdn_async_wait<0>();  // the empty group past the last chunk
     if (a.state_out && rd.out_slot >= 0)

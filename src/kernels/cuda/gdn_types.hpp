@@ -99,11 +99,6 @@ struct GdnCudaParams {
   // and workspace as the forward, and nothing writes that workspace in between (the backward itself leaves the kept
   // arrays as they are, so a second backward may read them again). The forward's y may be null then.
   bool keep_forward = false;
-  // With fla_split: the forward's y in the scan (each chunk's Y = scale (diag(e^G) Q h + C v_new) for the block's
-  // columns, C = Q Kᵀ ⊙ Γ from prep) instead of a chunk-parallel output kernel that reads back every chunk-start
-  // state and v_new (1.0 GB written and read again at T = 40,960, H = 32, dk = dv = 128; the scan then stores them
-  // only for keep_forward). The same y bit for bit.
-  bool fla_fused_output = false;
   // Device scratch of gdn_workspace_bytes() bytes, 256-byte aligned (the chunk-local matrices, and for the
   // backward the chunk-start states and their gradients).
   void* workspace = nullptr;
