@@ -257,7 +257,8 @@ struct GdnFlaLocalKernel {
 // in mma accumulator fragments (fp32) as the forward scan's state does (same tiles a warp). Shared, bf16 unless said,
 // double-buffered per chunk: K, Q, W [64][DK + 8], dYs's and dv_loc's columns [64][BV + 8], G [64] fp32; then dhT
 // [BV][DK + 8] (bf16(dh')ᵀ, the B operand of K dh') and nd2 [64][BV + 8] (-dv2 by token, the B operand of Wᵀ dv2).
-// Per chunk: dhT and its store, dv2 (stored) and nd2, dh <- e^{G_C} dh + Qᵀ dYs + Wᵀ nd2. Three barriers a chunk.
+// Per chunk: dhT's store, dv2 (stored) and nd2, dh <- e^{G_C} dh + Qᵀ dYs + Wᵀ nd2, then the next dhT (as the scan's
+// hT). Two barriers a chunk.
 struct GdnFlaDscanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -330,17 +331,16 @@ struct GdnFlaDscanKernel {
     const int64_t ssz = int64_t{DK} * dv;
     const float* dso = (a.d_state_out && rd.out_slot >= 0) ? a.d_state_out + (int64_t{rd.out_slot} * H + h) * ssz : nullptr;
     gdn_fla_state_in<kHT, kNT>(acc, dso, dv, e0, warp, g, q);
+    gdn_fla_store_tiles_T<kHT, kNT>(dhT, kLk, acc, warp, lane);  // dhT = bf16(dh')ᵀ, the run's end
     for (int ci = last; ci >= 0; --ci) {
       const int b = ci & 1;
       const int n = cd_cur.len;
       unsigned char* c = blk_of(ci);
       gdn_async_wait<0>();
-      block_sync();  // chunk ci's operands landed; chunk ci + 1 done with buffer b ^ 1, dhT and nd2
+      block_sync();  // chunk ci's operands landed, dhT complete; chunk ci + 1 done with buffer b ^ 1 and nd2
       issue(ci - 1, b ^ 1, cd_next);
       cd_cur = cd_next;
       if (ci >= 2) cd_next = a.chunks[rd.chunk_begin + ci - 2];
-      gdn_fla_store_tiles_T<kHT, kNT>(dhT, kLk, acc, warp, lane);  // dhT = bf16(dh')ᵀ
-      block_sync();  // dhT complete
       gdn_fla_store_rows(reinterpret_cast<uint16_t*>(c + a.fb.DH) + int64_t{e0} * DK, dhT, kLk, BV, DK, tid, nthr);
       // dv2 = dv_loc + e^{G_C - G} ⊙ (K dh'), zero past the chunk.
       const float* Gc = Gsm(b);
@@ -364,7 +364,7 @@ struct GdnFlaDscanKernel {
           gdn_store_pair16(nd2 + t * kLu + col, -x0, -x1);
         }
       }
-      block_sync();  // nd2 complete
+      block_sync();  // nd2 complete; every read of dhT (K dh', its store) done
       // dh <- e^{G_C} dh' + Qᵀ dYs + Wᵀ nd2 (A operands k-major from [t][d], B by token)
       const float eg = expf(gl);
       TREECP_GDN_UNROLL
@@ -372,6 +372,8 @@ struct GdnFlaDscanKernel {
         TREECP_GDN_UNROLL
         for (int e = 0; e < 4; ++e) acc[j][e] *= eg;
       gdn_fla_tiles<kHT, kNT, true, true, true>(acc, Qsm(b), kLk, Ysm(b), kLu, C, warp, lane, Wsm(b), nd2);
+      // The previous chunk's dhT straight away, covered by the barrier that opens it (two barriers a chunk).
+      if (ci > 0) gdn_fla_store_tiles_T<kHT, kNT>(dhT, kLk, acc, warp, lane);
     }
     gdn_async_wait<0>();  // the empty group past the first chunk
     if (a.d_state_in && rd.in_slot >= 0)

@@ -562,7 +562,8 @@ struct GdnFlaColumnBlock {
 // Row strides of 4 words mod 32 put a fragment's lanes 4g + q (row g, word q) on distinct banks, and the 8 rows of
 // an ldmatrix phase too. Where a warp's tiles come in pairs of one row block (kVT, kHT even: every BV but 16) the
 // fragments load by ldmatrix.x4 (gdn_mma_b16_pair; Kᵀ's by .trans from K [t][d]), else by gdn_mma_b16 (Kᵀ's by 2-byte
-// loads). Three barriers a chunk.
+// loads). Two barriers a chunk: hT is stored right after the state update, so the barrier that opens
+// a chunk covers it with the chunk's operands.
 struct GdnFlaScanArgs {
   const GdnRunDesc* runs;
   const GdnChunkDesc* chunks;
@@ -633,17 +634,17 @@ struct GdnFlaScanKernel {
     const float* sin =
         (a.state_in && rd.in_slot >= 0) ? a.state_in + (static_cast<int64_t>(rd.in_slot) * H + h) * DK * dv : nullptr;
     gdn_fla_state_in<kHT, kNT>(acc, sin, dv, e0, warp, g, q);
+    gdn_fla_store_tiles_T<kHT, kNT>(hT, kLk, acc, warp, lane);  // hT = bf16(h)ᵀ, the run's start
     for (int ci = 0; ci < count; ++ci) {
       const int b = ci & 1;
       const int n = cd_cur.len;
       unsigned char* c = blk_of(ci);
       gdn_async_wait<0>();
-      block_sync();  // chunk ci's operands landed for every thread; chunk ci - 1 done with buffer b ^ 1, hT and vsT
+      // Chunk ci's operands landed and hT complete for every thread; chunk ci - 1 done with buffer b ^ 1 and vsT.
+      block_sync();
       issue(ci + 1, b ^ 1, cd_next);
       cd_cur = cd_next;
       if (ci + 2 < count) cd_next = a.chunks[rd.chunk_begin + ci + 2];
-      gdn_fla_store_tiles_T<kHT, kNT>(hT, kLk, acc, warp, lane);  // hT = bf16(h)ᵀ
-      block_sync();  // hT complete
       if (a.save) {  // hT's BV rows into H[e0 + e][d], 16 bytes a copy
         uint16_t* gh = reinterpret_cast<uint16_t*>(c + a.fb.H) + static_cast<int64_t>(e0) * DK;
         for (int idx = tid; idx < BV * DK / 8; idx += nthr) {
@@ -679,7 +680,7 @@ struct GdnFlaScanKernel {
         }
       }
       gdn_fla_store_tiles_T<kVT, kNT>(vsT, kLv, v, warp, lane);
-      block_sync();  // vsT complete
+      block_sync();  // vsT complete; every read of hT (W h, its save) done
       // h <- e^{G_last} h + Kᵀ vs
       const float eg = expf(gl);
       TREECP_GDN_UNROLL
@@ -687,6 +688,8 @@ struct GdnFlaScanKernel {
         TREECP_GDN_UNROLL
         for (int e = 0; e < 4; ++e) acc[j][e] *= eg;
       gdn_fla_tiles<kHT, kNT, true, false>(acc, Ksm(b), kLk, vsT, kLv, kGdnChunk, warp, lane);  // Kᵀ by .trans
+      // The next chunk's hT straight away: the barrier that opens it then also covers hT (two barriers a chunk).
+      if (ci + 1 < count) gdn_fla_store_tiles_T<kHT, kNT>(hT, kLk, acc, warp, lane);
     }
     gdn_async_wait<0>();  // the empty group past the last chunk
     if (a.state_out && rd.out_slot >= 0)
